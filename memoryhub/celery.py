@@ -1,0 +1,17 @@
+"""The Celery application. Tasks live in each app's tasks.py; the beat schedule is in code here."""
+
+from __future__ import annotations
+
+import os
+
+from celery import Celery
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "memoryhub.settings")
+
+app = Celery("memoryhub")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+app.autodiscover_tasks()
+# Infrastructure tasks live in the project package, which is not an installed app.
+app.conf.imports = ("memoryhub.tasks",)
+# The beat schedule (periodic jobs) is assembled in memoryhub/schedule.py so that it lives in code.
+app.conf.beat_schedule = {}

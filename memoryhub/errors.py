@@ -1,0 +1,167 @@
+"""One error contract for the whole API.
+
+Domain code raises the typed errors below; `api_exception_handler` (DRF's EXCEPTION_HANDLER) turns
+them, DRF's own exceptions and infrastructure failures into
+
+    {"error": {"code": "...", "message": "...", "fields": {...}}, "detail": "..."}
+
+`detail` repeats the message because the kernle CLI prints `detail` (kernle-protocol.md §2).
+An unreachable database or Redis is a 503 with Retry-After (fail closed), never a 500.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.db import DatabaseError, InterfaceError, OperationalError
+from django.http import Http404, HttpRequest, JsonResponse
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from rest_framework import exceptions as drf
+from rest_framework.response import Response
+
+logger = logging.getLogger(__name__)
+
+RETRY_AFTER_SECONDS = 5
+
+
+class DomainError(Exception):
+    """Base of every error domain code raises on purpose. Subclasses fix status and code."""
+
+    status = 400
+    code = "bad_request"
+
+    def __init__(self, message: str, *, code: str | None = None, fields: dict[str, Any] | None = None):
+        super().__init__(message)
+        self.message = message
+        if code:
+            self.code = code
+        self.fields = fields or {}
+
+
+class InvalidInput(DomainError):
+    status = 400
+    code = "invalid"
+
+
+class NotAuthenticated(DomainError):
+    status = 401
+    code = "not_authenticated"
+
+
+class Forbidden(DomainError):
+    status = 403
+    code = "forbidden"
+
+
+class NotFound(DomainError):
+    status = 404
+    code = "not_found"
+
+
+class Conflict(DomainError):
+    status = 409
+    code = "conflict"
+
+
+class PayloadTooLarge(DomainError):
+    status = 413
+    code = "too_large"
+
+
+class QuotaExceeded(DomainError):
+    status = 402
+    code = "quota_exceeded"
+
+
+class ServiceUnavailable(DomainError):
+    status = 503
+    code = "service_unavailable"
+
+
+def error_body(code: str, message: str, fields: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"error": {"code": code, "message": message, "fields": fields or {}}, "detail": message}
+
+
+def _drf_fields(detail: Any) -> dict[str, Any]:
+    """Flatten DRF's nested ValidationError detail into {field: [messages]}."""
+    if isinstance(detail, dict):
+        return {str(key): _drf_fields(value) if isinstance(value, dict) else _as_messages(value)
+                for key, value in detail.items()}
+    return {"non_field_errors": _as_messages(detail)}
+
+
+def _as_messages(value: Any) -> list[Any]:
+    if isinstance(value, list):
+        return [_drf_fields(v) if isinstance(v, dict) else str(v) for v in value]
+    return [str(value)]
+
+
+def _unavailable(part: str) -> Response:
+    response = Response(
+        error_body("service_unavailable", f"{part} is unavailable; retry shortly"), status=503
+    )
+    response["Retry-After"] = str(RETRY_AFTER_SECONDS)
+    return response
+
+
+def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response:
+    if isinstance(exc, DomainError):
+        response = Response(error_body(exc.code, exc.message, exc.fields), status=exc.status)
+        if exc.status == 503:
+            response["Retry-After"] = str(RETRY_AFTER_SECONDS)
+        if exc.status == 401:
+            response["WWW-Authenticate"] = "Bearer"
+        return response
+    if isinstance(exc, (OperationalError, InterfaceError)):
+        logger.warning("database unavailable: %s", type(exc).__name__)
+        return _unavailable("the database")
+    if isinstance(exc, (RedisConnectionError, RedisTimeoutError)):
+        logger.warning("redis unavailable: %s", type(exc).__name__)
+        return _unavailable("the cache")
+    if isinstance(exc, Http404):
+        return Response(error_body("not_found", "Not found."), status=404)
+    if isinstance(exc, DjangoPermissionDenied):
+        return Response(error_body("forbidden", "Permission denied."), status=403)
+    if isinstance(exc, drf.APIException):
+        if isinstance(exc, drf.ValidationError):
+            body = error_body("invalid", "The request is invalid.", _drf_fields(exc.detail))
+        else:
+            detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
+            body = error_body(_drf_code(exc), detail)
+        response = Response(body, status=exc.status_code)
+        if isinstance(exc, drf.Throttled) and exc.wait is not None:
+            response["Retry-After"] = str(max(1, int(exc.wait + 0.999)))
+        if exc.status_code == 401:
+            response["WWW-Authenticate"] = "Bearer"
+        return response
+    if isinstance(exc, DatabaseError):
+        # Any other database error on the request path is a bug or a constraint we did not map;
+        # it must still not leak a trace. Logged with the type only: no memory text in logs.
+        logger.error("database error on API path: %s", type(exc).__name__, exc_info=True)
+        return Response(error_body("internal_error", "Internal error."), status=500)
+    logger.error("unhandled API error: %s", type(exc).__name__, exc_info=True)
+    return Response(error_body("internal_error", "Internal error."), status=500)
+
+
+def _drf_code(exc: drf.APIException) -> str:
+    codes = exc.get_codes()
+    return codes if isinstance(codes, str) else exc.default_code
+
+
+def json_not_found(request: HttpRequest, exception: Exception | None = None) -> JsonResponse:
+    return JsonResponse(error_body("not_found", "Not found."), status=404)
+
+
+def json_server_error(request: HttpRequest) -> JsonResponse:
+    return JsonResponse(error_body("internal_error", "Internal error."), status=500)
+
+
+def json_bad_request(request: HttpRequest, exception: Exception | None = None) -> JsonResponse:
+    return JsonResponse(error_body("bad_request", "Bad request."), status=400)
+
+
+def json_forbidden(request: HttpRequest, exception: Exception | None = None) -> JsonResponse:
+    return JsonResponse(error_body("forbidden", "Permission denied."), status=403)

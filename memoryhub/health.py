@@ -1,0 +1,66 @@
+"""Readiness checks: each answers quickly and reports what failed, never raises."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import redis
+from django.conf import settings
+from django.db import connection
+
+from memoryhub.celery import app as celery_app
+
+CHECK_TIMEOUT_SECONDS = 2.0
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    ok: bool
+    detail: str
+
+
+def check_database() -> CheckResult:
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'")
+            row = cursor.fetchone()
+    except Exception as exc:  # any failure means "not ready"; the type is enough to diagnose
+        connection.close_if_unusable_or_obsolete()
+        return CheckResult(False, f"unreachable ({type(exc).__name__})")
+    if row is None:
+        return CheckResult(False, "pgvector extension missing (run migrations)")
+    return CheckResult(True, f"ok (pgvector {row[0]})")
+
+
+def check_redis() -> CheckResult:
+    try:
+        client = redis.Redis.from_url(
+            settings.REDIS_URL, socket_connect_timeout=CHECK_TIMEOUT_SECONDS, socket_timeout=CHECK_TIMEOUT_SECONDS
+        )
+        client.ping()
+        client.close()
+    except Exception as exc:
+        return CheckResult(False, f"unreachable ({type(exc).__name__})")
+    return CheckResult(True, "ok")
+
+
+def check_celery_workers(redis_ok: bool) -> CheckResult:
+    if not redis_ok:
+        return CheckResult(False, "unknown: the broker (redis) is down")
+    try:
+        replies = celery_app.control.ping(timeout=1.0)
+    except Exception as exc:
+        return CheckResult(False, f"unreachable ({type(exc).__name__})")
+    if not replies:
+        return CheckResult(False, "no worker answered")
+    return CheckResult(True, f"ok ({len(replies)} worker{'s' if len(replies) != 1 else ''})")
+
+
+def readiness() -> dict[str, CheckResult]:
+    database = check_database()
+    redis_result = check_redis()
+    return {
+        "database": database,
+        "redis": redis_result,
+        "celery": check_celery_workers(redis_result.ok),
+    }

@@ -1,0 +1,19 @@
+"""Infrastructure tasks: liveness round-trips through the broker and the channel layer."""
+
+from __future__ import annotations
+
+from asgiref.sync import async_to_sync
+from celery import shared_task
+from channels.layers import get_channel_layer
+
+
+@shared_task(name="memoryhub.ping")
+def ping() -> str:
+    """Round-trips through broker, worker and result backend; used by operators and tests."""
+    return "pong"
+
+
+@shared_task(name="memoryhub.ping_websocket", acks_late=True)
+def ping_websocket(group: str) -> None:
+    """Send a pong from a worker to a websocket group, proving worker → channel layer → socket."""
+    async_to_sync(get_channel_layer().group_send)(group, {"type": "probe.pong", "source": "celery"})

@@ -1,0 +1,33 @@
+"""Liveness and readiness probes: the only endpoints that need no authentication."""
+
+from __future__ import annotations
+
+from django.http import HttpRequest, JsonResponse
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_GET
+
+from memoryhub.health import readiness
+
+
+@never_cache
+@require_GET
+def health(request: HttpRequest) -> JsonResponse:
+    """200 while the process serves requests; touches no backing service (kernle's health check)."""
+    return JsonResponse({"status": "ok"})
+
+
+@never_cache
+@require_GET
+def readyz(request: HttpRequest) -> JsonResponse:
+    """200 only when database (with pgvector), Redis and a Celery worker answer; else 503 naming them."""
+    checks = readiness()
+    failing = [name for name, result in checks.items() if not result.ok]
+    body = {
+        "status": "ok" if not failing else "unavailable",
+        "checks": {name: {"ok": r.ok, "detail": r.detail} for name, r in checks.items()},
+        "failing": failing,
+    }
+    response = JsonResponse(body, status=200 if not failing else 503)
+    if failing:
+        response["Retry-After"] = "5"
+    return response

@@ -1,0 +1,63 @@
+"""Shared fixtures: a real Celery worker process against the test database, API clients."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+
+from memoryhub.embedded import ManagedProcess
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+
+def _test_database_url() -> str:
+    db = settings.DATABASES["default"]
+    return f"postgresql://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
+
+
+@pytest.fixture(scope="session")
+def celery_worker(django_db_setup: None, django_db_blocker: object, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagedProcess]:
+    """A real `celery worker` process on the test Redis broker and the test database.
+
+    Tests that need it use `transactional_db`, so that what they write is committed and visible.
+    """
+    from memoryhub.celery import app
+
+    env = dict(os.environ, DATABASE_URL=_test_database_url())
+    log_path = tmp_path_factory.mktemp("celery") / "worker.log"
+    worker = ManagedProcess(
+        name="worker",
+        argv=[sys.executable, "-m", "celery", "-A", "memoryhub", "worker", "--pool", "solo",
+              "--loglevel", "INFO", "--hostname", f"test-{os.getpid()}@%h", "--without-mingle",
+              "--without-gossip"],
+        env=env, cwd=BASE_DIR, log_path=log_path,
+    )
+    worker.start()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if not worker.running():
+            raise RuntimeError("celery worker died:\n" + log_path.read_text())
+        if app.control.ping(timeout=0.5):
+            break
+    else:
+        worker.stop()
+        raise RuntimeError("celery worker did not answer in 60s:\n" + log_path.read_text())
+    yield worker
+    worker.stop()
+
+
+def run_manage(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "manage.py", *args], cwd=BASE_DIR, env=env or dict(os.environ),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"

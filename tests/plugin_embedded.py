@@ -1,0 +1,59 @@
+"""Pytest plugin: the test session starts and stops its own real PostgreSQL+pgvector and Redis.
+
+Loaded with `-p tests.plugin_embedded` (see pyproject.toml) so that it runs before pytest-django
+reads the settings: the servers must be up and DATABASE_URL / REDIS_URL set first. Each session
+gets free ports and a throw-away data directory, so parallel sessions never collide. When
+DATABASE_URL / REDIS_URL are already set, those external servers are used instead.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from memoryhub.embedded import EmbeddedPostgres, EmbeddedRedis, free_port
+
+_started: list[EmbeddedPostgres | EmbeddedRedis] = []
+_tmpdir: Path | None = None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Parser, args: list[str]) -> None:
+    global _tmpdir
+    os.environ.setdefault("EMBEDDING_PROVIDER", "hash")
+    if os.environ.get("DATABASE_URL") and os.environ.get("REDIS_URL"):
+        return
+    _tmpdir = Path(tempfile.mkdtemp(prefix="memoryhub-test-"))
+    try:
+        if not os.environ.get("DATABASE_URL"):
+            postgres = EmbeddedPostgres(_tmpdir / "postgres", free_port(), log_path=_tmpdir / "postgres.log")
+            postgres.prepare()
+            postgres.start()
+            _started.append(postgres)
+            postgres.ensure_database("memoryhub")
+            os.environ["DATABASE_URL"] = postgres.url("memoryhub")
+        if not os.environ.get("REDIS_URL"):
+            redis_server = EmbeddedRedis(_tmpdir / "redis", free_port(), log_path=_tmpdir / "redis.log")
+            redis_server.prepare()
+            redis_server.start()
+            _started.append(redis_server)
+            os.environ["REDIS_URL"] = redis_server.url()
+    except Exception:
+        _stop_all()
+        raise
+
+
+def _stop_all() -> None:
+    for server in reversed(_started):
+        server.stop()
+    _started.clear()
+    if _tmpdir is not None:
+        shutil.rmtree(_tmpdir, ignore_errors=True)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    _stop_all()
