@@ -12,6 +12,8 @@ app = Celery("memoryhub")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
 # Infrastructure tasks live in the project package, which is not an installed app.
-app.conf.imports = ("memoryhub.tasks",)
-# The beat schedule (periodic jobs) is assembled in memoryhub/schedule.py so that it lives in code.
-app.conf.beat_schedule = {}
+app.conf.imports = ("memoryhub.tasks", "memories.lifecycle_tasks")
+# The beat schedule (periodic jobs) lives in code, in memoryhub/schedule.py.
+from memoryhub.schedule import BEAT_SCHEDULE  # noqa: E402
+
+app.conf.beat_schedule = BEAT_SCHEDULE

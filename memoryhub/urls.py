@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from django.contrib import admin
-from django.urls import path
+from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from memoryhub import views
@@ -16,6 +16,9 @@ urlpatterns = [
     path("api/schema/", SpectacularAPIView.as_view(permission_classes=[]), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema", permission_classes=[]), name="docs"),
     path("admin/", admin.site.urls),
+    path("", include("accounts.urls")),
+    path("", include("stacks.urls")),
+    path("", include("memories.urls")),
 ]
 
 handler400 = "memoryhub.errors.json_bad_request"

@@ -1,0 +1,42 @@
+"""Who is calling: the one object every access decision is made from."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from accounts.models import ApiKey, Membership, Organization, User
+
+
+@dataclass(frozen=True)
+class Principal:
+    """The authenticated caller of a request (set as DRF's `request.auth`).
+
+    * an agent key: `api_key` set and `bound_stack_id` set — reaches exactly that stack;
+    * a school (organization) key: `api_key` set, `bound_stack_id` None — any stack of `organization`;
+    * a dashboard user: `api_key` None, `role` from their membership — admins see the whole
+      organization, teachers their assigned stacks, billing users no stack at all.
+    """
+
+    user: User
+    organization: Organization
+    api_key: ApiKey | None = None
+    bound_stack_id: int | None = None
+    read_only: bool = False
+    role: str = Membership.Role.ADMIN
+    # Identifies the credential (API-key id or JWT jti) for per-credential sync watermarks.
+    credential_id: str = ""
+
+    @property
+    def is_key(self) -> bool:
+        return self.api_key is not None
+
+    @property
+    def is_stack_bound(self) -> bool:
+        return self.bound_stack_id is not None
+
+    @property
+    def is_org_wide(self) -> bool:
+        """A school key or a school admin: may act on any stack of the organization."""
+        if self.api_key is not None:
+            return self.bound_stack_id is None
+        return self.role == Membership.Role.ADMIN

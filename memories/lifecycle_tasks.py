@@ -1,0 +1,1 @@
+"""Periodic lifecycle tasks (decay, expiry, promotion); filled in by the decay issue."""

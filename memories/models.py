@@ -1,0 +1,214 @@
+"""Every memory kind in one table, plus checkpoints, boot config, revisions and job runs.
+
+One table means one HNSW index, one GIN index, one decay UPDATE and one change feed
+(DESIGN.md §3). Type-specific fields live in `data` (validated per kind by the ingest service);
+fields a client sends that we do not model are kept verbatim in `extra`.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from django.contrib.postgres.fields import ArrayField
+from django.contrib.postgres.indexes import GinIndex
+from django.contrib.postgres.search import SearchVector, SearchVectorField
+from django.db import models
+from django.db.models import Func, Q
+from pgvector.django import HnswIndex, VectorField
+
+EMBEDDING_DIMENSIONS = 384
+CHANGE_SEQUENCE = "memories_change_seq"
+# Full-text configuration: 'english' stems ("fractions" finds "fraction"); fixed so the
+# generated column is immutable.
+SEARCH_CONFIG = "english"
+
+
+class NextChangeSeq(Func):
+    """`nextval` of the global change sequence. Stamp it on every insert and every change, so pull
+    can read "changes since sequence N" exactly (a monotonic cursor, not a clock)."""
+
+    template = f"nextval('{CHANGE_SEQUENCE}')"
+    output_field = models.BigIntegerField()
+
+    def __init__(self) -> None:
+        super().__init__()
+
+
+class MemoryKind(models.TextChoices):
+    RAW = "raw"
+    EPISODE = "episode"
+    NOTE = "note"
+    BELIEF = "belief"
+    VALUE = "value"
+    GOAL = "goal"
+    DRIVE = "drive"
+    RELATIONSHIP = "relationship"
+    PLAYBOOK = "playbook"
+
+
+def _text_list() -> ArrayField:
+    return ArrayField(models.TextField(), default=list, blank=True)
+
+
+class Memory(models.Model):
+    """One memory of any kind in one stack.
+
+    Server-controlled columns (stack, version, embedding*, forgotten_*, deleted_at, change_seq,
+    server_updated_at, stability/difficulty/salience) are never taken from clients.
+    `strength`, `times_accessed` and `last_accessed` are the client's bookkeeping (kernle);
+    the decay model keeps its own state in `stability`, `difficulty`, `last_reviewed_at` and
+    `salience`.
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    stack = models.ForeignKey("stacks.Stack", on_delete=models.CASCADE, related_name="memories")
+    kind = models.CharField(max_length=16, choices=MemoryKind.choices)
+    # The client's id for the record (kernle's record_id); for native creates, str(id).
+    record_id = models.CharField(max_length=200)
+
+    # Canonical searchable text, derived from the kind's fields after redaction.
+    text = models.TextField(default="", blank=True)
+    data = models.JSONField(default=dict, blank=True)  # kind-specific, validated fields
+    extra = models.JSONField(default=dict, blank=True)  # unknown client fields, kept verbatim
+
+    tags = _text_list()
+    confidence = models.FloatField(default=0.8)
+    source_type = models.CharField(max_length=32, blank=True, default="")
+    source_entity = models.CharField(max_length=200, blank=True, default="")
+    derived_from = _text_list()
+    source_episodes = _text_list()
+    emotional_valence = models.FloatField(default=0.0)
+    emotional_arousal = models.FloatField(default=0.0)
+    emotional_tags = _text_list()
+    subject_ids = _text_list()
+    access_grants = _text_list()
+    consent_grants = _text_list()
+
+    # Client bookkeeping (kernle): a pushed strength of 0.0 means "forgotten".
+    strength = models.FloatField(default=1.0)
+    times_accessed = models.IntegerField(default=0)
+    last_accessed = models.DateTimeField(null=True, blank=True)
+    is_protected = models.BooleanField(default=False)
+
+    # Server-owned decay state (memory-science.md §1, §8.6).
+    stability = models.FloatField(default=1.0)
+    difficulty = models.FloatField(default=5.0)
+    last_reviewed_at = models.DateTimeField(null=True, blank=True)
+    salience = models.FloatField(null=True, blank=True)
+
+    forgotten_at = models.DateTimeField(null=True, blank=True)
+    forgotten_reason = models.CharField(max_length=64, blank=True, default="")
+    deleted_at = models.DateTimeField(null=True, blank=True)  # soft delete (sync delete op)
+    expires_at = models.DateTimeField(null=True, blank=True)
+
+    version = models.IntegerField(default=1)  # server version: +1 on every accepted change
+    client_version = models.IntegerField(null=True, blank=True)  # kernle data.version, echoed unchanged
+    client_updated_at = models.DateTimeField(null=True, blank=True)  # kernle data.local_updated_at
+    created_at = models.DateTimeField()
+    server_updated_at = models.DateTimeField()
+    change_seq = models.BigIntegerField(db_default=NextChangeSeq())
+
+    embedding = VectorField(dimensions=EMBEDDING_DIMENSIONS, null=True, blank=True)
+    embedding_model = models.CharField(max_length=100, blank=True, default="")
+    embedded_version = models.IntegerField(null=True, blank=True)  # `version` the embedding was made from
+    search_vector = models.GeneratedField(
+        expression=SearchVector("text", config=SEARCH_CONFIG),
+        output_field=SearchVectorField(),
+        db_persist=True,
+    )
+    size_bytes = models.IntegerField(default=0)  # stored size, counted against the quota
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["stack", "kind", "record_id"], name="memories_memory_record_unique"),
+        ]
+        indexes = [
+            models.Index(fields=["stack", "kind", "-created_at"], name="memories_stack_kind_created"),
+            models.Index(fields=["stack", "change_seq"], name="memories_stack_change_seq"),
+            models.Index(fields=["stack", "server_updated_at"], name="memories_stack_updated"),
+            GinIndex(fields=["search_vector"], name="memories_search_vector_gin"),
+            GinIndex(fields=["tags"], name="memories_tags_gin"),
+            HnswIndex(
+                name="memories_embedding_hnsw",
+                fields=["embedding"],
+                m=16,
+                ef_construction=64,
+                opclasses=["vector_cosine_ops"],
+            ),
+            models.Index(
+                fields=["stack"],
+                name="memories_embedding_backlog",
+                condition=Q(embedded_version__isnull=True) & Q(deleted_at__isnull=True),
+            ),
+            models.Index(fields=["expires_at"], name="memories_expires_at", condition=Q(expires_at__isnull=False)),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.record_id}"
+
+    @property
+    def is_forgotten(self) -> bool:
+        return self.forgotten_at is not None
+
+
+class MemoryRevision(models.Model):
+    """The state of a memory before a change: sync history and inspectable smart-ingest merges."""
+
+    memory = models.ForeignKey(Memory, on_delete=models.CASCADE, related_name="revisions")
+    version = models.IntegerField()  # the version this snapshot had
+    source = models.CharField(max_length=32)  # api, sync, ingest, decay, feedback
+    action = models.CharField(max_length=32, blank=True, default="")  # e.g. update, reinforce, supersede
+    reason = models.TextField(blank=True, default="")
+    snapshot = models.JSONField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["memory", "-created_at"], name="memories_revision_memory_time")]
+
+
+class Checkpoint(models.Model):
+    """Working state: what the agent was doing. History is kept; the latest is loaded first."""
+
+    stack = models.ForeignKey("stacks.Stack", on_delete=models.CASCADE, related_name="checkpoints")
+    task = models.CharField(max_length=500)
+    progress = models.TextField(blank=True, default="")
+    next_step = models.TextField(blank=True, default="")
+    blocker = models.TextField(blank=True, default="")
+    context = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["stack", "-created_at"], name="memories_checkpoint_latest")]
+
+
+class BootConfigEntry(models.Model):
+    """Always-available key/value settings of a stack; first in load and export."""
+
+    stack = models.ForeignKey("stacks.Stack", on_delete=models.CASCADE, related_name="boot_config")
+    key = models.CharField(max_length=100)
+    value = models.TextField()
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["stack", "key"], name="memories_bootconfig_unique")]
+
+
+class JobRun(models.Model):
+    """What a periodic job did: counts and duration, for admins and operators."""
+
+    class Status(models.TextChoices):
+        RUNNING = "running"
+        SUCCEEDED = "succeeded"
+        FAILED = "failed"
+        SKIPPED = "skipped"  # another run held the lock
+
+    name = models.CharField(max_length=64)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.RUNNING)
+    started_at = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    duration_ms = models.IntegerField(null=True, blank=True)
+    counts = models.JSONField(default=dict, blank=True)
+    error = models.TextField(blank=True, default="")
+
+    class Meta:
+        indexes = [models.Index(fields=["name", "-started_at"], name="memories_jobrun_name_time")]

@@ -1,0 +1,1 @@
+"""Embedding tasks; filled in by the search issue."""

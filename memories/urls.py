@@ -1,0 +1,7 @@
+"""All memory routes: the native API under /api/v1/ and the Kernle protocol at the root."""
+
+from __future__ import annotations
+
+from memories.api import lifecycle, memories, search, sync
+
+urlpatterns = memories.urlpatterns + sync.urlpatterns + search.urlpatterns + lifecycle.urlpatterns

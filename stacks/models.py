@@ -1,0 +1,55 @@
+"""Stacks: one private memory per student or agent, owned by one organization."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+
+
+class Stack(models.Model):
+    class Kind(models.TextChoices):
+        STUDENT = "student"
+        AGENT = "agent"
+
+    class Status(models.TextChoices):
+        ACTIVE = "active"
+        ARCHIVED = "archived"
+
+    organization = models.ForeignKey("accounts.Organization", on_delete=models.CASCADE, related_name="stacks")
+    # The stable id clients use (e.g. "student-4521"), unique within the organization. Kernle's
+    # alphabet: 1-100 chars of letters, digits, '-', '_' and '.'.
+    slug = models.CharField(max_length=100)
+    display_name = models.CharField(max_length=200, blank=True, default="")
+    kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.STUDENT)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.ACTIVE)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    # Usage counters, maintained with F() expressions after commit of each write.
+    memory_count = models.BigIntegerField(default=0)
+    bytes_used = models.BigIntegerField(default=0)
+    last_sync_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    archived_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["organization", "slug"], name="stacks_stack_org_slug_unique")]
+
+    def __str__(self) -> str:
+        return self.slug
+
+    @property
+    def is_archived(self) -> bool:
+        return self.status == self.Status.ARCHIVED
+
+
+class TeacherAssignment(models.Model):
+    """A teacher may see and manage exactly the stacks assigned to them."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="stack_assignments")
+    stack = models.ForeignKey(Stack, on_delete=models.CASCADE, related_name="teacher_assignments")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["user", "stack"], name="stacks_assignment_unique")]
