@@ -65,8 +65,16 @@ def bench_environment(name: str, *, keep: bool = False) -> Iterator[BenchEnv]:
         redis_url = os.environ.get("REDIS_URL", "")
         if not database_url:
             postgres = EmbeddedPostgres(workdir / "postgres", free_port(), log_path=workdir / "postgres.log")
-            postgres.process.argv += ["-c", "maintenance_work_mem=1GB", "-c", "max_wal_size=8GB",
-                                      "-c", "checkpoint_timeout=30min", "-c", "work_mem=64MB"]
+            postgres.process.argv += [
+                "-c",
+                "maintenance_work_mem=1GB",
+                "-c",
+                "max_wal_size=8GB",
+                "-c",
+                "checkpoint_timeout=30min",
+                "-c",
+                "work_mem=64MB",
+            ]
             postgres.prepare()
             postgres.start()
             started.append(postgres)
@@ -103,10 +111,26 @@ def web_server(env: BenchEnv, *, workers: int = 1, extra_env: dict[str, str] | N
     port = free_port()
     server = ManagedProcess(
         name="web",
-        argv=[sys.executable, "-m", "uvicorn", "memoryhub.asgi:application", "--host", "127.0.0.1",
-              "--port", str(port), "--workers", str(workers), "--no-access-log", "--lifespan", "off",
-              "--log-level", "warning"],
-        env=env.subprocess_env(**(extra_env or {})), cwd=BASE_DIR, log_path=env.workdir / "web.log",
+        argv=[
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "memoryhub.asgi:application",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            str(workers),
+            "--no-access-log",
+            "--lifespan",
+            "off",
+            "--log-level",
+            "warning",
+        ],
+        env=env.subprocess_env(**(extra_env or {})),
+        cwd=BASE_DIR,
+        log_path=env.workdir / "web.log",
     )
     server.start()
     base_url = f"http://127.0.0.1:{port}"
@@ -137,21 +161,91 @@ def create_bench_stacks(count: int, *, org_slug: str = "bench-school", prefix: s
     width = max(4, len(str(count)))
     Stack.objects.bulk_create(
         [Stack(organization=org, slug=f"{prefix}-{i:0{width}d}") for i in range(count)],
-        batch_size=5000, ignore_conflicts=True,
+        batch_size=5000,
+        ignore_conflicts=True,
     )
     return list(Stack.objects.filter(organization=org, slug__startswith=f"{prefix}-").order_by("slug"))
 
 
 # A small vocabulary with a school flavour, so full-text search and load see realistic text.
-_WORDS = (
-    "fractions decimals algebra geometry reading phonics essay grammar spelling vocabulary history "
-    "biology chemistry physics experiment homework quiz exam practice review lesson teacher student "
-    "tutor morning afternoon struggled improved confident anxious curious focused distracted "
-    "remembered forgot explained asked answered wrote read solved drew counted measured compared "
-    "visual verbal hands-on examples patience encouragement breaks music football chess drawing "
-    "library notebook calculator diagram timeline paragraph sentence chapter story poem equation "
-    "graph ratio percent negative numbers multiplication division subtraction addition"
-).split()
+_WORDS = [
+    "fractions",
+    "decimals",
+    "algebra",
+    "geometry",
+    "reading",
+    "phonics",
+    "essay",
+    "grammar",
+    "spelling",
+    "vocabulary",
+    "history",
+    "biology",
+    "chemistry",
+    "physics",
+    "experiment",
+    "homework",
+    "quiz",
+    "exam",
+    "practice",
+    "review",
+    "lesson",
+    "teacher",
+    "student",
+    "tutor",
+    "morning",
+    "afternoon",
+    "struggled",
+    "improved",
+    "confident",
+    "anxious",
+    "curious",
+    "focused",
+    "distracted",
+    "remembered",
+    "forgot",
+    "explained",
+    "asked",
+    "answered",
+    "wrote",
+    "read",
+    "solved",
+    "drew",
+    "counted",
+    "measured",
+    "compared",
+    "visual",
+    "verbal",
+    "hands-on",
+    "examples",
+    "patience",
+    "encouragement",
+    "breaks",
+    "music",
+    "football",
+    "chess",
+    "drawing",
+    "library",
+    "notebook",
+    "calculator",
+    "diagram",
+    "timeline",
+    "paragraph",
+    "sentence",
+    "chapter",
+    "story",
+    "poem",
+    "equation",
+    "graph",
+    "ratio",
+    "percent",
+    "negative",
+    "numbers",
+    "multiplication",
+    "division",
+    "subtraction",
+    "addition",
+]
 KINDS = ("episode", "note", "belief", "value", "goal", "drive", "relationship", "playbook")
 _KIND_WEIGHTS = (0.30, 0.30, 0.15, 0.04, 0.08, 0.03, 0.06, 0.04)
 
@@ -166,8 +260,12 @@ def synthetic_memory(rng: random.Random, kind: str) -> tuple[str, dict[str, Any]
     data: dict[str, Any]
     if kind == "episode":
         outcome = synthetic_sentence(rng, 6)
-        data = {"objective": sentence, "outcome": outcome, "outcome_type": rng.choice(["success", "failure"]),
-                "lessons": [synthetic_sentence(rng, 5)]}
+        data = {
+            "objective": sentence,
+            "outcome": outcome,
+            "outcome_type": rng.choice(["success", "failure"]),
+            "lessons": [synthetic_sentence(rng, 5)],
+        }
         text = f"{sentence} {outcome} {data['lessons'][0]}"
     elif kind == "note":
         data, text = {"content": sentence, "note_type": "note"}, sentence
@@ -180,15 +278,27 @@ def synthetic_memory(rng: random.Random, kind: str) -> tuple[str, dict[str, Any]
         data, text = {"title": sentence, "status": "active", "priority": "medium", "goal_type": "task"}, sentence
     elif kind == "drive":
         drive = rng.choice(["curiosity", "mastery", "connection", "autonomy"])
-        data, text = {"drive_type": drive, "intensity": round(rng.random(), 2), "focus_areas": [rng.choice(_WORDS)]}, f"{drive} {sentence}"
+        data = {"drive_type": drive, "intensity": round(rng.random(), 2), "focus_areas": [rng.choice(_WORDS)]}
+        text = f"{drive} {sentence}"
     elif kind == "relationship":
         name = f"Person {rng.randint(1, 500)}"
-        data = {"entity_name": name, "entity_type": "person", "relationship_type": "classmate",
-                "sentiment": round(rng.uniform(-1, 1), 2), "interaction_count": rng.randint(0, 50), "notes": sentence}
+        data = {
+            "entity_name": name,
+            "entity_type": "person",
+            "relationship_type": "classmate",
+            "sentiment": round(rng.uniform(-1, 1), 2),
+            "interaction_count": rng.randint(0, 50),
+            "notes": sentence,
+        }
         text = f"{name} {sentence}"
     else:
-        data = {"name": rng.choice(_WORDS), "description": sentence, "trigger_conditions": ["stuck"],
-                "steps": [{"action": synthetic_sentence(rng, 4)}], "failure_modes": ["gives up"]}
+        data = {
+            "name": rng.choice(_WORDS),
+            "description": sentence,
+            "trigger_conditions": ["stuck"],
+            "steps": [{"action": synthetic_sentence(rng, 4)}],
+            "failure_modes": ["gives up"],
+        }
         text = f"{data['name']} {sentence}"
     return text, data
 
@@ -231,11 +341,39 @@ def bulk_load_memories(
     rng = random.Random(seed)
     now = datetime.now(UTC)
     columns = (
-        "id", "stack_id", "kind", "record_id", "text", "data", "extra", "tags", "confidence", "source_type",
-        "source_entity", "derived_from", "source_episodes", "emotional_valence", "emotional_arousal",
-        "emotional_tags", "subject_ids", "access_grants", "consent_grants", "strength", "times_accessed",
-        "last_accessed", "is_protected", "stability", "difficulty", "last_reviewed_at", "forgotten_reason",
-        "version", "created_at", "server_updated_at", "embedding", "embedding_model", "embedded_version",
+        "id",
+        "stack_id",
+        "kind",
+        "record_id",
+        "text",
+        "data",
+        "extra",
+        "tags",
+        "confidence",
+        "source_type",
+        "source_entity",
+        "derived_from",
+        "source_episodes",
+        "emotional_valence",
+        "emotional_arousal",
+        "emotional_tags",
+        "subject_ids",
+        "access_grants",
+        "consent_grants",
+        "strength",
+        "times_accessed",
+        "last_accessed",
+        "is_protected",
+        "stability",
+        "difficulty",
+        "last_reviewed_at",
+        "forgotten_reason",
+        "version",
+        "created_at",
+        "server_updated_at",
+        "embedding",
+        "embedding_model",
+        "embedded_version",
         "size_bytes",
     )
     written = 0
@@ -256,14 +394,44 @@ def bulk_load_memories(
                     text, data = synthetic_memory(rng, kind)
                     created = now - timedelta(days=rng.random() * days_back)
                     accessed = rng.random() < 0.5
-                    rows.append([
-                        uuid.uuid4(), stack_pk, kind, str(uuid.uuid4()), text, json.dumps(data), "{}",
-                        [rng.choice(_WORDS)], round(rng.uniform(0.3, 1.0), 3), "direct_experience", "",
-                        [], [], 0.0, 0.0, [], [], [], [], 1.0, rng.randint(0, 20) if accessed else 0,
-                        created + timedelta(days=rng.random()) if accessed else None,
-                        kind in ("value", "drive"), round(rng.uniform(0.5, 30.0), 3), 5.0, None, "",
-                        1, created, created, None, "", None, len(text.encode()) + len(json.dumps(data)),
-                    ])
+                    rows.append(
+                        [
+                            uuid.uuid4(),
+                            stack_pk,
+                            kind,
+                            str(uuid.uuid4()),
+                            text,
+                            json.dumps(data),
+                            "{}",
+                            [rng.choice(_WORDS)],
+                            round(rng.uniform(0.3, 1.0), 3),
+                            "direct_experience",
+                            "",
+                            [],
+                            [],
+                            0.0,
+                            0.0,
+                            [],
+                            [],
+                            [],
+                            [],
+                            1.0,
+                            rng.randint(0, 20) if accessed else 0,
+                            created + timedelta(days=rng.random()) if accessed else None,
+                            kind in ("value", "drive"),
+                            round(rng.uniform(0.5, 30.0), 3),
+                            5.0,
+                            None,
+                            "",
+                            1,
+                            created,
+                            created,
+                            None,
+                            "",
+                            None,
+                            len(text.encode()) + len(json.dumps(data)),
+                        ]
+                    )
                     texts.append(text)
                 if embed is not None:
                     vectors = embed(texts)
@@ -271,9 +439,10 @@ def bulk_load_memories(
                         row[30] = "[" + ",".join(f"{x:.6f}" for x in vector) + "]"
                         row[31] = embedding_model
                         row[32] = 1
-                with raw.cursor() as copy_cursor, copy_cursor.copy(
-                    f"COPY memories_memory ({', '.join(columns)}) FROM STDIN"
-                ) as copy:
+                with (
+                    raw.cursor() as copy_cursor,
+                    copy_cursor.copy(f"COPY memories_memory ({', '.join(columns)}) FROM STDIN") as copy,
+                ):
                     for row in rows:
                         copy.write_row(row)
                 written += batch
@@ -299,8 +468,13 @@ def percentiles(samples_ms: Sequence[float]) -> dict[str, float]:
     def pick(q: float) -> float:
         return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
 
-    return {"n": len(ordered), "p50": pick(0.50), "p95": pick(0.95), "p99": pick(0.99),
-            "mean": sum(ordered) / len(ordered)}
+    return {
+        "n": len(ordered),
+        "p50": pick(0.50),
+        "p95": pick(0.95),
+        "p99": pick(0.99),
+        "mean": sum(ordered) / len(ordered),
+    }
 
 
 def print_table(title: str, rows: Sequence[dict[str, Any]]) -> None:

@@ -9,6 +9,7 @@ connected.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 import shutil
@@ -106,10 +107,8 @@ class ManagedProcess:
 
     def _signal_group(self, signum: int) -> None:
         assert self.process is not None
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.process.pid, signum)
-        except (ProcessLookupError, PermissionError):
-            pass
 
 
 class EmbeddedPostgres:

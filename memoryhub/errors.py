@@ -132,8 +132,9 @@ def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response:
             detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
             body = error_body(_drf_code(exc), detail)
         response = Response(body, status=exc.status_code)
-        if isinstance(exc, drf.Throttled) and exc.wait is not None:
-            response["Retry-After"] = str(max(1, int(exc.wait + 0.999)))
+        wait = getattr(exc, "wait", None)  # set by DRF's Throttled; absent from the type stubs
+        if isinstance(exc, drf.Throttled) and wait is not None:
+            response["Retry-After"] = str(max(1, int(wait + 0.999)))
         if exc.status_code == 401:
             response["WWW-Authenticate"] = "Bearer"
         return response

@@ -77,6 +77,7 @@ def main() -> int:
         redis_port = env_int("MEMORYHUB_REDIS_PORT", 63790, minimum=1, maximum=65535)
         web_workers = env_int("WEB_WORKERS", 1, minimum=1)
         concurrency = env_int("CELERY_CONCURRENCY", 2, minimum=1)
+        import memoryhub.settings  # noqa: F401  (validates every setting before anything starts)
     except ImproperlyConfigured as exc:
         log(f"configuration error: {exc}")
         return 2
@@ -141,7 +142,7 @@ def main() -> int:
                   "--schedule", str(data / "celerybeat-schedule")],
             env=env, cwd=BASE_DIR,
         ))
-        shown_host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+        shown_host = "127.0.0.1" if host in ("0.0.0.0", "::") else host  # noqa: S104 - display only
         base_url = f"http://{shown_host}:{port}"
         log(f"MemoryHub is up: dashboard {base_url}/  API docs {base_url}/api/docs/  "
             f"readiness {base_url}/readyz  (Ctrl-C stops everything)")

@@ -26,7 +26,7 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 DATA_DIR = data_dir()
 
 DEBUG = env_bool("DEBUG", False)
-_DEV_SECRET = "dev-insecure-secret-key-change-me-for-production-0123456789"
+_DEV_SECRET = "dev-insecure-secret-key-change-me-for-production-0123456789"  # noqa: S105 - dev default
 SECRET_KEY = env_str("SECRET_KEY", _DEV_SECRET)
 if SECRET_KEY == _DEV_SECRET and env_bool("MEMORYHUB_PRODUCTION", False):
     raise ImproperlyConfigured("SECRET_KEY must be set when MEMORYHUB_PRODUCTION=true")
@@ -170,6 +170,17 @@ REST_FRAMEWORK = {
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
     "UNAUTHENTICATED_USER": None,
+    # Redis-backed, fail closed (accounts/throttles.py). Views with their own limits (register,
+    # login, key create/cycle, sync push/pull) attach the scoped pairs from accounts.throttles.
+    "DEFAULT_THROTTLE_CLASSES": ["accounts.throttles.RequestRateThrottle"],
+    "DEFAULT_THROTTLE_RATES": {
+        "request": env_str("THROTTLE_REQUEST_RATE", "1200/min"),
+        "register": "5/min",
+        "login": "30/min",
+        "key_create": "10/min",
+        "sync_push": "60/min",
+        "sync_pull": "60/min",
+    },
 }
 
 SPECTACULAR_SETTINGS = {
@@ -202,3 +213,15 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
     "loggers": {"django.db.backends": {"level": "WARNING"}},
 }
+
+# OpenAI-compatible embeddings endpoint (EMBEDDING_PROVIDER=openai); it must return 384 dimensions.
+EMBEDDING_API_URL = env_str("EMBEDDING_API_URL", "")
+EMBEDDING_API_KEY = env_str("EMBEDDING_API_KEY", "")
+EMBEDDING_MODEL = env_str("EMBEDDING_MODEL", "text-embedding-3-small")
+
+# Proxies whose X-Forwarded-For we believe (CIDRs). Private and loopback by default, as the
+# legacy backend did (kernle-protocol.md §12.3); set to the load balancers' ranges in production.
+TRUSTED_PROXIES = env_list(
+    "TRUSTED_PROXIES",
+    ["127.0.0.0/8", "::1/128", "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "fc00::/7"],
+)

@@ -23,7 +23,9 @@ def _test_database_url() -> str:
 
 
 @pytest.fixture(scope="session")
-def celery_worker(django_db_setup: None, django_db_blocker: object, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ManagedProcess]:
+def celery_worker(
+    django_db_setup: None, django_db_blocker: object, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ManagedProcess]:
     """A real `celery worker` process on the test Redis broker and the test database.
 
     Tests that need it use `transactional_db`, so that what they write is committed and visible.
