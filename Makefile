@@ -28,7 +28,6 @@ test: install
 
 lint: install
 	@$(VENV)/bin/ruff check .
-	@$(VENV)/bin/ruff format --check . || true
 	@$(VENV)/bin/mypy .
 
 bench: install

@@ -22,6 +22,18 @@ from pathlib import Path
 from typing import IO
 
 PG_SYSTEM_USER = "pgserver"  # Postgres refuses to run as root; pgserver's convention.
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """Runs in the child before exec: if the process that started us dies (even by SIGKILL),
+    the kernel sends us SIGTERM, so no server outlives its supervisor."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:
+        pass  # not Linux: the supervisor's own shutdown path still stops us
 
 
 def pgserver_bin() -> Path:
@@ -77,6 +89,7 @@ class ManagedProcess:
             stderr=subprocess.STDOUT if stdout else None,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
+            preexec_fn=_die_with_parent,
         )
 
     @property
