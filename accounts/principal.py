@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from accounts.models import ApiKey, Membership, Organization, User
 
@@ -40,3 +41,13 @@ class Principal:
         if self.api_key is not None:
             return self.bound_stack_id is None
         return self.role == Membership.Role.ADMIN
+
+
+def principal_of(request: Any) -> Principal:
+    """The Principal of an authenticated DRF request (views run IsAuthenticated first)."""
+    from memoryhub.errors import NotAuthenticated
+
+    principal = getattr(request, "auth", None)
+    if not isinstance(principal, Principal):
+        raise NotAuthenticated("Authentication required.")
+    return principal

@@ -15,7 +15,7 @@ import logging
 from typing import Any
 
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
-from django.db import DatabaseError, InterfaceError, OperationalError
+from django.db import DatabaseError, DataError, InterfaceError, OperationalError
 from django.http import Http404, HttpRequest, JsonResponse
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -24,7 +24,7 @@ from rest_framework.response import Response
 
 logger = logging.getLogger(__name__)
 
-RETRY_AFTER_SECONDS = 5
+RETRY_AFTER_SECONDS = 60  # kernle-protocol.md §12.5: fail-closed 503s say "retry in a minute"
 
 
 class DomainError(Exception):
@@ -138,6 +138,10 @@ def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response:
         if exc.status_code == 401:
             response["WWW-Authenticate"] = "Bearer"
         return response
+    if isinstance(exc, DataError):
+        # A value Postgres cannot hold (NUL bytes, out-of-range numbers) that slipped past
+        # validation is still the client's bad input: a 400, and the statement stored nothing.
+        return Response(error_body("invalid", "The request contains a value that cannot be stored."), status=400)
     if isinstance(exc, DatabaseError):
         # Any other database error on the request path is a bug or a constraint we did not map;
         # it must still not leak a trace. Logged with the type only: no memory text in logs.

@@ -225,3 +225,9 @@ TRUSTED_PROXIES = env_list(
     "TRUSTED_PROXIES",
     ["127.0.0.0/8", "::1/128", "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "fc00::/7"],
 )
+
+# Name the "kind" enums explicitly: several components have a field called "kind".
+SPECTACULAR_SETTINGS.setdefault("ENUM_NAME_OVERRIDES", {}).update({  # type: ignore[attr-defined]
+    "StackKindEnum": "stacks.models.Stack.Kind",
+    "MemoryKindEnum": "memories.models.MemoryKind",
+})

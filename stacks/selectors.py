@@ -36,6 +36,9 @@ def stack_for_principal(principal: Principal, slug: str, *, write: bool = False,
     `lock=True` takes a row lock on the stack (caller must be inside a transaction); used to
     serialise pushes per stack.
     """
+    if not plausible_identifier(slug, max_length=100):
+        # PostgreSQL cannot even compare a NUL byte; such an id names nothing.
+        raise NotFound("Stack not found.", code="stack_not_found")
     queryset = stacks_visible_to(principal).filter(slug=slug)
     if lock:
         queryset = queryset.select_for_update()
@@ -45,6 +48,11 @@ def stack_for_principal(principal: Principal, slug: str, *, write: bool = False,
     if write:
         ensure_writable(principal, stack)
     return stack
+
+
+def plausible_identifier(value: object, *, max_length: int) -> bool:
+    """Could `value` name a row at all? (A string of sane length without NUL bytes.)"""
+    return isinstance(value, str) and 0 < len(value) <= max_length and "\x00" not in value
 
 
 def ensure_writable(principal: Principal, stack: Stack) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from django.conf import settings
+from django.test import override_settings
 
 from memoryhub.embedded import ManagedProcess
 
@@ -58,6 +59,21 @@ def celery_worker(
 def run_manage(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "manage.py", *args], cwd=BASE_DIR, env=env or dict(os.environ),
                           capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _fast_password_hashing() -> Iterator[None]:
+    """Tests create many users; the production hasher is deliberately slow. Not what we test."""
+    with override_settings(PASSWORD_HASHERS=["django.contrib.auth.hashers.MD5PasswordHasher"]):
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _fresh_throttle_counters() -> None:
+    """Each test starts with empty rate-limit windows; the throttle tests exercise the limits."""
+    from accounts.throttles import throttle_state_clear
+
+    throttle_state_clear()
 
 
 @pytest.fixture

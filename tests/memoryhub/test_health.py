@@ -60,3 +60,23 @@ def test_openapi_schema_and_docs_are_served(client: Client) -> None:
     docs = client.get("/api/docs/")
     assert docs.status_code == 200
     assert b"swagger" in docs.content.lower()
+
+
+@pytest.mark.django_db
+def test_nul_byte_reaching_the_database_is_a_400_not_a_500() -> None:
+    from django.db import DataError
+    from rest_framework.test import APIRequestFactory
+
+    from memoryhub.errors import api_exception_handler
+
+    request = APIRequestFactory().get("/")
+    try:
+        from accounts.models import Organization
+
+        Organization.objects.filter(slug="bad\x00slug").exists()
+    except DataError as exc:
+        response = api_exception_handler(exc, {"request": request})
+    else:  # pragma: no cover - psycopg always refuses NUL in text
+        raise AssertionError("psycopg accepted a NUL byte")
+    assert response.status_code == 400
+    assert response.data["error"]["code"] == "invalid"

@@ -1,0 +1,207 @@
+"""The kernle CLI's auth routes, exactly as kernle-protocol.md §4 describes them.
+
+Paths have no trailing slash: the CLI appends them directly to the backend URL.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework import status
+from rest_framework.permissions import AllowAny
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.throttling import BaseThrottle
+from rest_framework.views import APIView
+
+from accounts.authentication import BearerAuthentication, access_token_for_key
+from accounts.network import client_ip
+from accounts.principal import principal_of
+from accounts.selectors import ensure_may_change_key, key_for_principal, keys_visible_to, may_manage_own_keys
+from accounts.serializers import (
+    KernleKeyCreateSerializer,
+    KernleLoginSerializer,
+    KernleMeSerializer,
+    KernleRegisteredSerializer,
+    KernleRegisterSerializer,
+    KeyCreatedSerializer,
+    KeyCycledSerializer,
+    KeySummarySerializer,
+    key_summary,
+    key_with_secret,
+)
+from accounts.services import api_key_cycle, api_key_issue, api_key_revoke, login_record
+from accounts.throttles import (
+    KEY_CREATE_THROTTLES,
+    LOGIN_THROTTLES,
+    REGISTER_THROTTLES,
+    ClientIpThrottle,
+    RequestRateThrottle,
+)
+from memoryhub.errors import Forbidden, InvalidInput, NotAuthenticated
+from stacks.services import personal_account_register
+
+ERRORS = {400: OpenApiResponse(description="Invalid input; `detail` says why"),
+          401: OpenApiResponse(description="Missing, invalid, revoked or expired credential"),
+          429: OpenApiResponse(description="Rate limited; see Retry-After"),
+          503: OpenApiResponse(description="Auth or throttle state unavailable; see Retry-After")}
+
+
+class IpThrottledFirstMixin:
+    """Counts the per-IP throttles BEFORE authenticating, so failed credentials are limited too
+    (DRF would authenticate first and never count a request that fails authentication)."""
+
+    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
+        for throttle in self.get_throttles():  # type: ignore[attr-defined]
+            if isinstance(throttle, ClientIpThrottle) and not throttle.allow_request(request, self):
+                self.throttled(request, throttle.wait())  # type: ignore[attr-defined]
+        super().initial(request, *args, **kwargs)  # type: ignore[misc]
+
+    def check_throttles(self, request: Request) -> None:
+        for throttle in self.get_throttles():  # type: ignore[attr-defined]
+            if not isinstance(throttle, ClientIpThrottle) and not throttle.allow_request(request, self):
+                self.throttled(request, throttle.wait())  # type: ignore[attr-defined]
+
+
+def _expires_in(token: Any) -> int:
+    return int(token["exp"]) - int(token["iat"])
+
+
+class RegisterView(IpThrottledFirstMixin, APIView):
+    authentication_classes: list[Any] = []
+    permission_classes = [AllowAny]
+    throttle_classes = list(REGISTER_THROTTLES)
+
+    @extend_schema(
+        operation_id="kernle_auth_register", tags=["kernle auth"], request=KernleRegisterSerializer,
+        responses={201: KernleRegisteredSerializer, 409: OpenApiResponse(description="Email already registered"),
+                   **ERRORS},
+        summary="Register a personal account, its stack and a stack-bound key (kernle-protocol.md §4.2)",
+    )
+    def post(self, request: Request) -> Response:
+        data = request.data
+        if not isinstance(data, dict):
+            raise InvalidInput("The body must be a JSON object.")
+        stack_id = data.get("stack_id")
+        if stack_id in (None, ""):
+            stack_id = data.get("agent_id")  # the legacy body; stack_id wins when both are present
+        if stack_id in (None, ""):
+            raise InvalidInput("stack_id is required.", code="invalid_stack_id", fields={"stack_id": ["Required."]})
+        registration = personal_account_register(stack_id=stack_id, email=data.get("email"),
+                                                 display_name=data.get("display_name"), ip=client_ip(request))
+        token = access_token_for_key(registration.key)
+        body = {
+            "user_id": registration.user.public_id,
+            "secret": registration.secret,
+            "api_key": registration.secret,
+            "key_id": registration.key.public_id,
+            "access_token": str(token),
+            "token_type": "bearer",
+            "expires_in": _expires_in(token),
+            "stack_id": registration.stack.slug,
+        }
+        return Response(body, status=status.HTTP_201_CREATED)
+
+
+class LoginView(IpThrottledFirstMixin, APIView):
+    authentication_classes = [BearerAuthentication]
+    throttle_classes = list(LOGIN_THROTTLES)
+
+    @extend_schema(
+        operation_id="kernle_auth_login", tags=["kernle auth"], request=None,
+        responses={200: KernleLoginSerializer, **ERRORS},
+        summary="Exchange an API key (or a valid access token) for a fresh access token (§4.3)",
+    )
+    def post(self, request: Request) -> Response:
+        principal = principal_of(request)
+        if principal.api_key is None:  # pragma: no cover - only Bearer authentication here
+            raise NotAuthenticated("Invalid API key")
+        key = principal.api_key
+        token = access_token_for_key(key)
+        login_record(user=principal.user, ip=client_ip(request), succeeded=True, via="api_key", principal=principal)
+        return Response({
+            "user_id": principal.user.public_id,
+            "token": str(token),
+            "token_expires": datetime.fromtimestamp(int(token["exp"]), tz=UTC).isoformat(),
+            "token_type": "bearer",
+            "expires_in": _expires_in(token),
+            "stack_id": key.stack.slug if key.stack_id and key.stack else None,
+        })
+
+
+class KeysView(APIView):
+    def get_throttles(self) -> list[BaseThrottle]:
+        if self.request is not None and self.request.method == "POST":
+            return [throttle() for throttle in KEY_CREATE_THROTTLES]
+        return [RequestRateThrottle()]
+
+    @extend_schema(operation_id="kernle_auth_keys_list", tags=["kernle auth"],
+                   responses={200: KeySummarySerializer(many=True), **ERRORS},
+                   summary="The caller's keys as a bare JSON array, revoked ones with is_active false (§4.4)")
+    def get(self, request: Request) -> Response:
+        keys = keys_visible_to(principal_of(request)).order_by("created_at", "pk")
+        return Response([key_summary(key) for key in keys])
+
+    @extend_schema(operation_id="kernle_auth_keys_create", tags=["kernle auth"], request=KernleKeyCreateSerializer,
+                   responses={201: KeyCreatedSerializer, 403: OpenApiResponse(description="Not allowed"), **ERRORS},
+                   summary="Create an account-wide key, not bound to a stack (§4.5)")
+    def post(self, request: Request) -> Response:
+        principal = principal_of(request)
+        serializer = KernleKeyCreateSerializer(data=request.data if isinstance(request.data, dict) else None)
+        serializer.is_valid(raise_exception=True)
+        if not may_manage_own_keys(principal):
+            raise Forbidden("This credential may not create keys.", code="admin_required")
+        key, secret = api_key_issue(organization=principal.organization, user=principal.user,
+                                    name=serializer.validated_data.get("name") or "", principal=principal,
+                                    ip=client_ip(request))
+        return Response(key_with_secret(key, secret), status=status.HTTP_201_CREATED)
+
+
+class KeyDetailView(APIView):
+    @extend_schema(operation_id="kernle_auth_keys_revoke", tags=["kernle auth"], request=None,
+                   responses={204: None, 404: OpenApiResponse(description="Not the caller's key"), **ERRORS},
+                   summary="Revoke a key (§4.6)")
+    def delete(self, request: Request, key_id: str) -> Response:
+        principal = principal_of(request)
+        key = key_for_principal(principal, key_id)
+        ensure_may_change_key(principal, key)
+        api_key_revoke(key=key, principal=principal, ip=client_ip(request))
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class KeyCycleView(APIView):
+    throttle_classes = list(KEY_CREATE_THROTTLES)
+
+    @extend_schema(operation_id="kernle_auth_keys_cycle", tags=["kernle auth"], request=None,
+                   responses={200: KeyCycledSerializer, 404: OpenApiResponse(description="Unknown key"), **ERRORS},
+                   summary="Deactivate a key and issue its replacement atomically; flat fields (§4.7)")
+    def post(self, request: Request, key_id: str) -> Response:
+        principal = principal_of(request)
+        key = key_for_principal(principal, key_id)
+        ensure_may_change_key(principal, key)
+        new_key, secret = api_key_cycle(key=key, principal=principal, ip=client_ip(request))
+        body = key_with_secret(new_key, secret)
+        body["old_key_id"] = key.public_id
+        body["new_key"] = {"id": new_key.public_id, "key": secret, "name": new_key.name}
+        return Response(body)
+
+
+
+class MeView(APIView):
+    @extend_schema(operation_id="kernle_auth_me", tags=["kernle auth"], responses={200: KernleMeSerializer, **ERRORS},
+                   summary="Who the credential acts as (legacy route, kernle-protocol.md §4.8)")
+    def get(self, request: Request) -> Response:
+        principal = principal_of(request)
+        key = principal.api_key
+        return Response({
+            "user_id": principal.user.public_id,
+            "email": principal.user.email or None,
+            "organization_id": principal.organization.public_id,
+            "organization_kind": principal.organization.kind,
+            "tier": principal.organization.tier,
+            "key_id": key.public_id if key else None,
+            "stack_id": key.stack.slug if key and key.stack_id and key.stack else None,
+            "read_only": principal.read_only,
+        })

@@ -1,0 +1,134 @@
+"""Rate limits backed by Redis, per credential and per client IP (kernle-protocol.md §12.3).
+
+Each limited action has two throttles with the same scope and rate: one counts per client IP
+(`X-Forwarded-For` believed only from `settings.TRUSTED_PROXIES`, see accounts/network.py), one
+per credential (API key, JWT's key, or dashboard user). Attach both through the tuples below,
+e.g. ``throttle_classes = SYNC_PUSH_THROTTLES``. Every other API view gets `RequestRateThrottle`
+from REST_FRAMEWORK's defaults.
+
+Counting is a fixed window: one pipelined SET-NX-EX + INCR per request (one round trip, O(1) in
+Redis, unlike DRF's pickled timestamp lists). FAIL CLOSED: nothing here catches cache errors —
+an unreachable Redis raises, and the API error handler answers 503 with Retry-After; a request
+is never let through unmetered.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from django.core.cache import cache
+from rest_framework.request import Request
+from rest_framework.settings import api_settings
+from rest_framework.throttling import BaseThrottle
+
+from accounts.network import client_ip
+from accounts.principal import Principal
+
+KEY_NAMESPACE = "throttle"
+_PERIODS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_rate(rate: str) -> tuple[int, int]:
+    """"5/min" → (5, 60)."""
+    count, period = rate.split("/")
+    return int(count), _PERIODS[period.strip()[0]]
+
+
+def _window_hit(key: str, *, ttl: int) -> int:
+    """Count one hit in a window: create-with-expiry-if-missing and INCR in one round trip.
+    Uses the Django cache's Redis client so keys share its prefix (throttle_state_clear)."""
+    full_key = cache.make_and_validate_key(key)
+    client = cache._cache.get_client(full_key, write=True)  # type: ignore[attr-defined]
+    pipe = client.pipeline(transaction=True)
+    pipe.set(full_key, 0, ex=ttl, nx=True)
+    pipe.incr(full_key)
+    _, count = pipe.execute()
+    return int(count)
+
+
+class _WindowThrottle(BaseThrottle):
+    scope = ""
+
+    def __init__(self) -> None:
+        self._wait: float | None = None
+
+    def identity(self, request: Request) -> str | None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def rate(self) -> tuple[int, int]:
+        # Read at call time (not import time) so settings overrides apply.
+        return parse_rate(str(api_settings.DEFAULT_THROTTLE_RATES[self.scope]))
+
+    def allow_request(self, request: Request, view: Any) -> bool:
+        ident = self.identity(request)
+        if ident is None:
+            return True
+        limit, period = self.rate()
+        now = time.time()
+        window = int(now // period)
+        count = _window_hit(f"{KEY_NAMESPACE}:{self.scope}:{ident}:{window}", ttl=period + 1)
+        if count <= limit:
+            return True
+        self._wait = (window + 1) * period - now
+        return False
+
+    def wait(self) -> float | None:
+        return self._wait
+
+
+def ip_identity(request: Request) -> str:
+    return f"ip:{client_ip(request)}"
+
+
+def credential_identity(request: Request) -> str | None:
+    principal = request.auth
+    if not isinstance(principal, Principal):
+        return None  # unauthenticated: the IP throttle of the same scope counts it
+    if principal.api_key is not None:
+        return f"key:{principal.api_key.public_id}"
+    return f"user:{principal.user.public_id}"
+
+
+class ClientIpThrottle(_WindowThrottle):
+    def identity(self, request: Request) -> str | None:
+        return ip_identity(request)
+
+
+class CredentialThrottle(_WindowThrottle):
+    def identity(self, request: Request) -> str | None:
+        return credential_identity(request)
+
+
+class RequestRateThrottle(_WindowThrottle):
+    """The default on every API view: per credential when authenticated, else per IP. Its real
+    job besides abuse protection is failing closed — every authenticated request reads Redis."""
+
+    scope = "request"
+
+    def identity(self, request: Request) -> str | None:
+        return credential_identity(request) or ip_identity(request)
+
+
+def _pair(scope: str) -> tuple[type[BaseThrottle], type[BaseThrottle]]:
+    ip = type(f"{scope.title().replace('_', '')}IpThrottle", (ClientIpThrottle,), {"scope": scope,
+                                                                                   "__module__": __name__})
+    credential = type(f"{scope.title().replace('_', '')}CredentialThrottle", (CredentialThrottle,),
+                      {"scope": scope, "__module__": __name__})
+    return ip, credential
+
+
+REGISTER_THROTTLES = _pair("register")
+LOGIN_THROTTLES = _pair("login")
+KEY_CREATE_THROTTLES = _pair("key_create")  # POST /auth/keys, cycle, native key issue
+SYNC_PUSH_THROTTLES = _pair("sync_push")
+SYNC_PULL_THROTTLES = _pair("sync_pull")
+
+
+def throttle_state_clear() -> int:
+    """Forget every throttle counter (tests; an operator lifting a lockout). Returns keys removed."""
+    client = cache._cache.get_client(write=True)  # type: ignore[attr-defined]
+    removed = 0
+    for key in client.scan_iter(match=cache.make_key(f"{KEY_NAMESPACE}:*"), count=500):
+        removed += int(client.delete(key))
+    return removed

@@ -1,0 +1,158 @@
+"""Native API for stacks: list, create, update, archive, teacher assignments (/api/v1/stacks/…).
+
+Every stack is resolved through stacks.selectors; management needs a school admin or a writable
+school key (accounts.selectors.ensure_may_manage_organization) on top of visibility, so that an
+invisible stack stays a 404 and a visible one the caller may not manage is a 403.
+"""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework import status
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from accounts.kernle_api import ERRORS
+from accounts.models import User
+from accounts.network import client_ip
+from accounts.principal import Principal, principal_of
+from accounts.selectors import ensure_may_manage_organization
+from memoryhub.errors import Forbidden, InvalidInput, NotFound
+from memoryhub.pagination import StableCursorPagination
+from stacks.models import Stack
+from stacks.selectors import stack_for_principal, stacks_visible_to
+from stacks.serializers import (
+    StackCreateSerializer,
+    StackSerializer,
+    StackUpdateSerializer,
+    TeacherAssignmentSerializer,
+)
+from stacks.services import stack_archive, stack_create, stack_unarchive, stack_update, teacher_assign, teacher_unassign
+
+FORBIDDEN = {403: OpenApiResponse(description="Not allowed for this role or credential")}
+NOT_FOUND = {404: OpenApiResponse(description="No such stack visible to the caller")}
+CONFLICT = {409: OpenApiResponse(description="Exists already, or the stack is archived")}
+
+
+def _managed_stack(principal: Principal, slug: str) -> Stack:
+    """A visible stack (404 otherwise) that the caller may manage (403 otherwise)."""
+    stack = stack_for_principal(principal, slug)
+    if principal.read_only:
+        raise Forbidden("This key is read-only.", code="read_only_key")
+    ensure_may_manage_organization(principal)
+    return stack
+
+
+class StackListView(APIView):
+    @extend_schema(operation_id="stacks_list", tags=["stacks"],
+                   parameters=[OpenApiParameter("status", str, enum=["active", "archived"], required=False)],
+                   responses={200: StackSerializer(many=True), **ERRORS})
+    def get(self, request: Request) -> Response:
+        stacks = stacks_visible_to(principal_of(request))
+        wanted = request.query_params.get("status")
+        if wanted is not None:
+            if wanted not in ("active", "archived"):
+                raise InvalidInput("status must be active or archived.", fields={"status": ["active or archived"]})
+            stacks = stacks.filter(status=wanted)
+        paginator = StableCursorPagination()
+        page = paginator.paginate_queryset(stacks, request, view=self)
+        return paginator.get_paginated_response(StackSerializer(page or [], many=True).data)
+
+    @extend_schema(operation_id="stacks_create", tags=["stacks"], request=StackCreateSerializer,
+                   responses={201: StackSerializer, **FORBIDDEN, **CONFLICT, **ERRORS})
+    def post(self, request: Request) -> Response:
+        principal = principal_of(request)
+        ensure_may_manage_organization(principal)
+        serializer = StackCreateSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        stack = stack_create(organization=principal.organization, slug=data["stack_id"],
+                             display_name=data["display_name"], kind=data["kind"], principal=principal,
+                             ip=client_ip(request))
+        return Response(StackSerializer(stack).data, status=status.HTTP_201_CREATED)
+
+
+class StackDetailView(APIView):
+    @extend_schema(operation_id="stacks_retrieve", tags=["stacks"],
+                   responses={200: StackSerializer, **NOT_FOUND, **ERRORS})
+    def get(self, request: Request, stack: str) -> Response:
+        return Response(StackSerializer(stack_for_principal(principal_of(request), stack)).data)
+
+    @extend_schema(operation_id="stacks_update", tags=["stacks"], request=StackUpdateSerializer,
+                   responses={200: StackSerializer, **FORBIDDEN, **NOT_FOUND, **CONFLICT, **ERRORS})
+    def patch(self, request: Request, stack: str) -> Response:
+        principal = principal_of(request)
+        found = stack_for_principal(principal, stack, write=True)
+        ensure_may_manage_organization(principal)
+        serializer = StackUpdateSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        updated = stack_update(stack=found, display_name=data.get("display_name"), kind=data.get("kind"),
+                               principal=principal, ip=client_ip(request))
+        return Response(StackSerializer(updated).data)
+
+
+class StackArchiveView(APIView):
+    @extend_schema(operation_id="stacks_archive", tags=["stacks"], request=None,
+                   responses={200: StackSerializer, **FORBIDDEN, **NOT_FOUND, **ERRORS},
+                   summary="Archive: the stack keeps its data and refuses writes (idempotent)")
+    def post(self, request: Request, stack: str) -> Response:
+        principal = principal_of(request)
+        found = _managed_stack(principal, stack)
+        return Response(StackSerializer(stack_archive(stack=found, principal=principal,
+                                                      ip=client_ip(request))).data)
+
+
+class StackUnarchiveView(APIView):
+    @extend_schema(operation_id="stacks_unarchive", tags=["stacks"], request=None,
+                   responses={200: StackSerializer, **FORBIDDEN, **NOT_FOUND, **ERRORS},
+                   summary="Make an archived stack writable again (idempotent)")
+    def post(self, request: Request, stack: str) -> Response:
+        principal = principal_of(request)
+        found = _managed_stack(principal, stack)
+        return Response(StackSerializer(stack_unarchive(stack=found, principal=principal,
+                                                        ip=client_ip(request))).data)
+
+
+def _teacher_of(principal: Principal, user_id: str) -> User:
+    teacher = None
+    if "\x00" not in user_id and len(user_id) <= 32:
+        teacher = User.objects.filter(
+            public_id=user_id, memberships__organization_id=principal.organization.pk).first()
+    if teacher is None:
+        raise NotFound("Member not found.", code="member_not_found")
+    return teacher
+
+
+class StackTeachersView(APIView):
+    @extend_schema(operation_id="stacks_teachers_list", tags=["stacks"],
+                   responses={200: TeacherAssignmentSerializer(many=True), **NOT_FOUND, **ERRORS})
+    def get(self, request: Request, stack: str) -> Response:
+        found = stack_for_principal(principal_of(request), stack)
+        user_ids = found.teacher_assignments.order_by("created_at").values_list("user__public_id", flat=True)
+        return Response([{"user_id": user_id} for user_id in user_ids])
+
+    @extend_schema(operation_id="stacks_teachers_assign", tags=["stacks"], request=TeacherAssignmentSerializer,
+                   responses={201: TeacherAssignmentSerializer, **FORBIDDEN, **NOT_FOUND, **ERRORS})
+    def post(self, request: Request, stack: str) -> Response:
+        principal = principal_of(request)
+        found = _managed_stack(principal, stack)
+        serializer = TeacherAssignmentSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        teacher = _teacher_of(principal, serializer.validated_data["user_id"])
+        teacher_assign(stack=found, teacher=teacher, principal=principal, ip=client_ip(request))
+        return Response({"user_id": teacher.public_id}, status=status.HTTP_201_CREATED)
+
+
+class StackTeacherDetailView(APIView):
+    @extend_schema(operation_id="stacks_teachers_unassign", tags=["stacks"], request=None,
+                   responses={204: None, **FORBIDDEN, **NOT_FOUND, **ERRORS})
+    def delete(self, request: Request, stack: str, user_id: str) -> Response:
+        principal = principal_of(request)
+        found = _managed_stack(principal, stack)
+        teacher_unassign(stack=found, teacher=_teacher_of(principal, user_id), principal=principal,
+                         ip=client_ip(request))
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+

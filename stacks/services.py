@@ -1,0 +1,156 @@
+"""Every write about stacks: create, update, archive, teacher assignments, self-registration."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from accounts.models import ApiKey, Membership, Organization, User
+from accounts.principal import Principal
+from accounts.services import (
+    api_key_issue,
+    audit_record,
+    membership_add,
+    normalized_email,
+    organization_create,
+    user_create,
+)
+from memoryhub.errors import Conflict, InvalidInput
+from stacks.models import Stack, TeacherAssignment
+
+STACK_ID_MAX_LENGTH = 100
+_STACK_ID_EXTRA = frozenset("-_.")
+
+
+def stack_id_validated(raw: Any, *, field: str = "stack_id") -> str:
+    """Kernle's stack-id alphabet (kernle-protocol.md §1.2): 1-100 characters, letters and digits
+    (Unicode `isalnum`), '-', '_' and '.'; no path separators; not '.' or '..'."""
+    if not isinstance(raw, str):
+        raise InvalidInput(f"{field} must be a string.", code="invalid_stack_id", fields={field: ["Must be a string."]})
+    value = raw.strip()
+    problem = None
+    if not value:
+        problem = "is required"
+    elif len(value) > STACK_ID_MAX_LENGTH:
+        problem = f"must be at most {STACK_ID_MAX_LENGTH} characters"
+    elif value in {".", ".."} or not all(ch.isalnum() or ch in _STACK_ID_EXTRA for ch in value):
+        problem = "may contain only letters, digits, '-', '_' and '.'"
+    if problem:
+        raise InvalidInput(f"Invalid {field}: {problem}.", code="invalid_stack_id", fields={field: [problem]})
+    return value
+
+
+@transaction.atomic
+def stack_create(*, organization: Organization, slug: Any, display_name: str = "", kind: str = Stack.Kind.STUDENT,
+                 principal: Principal | None = None, created_by: User | None = None, ip: str | None = None) -> Stack:
+    slug = stack_id_validated(slug)
+    if kind not in Stack.Kind.values:
+        raise InvalidInput("Unknown stack kind.", fields={"kind": [f"One of {', '.join(Stack.Kind.values)}."]})
+    try:
+        with transaction.atomic():
+            stack = Stack.objects.create(organization=organization, slug=slug, display_name=display_name[:200],
+                                         kind=kind, created_by=created_by or (principal.user if principal else None))
+    except IntegrityError:
+        raise Conflict("A stack with this id already exists.", code="stack_exists",
+                       fields={"stack_id": ["Already exists."]}) from None
+    audit_record(organization=organization, action="stack.created", principal=principal, actor=created_by,
+                 target_type="stack", target_id=slug, ip=ip, metadata={"kind": kind})
+    return stack
+
+
+@transaction.atomic
+def stack_update(*, stack: Stack, display_name: str | None = None, kind: str | None = None,
+                 principal: Principal | None = None, ip: str | None = None) -> Stack:
+    """Change descriptive fields. Caller has checked write access (stack_for_principal(write=True))."""
+    changed: list[str] = []
+    if display_name is not None:
+        stack.display_name = display_name[:200]
+        changed.append("display_name")
+    if kind is not None:
+        if kind not in Stack.Kind.values:
+            raise InvalidInput("Unknown stack kind.", fields={"kind": [f"One of {', '.join(Stack.Kind.values)}."]})
+        stack.kind = kind
+        changed.append("kind")
+    if changed:
+        stack.save(update_fields=[*changed, "updated_at"])
+        audit_record(organization=stack.organization, action="stack.updated", principal=principal,
+                     target_type="stack", target_id=stack.slug, ip=ip, metadata={"fields": changed})
+    return stack
+
+
+@transaction.atomic
+def stack_archive(*, stack: Stack, principal: Principal | None = None, ip: str | None = None) -> Stack:
+    """Archive (idempotent): the stack keeps every memory but refuses writes (ensure_writable)."""
+    locked = Stack.objects.select_for_update().select_related("organization").get(pk=stack.pk)
+    if locked.status != Stack.Status.ARCHIVED:
+        locked.status = Stack.Status.ARCHIVED
+        locked.archived_at = timezone.now()
+        locked.save(update_fields=["status", "archived_at", "updated_at"])
+        audit_record(organization=locked.organization, action="stack.archived", principal=principal,
+                     target_type="stack", target_id=locked.slug, ip=ip)
+    return locked
+
+
+@transaction.atomic
+def stack_unarchive(*, stack: Stack, principal: Principal | None = None, ip: str | None = None) -> Stack:
+    locked = Stack.objects.select_for_update().select_related("organization").get(pk=stack.pk)
+    if locked.status != Stack.Status.ACTIVE:
+        locked.status = Stack.Status.ACTIVE
+        locked.archived_at = None
+        locked.save(update_fields=["status", "archived_at", "updated_at"])
+        audit_record(organization=locked.organization, action="stack.unarchived", principal=principal,
+                     target_type="stack", target_id=locked.slug, ip=ip)
+    return locked
+
+
+@transaction.atomic
+def teacher_assign(*, stack: Stack, teacher: User, principal: Principal | None = None,
+                   ip: str | None = None) -> TeacherAssignment:
+    if not Membership.objects.filter(user=teacher, organization_id=stack.organization_id,
+                                     role=Membership.Role.TEACHER).exists():
+        raise InvalidInput("Only a teacher of this school can be assigned.", code="not_a_teacher",
+                           fields={"user_id": ["Not a teacher of this school."]})
+    assignment, created = TeacherAssignment.objects.get_or_create(user=teacher, stack=stack)
+    if created:
+        audit_record(organization=stack.organization, action="stack.teacher_assigned", principal=principal,
+                     target_type="stack", target_id=stack.slug, ip=ip, metadata={"user_id": teacher.public_id})
+    return assignment
+
+
+@transaction.atomic
+def teacher_unassign(*, stack: Stack, teacher: User, principal: Principal | None = None, ip: str | None = None) -> None:
+    deleted, _ = TeacherAssignment.objects.filter(user=teacher, stack=stack).delete()
+    if deleted:
+        audit_record(organization=stack.organization, action="stack.teacher_unassigned", principal=principal,
+                     target_type="stack", target_id=stack.slug, ip=ip, metadata={"user_id": teacher.public_id})
+
+
+@dataclass(frozen=True)
+class Registration:
+    user: User
+    organization: Organization
+    stack: Stack
+    key: ApiKey
+    secret: str
+
+
+@transaction.atomic
+def personal_account_register(*, stack_id: Any, email: Any = None, display_name: Any = None,
+                              ip: str | None = None) -> Registration:
+    """Kernle self-registration (kernle-protocol.md §4.2): a user, their personal organization,
+    the stack and a key bound to it. All or nothing."""
+    slug = stack_id_validated(stack_id)
+    clean_email = normalized_email(email)
+    if display_name is not None and (not isinstance(display_name, str) or "\x00" in display_name):
+        raise InvalidInput("display_name must be text.", fields={"display_name": ["Must be text."]})
+    name = display_name.strip() if display_name and display_name.strip() else (clean_email or slug)
+    user = user_create(email=clean_email)  # 409 "Email already registered" on a duplicate
+    organization = organization_create(name=name, kind=Organization.Kind.PERSONAL, slug=f"personal-{user.public_id}")
+    membership_add(organization=organization, user=user, role=Membership.Role.ADMIN, ip=ip)
+    stack = stack_create(organization=organization, slug=slug, display_name=name, kind=Stack.Kind.AGENT,
+                         created_by=user, ip=ip)
+    key, secret = api_key_issue(organization=organization, user=user, stack_id=stack.pk, name="register", ip=ip)
+    return Registration(user=user, organization=organization, stack=stack, key=key, secret=secret)
