@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from celery.schedules import crontab
+
 BEAT_SCHEDULE: dict[str, dict[str, Any]] = {}
 
 # Embed whatever the after-commit embedding tasks missed (dead worker, broker blip, model change).
@@ -11,4 +13,33 @@ BEAT_SCHEDULE["memories-embedding-sweep"] = {
     "task": "memories.embedding_sweep",
     "schedule": 60.0,
     "options": {"expires": 55},
+}
+
+# Lifecycle jobs (memories/lifecycle_tasks.py). Each holds an advisory lock, so a run that starts
+# while the previous one is still going records `skipped` and does nothing. `expires` drops a
+# queued run that could not start before the next one is due anyway.
+# Decay: salience moves slowly (days), so hourly is plenty; rows that barely changed are not
+# rewritten, so an hourly pass costs little more than a daily one.
+BEAT_SCHEDULE["memories-decay-pass"] = {
+    "task": "memories.decay_pass",
+    "schedule": crontab(minute=17),
+    "options": {"expires": 50 * 60},
+}
+# TTL: reads hide expired rows at their exact time; the purge only reclaims the space.
+BEAT_SCHEDULE["memories-ttl-purge"] = {
+    "task": "memories.ttl_purge",
+    "schedule": 5 * 60.0,
+    "options": {"expires": 4 * 60},
+}
+# Promotion: only stacks with episodes written since the last run are scanned.
+BEAT_SCHEDULE["memories-promotion-run"] = {
+    "task": "memories.promotion_run",
+    "schedule": crontab(minute=47),
+    "options": {"expires": 50 * 60},
+}
+# Large stacks get their own partial HNSW index (memories.vector_indexes); one build per run.
+BEAT_SCHEDULE["memories-stack-vector-indexes"] = {
+    "task": "memories.stack_vector_indexes",
+    "schedule": 10 * 60.0,
+    "options": {"expires": 9 * 60},
 }

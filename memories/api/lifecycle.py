@@ -1,7 +1,195 @@
-"""(filled in by the owning issue)"""
+"""Lifecycle API: forgetting candidates, agent-reported recall, and job runs for admins.
+
+Thin views: stack-scoped routes resolve the stack through `stacks.selectors.stack_for_principal`
+(a stack the caller cannot see is a 404; a read-only key recording a recall is a 403); the work is
+in memories.lifecycle.
+"""
 
 from __future__ import annotations
 
-from django.urls import URLPattern, URLResolver
+from datetime import datetime, timedelta
+from typing import Any
 
-urlpatterns: list[URLPattern | URLResolver] = []
+from django.urls import path
+from django.utils import timezone
+from drf_spectacular.utils import extend_schema
+from rest_framework import serializers
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from accounts.models import Membership
+from accounts.principal import Principal
+from memories import lifecycle, selectors
+from memories.decay import Grade
+from memories.models import JobRun, Memory
+from memoryhub.errors import Forbidden, InvalidInput
+from stacks.models import Stack
+from stacks.selectors import stack_for_principal
+
+TAG = "lifecycle"
+PREVIEW_CHARS = 200
+MAX_FORECAST_DAYS = 3650
+GRADE_NAMES = {"again": Grade.AGAIN, "hard": Grade.HARD, "good": Grade.GOOD, "easy": Grade.EASY}
+
+
+def _principal(request: Request) -> Principal:
+    return request.auth  # type: ignore[return-value]  # set by our authentication classes
+
+
+def _stack(request: Request, slug: str, *, write: bool = False) -> Stack:
+    return stack_for_principal(_principal(request), slug, write=write)
+
+
+def _validated(serializer_class: type[serializers.Serializer], data: Any) -> dict[str, Any]:
+    if not hasattr(data, "get"):
+        raise InvalidInput("The body must be a JSON object.", fields={"non_field_errors": ["Expected an object."]})
+    serializer = serializer_class(data=data)
+    serializer.is_valid(raise_exception=True)
+    return dict(serializer.validated_data)
+
+
+# --- forgetting candidates ----------------------------------------------------------------------
+
+
+class CandidatesQuerySerializer(serializers.Serializer):
+    limit = serializers.IntegerField(required=False, default=50, min_value=1, max_value=200)
+    as_of = serializers.DateTimeField(required=False, help_text="Forecast: what a pass at this time would forget "
+                                                                "(default now; at most ten years ahead).")
+
+    def validate_as_of(self, value: datetime) -> datetime:
+        now = timezone.now()
+        if value < now - timedelta(minutes=5) or value > now + timedelta(days=MAX_FORECAST_DAYS):
+            raise serializers.ValidationError("Must be between now and ten years from now.")
+        return value
+
+
+class CandidateSerializer(serializers.Serializer):
+    id = serializers.UUIDField()
+    kind = serializers.CharField()
+    record_id = serializers.CharField()
+    preview = serializers.CharField(help_text=f"The first {PREVIEW_CHARS} characters of the text.")
+    created_at = serializers.DateTimeField()
+    last_reviewed_at = serializers.DateTimeField(allow_null=True)
+    salience = serializers.FloatField()
+    retrievability = serializers.FloatField()
+
+
+class CandidatesSerializer(serializers.Serializer):
+    stack = serializers.CharField()
+    as_of = serializers.DateTimeField()
+    threshold = serializers.FloatField(help_text="The school's forget threshold: salience below it is forgotten.")
+    candidates = CandidateSerializer(many=True)
+
+
+def _candidate(memory: Memory, at: datetime) -> dict[str, Any]:
+    figures = lifecycle.memory_decay_view(memory, at)
+    return {
+        "id": memory.pk, "kind": memory.kind, "record_id": memory.record_id, "preview": memory.text[:PREVIEW_CHARS],
+        "created_at": memory.created_at, "last_reviewed_at": memory.last_reviewed_at,
+        "salience": figures["salience"], "retrievability": figures["retrievability"],
+    }
+
+
+class ForgettingCandidatesView(APIView):
+    @extend_schema(tags=[TAG], operation_id="stack_forgetting_candidates",
+                   parameters=[CandidatesQuerySerializer], responses=CandidatesSerializer,
+                   summary="What the next decay pass would forget in this stack, most faded first")
+    def get(self, request: Request, stack: str) -> Response:
+        target = _stack(request, stack)
+        query = _validated(CandidatesQuerySerializer, request.query_params)
+        at = query.get("as_of") or timezone.now()
+        memories = lifecycle.forgetting_candidates(stack=target, now=at, limit=query["limit"])
+        return Response(CandidatesSerializer({
+            "stack": target.slug, "as_of": at, "threshold": target.organization.forget_threshold,
+            "candidates": [_candidate(m, at) for m in memories],
+        }).data)
+
+
+# --- recall -------------------------------------------------------------------------------------
+
+
+class RecallInSerializer(serializers.Serializer):
+    grade = serializers.ChoiceField(
+        choices=[*GRADE_NAMES, 1, 2, 3, 4], required=False, default="good",
+        help_text="How well the memory served: again (1, it was wrong), hard (2), good (3, default), easy (4).")
+
+
+class RecallOutSerializer(serializers.Serializer):
+    memory_id = serializers.UUIDField()
+    grade = serializers.CharField()
+    recovered = serializers.BooleanField(help_text="The memory had faded (decay tombstone) and is back.")
+    stability = serializers.FloatField(help_text="Days until retrievability falls to 0.9.")
+    difficulty = serializers.FloatField()
+    retrievability_before = serializers.FloatField()
+    next_review_in_days = serializers.IntegerField()
+    salience = serializers.FloatField()
+
+
+def _grade(value: Any) -> Grade:
+    if isinstance(value, str) and value in GRADE_NAMES:
+        return GRADE_NAMES[value]
+    return Grade(int(value))
+
+
+class MemoryRecallView(APIView):
+    @extend_schema(tags=[TAG], operation_id="memory_recall", request=RecallInSerializer,
+                   responses=RecallOutSerializer,
+                   summary="Report that a memory was recalled and used (an explicit FSRS review)")
+    def post(self, request: Request, stack: str, memory_id: str) -> Response:
+        target = _stack(request, stack, write=True)
+        body = _validated(RecallInSerializer, request.data)
+        memory = selectors.memory_get(stack=target, memory_id=memory_id)
+        grade = _grade(body["grade"])
+        result = lifecycle.record_review(memory=memory, grade=grade, source="recall")
+        return Response(RecallOutSerializer({
+            "memory_id": memory.pk, "grade": grade.name.lower(), "recovered": result.recovered,
+            "stability": result.outcome.stability, "difficulty": result.outcome.difficulty,
+            "retrievability_before": result.outcome.retrievability_before,
+            "next_review_in_days": result.outcome.interval_days, "salience": result.salience,
+        }).data)
+
+
+# --- job runs -----------------------------------------------------------------------------------
+
+
+class JobRunSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = JobRun
+        fields = ["id", "name", "status", "started_at", "finished_at", "duration_ms", "counts", "error"]
+
+
+class JobRunsQuerySerializer(serializers.Serializer):
+    name = serializers.ChoiceField(choices=list(lifecycle.JOB_NAMES), required=False)
+    limit = serializers.IntegerField(required=False, default=50, min_value=1, max_value=500)
+
+
+def _ensure_operator(principal: Principal) -> None:
+    """Job runs are service-wide: staff and school admins signed in to the dashboard, not agent keys."""
+    if principal.user.is_staff:
+        return
+    if principal.api_key is None and principal.role == Membership.Role.ADMIN:
+        return
+    raise Forbidden("Only administrators can see job runs.", code="admin_only")
+
+
+class JobRunListView(APIView):
+    @extend_schema(tags=[TAG], operation_id="job_runs_list", parameters=[JobRunsQuerySerializer],
+                   responses=JobRunSerializer(many=True),
+                   summary="Recent runs of the periodic jobs (decay, TTL purge, promotion, embedding sweep)",
+                   description="Administrators only. Each run records its status, duration and counts; a run "
+                               "that overlapped the previous one is recorded as `skipped`.")
+    def get(self, request: Request) -> Response:
+        _ensure_operator(_principal(request))
+        query = _validated(JobRunsQuerySerializer, request.query_params)
+        runs = lifecycle.job_runs_recent(name=query.get("name"))[: query["limit"]]
+        return Response(JobRunSerializer(runs, many=True).data)
+
+
+urlpatterns = [
+    path("api/v1/stacks/<str:stack>/forgetting-candidates", ForgettingCandidatesView.as_view(),
+         name="stack-forgetting-candidates"),
+    path("api/v1/stacks/<str:stack>/memories/<uuid:memory_id>/recall", MemoryRecallView.as_view(),
+         name="memory-recall"),
+    path("api/v1/jobs/", JobRunListView.as_view(), name="job-runs"),
+]

@@ -1,0 +1,519 @@
+"""Memory lifecycle services: the decay pass, forgetting candidates, explicit reviews, TTL purge,
+promotion across stacks, and the job-run bookkeeping (overlap guard + JobRun rows) they share.
+
+The maths lives in `memories.decay`; this module applies it to the table.
+
+* **Set-based.** The decay pass is one SQL statement per bounded batch of heap pages (a TID range
+  scan, one short transaction per batch). No Python loop ever walks rows.
+* **Idempotent.** Salience is recomputed from the stored baseline (`last_reviewed_at`, else
+  `created_at`) and `now`; running a pass twice at the same `now` changes nothing the second time.
+* **One run at a time.** Every job takes a session-level Postgres advisory lock named after it.
+  A run that finds the lock taken records a `skipped` JobRun and touches nothing. The lock dies
+  with its connection, so a killed worker never leaves a job stuck.
+* **Time is a parameter.** Every service takes `now` (default: the wall clock) so tests run on a
+  virtual clock.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import OperationalError, connection, transaction
+from django.db.models import Count, FloatField, QuerySet, Sum
+from django.db.models.expressions import RawSQL
+from django.utils import timezone
+
+from memories.decay import (
+    FORGOTTEN_REASON_DECAY,
+    NEVER_FADE_KINDS,
+    DecayState,
+    Grade,
+    ReviewOutcome,
+    memory_retrievability,
+    never_fades_sql,
+    review,
+    salience,
+    salience_sql,
+)
+from memories.models import JobRun, Memory
+from memoryhub.errors import Conflict, DomainError, InvalidInput, NotFound
+from stacks.models import Stack
+
+logger = logging.getLogger(__name__)
+
+JOB_DECAY = "decay"
+JOB_TTL_PURGE = "ttl_purge"
+JOB_PROMOTION = "promotion"
+JOB_EMBEDDING_SWEEP = "embedding_sweep"
+JOB_NAMES = (JOB_DECAY, JOB_TTL_PURGE, JOB_PROMOTION, JOB_EMBEDDING_SWEEP)
+
+# Advisory-lock namespace (first key of the two-int form); the second key is hashtext(job name).
+JOB_LOCK_NAMESPACE = 730_117
+
+DECAY_BATCH_SIZE = 10_000
+# A stored salience within this distance of the recomputed one is left alone: old memories change
+# by less than this per day, so most rows are not rewritten by a daily pass (no dead tuples, no
+# WAL). Rows crossing the forget threshold are always written.
+SALIENCE_WRITE_TOLERANCE = 0.005
+TTL_BATCH_SIZE = 1_000
+JOB_RUN_RETENTION = timedelta(days=30)
+DEADLOCK_RETRIES = 3
+
+Progress = Callable[[int], None]
+
+
+# --- job runs ---------------------------------------------------------------------------------
+
+
+def _try_job_lock(name: str) -> bool:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_lock(%s, hashtext(%s))", [JOB_LOCK_NAMESPACE, name])
+        row = cursor.fetchone()
+    return bool(row and row[0])
+
+
+def _release_job_lock(name: str) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_unlock(%s, hashtext(%s))", [JOB_LOCK_NAMESPACE, name])
+
+
+@contextmanager
+def job_lock(name: str) -> Iterator[bool]:
+    """Hold the job's advisory lock for the block; yields False (and holds nothing) if taken."""
+    acquired = _try_job_lock(name)
+    try:
+        yield acquired
+    finally:
+        if acquired:
+            _release_job_lock(name)
+
+
+def run_job(name: str, work: Callable[[dict[str, Any]], None]) -> JobRun:
+    """Run `work(counts)` as job `name`: one at a time, recorded in a JobRun.
+
+    `work` fills `counts` as it goes, so a run that fails (or hits its time limit) still records
+    what it did before. Exceptions are recorded and re-raised. Must not be called inside a
+    transaction that the work's batches would otherwise join (the tasks and the command call it
+    in autocommit mode).
+    """
+    with job_lock(name) as acquired:
+        if not acquired:
+            logger.info("job %s skipped: a previous run still holds the lock", name)
+            return JobRun.objects.create(
+                name=name, status=JobRun.Status.SKIPPED, finished_at=timezone.now(), duration_ms=0,
+                counts={"reason": "previous run still in progress"},
+            )
+        run = JobRun.objects.create(name=name, status=JobRun.Status.RUNNING)
+        counts: dict[str, Any] = {}
+        started = time.monotonic()
+        try:
+            work(counts)
+        except BaseException as exc:  # incl. Celery's SoftTimeLimitExceeded: record, then re-raise
+            run.status = JobRun.Status.FAILED
+            run.error = f"{type(exc).__name__}: {str(exc)[:500]}"
+            raise
+        else:
+            run.status = JobRun.Status.SUCCEEDED
+        finally:
+            run.counts = counts
+            run.finished_at = timezone.now()
+            run.duration_ms = int((time.monotonic() - started) * 1000)
+            run.save(update_fields=["status", "error", "counts", "finished_at", "duration_ms"])
+        return run
+
+
+def job_runs_recent(*, name: str | None = None) -> QuerySet[JobRun]:
+    """Job runs, newest first (the caller decides who may see them: operators and school admins)."""
+    runs = JobRun.objects.order_by("-started_at", "-pk")
+    if name:
+        if name not in JOB_NAMES:
+            raise InvalidInput("Unknown job.", fields={"name": [f"One of: {', '.join(JOB_NAMES)}."]})
+        runs = runs.filter(name=name)
+    return runs
+
+
+def _is_retryable(exc: OperationalError) -> bool:
+    # 40P01 deadlock_detected, 40001 serialization_failure: a concurrent push touched the batch.
+    return getattr(exc.__cause__, "sqlstate", None) in {"40P01", "40001"}
+
+
+# --- decay pass -------------------------------------------------------------------------------
+
+# Batches are ranges of heap pages (a TID range scan), not of keys: a pass reads the table in
+# physical order and dirties each page once, like a plain sequential UPDATE, instead of visiting
+# every page once per key-range batch that has a row on it (uuid keys are scattered).
+_TABLE_PAGES_SQL = """
+SELECT pg_relation_size('memories_memory') / current_setting('block_size')::int,
+       CASE WHEN c.relpages > 0 AND c.reltuples > 0 THEN c.reltuples / c.relpages ELSE 0 END
+FROM pg_class c WHERE c.oid = 'memories_memory'::regclass
+"""
+
+
+def _recovered_since_baseline_sql(m: str, now: str, threshold: str) -> str:
+    """SQL: memory `m` was recovered after its decay baseline and, counting the recovery as a
+    review, is still above `threshold` — so it must not be forgotten again yet.
+
+    Callers evaluate it only for rows that would otherwise be forgotten (inside a CASE), so the
+    revision lookup (index on memory, created_at) costs nothing on a normal pass.
+    """
+    # Only module constants and caller-chosen aliases/placeholders are interpolated.
+    return f"""EXISTS (
+        SELECT 1 FROM memories_memoryrevision r
+        WHERE r.memory_id = {m}.id AND r.action = 'recover'
+          AND r.created_at > COALESCE({m}.last_reviewed_at, {m}.created_at)
+          AND {salience_sql(m, now, baseline="r.created_at")} >= {threshold})"""  # noqa: S608
+
+
+_DECAY_BATCH_SQL = f"""
+WITH candidates AS (
+    SELECT m.ctid AS row_ctid, m.id, m.version, m.last_reviewed_at, m.stability, m.strength,
+           m.salience AS old_salience, s.new_salience,
+           CASE WHEN NOT {never_fades_sql("m")} AND s.new_salience < o.forget_threshold
+                THEN NOT {_recovered_since_baseline_sql("m", "%(now)s", "o.forget_threshold")}
+                ELSE false END AS forget
+    FROM memories_memory m
+    JOIN stacks_stack st ON st.id = m.stack_id
+    JOIN accounts_organization o ON o.id = st.organization_id
+    CROSS JOIN LATERAL (SELECT {salience_sql("m", "%(now)s")} AS new_salience) s
+    WHERE m.ctid >= %(low)s::tid AND m.ctid < %(high)s::tid
+      AND m.forgotten_at IS NULL AND m.deleted_at IS NULL
+      AND (m.expires_at IS NULL OR m.expires_at > %(now)s)
+      AND st.status = 'active'
+),
+decided AS (
+    SELECT * FROM candidates c
+    WHERE c.forget OR c.old_salience IS NULL OR ABS(c.old_salience - c.new_salience) >= %(tolerance)s
+),
+updated AS (
+    UPDATE memories_memory m SET
+        salience = d.new_salience,
+        forgotten_at = CASE WHEN d.forget THEN %(now)s ELSE m.forgotten_at END,
+        forgotten_reason = CASE WHEN d.forget THEN '{FORGOTTEN_REASON_DECAY}' ELSE m.forgotten_reason END,
+        version = CASE WHEN d.forget THEN m.version + 1 ELSE m.version END,
+        change_seq = CASE WHEN d.forget THEN nextval('memories_change_seq') ELSE m.change_seq END,
+        server_updated_at = CASE WHEN d.forget THEN %(now)s ELSE m.server_updated_at END
+    FROM decided d
+    -- Rows are found again by their physical address (no index lookups). A row a concurrent
+    -- writer changed meanwhile has moved or fails these re-checks (READ COMMITTED re-evaluates
+    -- them on the new row version): it is left for the next pass, never forgotten on stale state.
+    WHERE m.ctid = d.row_ctid AND m.id = d.id AND m.version = d.version
+      AND m.forgotten_at IS NULL AND m.deleted_at IS NULL
+      AND m.last_reviewed_at IS NOT DISTINCT FROM d.last_reviewed_at
+    RETURNING m.id, d.forget, d.version AS old_version, d.old_salience, d.stability, d.last_reviewed_at,
+              d.strength
+),
+revisions AS (
+    -- The before-state of every tombstone, like every other forget. Content is unchanged by a
+    -- decay tombstone (the row stays), so the snapshot holds the lifecycle fields only: a full
+    -- snapshot would copy every forgotten row.
+    INSERT INTO memories_memoryrevision (memory_id, version, source, action, reason, snapshot, created_at)
+    SELECT u.id, u.old_version, 'decay', 'forget', '{FORGOTTEN_REASON_DECAY}',
+           jsonb_build_object('version', u.old_version, 'forgotten_at', NULL, 'forgotten_reason', '',
+                              'salience', u.old_salience, 'stability', u.stability,
+                              'last_reviewed_at', u.last_reviewed_at, 'strength', u.strength), %(now)s
+    FROM updated u
+    WHERE u.forget
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM candidates),
+       (SELECT count(*) FROM updated),
+       (SELECT count(*) FROM updated WHERE forget)
+"""  # noqa: S608 - only module constants are interpolated; values are bound parameters
+
+
+@dataclass
+class DecayBatch:
+    scanned: int
+    updated: int
+    forgotten: int
+
+
+def _decay_batch(*, low_page: int, high_page: int, now: datetime, tolerance: float) -> DecayBatch:
+    params: dict[str, Any] = {"low": f"({low_page},0)", "high": f"({high_page},0)", "now": now,
+                              "tolerance": tolerance}
+    for attempt in range(DEADLOCK_RETRIES):
+        try:
+            with transaction.atomic(), connection.cursor() as cursor:
+                cursor.execute(_DECAY_BATCH_SQL, params)
+                scanned, updated, forgotten = cursor.fetchone()
+            return DecayBatch(int(scanned), int(updated), int(forgotten))
+        except OperationalError as exc:
+            if not _is_retryable(exc) or attempt == DEADLOCK_RETRIES - 1:
+                raise
+            logger.warning("decay batch collided with a concurrent write; retrying")
+    raise AssertionError("unreachable")
+
+
+def _decay_batches(*, now: datetime, batch_size: int, tolerance: float, counts: dict[str, Any],
+                   progress: Progress | None) -> None:
+    """Walk the table's pages as they were when the pass began, about `batch_size` rows at a time.
+
+    Rows written after that (new memories, or row versions this pass itself moved past the end)
+    wait for the next pass; a row version this pass moved into a page range it has yet to visit is
+    looked at again but not rewritten (its salience is already current), so `scanned` can count a
+    few rows twice.
+    """
+    counts.update(scanned=0, updated=0, forgotten=0, batches=0)
+    with connection.cursor() as cursor:
+        cursor.execute(_TABLE_PAGES_SQL)
+        row = cursor.fetchone()
+    total_pages, rows_per_page = (int(row[0]), float(row[1])) if row else (0, 0.0)
+    # Until ANALYZE knows the real density, assume ~16 rows per 8 KB page.
+    density = rows_per_page if rows_per_page > 0 else 16.0
+    pages_per_batch = max(1, int(batch_size / density))
+    for low_page in range(0, total_pages, pages_per_batch):
+        batch = _decay_batch(low_page=low_page, high_page=low_page + pages_per_batch, now=now, tolerance=tolerance)
+        counts["scanned"] += batch.scanned
+        counts["updated"] += batch.updated
+        counts["forgotten"] += batch.forgotten
+        counts["batches"] += 1
+        if progress is not None:
+            progress(batch.scanned)
+
+
+def decay_pass(*, now: datetime | None = None, batch_size: int = DECAY_BATCH_SIZE,
+               tolerance: float = SALIENCE_WRITE_TOLERANCE, progress: Progress | None = None) -> JobRun:
+    """Recompute the salience of every live memory and tombstone what has faded.
+
+    A memory is tombstoned (`forgotten_at=now`, `forgotten_reason="salience_decay"`, version +1,
+    change feed stamped, a revision with its before-state) when its salience is below its school's
+    `Organization.forget_threshold`, unless it is protected, a value or a drive, or was recovered
+    recently enough that its salience counted from the recovery is still above the threshold.
+    Skipped: forgotten, deleted and expired rows, and archived stacks (frozen: they refuse writes).
+    The client's `strength`, `times_accessed` and `last_accessed` are never written.
+
+    Salience-only changes do not stamp the change feed: salience is server-side ranking state,
+    not part of a synced record, and re-sending every record to every client daily would be the
+    cost. Counts: scanned, updated (rows written), forgotten, batches.
+    """
+    if batch_size < 1:
+        raise InvalidInput("batch_size must be positive.", fields={"batch_size": ["Must be at least 1."]})
+    at = now or timezone.now()
+    return run_job(JOB_DECAY, lambda counts: _decay_batches(
+        now=at, batch_size=batch_size, tolerance=tolerance, counts=counts, progress=progress))
+
+
+def forgetting_candidates(*, stack: Stack, now: datetime | None = None, limit: int = 50) -> list[Memory]:
+    """What the decay pass at `now` would forget in this stack, most faded first (a read).
+
+    Each memory carries `current_salience` (at `now`). The caller resolved `stack` through
+    `stacks.selectors`. Archived stacks are not decayed, so they have no candidates.
+    """
+    at = now or timezone.now()
+    if stack.is_archived:
+        return []
+    threshold = stack.organization.forget_threshold
+    table = Memory._meta.db_table
+    recovered = _recovered_since_baseline_sql(table, "%s", "%s")
+    queryset = (
+        Memory.objects.filter(stack_id=stack.pk, forgotten_at__isnull=True, deleted_at__isnull=True,
+                              is_protected=False)
+        .exclude(kind__in=NEVER_FADE_KINDS)
+        .exclude(expires_at__lte=at)
+        .annotate(current_salience=RawSQL(salience_sql(table, "%s"), [at], output_field=FloatField()))  # noqa: S611
+        .filter(current_salience__lt=threshold)
+        # Only module constants are interpolated; `now` and the threshold are bound parameters.
+        .extra(where=[f"NOT {recovered}"], params=[at, threshold])  # noqa: S610
+        .order_by("current_salience", "created_at", "id")
+    )
+    return list(queryset[:limit])
+
+
+# --- explicit reviews -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ReviewResult:
+    memory: Memory
+    outcome: ReviewOutcome
+    salience: float  # at `now`, after the review
+    recovered: bool  # a decay tombstone was undone
+
+
+@transaction.atomic
+def record_review(*, memory: Memory, grade: Grade | int, now: datetime | None = None,
+                  source: str = "feedback") -> ReviewResult:
+    """Record one explicit review of a memory and update its FSRS state (memory-science.md §1-§4).
+
+    Call it for explicit signals only — never for a plain read or search hit (§3: a read is not a
+    review). Grades (`memories.decay.Grade`): AGAIN for a demote / a failed recall, GOOD for a
+    reinforcement by smart ingest or an agent's successful recall, EASY for a promote.
+
+    Effects, under a row lock: `stability` and `difficulty` move per FSRS-6 (prior stability: the
+    stored one, or the kind's initial stability if never reviewed; R read at `now`);
+    `last_reviewed_at = now` restarts the decay clock; `salience` is refreshed. Decay state is
+    server-side ranking state, so a review neither bumps `version` nor stamps the change feed.
+
+    A successful recall (grade ≥ HARD) of a memory the decay pass tombstoned brings it back through
+    `memories.services.memory_recover` (revision, version, change feed); a memory forgotten on
+    purpose stays forgotten (409). Deleted or expired memories: 404. The caller resolved the stack
+    through `stacks.selectors` with write access.
+    """
+    at = now or timezone.now()
+    try:
+        grade = Grade(int(grade))
+    except (TypeError, ValueError) as exc:
+        raise InvalidInput("Invalid grade.", fields={"grade": ["One of 1 (again), 2 (hard), 3 (good), 4 (easy)."]}) \
+            from exc
+    locked = Memory.objects.select_for_update().filter(pk=memory.pk).first()
+    if locked is None or locked.deleted_at is not None or (locked.expires_at is not None and locked.expires_at <= at):
+        raise NotFound("Memory not found.", code="memory_not_found")
+    recovered = False
+    if locked.forgotten_at is not None:
+        if locked.forgotten_reason != FORGOTTEN_REASON_DECAY or grade == Grade.AGAIN:
+            raise Conflict("The memory is forgotten; recover it first.", code="memory_forgotten")
+        # Late import: services pulls in billing and Celery plumbing this module does not need.
+        from memories.services import memory_recover
+
+        locked = memory_recover(memory=locked, source=source)
+        recovered = True
+    outcome = review(DecayState.of(locked), locked.difficulty, grade, at)
+    locked.stability = outcome.stability
+    locked.difficulty = outcome.difficulty
+    locked.last_reviewed_at = at
+    locked.salience = salience(DecayState.of(locked), at)
+    Memory.objects.filter(pk=locked.pk).update(
+        stability=locked.stability, difficulty=locked.difficulty, last_reviewed_at=at, salience=locked.salience)
+    return ReviewResult(memory=locked, outcome=outcome, salience=locked.salience, recovered=recovered)
+
+
+def memory_decay_view(memory: Memory, now: datetime | None = None) -> dict[str, Any]:
+    """Decay figures of one memory at `now`, for API responses."""
+    at = now or timezone.now()
+    state = DecayState.of(memory)
+    return {
+        "salience": round(salience(state, at), 6),
+        "retrievability": round(memory_retrievability(state, at), 6),
+        "stability": memory.stability if memory.last_reviewed_at else None,
+        "difficulty": memory.difficulty if memory.last_reviewed_at else None,
+        "last_reviewed_at": memory.last_reviewed_at,
+    }
+
+
+# --- TTL --------------------------------------------------------------------------------------
+
+
+def _ttl_batches(*, now: datetime, batch_size: int, counts: dict[str, Any], progress: Progress | None) -> None:
+    from memories.services import stack_usage_adjust
+
+    counts.update(purged=0, batches=0)
+    # Job runs expire too: the TTL job runs every few minutes, so keep a month of history.
+    pruned, _ = JobRun.objects.filter(started_at__lt=now - JOB_RUN_RETENTION).exclude(
+        status=JobRun.Status.RUNNING).delete()
+    if pruned:
+        counts["job_runs_pruned"] = pruned
+    while True:
+        with transaction.atomic():
+            # SKIP LOCKED: a row a push is changing right now waits for the next run, not the push.
+            ids = list(
+                Memory.objects.filter(expires_at__lte=now).order_by("expires_at", "id")
+                .select_for_update(skip_locked=True).values_list("id", flat=True)[:batch_size]
+            )
+            if not ids:
+                return
+            # Usage counts rows not soft-deleted (a sync delete already took them off the counters).
+            usage = (Memory.objects.filter(pk__in=ids, deleted_at__isnull=True).values("stack_id")
+                     .annotate(rows=Count("id"), size=Sum("size_bytes")).order_by("stack_id"))
+            for stack_usage in usage:
+                stack_usage_adjust(stack_id=stack_usage["stack_id"], count_delta=-stack_usage["rows"],
+                                   bytes_delta=-(stack_usage["size"] or 0))
+            # The ORM delete removes dependent rows (revisions, …) in set-based statements too.
+            Memory.objects.filter(pk__in=ids).delete()
+        counts["purged"] += len(ids)
+        counts["batches"] += 1
+        if progress is not None:
+            progress(len(ids))
+        if len(ids) < batch_size:
+            return
+
+
+def ttl_purge(*, now: datetime | None = None, batch_size: int = TTL_BATCH_SIZE,
+              progress: Progress | None = None) -> JobRun:
+    """Delete memories whose `expires_at` has passed (reads already hide them from that instant).
+
+    Bounded batches, one transaction each; stack usage counters move down after commit. Also drops
+    job runs older than `JOB_RUN_RETENTION`. Counts: purged, batches (, job_runs_pruned).
+    """
+    if batch_size < 1:
+        raise InvalidInput("batch_size must be positive.", fields={"batch_size": ["Must be at least 1."]})
+    at = now or timezone.now()
+    return run_job(JOB_TTL_PURGE, lambda counts: _ttl_batches(now=at, batch_size=batch_size, counts=counts,
+                                                              progress=progress))
+
+
+def expired_count(*, now: datetime | None = None) -> int:
+    return Memory.objects.filter(expires_at__lte=now or timezone.now()).count()
+
+
+def live_memory_estimate() -> int:
+    """Planner's row estimate of the memory table (cheap; for progress bars)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT GREATEST(reltuples, 0)::bigint FROM pg_class WHERE oid = 'memories_memory'::regclass")
+        row = cursor.fetchone()
+    return int(row[0]) if row else 0
+
+# --- promotion and the embedding sweep, as recorded jobs ----------------------------------------
+
+PROMOTION_LOOKBACK_MARGIN = timedelta(minutes=5)
+
+
+def promotion_stack_ids(*, since: datetime | None) -> list[int]:
+    """Active stacks with an episode written since `since` (all active stacks with episodes if None).
+
+    One set-based query; only those stacks can have a new pattern, so a run is bounded by recent
+    activity, not by the number of stacks.
+    """
+    episodes = Memory.objects.filter(kind="episode", deleted_at__isnull=True, forgotten_at__isnull=True,
+                                     stack__status=Stack.Status.ACTIVE)
+    if since is not None:
+        episodes = episodes.filter(server_updated_at__gte=since)
+    return sorted(set(episodes.values_list("stack_id", flat=True).distinct()))
+
+
+def _promotion_work(*, now: datetime, counts: dict[str, Any], progress: Progress | None) -> None:
+    # Late import: promotion depends on the write services (billing, Celery plumbing).
+    from memories.promotion import promote_lessons
+
+    last = (JobRun.objects.filter(name=JOB_PROMOTION, status=JobRun.Status.SUCCEEDED)
+            .order_by("-started_at").values_list("started_at", flat=True).first())
+    since = last - PROMOTION_LOOKBACK_MARGIN if last else None
+    counts.update(stacks=0, beliefs_created=0, stacks_failed=0)
+    for stack in Stack.objects.filter(pk__in=promotion_stack_ids(since=since)).select_related("organization"):
+        try:
+            result = promote_lessons(stack=stack, auto=True)
+        except DomainError as exc:  # e.g. a full quota: that stack waits, the others go on
+            counts["stacks_failed"] += 1
+            logger.info("promotion skipped stack %s: %s", stack.pk, exc.code)
+        else:
+            counts["beliefs_created"] += result.created
+        counts["stacks"] += 1
+        if progress is not None:
+            progress(1)
+
+
+def promotion_run(*, now: datetime | None = None, progress: Progress | None = None) -> JobRun:
+    """Promote recurring episode lessons to beliefs in every stack with new episodes since the last
+    successful run (`memories.promotion.promote_lessons`, auto mode; it skips patterns that are
+    already beliefs, so repeating a run creates nothing twice). Counts: stacks, beliefs_created,
+    stacks_failed."""
+    at = now or timezone.now()
+    return run_job(JOB_PROMOTION, lambda counts: _promotion_work(now=at, counts=counts, progress=progress))
+
+
+def embedding_sweep_run(*, max_rows: int = 5000, progress: Progress | None = None) -> JobRun:
+    """The search side's embedding sweep (`memories.embedding_jobs.embedding_sweep`) as a recorded job."""
+    from memories.embedding_jobs import embedding_sweep
+
+    def work(counts: dict[str, Any]) -> None:
+        result = embedding_sweep(max_rows=max_rows)
+        counts.update(embedded=result.embedded, skipped=result.skipped, batches=result.batches)
+        if progress is not None:
+            progress(result.embedded + result.skipped)
+
+    return run_job(JOB_EMBEDDING_SWEEP, work)

@@ -1,0 +1,297 @@
+"""The decay pass, forgetting candidates, explicit reviews and job runs, on a virtual clock.
+
+`now` is passed into every service; memories are dated relative to the real clock only where a
+service stamps wall-clock time itself (revision rows of `memory_recover`).
+"""
+
+from __future__ import annotations
+
+import itertools
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from django.conf import settings
+from django.db import connection
+from django.utils import timezone
+
+from memories import decay, lifecycle
+from memories.decay import DecayState, Grade
+from memories.models import JobRun, Memory, MemoryRevision
+from memories.selectors import memories_list
+from memories.services import memory_forget, memory_recover
+from memoryhub.errors import Conflict, NotFound
+from stacks.models import Stack
+from tests.factories import make_org, make_stack
+
+pytestmark = pytest.mark.django_db
+
+NOW = timezone.now().replace(microsecond=0)
+_ids = itertools.count(1)
+
+
+def make_memory(stack: Stack, kind: str = "episode", *, days_old: float = 0.0, **fields: Any) -> Memory:
+    created = NOW - timedelta(days=days_old)
+    n = next(_ids)
+    return Memory.objects.create(
+        stack=stack, kind=kind, record_id=f"rec-{n}", text=f"memory {n}", created_at=created,
+        server_updated_at=created, **fields,
+    )
+
+
+def reload(memory: Memory) -> Memory:
+    return Memory.objects.get(pk=memory.pk)
+
+
+@pytest.fixture
+def stack() -> Stack:
+    return make_stack(make_org())
+
+
+def test_untouched_memory_fades_and_is_tombstoned_while_protected_values_and_fresh_ones_stay(stack):
+    old = make_memory(stack, days_old=200)
+    fresh = make_memory(stack, days_old=1)
+    protected = make_memory(stack, days_old=200, is_protected=True)
+    value = make_memory(stack, "value", days_old=2000)
+    drive = make_memory(stack, "drive", days_old=2000)
+    seq_before = old.change_seq
+
+    run = lifecycle.decay_pass(now=NOW)
+
+    old = reload(old)
+    assert old.forgotten_at == NOW
+    assert old.forgotten_reason == "salience_decay"
+    assert old.version == 2
+    assert old.change_seq > seq_before  # pull sees the tombstone
+    assert old.strength == 1.0  # the client's field is never written by decay
+    assert old.salience == pytest.approx(decay.salience(DecayState.of(old), NOW))
+    revision = MemoryRevision.objects.get(memory=old)
+    assert (revision.source, revision.action, revision.reason, revision.version) == (
+        "decay", "forget", "salience_decay", 1)
+    assert revision.snapshot["forgotten_at"] is None
+    for kept in (fresh, protected, value, drive):
+        kept = reload(kept)
+        assert kept.forgotten_at is None, kept.kind
+        assert kept.version == 1
+        assert kept.salience == pytest.approx(decay.salience(DecayState.of(kept), NOW))
+    assert reload(protected).salience < stack.organization.forget_threshold  # faded, but protected
+
+    assert run.name == "decay"
+    assert run.status == JobRun.Status.SUCCEEDED
+    assert run.counts == {"scanned": 5, "updated": 5, "forgotten": 1, "batches": 1}
+    assert run.duration_ms is not None and run.finished_at is not None
+    # Tombstones leave every ordinary read (the memory engine's selector).
+    assert set(memories_list(stack=stack).values_list("pk", flat=True)) == {fresh.pk, protected.pk, value.pk,
+                                                                           drive.pk}
+
+
+def test_pass_is_idempotent_and_batch_size_does_not_matter(stack):
+    memories = [make_memory(stack, days_old=d) for d in (0, 10, 50, 100, 150, 170, 300, 400)]
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_relation_size('memories_memory') / current_setting('block_size')::int")
+        pages = cursor.fetchone()[0]
+    first = lifecycle.decay_pass(now=NOW, batch_size=1)  # one heap page per batch
+    assert first.counts["batches"] == pages
+    assert first.counts["scanned"] == 8
+    after_first = {m.pk: (m.salience, m.forgotten_at, m.version) for m in Memory.objects.all()}
+    assert sum(1 for _, forgotten, _ in after_first.values() if forgotten) == 4  # 150+ days
+
+    again = lifecycle.decay_pass(now=NOW)
+    assert again.counts == {"scanned": 4, "updated": 0, "forgotten": 0, "batches": 1}
+    assert {m.pk: (m.salience, m.forgotten_at, m.version) for m in Memory.objects.all()} == after_first
+    assert len(memories) == 8
+
+
+def test_later_pass_rewrites_only_rows_that_moved(stack):
+    recent = make_memory(stack, days_old=0)
+    old = make_memory(stack, "belief", days_old=100)
+    lifecycle.decay_pass(now=NOW)
+    old_salience = reload(old).salience
+    run = lifecycle.decay_pass(now=NOW + timedelta(hours=6))
+    assert run.counts["updated"] == 1  # the fresh one moves fast; the old belief barely moves
+    assert reload(old).salience == old_salience
+    assert reload(recent).salience == pytest.approx(
+        decay.salience(DecayState.of(reload(recent)), NOW + timedelta(hours=6)))
+
+
+def test_threshold_is_per_school():
+    strict_org = make_org()
+    strict_org.forget_threshold = 0.2
+    strict_org.save()
+    lenient = make_memory(make_stack(make_org()), days_old=60)
+    strict = make_memory(make_stack(strict_org), days_old=60)
+    lifecycle.decay_pass(now=NOW)
+    assert reload(lenient).forgotten_at is None
+    assert reload(strict).forgotten_reason == "salience_decay"
+
+
+def test_archived_stacks_deleted_expired_and_forgotten_rows_are_left_alone(stack):
+    archived = make_stack(stack.organization, status=Stack.Status.ARCHIVED)
+    frozen = make_memory(archived, days_old=400)
+    deleted = make_memory(stack, days_old=400, deleted_at=NOW - timedelta(days=1))
+    expired = make_memory(stack, days_old=400, expires_at=NOW - timedelta(days=1))
+    manual = make_memory(stack, days_old=400)
+    memory_forget(memory=manual, reason="student asked")
+    run = lifecycle.decay_pass(now=NOW)
+    assert run.counts["scanned"] == 0
+    for memory in (frozen, deleted, expired):
+        memory = reload(memory)
+        assert (memory.forgotten_at, memory.salience, memory.version) == (None, None, 1)
+    assert reload(manual).forgotten_reason == "student asked"
+    assert lifecycle.forgetting_candidates(stack=archived, now=NOW) == []
+
+
+def test_sql_salience_matches_the_python_formula(stack):
+    rows = [
+        make_memory(stack, kind, days_old=days, confidence=conf, times_accessed=hits, emotional_valence=val,
+                    emotional_arousal=aro, stability=stab, last_reviewed_at=reviewed)
+        for kind, days, conf, hits, val, aro, stab, reviewed in [
+            ("episode", 0, 0.8, 0, 0, 0, 1.0, None),
+            ("belief", 33.3, 0.95, 4, -0.5, 0.8, 1.0, None),
+            ("goal", 500, 0.1, 100_000, 1.0, 1.0, 1.0, None),
+            ("raw", 12, 1.4, 0, 2.0, -1.0, 1.0, None),
+            ("note", 900, 0.5, 3, 0.2, 0.2, 42.5, NOW - timedelta(days=40)),
+            ("playbook", 10, 0.7, 1, 0, 0, 0.01, NOW - timedelta(hours=3)),
+            ("relationship", 10, 0.7, 1, 0, 0, 3.0, NOW + timedelta(days=1)),
+        ]
+    ]
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT m.id, {decay.salience_sql('m', '%(now)s')} FROM memories_memory m",  # noqa: S608
+                       {"now": NOW})
+        from_sql = dict(cursor.fetchall())
+    for memory in rows:
+        assert from_sql[memory.pk] == pytest.approx(decay.salience(DecayState.of(memory), NOW), rel=1e-9)
+
+
+def test_forgetting_candidates_are_exactly_what_the_next_pass_forgets(stack):
+    other_stack = make_stack(stack.organization)
+    make_memory(other_stack, days_old=400)
+    for days in (1, 100, 160, 250, 400):
+        make_memory(stack, days_old=days)
+    make_memory(stack, days_old=400, is_protected=True)
+    make_memory(stack, "value", days_old=4000)
+    later = NOW + timedelta(days=30)
+
+    candidates = lifecycle.forgetting_candidates(stack=stack, now=later)
+    saliences = [getattr(c, "current_salience") for c in candidates]  # noqa: B009 - annotated by the query
+    assert saliences == sorted(saliences)
+    assert all(s < 0.05 for s in saliences)
+    assert len(candidates) == 3
+    assert len(lifecycle.forgetting_candidates(stack=stack, now=later, limit=2)) == 2
+
+    lifecycle.decay_pass(now=later)
+    forgotten = set(Memory.objects.filter(stack=stack, forgotten_at__isnull=False).values_list("pk", flat=True))
+    assert forgotten == {c.pk for c in candidates}
+    assert lifecycle.forgetting_candidates(stack=stack, now=later) == []
+
+
+def test_recover_restores_a_decayed_memory_and_the_next_pass_keeps_it(stack):
+    old = make_memory(stack, days_old=300)
+    lifecycle.decay_pass(now=NOW - timedelta(days=1))
+    assert reload(old).forgotten_reason == "salience_decay"
+    assert not memories_list(stack=stack).filter(pk=old.pk).exists()
+
+    memory_recover(memory=reload(old))  # the memory engine's service (admin / kernle `recover`)
+    assert memories_list(stack=stack).filter(pk=old.pk).exists()
+
+    # The recovery counts as a review: the next passes do not forget it again straight away ...
+    lifecycle.decay_pass(now=NOW + timedelta(days=1))
+    assert reload(old).forgotten_at is None
+    assert lifecycle.forgetting_candidates(stack=stack, now=NOW + timedelta(days=1)) == []
+    # ... but it fades again if nobody uses it for months.
+    assert lifecycle.forgetting_candidates(stack=stack, now=NOW + timedelta(days=200)) == [reload(old)]
+    lifecycle.decay_pass(now=NOW + timedelta(days=200))
+    assert reload(old).forgotten_reason == "salience_decay"
+
+
+def test_recall_restores_a_decayed_memory_and_restarts_its_clock(stack):
+    old = make_memory(stack, days_old=300)
+    lifecycle.decay_pass(now=NOW)
+    assert reload(old).forgotten_at is not None
+
+    result = lifecycle.record_review(memory=old, grade=Grade.GOOD, now=NOW, source="recall")
+
+    assert result.recovered is True
+    old = reload(old)
+    assert old.forgotten_at is None and old.forgotten_reason == ""
+    assert old.last_reviewed_at == NOW
+    expected = decay.stability_after_recall(14.0, 5.0, decay.retrievability(300, 14.0), Grade.GOOD)
+    assert old.stability == pytest.approx(expected)
+    assert old.difficulty == pytest.approx(decay.next_difficulty(5.0, Grade.GOOD))
+    assert old.salience == pytest.approx(0.56)  # fresh clock
+    assert MemoryRevision.objects.filter(memory=old, action="recover", source="recall").exists()
+    assert memories_list(stack=stack).filter(pk=old.pk).exists()
+    lifecycle.decay_pass(now=NOW + timedelta(days=30))
+    assert reload(old).forgotten_at is None
+
+
+def test_review_updates_fsrs_state_without_touching_content_version_or_client_fields(stack):
+    memory = make_memory(stack, "belief", days_old=30, strength=0.7, times_accessed=3)
+    first = lifecycle.record_review(memory=memory, grade=Grade.EASY, now=NOW)
+    memory = reload(memory)
+    assert first.recovered is False
+    assert memory.version == 1 and memory.change_seq == first.memory.change_seq
+    assert (memory.strength, memory.times_accessed) == (0.7, 3)
+    assert memory.stability == pytest.approx(first.outcome.stability) and memory.stability > 30
+    demoted = lifecycle.record_review(memory=memory, grade=Grade.AGAIN, now=NOW + timedelta(days=10))
+    assert demoted.outcome.stability < memory.stability
+    assert reload(memory).difficulty > memory.difficulty
+
+
+def test_review_refuses_deliberate_forgets_failed_recalls_of_tombstones_and_missing_rows(stack):
+    manual = make_memory(stack, days_old=5)
+    memory_forget(memory=manual, reason="manual")
+    with pytest.raises(Conflict):
+        lifecycle.record_review(memory=manual, grade=Grade.GOOD, now=NOW)
+    assert reload(manual).forgotten_at is not None and reload(manual).last_reviewed_at is None
+
+    decayed = make_memory(stack, days_old=400)
+    lifecycle.decay_pass(now=NOW)
+    with pytest.raises(Conflict):
+        lifecycle.record_review(memory=decayed, grade=Grade.AGAIN, now=NOW)
+    assert reload(decayed).forgotten_at is not None
+
+    gone = make_memory(stack, deleted_at=NOW)
+    expired = make_memory(stack, expires_at=NOW - timedelta(seconds=1))
+    for memory in (gone, expired):
+        with pytest.raises(NotFound):
+            lifecycle.record_review(memory=memory, grade=Grade.GOOD, now=NOW)
+        assert reload(memory).last_reviewed_at is None
+
+
+def _hold_lock_elsewhere(name: str) -> psycopg.Connection:
+    db = settings.DATABASES["default"]
+    other = psycopg.connect(host=db["HOST"], port=db["PORT"], user=db["USER"], dbname=db["NAME"],
+                            password=db.get("PASSWORD") or None, autocommit=True)
+    other.execute("SELECT pg_advisory_lock(%s, hashtext(%s))", [lifecycle.JOB_LOCK_NAMESPACE, name])
+    return other
+
+
+def test_an_overlapping_run_is_skipped_and_changes_nothing(stack):
+    old = make_memory(stack, days_old=400)
+    other = _hold_lock_elsewhere("decay")  # a previous run still going, in another process
+    try:
+        run = lifecycle.decay_pass(now=NOW)
+    finally:
+        other.close()
+    assert run.status == JobRun.Status.SKIPPED
+    assert run.counts == {"reason": "previous run still in progress"}
+    old = reload(old)
+    assert (old.forgotten_at, old.salience, old.version) == (None, None, 1)
+    # Once the other run is gone the lock is free again.
+    assert lifecycle.decay_pass(now=NOW).status == JobRun.Status.SUCCEEDED
+    assert reload(old).forgotten_at == NOW
+
+
+def test_a_failing_run_is_recorded_with_what_it_did_and_releases_the_lock():
+    def work(counts: dict[str, Any]) -> None:
+        counts["done"] = 7
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError):
+        lifecycle.run_job("decay", work)
+    run = JobRun.objects.latest("pk")
+    assert (run.status, run.counts, run.error) == (JobRun.Status.FAILED, {"done": 7}, "RuntimeError: boom")
+    assert run.duration_ms is not None
+    assert lifecycle.run_job("decay", lambda counts: None).status == JobRun.Status.SUCCEEDED
