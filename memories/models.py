@@ -56,8 +56,8 @@ class Memory(models.Model):
     Server-controlled columns (stack, version, embedding*, forgotten_*, deleted_at, change_seq,
     server_updated_at, stability/difficulty/salience) are never taken from clients.
     `strength`, `times_accessed` and `last_accessed` are the client's bookkeeping (kernle);
-    the decay model keeps its own state in `stability`, `difficulty`, `last_reviewed_at` and
-    `salience`.
+    the decay model keeps its own state in `stability`, `difficulty` and `last_reviewed_at`, and
+    writes the salience it computes to `MemorySalience` (a narrow side table), not to this row.
     """
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
@@ -94,6 +94,8 @@ class Memory(models.Model):
     stability = models.FloatField(default=1.0)
     difficulty = models.FloatField(default=5.0)
     last_reviewed_at = models.DateTimeField(null=True, blank=True)
+    # Unused: the decay pass writes `MemorySalience` instead. Kept only until the sync COPY column
+    # list (memories/sync.py) stops naming it; then drop it with a migration.
     salience = models.FloatField(null=True, blank=True)
 
     forgotten_at = models.DateTimeField(null=True, blank=True)
@@ -212,3 +214,38 @@ class JobRun(models.Model):
 
     class Meta:
         indexes = [models.Index(fields=["name", "-started_at"], name="memories_jobrun_name_time")]
+
+
+class SyncWatermark(models.Model):
+    """When a credential last read a stack's change set (kernle-protocol.md §7.6).
+
+    A kernle client's `since` is its own clock; the pull uses min(since, this watermark) so a
+    fast device clock or a commit racing the previous pull never makes it skip a change.
+    """
+
+    stack = models.ForeignKey("stacks.Stack", on_delete=models.CASCADE, related_name="sync_watermarks")
+    credential_id = models.CharField(max_length=100)  # API-key public id or JWT jti
+    pulled_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["credential_id", "stack"], name="memories_syncwatermark_unique"),
+        ]
+
+
+class MemorySalience(models.Model):
+    """What the decay pass computed for one memory: its salience at `computed_at` (issue 7).
+
+    A narrow side table on purpose: writing salience into the wide `Memory` row rewrote the whole
+    tuple (text, JSON, arrays, the generated tsvector) and added an entry to every one of its
+    indexes, for each of a million memories, every pass. Here the pass only READS `Memory`; an
+    update is a 60-byte tuple, and with the fillfactor set in the migration usually a HOT one.
+    No database FK constraint: its check takes a FOR KEY SHARE lock on the referenced row, i.e.
+    writes to every `Memory` row the pass inserts for. The ORM's CASCADE removes the row with its
+    memory (every delete of memories goes through the ORM).
+    """
+
+    memory = models.OneToOneField(Memory, primary_key=True, on_delete=models.CASCADE, db_constraint=False,
+                                  related_name="salience_row")
+    salience = models.FloatField()
+    computed_at = models.DateTimeField()

@@ -41,7 +41,9 @@ def stack_for_principal(principal: Principal, slug: str, *, write: bool = False,
         raise NotFound("Stack not found.", code="stack_not_found")
     queryset = stacks_visible_to(principal).filter(slug=slug)
     if lock:
-        queryset = queryset.select_for_update()
+        # Lock only the stack row: the joined organization row must stay free, or every push in
+        # a school would queue behind every other.
+        queryset = queryset.select_for_update(of=("self",))
     stack = queryset.select_related("organization").first()
     if stack is None:
         raise NotFound("Stack not found.", code="stack_not_found")

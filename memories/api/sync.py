@@ -1,7 +1,257 @@
-"""(filled in by the owning issue)"""
+"""Sync routes: the Kernle protocol at the root and the native cursor API under /api/v1/.
+
+* `POST sync/push`, `POST sync/pull` — kernle-protocol.md §6-§7, exactly what `kernle==0.15.0`
+  sends (no trailing slash: the CLI appends paths directly to the backend URL);
+* `POST api/v1/stacks/{stack}/sync/push` — up to 1,000 operations, per-operation results;
+* `GET api/v1/stacks/{stack}/sync/pull?cursor=&limit=` — a page of changes after an opaque cursor.
+
+Views only parse the envelope, call one service in memories.sync and serialize its result.
+"""
 
 from __future__ import annotations
 
-from django.urls import URLPattern, URLResolver
+import json
+from typing import Any
 
-urlpatterns: list[URLPattern | URLResolver] = []
+from django.http import HttpResponse
+from django.urls import URLPattern, URLResolver, path
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework import serializers
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from accounts.principal import principal_of
+from accounts.throttles import SYNC_PULL_THROTTLES, SYNC_PUSH_THROTTLES
+from memories import sync
+from memoryhub.errors import InvalidInput
+
+ERRORS = {
+    400: OpenApiResponse(description="Body is not a JSON object, `operations` is not a list, or the stack id is "
+                                     "invalid; `detail` says why"),
+    401: OpenApiResponse(description="Missing, invalid or expired credential"),
+    403: OpenApiResponse(description="Read-only key writing"),
+    404: OpenApiResponse(description="Stack not reachable with this credential (e.g. a key bound to another stack)"),
+    409: OpenApiResponse(description="Archived stack"),
+    429: OpenApiResponse(description="Rate limited; see Retry-After"),
+    503: OpenApiResponse(description="Database or rate-limit store unavailable; see Retry-After"),
+}
+
+
+# --- documentation serializers (the wire shapes; parsing is the service's, op by op) -------------------
+
+class KernleOperationSerializer(serializers.Serializer):
+    operation = serializers.CharField(help_text="update | insert | upsert (all mean upsert) | delete")
+    table = serializers.CharField(help_text="episodes, notes, beliefs, values (alias agent_values), goals, drives, "
+                                            "relationships, playbooks, raw_captures")
+    record_id = serializers.CharField()
+    local_updated_at = serializers.DateTimeField(allow_null=True, required=False)
+    version = serializers.IntegerField(required=False)
+    data = serializers.DictField(required=False, help_text="The full record; absent on deletes")  # type: ignore[assignment]
+
+
+class KernlePushRequestSerializer(serializers.Serializer):
+    stack_id = serializers.CharField()
+    operations = KernleOperationSerializer(many=True)
+
+
+class KernleAckSerializer(serializers.Serializer):
+    table = serializers.CharField(allow_null=True)
+    record_id = serializers.CharField(allow_null=True)
+
+
+class KernleConflictSerializer(KernleAckSerializer):
+    operation = serializers.CharField(allow_null=True)
+    error = serializers.CharField()
+
+
+class KernlePushResponseSerializer(serializers.Serializer):
+    synced = serializers.IntegerField(help_text="operations minus conflicts")
+    conflicts = KernleConflictSerializer(many=True)
+    acknowledged_operations = KernleAckSerializer(many=True, help_text="exactly the applied operations, with the "
+                                                                       "wire table name the client sent")
+    server_time = serializers.DateTimeField()
+
+
+class KernlePullRequestSerializer(serializers.Serializer):
+    stack_id = serializers.CharField()
+    since = serializers.DateTimeField(allow_null=True, required=False,
+                                      help_text="The client's clock at its last pull; absent or null: everything")
+
+
+class KernlePulledOperationSerializer(serializers.Serializer):
+    operation = serializers.CharField(help_text="always update")
+    table = serializers.CharField()
+    record_id = serializers.CharField()
+    data = serializers.DictField()  # type: ignore[assignment]
+    local_updated_at = serializers.DateTimeField()
+    version = serializers.IntegerField()
+
+
+class KernlePullResponseSerializer(serializers.Serializer):
+    operations = KernlePulledOperationSerializer(many=True)
+    has_more = serializers.BooleanField(help_text="always false: the change set is complete")
+    server_time = serializers.DateTimeField()
+
+
+class NativeOperationSerializer(serializers.Serializer):
+    op = serializers.ChoiceField(choices=["upsert", "delete"], default="upsert")
+    kind = serializers.ChoiceField(choices=["raw", "episode", "note", "belief", "value", "goal", "drive",
+                                            "relationship", "playbook"])
+    record_id = serializers.CharField(max_length=sync.RECORD_ID_MAX)
+    updated_at = serializers.DateTimeField(required=False, allow_null=True,
+                                           help_text="When the client changed it; the later change wins")
+    data = serializers.DictField(required=False, help_text="The record (kernle field names); not for deletes")  # type: ignore[assignment]
+
+
+class NativePushRequestSerializer(serializers.Serializer):
+    operations = NativeOperationSerializer(many=True, help_text=f"At most {sync.NATIVE_MAX_OPERATIONS}")
+
+
+class NativeOpErrorSerializer(serializers.Serializer):
+    code = serializers.CharField()
+    message = serializers.CharField()
+    fields = serializers.DictField()  # type: ignore[assignment]
+
+
+class NativeOpResultSerializer(serializers.Serializer):
+    index = serializers.IntegerField()
+    kind = serializers.CharField(allow_null=True)
+    record_id = serializers.CharField(allow_null=True)
+    status = serializers.ChoiceField(choices=["applied", "rejected"])
+    version = serializers.IntegerField(required=False)
+    error = NativeOpErrorSerializer(required=False)
+
+
+class NativePushResponseSerializer(serializers.Serializer):
+    results = NativeOpResultSerializer(many=True)
+    applied = serializers.IntegerField()
+    rejected = serializers.IntegerField()
+    server_time = serializers.DateTimeField()
+
+
+class NativeChangeSerializer(serializers.Serializer):
+    op = serializers.ChoiceField(choices=["upsert", "delete"])
+    id = serializers.UUIDField()
+    kind = serializers.CharField()
+    record_id = serializers.CharField()
+    version = serializers.IntegerField()
+    client_version = serializers.IntegerField(allow_null=True)
+    created_at = serializers.DateTimeField()
+    updated_at = serializers.DateTimeField(allow_null=True)
+    server_updated_at = serializers.DateTimeField()
+    forgotten = serializers.BooleanField()
+    forgotten_at = serializers.DateTimeField(allow_null=True)
+    data = serializers.DictField()  # type: ignore[assignment]
+
+
+class NativePullResponseSerializer(serializers.Serializer):
+    changes = NativeChangeSerializer(many=True)
+    next_cursor = serializers.CharField(help_text="Pass back as `cursor` to continue exactly after this page")
+    has_more = serializers.BooleanField()
+
+
+def _object_body(request: Request) -> dict[str, Any]:
+    body = request.data
+    if not isinstance(body, dict):
+        raise InvalidInput("The body must be a JSON object.", code="invalid_body")
+    return body
+
+
+# --- Kernle protocol ---------------------------------------------------------------------------------------
+
+class KernlePushView(APIView):
+    throttle_classes = list(SYNC_PUSH_THROTTLES)
+
+    @extend_schema(
+        operation_id="kernle_sync_push", tags=["kernle sync"], request=KernlePushRequestSerializer,
+        responses={200: KernlePushResponseSerializer, **ERRORS},
+        summary="Push local changes (kernle-protocol.md §6): each operation applied on its own, conflicts per "
+                "operation, acknowledged only after commit",
+    )
+    def post(self, request: Request) -> Response:
+        body = _object_body(request)
+        operations = body.get("operations")
+        if not isinstance(operations, list):
+            raise InvalidInput("operations must be a list.", code="invalid_operations",
+                               fields={"operations": ["Must be a list."]})
+        result = sync.kernle_push(principal=principal_of(request), stack_id=body.get("stack_id"),
+                                  operations=operations)
+        return Response({
+            "synced": result.synced,
+            "conflicts": result.conflicts,
+            "acknowledged_operations": result.acknowledged,
+            "server_time": result.server_time.isoformat(),
+        })
+
+
+class KernlePullView(APIView):
+    throttle_classes = list(SYNC_PULL_THROTTLES)
+
+    @extend_schema(
+        operation_id="kernle_sync_pull", tags=["kernle sync"], request=KernlePullRequestSerializer,
+        responses={200: KernlePullResponseSerializer, **ERRORS},
+        summary="Pull the complete change set since the client's clock (kernle-protocol.md §7)",
+    )
+    def post(self, request: Request) -> HttpResponse:
+        request_body = _object_body(request)
+        result = sync.kernle_pull(principal=principal_of(request), stack_id=request_body.get("stack_id"),
+                                  since=request_body.get("since"))
+        # The operations arrive as JSON text assembled without decoding any record (a 10,000-record
+        # change set would otherwise be decoded and re-encoded); the envelope is added around it.
+        body = (f'{{"operations": {result.operations_json}, "has_more": false, '
+                f'"server_time": {json.dumps(result.server_time.isoformat())}}}')
+        return HttpResponse(body, content_type="application/json")
+
+
+# --- native API --------------------------------------------------------------------------------------------
+
+class NativePushView(APIView):
+    throttle_classes = list(SYNC_PUSH_THROTTLES)
+
+    @extend_schema(
+        operation_id="stack_sync_push", tags=["sync"], request=NativePushRequestSerializer,
+        responses={200: NativePushResponseSerializer,
+                   402: OpenApiResponse(description="Storage quota exceeded; `error.fields.limit` names the limit "
+                                                    "and nothing was stored"),
+                   413: OpenApiResponse(description="More than 1,000 operations"), **ERRORS},
+        summary="Push up to 1,000 operations to a stack, applied in order, one result per operation",
+    )
+    def post(self, request: Request, stack: str) -> Response:
+        body = _object_body(request)
+        result = sync.native_push(principal=principal_of(request), stack_slug=stack,
+                                  operations=body.get("operations"))
+        return Response({"results": result.results, "applied": result.applied, "rejected": result.rejected,
+                         "server_time": result.server_time.isoformat()})
+
+
+class NativePullView(APIView):
+    # Paging is the point of this endpoint (a device catching up on 100,000 changes makes 100
+    # requests), so it keeps the default per-credential request rate instead of the kernle
+    # pull's 60/min.
+
+    @extend_schema(
+        operation_id="stack_sync_pull", tags=["sync"],
+        parameters=[
+            OpenApiParameter("cursor", str, description="next_cursor of the previous page; absent: from the start"),
+            OpenApiParameter("limit", int, description=f"Page size, 1-{sync.NATIVE_PAGE_MAX} "
+                                                       f"(default {sync.NATIVE_PAGE_DEFAULT})"),
+        ],
+        responses={200: NativePullResponseSerializer, **ERRORS},
+        summary="A page of a stack's changes after a cursor, oldest first (deletions as tombstones)",
+    )
+    def get(self, request: Request, stack: str) -> HttpResponse:
+        result = sync.native_pull(principal=principal_of(request), stack_slug=stack,
+                                  cursor=request.query_params.get("cursor"),
+                                  limit=request.query_params.get("limit"))
+        body = (f'{{"changes": {result.changes_json}, "next_cursor": {json.dumps(result.next_cursor)}, '
+                f'"has_more": {json.dumps(result.has_more)}}}')
+        return HttpResponse(body, content_type="application/json")
+
+
+urlpatterns: list[URLPattern | URLResolver] = [
+    path("sync/push", KernlePushView.as_view(), name="kernle-sync-push"),
+    path("sync/pull", KernlePullView.as_view(), name="kernle-sync-pull"),
+    path("api/v1/stacks/<str:stack>/sync/push", NativePushView.as_view(), name="stack-sync-push"),
+    path("api/v1/stacks/<str:stack>/sync/pull", NativePullView.as_view(), name="stack-sync-pull"),
+]

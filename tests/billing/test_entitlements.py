@@ -1,0 +1,59 @@
+"""Tier limits and the entitlements interface other apps ask."""
+
+from __future__ import annotations
+
+import pytest
+
+from billing import entitlements
+from billing.tiers import MB, TIERS
+from memoryhub.errors import QuotaExceeded, ServiceUnavailable
+from stacks.models import Stack
+from tests.factories import make_org, make_stack
+
+pytestmark = pytest.mark.django_db
+
+
+def test_tier_table_maps_every_tier_explicitly() -> None:
+    assert TIERS["free"].storage_bytes == 10 * MB and TIERS["free"].syncing_stacks == 1
+    assert TIERS["core"].syncing_stacks == 3 and TIERS["pro"].syncing_stacks == 10
+    assert TIERS["enterprise"].storage_bytes is None and TIERS["enterprise"].syncing_stacks is None
+
+
+def test_storage_is_counted_per_organization_across_stacks() -> None:
+    org = make_org()
+    make_stack(org, bytes_used=6 * MB)
+    stack = make_stack(org, bytes_used=3 * MB)
+    make_stack(make_org(), bytes_used=9 * MB)  # another school's usage does not count
+    assert entitlements.storage_used(organization=org) == 9 * MB
+    assert entitlements.storage_remaining(organization=org) == 1 * MB
+    entitlements.ensure_can_store(stack=stack, additional_bytes=1 * MB)
+    with pytest.raises(QuotaExceeded) as excinfo:
+        entitlements.ensure_can_store(stack=stack, additional_bytes=1 * MB + 1)
+    assert excinfo.value.code == "storage_quota_exceeded"
+    assert excinfo.value.fields["limit"] == "storage_bytes" and "free: 10 MB" in excinfo.value.message
+    entitlements.ensure_can_store(stack=stack, additional_bytes=-5)  # shrinking is always allowed
+
+
+def test_stack_limit_counts_active_stacks() -> None:
+    org = make_org()
+    entitlements.ensure_can_create_stack(organization=org)
+    make_stack(org)
+    with pytest.raises(QuotaExceeded) as excinfo:
+        entitlements.ensure_can_create_stack(organization=org)
+    assert excinfo.value.fields["limit"] == "syncing_stacks"
+    assert "stack limit reached (free: 1 syncing stack)" in excinfo.value.message
+    Stack.objects.filter(organization=org).update(status=Stack.Status.ARCHIVED)
+    entitlements.ensure_can_create_stack(organization=org)
+
+
+def test_unlimited_tier_and_unknown_tier_fails_closed() -> None:
+    org = make_org()
+    org.tier = "enterprise"
+    org.save()
+    stack = make_stack(org, bytes_used=10**12)
+    entitlements.ensure_can_store(stack=stack, additional_bytes=10**12)
+    entitlements.ensure_can_create_stack(organization=org)
+    org.tier = "admin"
+    org.save()
+    with pytest.raises(ServiceUnavailable):
+        entitlements.ensure_can_store(stack=stack, additional_bytes=1)
