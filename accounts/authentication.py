@@ -61,7 +61,9 @@ class BearerAuthentication(authentication.BaseAuthentication):
         if not header:
             return None
         parts = header.split()
-        if len(parts) != 2 or parts[0].lower() != "bearer" or not parts[1].isascii():
+        # Printable ASCII only: a NUL in the credential would otherwise reach the key lookup and
+        # fail there as a database error rather than as the 401 it is.
+        if len(parts) != 2 or parts[0].lower() != "bearer" or not (parts[1].isascii() and parts[1].isprintable()):
             raise NotAuthenticated("Malformed Authorization header; expected 'Bearer <token>'.",
                                    code="malformed_authorization")
         credential = parts[1]

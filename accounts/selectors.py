@@ -28,7 +28,7 @@ def api_key_hash(secret: str) -> str:
 def api_key_for_secret(secret: str) -> ApiKey | None:
     """The active, unexpired key with this secret, or None. Looked up by prefix, compared in
     constant time."""
-    if not secret.startswith(API_KEY_PREFIX) or len(secret) > 200:
+    if not secret.startswith(API_KEY_PREFIX) or len(secret) > 200 or not secret.isprintable():
         return None
     digest = api_key_hash(secret)
     candidates = ApiKey.objects.select_related("organization", "user", "stack").filter(

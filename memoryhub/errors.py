@@ -15,6 +15,7 @@ import logging
 from typing import Any
 
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import DatabaseError, DataError, InterfaceError, OperationalError
 from django.http import Http404, HttpRequest, JsonResponse
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -82,7 +83,21 @@ class ServiceUnavailable(DomainError):
 
 
 def error_body(code: str, message: str, fields: dict[str, Any] | None = None) -> dict[str, Any]:
-    return {"error": {"code": code, "message": message, "fields": fields or {}}, "detail": message}
+    body = {"error": {"code": code, "message": message, "fields": fields or {}}, "detail": message}
+    return _encodable(body)
+
+
+def _encodable(value: Any) -> Any:
+    """Field errors echo the client's value ("'x' is not a valid choice"). A lone surrogate in it
+    would make the JSON renderer fail while rendering the 400 — outside this handler, so a 500.
+    Replace what UTF-8 cannot carry; everything else passes through unchanged."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "replace").decode("utf-8")
+    if isinstance(value, dict):
+        return {_encodable(k): _encodable(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_encodable(v) for v in value]
+    return value
 
 
 def _drf_fields(detail: Any) -> dict[str, Any]:
@@ -138,6 +153,19 @@ def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response:
         if exc.status_code == 401:
             response["WWW-Authenticate"] = "Bearer"
         return response
+    if isinstance(exc, DjangoValidationError):
+        # A model field refusing a client-supplied value on the request path, e.g. a tampered
+        # pagination cursor whose position is not a timestamp: the client's input, not our bug.
+        return Response(error_body("invalid", "The request contains an invalid value.",
+                                   {"non_field_errors": [str(m) for m in exc.messages]}), status=400)
+    if isinstance(exc, RecursionError):
+        # Python's JSON decoder gives up on ~1000 levels of nesting with RecursionError (not the
+        # ValueError DRF's parser maps to 400). Only a hostile body gets there.
+        return Response(error_body("invalid", "The JSON body is nested too deeply."), status=400)
+    if isinstance(exc, UnicodeEncodeError):
+        # JSON may spell a lone UTF-16 surrogate ("\ud800"); it decodes to a str that cannot be
+        # encoded as UTF-8, so any later encode() or database write fails. Invalid client text.
+        return Response(error_body("invalid", "The request contains text that is not valid Unicode."), status=400)
     if isinstance(exc, DataError):
         # A value Postgres cannot hold (NUL bytes, out-of-range numbers) that slipped past
         # validation is still the client's bad input: a 400, and the statement stored nothing.

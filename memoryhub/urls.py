@@ -13,8 +13,21 @@ urlpatterns = [
     path("health/", views.health),
     path("readyz", views.readyz, name="readyz"),
     path("readyz/", views.readyz),
-    path("api/schema/", SpectacularAPIView.as_view(permission_classes=[]), name="schema"),
-    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema", permission_classes=[]), name="docs"),
+    # The schema and its docs are public and read no credentials: a stray Authorization header
+    # must not turn them into a 401 (or, for the HTML page, a 500 during rendering).
+    path(
+        "api/schema/",
+        SpectacularAPIView.as_view(permission_classes=[], authentication_classes=[], throttle_classes=[]),
+        name="schema",
+    ),
+    path(
+        "api/docs/",
+        SpectacularSwaggerView.as_view(
+            url_name="schema", permission_classes=[], authentication_classes=[], throttle_classes=[],
+            http_method_names=["get", "head"],
+        ),
+        name="docs",
+    ),
     path("admin/", admin.site.urls),
     path("", include("accounts.urls")),
     path("", include("stacks.urls")),
