@@ -239,9 +239,15 @@ def salience(state: DecayState, now: datetime) -> float:
     return min(1.0, importance * access * recency)
 
 
+def _f(value: float) -> str:
+    """A float8 SQL literal: a bare `0.6` is NUMERIC in Postgres, and numeric arithmetic (LN above
+    all) made the per-row salience several times slower than float8's."""
+    return f"{float(value)!r}::float8"
+
+
 def _kind_case(column: str, mapping: dict[str, float], default: float) -> str:
-    whens = " ".join(f"WHEN '{kind}' THEN {value!r}" for kind, value in sorted(mapping.items()))
-    return f"(CASE {column} {whens} ELSE {default!r} END)"
+    whens = " ".join(f"WHEN '{kind}' THEN {_f(value)}" for kind, value in sorted(mapping.items()))
+    return f"(CASE {column} {whens} ELSE {_f(default)} END)"
 
 
 def salience_sql(alias: str = "m", now_param: str = "%(now)s", *, baseline: str | None = None) -> str:
@@ -249,24 +255,25 @@ def salience_sql(alias: str = "m", now_param: str = "%(now)s", *, baseline: str 
 
     Only constants from this module are interpolated (no user input); `now_param` is a
     placeholder the caller binds. `baseline` overrides where the clock starts (an SQL
-    expression; default: last review, else creation).
+    expression; default: last review, else creation). All float8 (see `_f`); `date_part`, not
+    EXTRACT, which returns numeric.
     """
     m = alias
+    one, zero = _f(1.0), _f(0.0)
     start = baseline or f"COALESCE({m}.last_reviewed_at, {m}.created_at)"
     base = _kind_case(f"{m}.kind", BASE_PRIORITY, DEFAULT_BASE_PRIORITY)
     initial = _kind_case(f"{m}.kind", INITIAL_STABILITY_DAYS, DEFAULT_INITIAL_STABILITY_DAYS)
-    elapsed = (
-        f"GREATEST(0.0, EXTRACT(EPOCH FROM ({now_param}::timestamptz - {start}))"
-        f"::float8 / {SECONDS_PER_DAY!r})"
-    )
+    elapsed = f"GREATEST({zero}, date_part('epoch', {now_param}::timestamptz - {start}) / {_f(SECONDS_PER_DAY)})"
     stability = (
-        f"((CASE WHEN {m}.last_reviewed_at IS NULL THEN {initial} ELSE GREATEST({m}.stability, {MIN_STABILITY!r}) END)"
-        f" * (1.0 + {EMOTION_STRETCH!r} * LEAST(1.0, ABS({m}.emotional_valence))"
-        f" * LEAST(1.0, GREATEST(0.0, {m}.emotional_arousal))))"
+        f"((CASE WHEN {m}.last_reviewed_at IS NULL THEN {initial}"
+        f" ELSE GREATEST({m}.stability, {_f(MIN_STABILITY)}) END)"
+        f" * ({one} + {_f(EMOTION_STRETCH)} * LEAST({one}, ABS({m}.emotional_valence))"
+        f" * LEAST({one}, GREATEST({zero}, {m}.emotional_arousal))))"
     )
-    importance = f"(0.6 * {base} + 0.4 * LEAST(1.0, GREATEST(0.0, {m}.confidence)))"
-    access = f"LEAST({ACCESS_CAP!r}, 1.0 + {ACCESS_WEIGHT!r} * LN(1.0 + GREATEST(0, {m}.times_accessed)))"
-    return f"LEAST(1.0, {importance} * {access} / (1.0 + {FACTOR!r} * {elapsed} / {stability}))"
+    importance = f"({_f(0.6)} * {base} + {_f(0.4)} * LEAST({one}, GREATEST({zero}, {m}.confidence)))"
+    access = (f"LEAST({_f(ACCESS_CAP)}, {one} + {_f(ACCESS_WEIGHT)}"
+              f" * LN({one} + GREATEST(0, {m}.times_accessed)::float8))")
+    return f"LEAST({one}, {importance} * {access} / ({one} + {_f(FACTOR)} * {elapsed} / {stability}))"
 
 
 def never_fades_sql(alias: str = "m") -> str:

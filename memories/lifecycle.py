@@ -5,6 +5,9 @@ The maths lives in `memories.decay`; this module applies it to the table.
 
 * **Set-based.** The decay pass is one SQL statement per bounded batch of heap pages (a TID range
   scan, one short transaction per batch). No Python loop ever walks rows.
+* **The wide table is read, not written.** The pass stores each memory's salience in the narrow
+  `MemorySalience` side table (an upsert per batch); `memories_memory` is updated only for the
+  few rows that cross the forget threshold (the tombstone).
 * **Idempotent.** Salience is recomputed from the stored baseline (`last_reviewed_at`, else
   `created_at`) and `now`; running a pass twice at the same `now` changes nothing the second time.
 * **One run at a time.** Every job takes a session-level Postgres advisory lock named after it.
@@ -18,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -41,7 +44,7 @@ from memories.decay import (
     salience,
     salience_sql,
 )
-from memories.models import JobRun, Memory
+from memories.models import JobRun, Memory, MemorySalience
 from memoryhub.errors import Conflict, DomainError, InvalidInput, NotFound
 from stacks.models import Stack
 
@@ -171,59 +174,75 @@ def _recovered_since_baseline_sql(m: str, now: str, threshold: str) -> str:
 
 
 _DECAY_BATCH_SQL = f"""
-WITH candidates AS (
-    SELECT m.ctid AS row_ctid, m.id, m.version, m.last_reviewed_at, m.stability, m.strength,
-           m.salience AS old_salience, s.new_salience,
-           CASE WHEN NOT {never_fades_sql("m")} AND s.new_salience < o.forget_threshold
-                THEN NOT {_recovered_since_baseline_sql("m", "%(now)s", "o.forget_threshold")}
-                ELSE false END AS forget
+WITH page_rows AS MATERIALIZED (
+    -- The batch's pages and nothing else: MATERIALIZED keeps the planner from driving the scan
+    -- from the (small) stacks table through an index on stack_id, which reads every row of the
+    -- table for every batch. Only the columns salience and the tombstone need are carried.
+    SELECT m.ctid AS row_ctid, m.id, m.stack_id, m.kind, m.confidence, m.times_accessed,
+           m.emotional_valence, m.emotional_arousal, m.stability, m.last_reviewed_at, m.created_at,
+           m.is_protected, m.version, m.strength,
+           {salience_sql("m", "%(now)s")} AS new_salience
     FROM memories_memory m
-    JOIN stacks_stack st ON st.id = m.stack_id
-    JOIN accounts_organization o ON o.id = st.organization_id
-    CROSS JOIN LATERAL (SELECT {salience_sql("m", "%(now)s")} AS new_salience) s
     WHERE m.ctid >= %(low)s::tid AND m.ctid < %(high)s::tid
       AND m.forgotten_at IS NULL AND m.deleted_at IS NULL
       AND (m.expires_at IS NULL OR m.expires_at > %(now)s)
-      AND st.status = 'active'
 ),
-decided AS (
-    SELECT * FROM candidates c
+candidates AS (
+    SELECT m.row_ctid, m.id, m.version, m.last_reviewed_at, m.stability, m.strength, m.new_salience,
+           -- A correlated lookup, not a join: always one primary-key probe per row of the batch,
+           -- never a plan that reads the whole side table once per batch.
+           (SELECT ms.salience FROM memories_memorysalience ms WHERE ms.memory_id = m.id) AS old_salience,
+           CASE WHEN NOT {never_fades_sql("m")} AND m.new_salience < o.forget_threshold
+                THEN NOT {_recovered_since_baseline_sql("m", "%(now)s", "o.forget_threshold")}
+                ELSE false END AS forget
+    FROM page_rows m
+    JOIN stacks_stack st ON st.id = m.stack_id
+    JOIN accounts_organization o ON o.id = st.organization_id
+    WHERE st.status = 'active'
+),
+written AS (
+    -- Salience goes to the narrow side table, never to memories_memory. Rows whose salience barely
+    -- moved are not written at all (no dead tuple, no WAL). A value computed at a later time (a
+    -- review that raced this pass) is never overwritten with this pass's older one.
+    INSERT INTO memories_memorysalience AS ms (memory_id, salience, computed_at)
+    SELECT c.id, c.new_salience, %(now)s FROM candidates c
     WHERE c.forget OR c.old_salience IS NULL OR ABS(c.old_salience - c.new_salience) >= %(tolerance)s
+    ON CONFLICT (memory_id) DO UPDATE SET salience = EXCLUDED.salience, computed_at = EXCLUDED.computed_at
+        WHERE ms.computed_at <= EXCLUDED.computed_at
+    RETURNING ms.memory_id
 ),
-updated AS (
+forgotten AS (
+    -- The only write to memories_memory: the few rows that crossed the threshold.
     UPDATE memories_memory m SET
-        salience = d.new_salience,
-        forgotten_at = CASE WHEN d.forget THEN %(now)s ELSE m.forgotten_at END,
-        forgotten_reason = CASE WHEN d.forget THEN '{FORGOTTEN_REASON_DECAY}' ELSE m.forgotten_reason END,
-        version = CASE WHEN d.forget THEN m.version + 1 ELSE m.version END,
-        change_seq = CASE WHEN d.forget THEN nextval('memories_change_seq') ELSE m.change_seq END,
-        server_updated_at = CASE WHEN d.forget THEN %(now)s ELSE m.server_updated_at END
-    FROM decided d
+        forgotten_at = %(now)s,
+        forgotten_reason = '{FORGOTTEN_REASON_DECAY}',
+        version = m.version + 1,
+        change_seq = nextval('memories_change_seq'),
+        server_updated_at = %(now)s
+    FROM candidates d
     -- Rows are found again by their physical address (no index lookups). A row a concurrent
     -- writer changed meanwhile has moved or fails these re-checks (READ COMMITTED re-evaluates
     -- them on the new row version): it is left for the next pass, never forgotten on stale state.
-    WHERE m.ctid = d.row_ctid AND m.id = d.id AND m.version = d.version
+    WHERE d.forget AND m.ctid = d.row_ctid AND m.id = d.id AND m.version = d.version
       AND m.forgotten_at IS NULL AND m.deleted_at IS NULL
       AND m.last_reviewed_at IS NOT DISTINCT FROM d.last_reviewed_at
-    RETURNING m.id, d.forget, d.version AS old_version, d.old_salience, d.stability, d.last_reviewed_at,
-              d.strength
+    RETURNING m.id, d.version AS old_version, d.old_salience, d.stability, d.last_reviewed_at, d.strength
 ),
 revisions AS (
     -- The before-state of every tombstone, like every other forget. Content is unchanged by a
     -- decay tombstone (the row stays), so the snapshot holds the lifecycle fields only: a full
     -- snapshot would copy every forgotten row.
     INSERT INTO memories_memoryrevision (memory_id, version, source, action, reason, snapshot, created_at)
-    SELECT u.id, u.old_version, 'decay', 'forget', '{FORGOTTEN_REASON_DECAY}',
-           jsonb_build_object('version', u.old_version, 'forgotten_at', NULL, 'forgotten_reason', '',
-                              'salience', u.old_salience, 'stability', u.stability,
-                              'last_reviewed_at', u.last_reviewed_at, 'strength', u.strength), %(now)s
-    FROM updated u
-    WHERE u.forget
+    SELECT f.id, f.old_version, 'decay', 'forget', '{FORGOTTEN_REASON_DECAY}',
+           jsonb_build_object('version', f.old_version, 'forgotten_at', NULL, 'forgotten_reason', '',
+                              'salience', f.old_salience, 'stability', f.stability,
+                              'last_reviewed_at', f.last_reviewed_at, 'strength', f.strength), %(now)s
+    FROM forgotten f
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM candidates),
-       (SELECT count(*) FROM updated),
-       (SELECT count(*) FROM updated WHERE forget)
+       (SELECT count(*) FROM written),
+       (SELECT count(*) FROM forgotten)
 """  # noqa: S608 - only module constants are interpolated; values are bound parameters
 
 
@@ -254,10 +273,10 @@ def _decay_batches(*, now: datetime, batch_size: int, tolerance: float, counts: 
                    progress: Progress | None) -> None:
     """Walk the table's pages as they were when the pass began, about `batch_size` rows at a time.
 
-    Rows written after that (new memories, or row versions this pass itself moved past the end)
-    wait for the next pass; a row version this pass moved into a page range it has yet to visit is
-    looked at again but not rewritten (its salience is already current), so `scanned` can count a
-    few rows twice.
+    Rows written after that (new memories, or versions a concurrent write moved past the end) wait
+    for the next pass; a row version a concurrent write moved into a page range the pass has yet to
+    visit is looked at again but not rewritten (its salience is already current), so `scanned` can
+    count a few rows twice. (The pass itself moves only the rows it tombstones, which it skips.)
     """
     counts.update(scanned=0, updated=0, forgotten=0, batches=0)
     with connection.cursor() as cursor:
@@ -288,9 +307,11 @@ def decay_pass(*, now: datetime | None = None, batch_size: int = DECAY_BATCH_SIZ
     Skipped: forgotten, deleted and expired rows, and archived stacks (frozen: they refuse writes).
     The client's `strength`, `times_accessed` and `last_accessed` are never written.
 
-    Salience-only changes do not stamp the change feed: salience is server-side ranking state,
-    not part of a synced record, and re-sending every record to every client daily would be the
-    cost. Counts: scanned, updated (rows written), forgotten, batches.
+    The salience goes to `MemorySalience` (read it with `stored_salience`); `memories_memory` is
+    written only for tombstones. Salience changes do not stamp the change feed: salience is
+    server-side ranking state, not part of a synced record, and re-sending every record to every
+    client daily would be the cost. Counts: scanned, updated (salience rows written), forgotten,
+    batches.
     """
     if batch_size < 1:
         raise InvalidInput("batch_size must be positive.", fields={"batch_size": ["Must be at least 1."]})
@@ -347,7 +368,8 @@ def record_review(*, memory: Memory, grade: Grade | int, now: datetime | None = 
 
     Effects, under a row lock: `stability` and `difficulty` move per FSRS-6 (prior stability: the
     stored one, or the kind's initial stability if never reviewed; R read at `now`);
-    `last_reviewed_at = now` restarts the decay clock; `salience` is refreshed. Decay state is
+    `last_reviewed_at = now` restarts the decay clock; the stored salience (`MemorySalience`) is
+    refreshed. Decay state is
     server-side ranking state, so a review neither bumps `version` nor stamps the change feed.
 
     A successful recall (grade ≥ HARD) of a memory the decay pass tombstoned brings it back through
@@ -377,10 +399,38 @@ def record_review(*, memory: Memory, grade: Grade | int, now: datetime | None = 
     locked.stability = outcome.stability
     locked.difficulty = outcome.difficulty
     locked.last_reviewed_at = at
-    locked.salience = salience(DecayState.of(locked), at)
     Memory.objects.filter(pk=locked.pk).update(
-        stability=locked.stability, difficulty=locked.difficulty, last_reviewed_at=at, salience=locked.salience)
-    return ReviewResult(memory=locked, outcome=outcome, salience=locked.salience, recovered=recovered)
+        stability=locked.stability, difficulty=locked.difficulty, last_reviewed_at=at)
+    current = salience(DecayState.of(locked), at)
+    _store_salience(memory_id=locked.pk, value=current, at=at)
+    return ReviewResult(memory=locked, outcome=outcome, salience=current, recovered=recovered)
+
+
+_STORE_SALIENCE_SQL = """
+INSERT INTO memories_memorysalience AS ms (memory_id, salience, computed_at) VALUES (%s, %s, %s)
+ON CONFLICT (memory_id) DO UPDATE SET salience = EXCLUDED.salience, computed_at = EXCLUDED.computed_at
+    WHERE ms.computed_at <= EXCLUDED.computed_at
+"""
+
+
+def _store_salience(*, memory_id: Any, value: float, at: datetime) -> None:
+    # The same upsert and the same "never overwrite a later value" rule as the decay pass, so a
+    # review and a pass that race each other leave the later computation in place.
+    with connection.cursor() as cursor:
+        cursor.execute(_STORE_SALIENCE_SQL, [memory_id, value, at])
+
+
+def stored_salience(*, memory_id: Any) -> float | None:
+    """The salience last stored for a memory by the decay pass or a review; None if never computed.
+
+    Reads `MemorySalience` (the side table); for the salience *now*, use `memory_decay_view`.
+    """
+    return MemorySalience.objects.filter(memory_id=memory_id).values_list("salience", flat=True).first()
+
+
+def stored_saliences(*, memory_ids: Iterable[Any]) -> dict[Any, float]:
+    """`stored_salience` for many memories at once: {memory id: salience}, missing ids left out."""
+    return dict(MemorySalience.objects.filter(memory_id__in=list(memory_ids)).values_list("memory_id", "salience"))
 
 
 def memory_decay_view(memory: Memory, now: datetime | None = None) -> dict[str, Any]:

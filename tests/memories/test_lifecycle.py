@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from memories import decay, lifecycle
 from memories.decay import DecayState, Grade
-from memories.models import JobRun, Memory, MemoryRevision
+from memories.models import JobRun, Memory, MemoryRevision, MemorySalience
 from memories.selectors import memories_list
 from memories.services import memory_forget, memory_recover
 from memoryhub.errors import Conflict, NotFound
@@ -44,6 +44,17 @@ def reload(memory: Memory) -> Memory:
     return Memory.objects.get(pk=memory.pk)
 
 
+def stored(memory: Memory) -> float | None:
+    """The salience the pass stored for `memory` (the side table), None if never computed."""
+    return lifecycle.stored_salience(memory_id=memory.pk)
+
+
+def decay_state() -> dict:
+    """{memory id: (stored salience, forgotten_at, version)} of every memory."""
+    saliences = lifecycle.stored_saliences(memory_ids=Memory.objects.values_list("pk", flat=True))
+    return {m.pk: (saliences.get(m.pk), m.forgotten_at, m.version) for m in Memory.objects.all()}
+
+
 @pytest.fixture
 def stack() -> Stack:
     return make_stack(make_org())
@@ -65,7 +76,7 @@ def test_untouched_memory_fades_and_is_tombstoned_while_protected_values_and_fre
     assert old.version == 2
     assert old.change_seq > seq_before  # pull sees the tombstone
     assert old.strength == 1.0  # the client's field is never written by decay
-    assert old.salience == pytest.approx(decay.salience(DecayState.of(old), NOW))
+    assert stored(old) == pytest.approx(decay.salience(DecayState.of(old), NOW))
     revision = MemoryRevision.objects.get(memory=old)
     assert (revision.source, revision.action, revision.reason, revision.version) == (
         "decay", "forget", "salience_decay", 1)
@@ -74,8 +85,8 @@ def test_untouched_memory_fades_and_is_tombstoned_while_protected_values_and_fre
         kept = reload(kept)
         assert kept.forgotten_at is None, kept.kind
         assert kept.version == 1
-        assert kept.salience == pytest.approx(decay.salience(DecayState.of(kept), NOW))
-    assert reload(protected).salience < stack.organization.forget_threshold  # faded, but protected
+        assert stored(kept) == pytest.approx(decay.salience(DecayState.of(kept), NOW))
+    assert stored(protected) < stack.organization.forget_threshold  # faded, but protected
 
     assert run.name == "decay"
     assert run.status == JobRun.Status.SUCCEEDED
@@ -94,12 +105,12 @@ def test_pass_is_idempotent_and_batch_size_does_not_matter(stack):
     first = lifecycle.decay_pass(now=NOW, batch_size=1)  # one heap page per batch
     assert first.counts["batches"] == pages
     assert first.counts["scanned"] == 8
-    after_first = {m.pk: (m.salience, m.forgotten_at, m.version) for m in Memory.objects.all()}
+    after_first = decay_state()
     assert sum(1 for _, forgotten, _ in after_first.values() if forgotten) == 4  # 150+ days
 
     again = lifecycle.decay_pass(now=NOW)
     assert again.counts == {"scanned": 4, "updated": 0, "forgotten": 0, "batches": 1}
-    assert {m.pk: (m.salience, m.forgotten_at, m.version) for m in Memory.objects.all()} == after_first
+    assert decay_state() == after_first
     assert len(memories) == 8
 
 
@@ -107,12 +118,56 @@ def test_later_pass_rewrites_only_rows_that_moved(stack):
     recent = make_memory(stack, days_old=0)
     old = make_memory(stack, "belief", days_old=100)
     lifecycle.decay_pass(now=NOW)
-    old_salience = reload(old).salience
+    old_salience = stored(old)
     run = lifecycle.decay_pass(now=NOW + timedelta(hours=6))
     assert run.counts["updated"] == 1  # the fresh one moves fast; the old belief barely moves
-    assert reload(old).salience == old_salience
-    assert reload(recent).salience == pytest.approx(
+    assert stored(old) == old_salience
+    assert stored(recent) == pytest.approx(
         decay.salience(DecayState.of(reload(recent)), NOW + timedelta(hours=6)))
+
+
+def _row_versions() -> dict:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT id, xmin::text, ctid::text FROM memories_memory")
+        return {row[0]: row[1:] for row in cursor.fetchall()}
+
+
+def test_pass_reads_the_memory_table_and_writes_only_the_tombstones_there(stack):
+    kept = [make_memory(stack, days_old=d) for d in (0, 30, 90)]
+    faded = make_memory(stack, days_old=300)
+    before = _row_versions()
+
+    run = lifecycle.decay_pass(now=NOW)
+
+    after = _row_versions()
+    assert run.counts["updated"] == 4 and run.counts["forgotten"] == 1
+    for memory in kept:  # same row version, same place: never rewritten
+        assert after[memory.pk] == before[memory.pk]
+        assert stored(memory) == pytest.approx(decay.salience(DecayState.of(memory), NOW))
+    assert after[faded.pk] != before[faded.pk]  # the tombstone is a real change of the row
+    assert reload(faded).forgotten_reason == "salience_decay"
+
+
+def test_a_pass_never_overwrites_a_salience_computed_later(stack):
+    memory = make_memory(stack, "belief", days_old=100)
+    review = lifecycle.record_review(memory=memory, grade=Grade.GOOD, now=NOW + timedelta(days=1))
+    # A pass that started before the review (its `now` is earlier) finishes after it.
+    run = lifecycle.decay_pass(now=NOW)
+    assert run.counts == {"scanned": 1, "updated": 0, "forgotten": 0, "batches": 1}
+    assert stored(memory) == pytest.approx(review.salience)
+    assert MemorySalience.objects.get(memory=memory).computed_at == NOW + timedelta(days=1)
+    lifecycle.decay_pass(now=NOW + timedelta(days=40))  # a later pass does write
+    assert MemorySalience.objects.get(memory=memory).computed_at == NOW + timedelta(days=40)
+
+
+def test_stored_salience_goes_with_its_memory(stack):
+    expiring = make_memory(stack, days_old=10, expires_at=NOW + timedelta(days=1))
+    staying = make_memory(stack, days_old=10)
+    lifecycle.decay_pass(now=NOW)
+    assert MemorySalience.objects.count() == 2
+    lifecycle.ttl_purge(now=NOW + timedelta(days=2))
+    assert set(MemorySalience.objects.values_list("memory_id", flat=True)) == {staying.pk}
+    assert not Memory.objects.filter(pk=expiring.pk).exists()
 
 
 def test_threshold_is_per_school():
@@ -137,7 +192,7 @@ def test_archived_stacks_deleted_expired_and_forgotten_rows_are_left_alone(stack
     assert run.counts["scanned"] == 0
     for memory in (frozen, deleted, expired):
         memory = reload(memory)
-        assert (memory.forgotten_at, memory.salience, memory.version) == (None, None, 1)
+        assert (memory.forgotten_at, stored(memory), memory.version) == (None, None, 1)
     assert reload(manual).forgotten_reason == "student asked"
     assert lifecycle.forgetting_candidates(stack=archived, now=NOW) == []
 
@@ -219,7 +274,7 @@ def test_recall_restores_a_decayed_memory_and_restarts_its_clock(stack):
     expected = decay.stability_after_recall(14.0, 5.0, decay.retrievability(300, 14.0), Grade.GOOD)
     assert old.stability == pytest.approx(expected)
     assert old.difficulty == pytest.approx(decay.next_difficulty(5.0, Grade.GOOD))
-    assert old.salience == pytest.approx(0.56)  # fresh clock
+    assert stored(old) == pytest.approx(0.56) == result.salience  # fresh clock
     assert MemoryRevision.objects.filter(memory=old, action="recover", source="recall").exists()
     assert memories_list(stack=stack).filter(pk=old.pk).exists()
     lifecycle.decay_pass(now=NOW + timedelta(days=30))
@@ -278,7 +333,7 @@ def test_an_overlapping_run_is_skipped_and_changes_nothing(stack):
     assert run.status == JobRun.Status.SKIPPED
     assert run.counts == {"reason": "previous run still in progress"}
     old = reload(old)
-    assert (old.forgotten_at, old.salience, old.version) == (None, None, 1)
+    assert (old.forgotten_at, stored(old), old.version) == (None, None, 1)
     # Once the other run is gone the lock is free again.
     assert lifecycle.decay_pass(now=NOW).status == JobRun.Status.SUCCEEDED
     assert reload(old).forgotten_at == NOW
