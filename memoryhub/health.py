@@ -64,3 +64,17 @@ def readiness() -> dict[str, CheckResult]:
         "redis": redis_result,
         "celery": check_celery_workers(redis_result.ok),
     }
+
+
+def embedding_backlog() -> int | None:
+    """How many memories await a current embedding (informational: never fails readiness).
+
+    None when the database cannot answer; the database check already reports that.
+    """
+    try:
+        from memories.embedding_jobs import embedding_backlog_count
+
+        return embedding_backlog_count()
+    except Exception:  # informational only; readiness must not fail because of it
+        connection.close_if_unusable_or_obsolete()
+        return None

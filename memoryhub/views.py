@@ -6,7 +6,7 @@ from django.http import HttpRequest, JsonResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
-from memoryhub.health import readiness
+from memoryhub.health import embedding_backlog, readiness
 
 
 @never_cache
@@ -26,6 +26,8 @@ def readyz(request: HttpRequest) -> JsonResponse:
         "status": "ok" if not failing else "unavailable",
         "checks": {name: {"ok": r.ok, "detail": r.detail} for name, r in checks.items()},
         "failing": failing,
+        # Informational (never part of `failing`): memories awaiting a current embedding.
+        "embedding_backlog": embedding_backlog() if checks["database"].ok else None,
     }
     response = JsonResponse(body, status=200 if not failing else 503)
     if failing:

@@ -1,0 +1,233 @@
+"""Search latency over HTTP (query embedding included) and vector recall@10 against exact search.
+
+Full size (the issue's target): 1,000,000 memories across 1,000 stacks, the largest 100,000.
+`--scale 0.2` gives 200,000 across 200 (largest 20,000), and so on; the HNSW build dominates the
+load time at full size (tens of minutes on two cores).
+
+Stored vectors: every vocabulary word of the synthetic corpus is embedded once with the real
+all-MiniLM-L6-v2, and a memory's vector is the normalised mean of its words' vectors plus a little
+noise. That gives MiniLM's geometry (clustered, not uniform noise) without embedding a million
+texts; rows are labelled with the real model id, so the server (EMBEDDING_PROVIDER=minilm) embeds
+each query for real and searches these vectors.
+
+Figures, all from one run:
+* HTTP p50/p95/p99 of `POST /api/v1/stacks/{stack}/search` (limit 10) for the largest stack and
+  for typical stacks, next to the bare query-embedding time measured in the same run;
+* vector-leg recall@10 of the plan the server uses (exact or HNSW with over-fetch) against an
+  exact ranking of the same stack, and its in-process latency next to the exact plan's.
+
+    .venv/bin/python bench/search.py --scale 0.2 --queries 200
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import random
+import re
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.harness import (
+    _WORDS,
+    bench_environment,
+    bulk_load_memories,
+    create_bench_stacks,
+    log,
+    percentiles,
+    print_table,
+    synthetic_sentence,
+    web_server,
+)
+
+
+def word_space() -> tuple[dict[str, np.ndarray], float]:
+    from memories.embeddings import MiniLMEmbedder
+
+    model = MiniLMEmbedder()
+    vocabulary = sorted({w.lower() for w in _WORDS})
+    started = time.perf_counter()
+    vectors = np.array(model.embed(vocabulary), dtype=np.float32)
+    per_text_ms = (time.perf_counter() - started) * 1000 / len(vocabulary)
+    return dict(zip(vocabulary, vectors, strict=True)), per_text_ms
+
+
+def make_embed(words: dict[str, np.ndarray], seed: int):  # type: ignore[no-untyped-def]
+    rng = np.random.default_rng(seed)
+    token = re.compile(r"[a-z]+")
+
+    def embed(texts: list[str]) -> np.ndarray:
+        out = np.empty((len(texts), 384), dtype=np.float32)
+        for i, text in enumerate(texts):
+            found = [words[t] for t in token.findall(text.lower()) if t in words]
+            base = np.mean(found, axis=0) if found else rng.standard_normal(384).astype(np.float32)
+            out[i] = base + rng.standard_normal(384).astype(np.float32) * 0.02
+        return out / np.linalg.norm(out, axis=1, keepdims=True)
+
+    return embed
+
+
+def stack_plan(total: int, stacks: int, largest: int) -> list[int]:
+    rest = total - largest
+    sizes = [largest] + [rest // (stacks - 1)] * (stacks - 1)
+    sizes[1] += rest - sum(sizes[1:])
+    return sizes
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--scale", type=float, default=1.0, help="1.0 = 1M memories / 1,000 stacks / largest 100k")
+    parser.add_argument("--queries", type=int, default=200, help="HTTP queries per stack class")
+    parser.add_argument("--recall-queries", type=int, default=100)
+    args = parser.parse_args()
+    total = int(1_000_000 * args.scale)
+    n_stacks = max(2, int(1000 * args.scale))
+    largest = int(100_000 * args.scale)
+
+    # The bench process ranks with the same model id the server uses (the stored vectors carry it).
+    os.environ["EMBEDDING_PROVIDER"] = "minilm"
+    with bench_environment("search") as env:
+        from django.db import connection
+
+        from accounts.models import User
+        from accounts.services import api_key_issue
+        from memories.embeddings import MiniLMEmbedder, vector_literal
+        from memories.search import (
+            EXACT_SEARCH_MAX_ROWS,
+            SearchQuery,
+            _vector_leg,
+            _vector_sql,
+            over_fetch,
+            pgvector_version,
+        )
+        from memories.vector_indexes import STACK_INDEX_MIN_ROWS, stack_vector_index_ensure
+
+        log("embedding the vocabulary with all-MiniLM-L6-v2")
+        words, _ = word_space()
+        model_id = MiniLMEmbedder().model_id
+        stacks = create_bench_stacks(n_stacks)
+        sizes = stack_plan(total, n_stacks, largest)
+        log(f"loading {total:,} memories into {n_stacks} stacks (largest {largest:,})")
+        t0 = time.monotonic()
+        bulk_load_memories(list(zip([s.pk for s in stacks], sizes, strict=True)), embed=make_embed(words, 1),
+                           embedding_model=model_id, days_back=365)
+        load_s = time.monotonic() - t0
+        with connection.cursor() as cursor:
+            cursor.execute("VACUUM ANALYZE memories_memory")
+        org = stacks[0].organization
+        user = User.objects.create_user(username="bench", email="bench@example.test", password="x" * 20)
+        _, secret = api_key_issue(organization=org, user=user, stack_id=None, name="bench", read_only=False)
+
+        rng = random.Random(11)
+        big = stacks[0]
+        typical = stacks[1:]
+        queries = [synthetic_sentence(rng, words=rng.randint(3, 8)) for _ in range(args.queries * 2)]
+
+        # --- baseline: the bare query embedding, same process type as the server --------------------
+        model = MiniLMEmbedder()
+        model.embed(["warm up"])
+        embed_ms: list[float] = []
+        for q in queries[: args.queries]:
+            started = time.perf_counter()
+            model.embed([q])
+            embed_ms.append((time.perf_counter() - started) * 1000)
+
+        def measure_recall(label: str, candidates: list) -> dict:  # type: ignore[type-arg]
+            recalls, plan_ms, exact_ms = [], [], []
+            methods: dict[str, int] = {}
+            for i in range(args.recall_queries):
+                stack = candidates[i % len(candidates)]
+                vector = model.embed([queries[i]])[0]
+                query = SearchQuery(text=queries[i], limit=10, min_similarity=0.0)
+                started = time.perf_counter()
+                got, method = _vector_leg(query, [stack.pk], vector, over_fetch(10), {})
+                plan_ms.append((time.perf_counter() - started) * 1000)
+                methods[method] = methods.get(method, 0) + 1
+                sql, params = _vector_sql(query, [stack.pk], vector, 10, exact=True)
+                started = time.perf_counter()
+                with connection.cursor() as cursor:
+                    cursor.execute(sql, params)
+                    truth = [row[0] for row in cursor.fetchall()]
+                exact_ms.append((time.perf_counter() - started) * 1000)
+                top = [row[0] for row in sorted(got, key=lambda r: -float(r[9]))[:10]]
+                recalls.append(len(set(top) & set(truth)) / max(1, len(truth)))
+            return {
+                "what": f"vector leg, {label}", "recall@10": statistics.mean(recalls),
+                "plan p50 ms": percentiles(plan_ms)["p50"], "plan p95 ms": percentiles(plan_ms)["p95"],
+                "exact p50 ms (baseline)": percentiles(exact_ms)["p50"],
+                "exact p95 ms (baseline)": percentiles(exact_ms)["p95"], "plan": ",".join(sorted(methods)),
+            }
+
+        recall_rows = [measure_recall("largest stack, table-wide HNSW (post-filtered)", [big])]
+        large = [s for s, size in zip(stacks, sizes, strict=True) if size >= STACK_INDEX_MIN_ROWS]
+        started = time.monotonic()
+        for stack in large:
+            stack_vector_index_ensure(stack_id=stack.pk, concurrently=False)
+        index_s = time.monotonic() - started
+        log(f"built {len(large)} per-stack partial HNSW index(es) in {index_s:.0f}s")
+        recall_rows.append(measure_recall("largest stack, its own partial HNSW", [big]))
+        recall_rows.append(measure_recall("typical stacks", typical))
+
+        # --- HTTP -----------------------------------------------------------------------------------
+        import httpx
+
+        rows = []
+        with web_server(env, extra_env={"EMBEDDING_PROVIDER": "minilm", "THROTTLE_REQUEST_RATE": "1000000/min"}) as url:
+            logging.getLogger("httpx").setLevel(logging.WARNING)
+            client = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {secret}"}, timeout=30)
+            with client:
+                health_ms = []
+                for _ in range(args.queries):
+                    started = time.perf_counter()
+                    client.get("/health").raise_for_status()
+                    health_ms.append((time.perf_counter() - started) * 1000)
+                client.post(f"/api/v1/stacks/{big.slug}/search", json={"query": "warm up the model"})
+                classes = (("largest stack", lambda i: big), ("typical stacks", lambda i: rng.choice(typical)))
+                for label, pick in classes:
+                    samples = []
+                    methods: dict[str, int] = {}
+                    server: dict[str, list[float]] = {}
+                    for i in range(args.queries):
+                        stack = pick(i)
+                        started = time.perf_counter()
+                        text = queries[i if label == "largest stack" else i + args.queries]
+                        response = client.post(f"/api/v1/stacks/{stack.slug}/search",
+                                               json={"query": text, "limit": 10})
+                        samples.append((time.perf_counter() - started) * 1000)
+                        response.raise_for_status()
+                        body = response.json()
+                        methods[body["method"]] = methods.get(body["method"], 0) + 1
+                        server.setdefault("took", []).append(body["took_ms"])
+                        for name, value in body["timings_ms"].items():
+                            server.setdefault(name, []).append(value)
+                    p = percentiles(samples)
+                    rows.append({"what": f"HTTP search, {label}", "n": p["n"], "p50 ms": p["p50"],
+                                 "p95 ms": p["p95"], "p99 ms": p["p99"], "plan": ",".join(sorted(methods)),
+                                 "server p50 (search/kw/embed/vec)": "/".join(
+                                     f"{statistics.median(server.get(n, [0])):.1f}"
+                                     for n in ("took", "keyword_ms", "embed_ms", "vector_ms"))})
+        ph = percentiles(health_ms)
+        rows.append({"what": "baseline: HTTP round trip of GET /health", "n": ph["n"], "p50 ms": ph["p50"],
+                     "p95 ms": ph["p95"], "p99 ms": ph["p99"], "plan": "-"})
+        pe = percentiles(embed_ms)
+        rows.append({"what": "baseline: bare query embedding (MiniLM, 1 thread)", "n": pe["n"], "p50 ms": pe["p50"],
+                     "p95 ms": pe["p95"], "p99 ms": pe["p99"], "plan": "-"})
+
+        _ = vector_literal
+
+        print_table(f"Search: {total:,} memories, {n_stacks} stacks (largest {largest:,}, typical {sizes[2]:,}); "
+                    f"pgvector {'.'.join(map(str, pgvector_version()))}; exact below {EXACT_SEARCH_MAX_ROWS:,} rows; "
+                    f"load {load_s:.0f}s; per-stack indexes {index_s:.0f}s", rows)
+        print_table("Vector recall@10 against exact search (same stack, same query vector)", recall_rows)
+        print("\nGoals: HTTP p95 < 50 ms; recall@10 >= 0.95.")
+
+
+if __name__ == "__main__":
+    main()

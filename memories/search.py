@@ -1,0 +1,397 @@
+"""Hybrid search: Postgres full text + pgvector cosine, fused by reciprocal rank fusion.
+
+The ranking, stated once so it can be tested (memory-science.md §6.4, pitfall #3):
+
+    rrf(d)      = Σ over the legs that found d of 1 / (60 + rank), rank counted from 0
+    retention   = FSRS retrievability R(t, S) of the memory (memories.decay.memory_retrievability:
+                  t = days since last review or creation, S = its effective stability)
+    recency     = 0.95 ^ min(age in days, 30)
+    weight      = (0.6 + 0.4·retention) · (0.6 + 0.4·confidence) · (0.85 + 0.15·recency)
+    combined    = rrf · weight / (2/60)                      ∈ [0, 1]
+
+so a memory ranked first by both legs, fully retained, fully confident and new scores 1.0.
+
+Each leg over-fetches (3x the limit, at least 30, at most max(limit, 100)) before fusion.
+`min_similarity` applies only to the semantic leg, so a keyword-only hit is never dropped.
+The stack filter, deletion, forgetting, expiry, kind, tags and time range are all inside SQL.
+
+Vector leg and the "k hits whenever k exist" rule (method names in brackets): pgvector 0.6 applies WHERE clauses *after*
+the HNSW walk, so `ORDER BY … LIMIT k` through the index can return fewer than k rows of one
+stack. Small scopes (≤ EXACT_SEARCH_MAX_ROWS) are therefore searched exactly (the stack-leading
+B-tree, then a sort over that stack's rows); large ones go through HNSW with an `ef_search`
+sized to the stack's share of the table (iterative scans on pgvector ≥ 0.8) [hnsw] - or, when
+the stack has its own partial HNSW index (memories.vector_indexes), through that [hnsw-stack] -
+and fall back to an exact search whenever an index yields too few rows [...+exact].
+`SearchResult.method` reports which ran.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime
+from functools import cache
+from typing import Any
+
+from django.db import connection, transaction
+from django.utils import timezone
+
+from memories.decay import DecayState, memory_retrievability
+from memories.embeddings import Vector, embed_query, get_embedder, vector_literal
+from memories.models import Memory, MemoryKind
+from memories.vector_indexes import stacks_with_vector_index
+
+RRF_K = 60
+MAX_LIMIT = 100
+MAX_QUERY_CHARS = 2000
+DEFAULT_MIN_SIMILARITY = 0.25  # MiniLM: unrelated text sits around 0-0.15, paraphrases above 0.5
+EXACT_SEARCH_MAX_ROWS = 10_000
+KEYWORD_RANK_CAP = 1_000
+STATEMENT_TIMEOUT_MS = 2_500
+HNSW_MAX_EF_SEARCH = 1000  # pgvector's upper bound for hnsw.ef_search
+
+
+
+@dataclass(frozen=True)
+class SearchQuery:
+    text: str
+    limit: int = 10
+    kinds: tuple[str, ...] = ()
+    tags: tuple[str, ...] = ()  # any of these tags
+    created_after: datetime | None = None
+    created_before: datetime | None = None
+    min_similarity: float = DEFAULT_MIN_SIMILARITY
+
+
+@dataclass
+class SearchHit:
+    memory: Memory
+    combined_score: float
+    fused_score: float  # raw RRF sum, before weighting
+    keyword_score: float | None  # ts_rank normalised by the best keyword hit, in [0, 1]
+    semantic_score: float | None  # cosine similarity, clamped to [0, 1]
+    keyword_rank: int | None
+    semantic_rank: int | None
+    retention: float
+    weight: float
+
+    @property
+    def match_type(self) -> str:
+        if self.keyword_rank is not None and self.semantic_rank is not None:
+            return "both"
+        return "keyword" if self.keyword_rank is not None else "semantic"
+
+
+@dataclass
+class SearchResult:
+    hits: list[SearchHit]
+    method: str  # exact | hnsw | hnsw+exact (the vector leg's plan), or none (no vector leg)
+    took_ms: float = 0.0
+    embedding_model: str = ""
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+def ranking_weight(*, retention: float, confidence: float, age_days: float) -> float:
+    recency = 0.95 ** min(max(age_days, 0.0), 30.0)
+    confidence = min(max(confidence, 0.0), 1.0)
+    return (0.6 + 0.4 * retention) * (0.6 + 0.4 * confidence) * (0.85 + 0.15 * recency)
+
+
+def over_fetch(limit: int) -> int:
+    return max(limit, min(max(3 * limit, 30), MAX_LIMIT))
+
+
+@cache
+def pgvector_version() -> tuple[int, ...]:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'")
+        row = cursor.fetchone()
+    return tuple(int(p) for p in re.findall(r"\d+", row[0] if row else "0"))
+
+
+_PLAIN_QUERY = re.compile(r'^[^"]*$')
+
+
+def _filters(query: SearchQuery, params: dict[str, Any]) -> str:
+    """The WHERE clause every leg shares; the stack scope is mandatory, never optional."""
+    clauses = [
+        "m.stack_id = ANY(%(stack_ids)s)",
+        "m.deleted_at IS NULL",
+        "m.forgotten_at IS NULL",
+        "(m.expires_at IS NULL OR m.expires_at > %(now)s)",
+    ]
+    params["now"] = timezone.now()
+    if query.kinds:
+        clauses.append("m.kind = ANY(%(kinds)s)")
+        params["kinds"] = list(query.kinds)
+    if query.tags:
+        clauses.append("m.tags && %(tags)s::text[]")
+        params["tags"] = list(query.tags)
+    if query.created_after:
+        clauses.append("m.created_at >= %(after)s")
+        params["after"] = query.created_after
+    if query.created_before:
+        clauses.append("m.created_at < %(before)s")
+        params["before"] = query.created_before
+    return " AND ".join(clauses)
+
+
+# Everything the ranking weight needs, so fusion never goes back to the table for candidates.
+_LEG_COLUMNS = ("m.id, m.stability, m.confidence, m.created_at, m.last_reviewed_at, m.kind, m.times_accessed, "
+                "m.emotional_valence, m.emotional_arousal")
+_SCORE = 9  # index of the leg's own score column (after _LEG_COLUMNS)
+
+
+def _keyword_stage(where: str, params: dict[str, Any], tsquery_sql: str, *, exclude_sql: str,
+                   limit: int) -> list[tuple[Any, ...]]:
+    # The tsquery is written inline (not in a CTE) so the planner folds it to a constant and can
+    # estimate its selectivity: a common word makes it scan the stack's rows through the stack
+    # B-tree instead of walking the table-wide GIN posting lists of every stack.
+    sql = f"""
+        WITH matched AS MATERIALIZED (
+                 SELECT {_LEG_COLUMNS}, m.search_vector
+                   FROM memories_memory m
+                  WHERE {where} AND numnode({tsquery_sql}) > 0 AND m.search_vector @@ {tsquery_sql} {exclude_sql}
+                  LIMIT %(cap)s)
+        SELECT {_LEG_COLUMNS.replace("m.", "h.")}, true AS all_terms,
+               ts_rank(h.search_vector, {tsquery_sql}, 1) AS score
+          FROM matched h
+         ORDER BY score DESC, h.id
+         LIMIT {int(limit)}
+    """  # noqa: S608 - only fixed clauses are interpolated; values are parameters
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchall()
+
+
+def _keyword_leg(query: SearchQuery, stack_ids: Sequence[int], fetch: int) -> list[tuple[Any, ...]]:
+    """Full-text candidates, in two stages.
+
+    1. Memories containing every term (websearch_to_tsquery: AND, quotes, -exclusions, or).
+    2. Only if that found fewer than `fetch` and the query is plain words: memories containing
+       some of the terms (the AND relaxed to OR), so a question like "when did Mel paint a
+       sunrise" still finds text with some of its words. They rank after every stage-1 hit.
+
+    Each stage ranks at most KEYWORD_RANK_CAP matching rows: a query whose terms occur in more
+    rows than that is not selective, its keyword ranking carries little, and ranking them all
+    would cost a detoasted tsvector per row. The vector leg is unaffected.
+    """
+    params: dict[str, Any] = {"stack_ids": list(stack_ids), "q": query.text, "cap": KEYWORD_RANK_CAP}
+    where = _filters(query, params)
+    strict = "websearch_to_tsquery('english', %(q)s)"
+    rows = _keyword_stage(where, params, strict, exclude_sql="", limit=fetch)
+    plain = bool(_PLAIN_QUERY.match(query.text)) and not re.search(r"(^|\s)-\w|\bor\b", query.text, re.I)
+    if len(rows) >= fetch or not plain:
+        return rows
+    loose = f"replace({strict}::text, ' & ', ' | ')::tsquery"
+    more = _keyword_stage(where, params, loose, exclude_sql=f"AND NOT (m.search_vector @@ {strict})",
+                          limit=fetch - len(rows))
+    return rows + [(*row[:_SCORE], False, row[_SCORE + 1]) for row in more]
+
+
+def _scope_size(stack_ids: Sequence[int], cap: int) -> int:
+    """How many live rows the scope has, counting at most `cap` + 1 (index-only, cheap)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM (SELECT 1 FROM memories_memory WHERE stack_id = ANY(%s) LIMIT %s) s",
+            [list(stack_ids), cap + 1],
+        )
+        return int(cursor.fetchone()[0])
+
+
+_SCOPE_CACHE: dict[tuple[int, ...], tuple[float, int]] = {}
+_SCOPE_CACHE_SECONDS = 60.0
+
+
+def _scope_size_cached(stack_ids: Sequence[int]) -> int:
+    """Exact row count of a large scope, cached for a minute: it only sizes `ef_search`."""
+    key = tuple(sorted(stack_ids))
+    cached = _SCOPE_CACHE.get(key)
+    if cached and time.monotonic() - cached[0] < _SCOPE_CACHE_SECONDS:
+        return cached[1]
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM memories_memory WHERE stack_id = ANY(%s)", [list(stack_ids)])
+        size = int(cursor.fetchone()[0])
+    if len(_SCOPE_CACHE) > 10_000:
+        _SCOPE_CACHE.clear()
+    _SCOPE_CACHE[key] = (time.monotonic(), size)
+    return size
+
+
+def _table_rows() -> float:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT greatest(reltuples, 1) FROM pg_class WHERE relname = 'memories_memory'")
+        row = cursor.fetchone()
+    return float(row[0]) if row else 1.0
+
+
+def _vector_sql(query: SearchQuery, stack_ids: Sequence[int], vector: Vector, fetch: int, *,
+                exact: bool, single_stack: bool = False) -> tuple[str, dict[str, Any]]:
+    params: dict[str, Any] = {
+        "stack_ids": list(stack_ids), "v": vector_literal(vector), "fetch": fetch,
+        "model": get_embedder().model_id,
+    }
+    where = _filters(query, params)
+    if single_stack:
+        # `stack_id = <literal>` (not `= ANY(array)`), so the planner can prove the partial
+        # index's predicate (memories.vector_indexes) and walk that stack's own graph.
+        where = where.replace("m.stack_id = ANY(%(stack_ids)s)", f"m.stack_id = {int(stack_ids[0])}")
+    # `+ 0` makes the sort key differ from the indexed expression, so the planner cannot walk the
+    # (post-filtering) HNSW index and must rank every row of the scope: exact, never short.
+    order = "(m.embedding <=> %(v)s::vector) + 0" if exact else "m.embedding <=> %(v)s::vector"
+    sql = f"""
+        SELECT {_LEG_COLUMNS}, 1 - (m.embedding <=> %(v)s::vector) AS similarity
+          FROM memories_memory m
+         WHERE {where} AND m.embedding IS NOT NULL AND m.embedding_model = %(model)s
+         ORDER BY {order}
+         LIMIT %(fetch)s
+    """  # noqa: S608 — only fixed clauses are interpolated; values are parameters
+    return sql, params
+
+
+def _vector_leg(query: SearchQuery, stack_ids: Sequence[int], vector: Vector, fetch: int,
+                stats: dict[str, Any]) -> tuple[list[tuple[Any, ...]], str]:
+    scope = _scope_size(stack_ids, EXACT_SEARCH_MAX_ROWS)
+    stats["scope_rows"] = scope if scope <= EXACT_SEARCH_MAX_ROWS else f">{EXACT_SEARCH_MAX_ROWS}"
+    iterative = pgvector_version() >= (0, 8)
+    if scope > EXACT_SEARCH_MAX_ROWS and len(stack_ids) == 1 and stack_ids[0] in stacks_with_vector_index():
+        # The stack's own partial HNSW index: no other stack's rows in the graph, no post-filter loss.
+        ef = min(HNSW_MAX_EF_SEARCH, max(fetch * 8, 200))
+        sql, params = _vector_sql(query, stack_ids, vector, fetch, exact=False, single_stack=True)
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(f"SET LOCAL hnsw.ef_search = {int(ef)}")
+            cursor.execute(sql, params)
+            rows = cursor.fetchall()
+        stats["ef_search"] = ef
+        if len(rows) >= fetch:
+            return rows, "hnsw-stack"
+        method = "hnsw-stack+exact"
+    elif scope > EXACT_SEARCH_MAX_ROWS:
+        share = 1.0 if iterative else min(1.0, _scope_size_cached(stack_ids) / _table_rows())
+        # Expected in-scope rows from an ef-wide walk ≈ ef x share; ask for 3x what we need.
+        ef = min(HNSW_MAX_EF_SEARCH, max(fetch * 2, 40, math.ceil(fetch * 3 / max(share, 1e-9))))
+        if iterative or ef < HNSW_MAX_EF_SEARCH or share >= 0.5:
+            sql, params = _vector_sql(query, stack_ids, vector, fetch, exact=False)
+            with transaction.atomic(), connection.cursor() as cursor:
+                cursor.execute(f"SET LOCAL hnsw.ef_search = {int(ef)}")
+                if iterative:
+                    cursor.execute("SET LOCAL hnsw.iterative_scan = relaxed_order")
+                cursor.execute(sql, params)
+                rows = cursor.fetchall()
+            stats["ef_search"] = ef
+            if len(rows) >= fetch:
+                return rows, "hnsw"
+            method = "hnsw+exact"  # the index walk came up short: rank exactly instead
+        else:
+            method = "exact"
+    else:
+        method = "exact"
+    sql, params = _vector_sql(query, stack_ids, vector, fetch, exact=True)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.fetchall(), method
+
+
+@cache
+def _embedding_pool() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=2, thread_name_prefix="query-embed")
+
+
+def _timed_embed(text: str) -> tuple[Vector, float]:
+    started = time.perf_counter()
+    vector = embed_query(text)
+    return vector, round((time.perf_counter() - started) * 1000, 2)
+
+
+def search_memories(*, stack_ids: Sequence[int], query: SearchQuery, now: datetime | None = None) -> SearchResult:
+    """Hybrid search over the given stacks. The caller has already decided the caller may read
+    every one of `stack_ids` (stacks.selectors); this function never widens that scope."""
+    started = time.perf_counter()
+    now = now or timezone.now()
+    stats: dict[str, Any] = {}
+    if not stack_ids or not query.text.strip():
+        return SearchResult(hits=[], method="none")
+    fetch = over_fetch(query.limit)
+    with transaction.atomic():
+        # Kernle's client gives up after 3 s and searches locally; a query that cannot finish
+        # well inside that is cancelled (-> 503, which also makes the client fall back).
+        with connection.cursor() as cursor:
+            cursor.execute(f"SET LOCAL statement_timeout = {int(STATEMENT_TIMEOUT_MS)}")
+        return _search(stack_ids=stack_ids, query=query, now=now, fetch=fetch, stats=stats, started=started)
+
+
+def _search(*, stack_ids: Sequence[int], query: SearchQuery, now: datetime, fetch: int, stats: dict[str, Any],
+            started: float) -> SearchResult:
+
+    # The query embedding (CPU, torch releases the GIL) runs while the keyword leg waits on the
+    # database, so a search costs max(embed, keyword) + vector rather than their sum.
+    clock = time.perf_counter()
+    pending = _embedding_pool().submit(_timed_embed, query.text)
+    keyword_rows = _keyword_leg(query, stack_ids, fetch)
+    stats["keyword_ms"] = round((time.perf_counter() - clock) * 1000, 2)
+    vector, stats["embed_ms"] = pending.result()
+    clock = time.perf_counter()
+    vector_rows, method = _vector_leg(query, stack_ids, vector, fetch, stats)
+    stats["vector_ms"] = round((time.perf_counter() - clock) * 1000, 2)
+    if query.min_similarity > 0:  # 0 means "no threshold" (cosine itself can be negative)
+        vector_rows = [row for row in vector_rows if float(row[_SCORE]) >= query.min_similarity]
+
+    candidates: dict[Any, dict[str, Any]] = {}
+    best_keyword = max((float(row[_SCORE + 1]) for row in keyword_rows), default=0.0) or 1.0
+    for rank, row in enumerate(keyword_rows):
+        entry = candidates.setdefault(row[0], {"row": row})
+        entry["keyword_rank"] = rank
+        entry["keyword_score"] = min(1.0, float(row[_SCORE + 1]) / best_keyword)
+    for rank, row in enumerate(vector_rows):
+        entry = candidates.setdefault(row[0], {"row": row})
+        entry["semantic_rank"] = rank
+        entry["semantic_score"] = min(1.0, max(0.0, float(row[_SCORE])))
+
+    scored: list[tuple[float, Any, dict[str, Any]]] = []
+    for memory_id, entry in candidates.items():
+        (_, stability, confidence, created_at, last_reviewed_at, kind, times_accessed, valence,
+         arousal) = entry["row"][:_SCORE]
+        fused = sum(1.0 / (RRF_K + entry[leg]) for leg in ("keyword_rank", "semantic_rank") if leg in entry)
+        state = DecayState(kind=kind, confidence=float(confidence), times_accessed=int(times_accessed),
+                           emotional_valence=float(valence), emotional_arousal=float(arousal),
+                           stability=float(stability), last_reviewed_at=last_reviewed_at, created_at=created_at)
+        retention = memory_retrievability(state, now)
+        weight = ranking_weight(retention=retention, confidence=float(confidence),
+                                age_days=(now - created_at).total_seconds() / 86400)
+        combined = min(1.0, fused * weight / (2.0 / RRF_K))
+        entry.update(fused=fused, retention=retention, weight=weight)
+        scored.append((combined, memory_id, entry))
+    scored.sort(key=lambda item: (-item[0], str(item[1])))
+    top = scored[: query.limit]
+
+    memories = Memory.objects.defer("embedding", "search_vector").in_bulk([memory_id for _, memory_id, _ in top])
+    hits = [
+        SearchHit(
+            memory=memories[memory_id],
+            combined_score=round(combined, 6),
+            fused_score=entry["fused"],
+            keyword_score=entry.get("keyword_score"),
+            semantic_score=entry.get("semantic_score"),
+            keyword_rank=entry.get("keyword_rank"),
+            semantic_rank=entry.get("semantic_rank"),
+            retention=entry["retention"],
+            weight=entry["weight"],
+        )
+        for combined, memory_id, entry in top
+        if memory_id in memories  # deleted between the legs and this read: skip, don't fail
+    ]
+    stats.update(keyword_candidates=len(keyword_rows), semantic_candidates=len(vector_rows))
+    return SearchResult(
+        hits=hits,
+        method=method,
+        took_ms=(time.perf_counter() - started) * 1000,
+        embedding_model=get_embedder().model_id,
+        stats=stats,
+    )
+
+
+VALID_KINDS = frozenset(MemoryKind.values)

@@ -1,0 +1,87 @@
+"""Per-stack partial HNSW indexes for large stacks.
+
+pgvector 0.6 filters HNSW results *after* the graph walk, so one table-wide index serves a stack
+that holds 10% of the rows with ~10% of each walk: recall falls and `ef_search` must grow 10x.
+A partial index `... USING hnsw (embedding) WHERE stack_id = N` holds only that stack's rows, so
+its walk needs no post-filter: full recall at a small `ef_search`. Small stacks do not need one
+(they are searched exactly, memories.search); stacks above STACK_INDEX_MIN_ROWS get one from the
+periodic `memories.stack_vector_indexes` task (built CONCURRENTLY, so writes continue).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+
+from django.db import connection
+
+from stacks.models import Stack
+
+logger = logging.getLogger(__name__)
+
+STACK_INDEX_MIN_ROWS = 10_000
+_PREFIX = "memories_hnsw_stack_"
+_CACHE_SECONDS = 30.0
+_cache: tuple[float, frozenset[int]] | None = None
+
+
+def stack_index_name(stack_id: int) -> str:
+    return f"{_PREFIX}{int(stack_id)}"
+
+
+def stacks_with_vector_index(*, refresh: bool = False) -> frozenset[int]:
+    """Stack ids that have a valid partial HNSW index (cached briefly; indexes change rarely)."""
+    global _cache
+    if not refresh and _cache is not None and time.monotonic() - _cache[0] < _CACHE_SECONDS:
+        return _cache[1]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """SELECT c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+                WHERE i.indrelid = 'memories_memory'::regclass AND i.indisvalid AND c.relname LIKE %s""",
+            [_PREFIX + "%"],
+        )
+        ids = frozenset(int(m.group(1)) for (name,) in cursor.fetchall() if (m := re.search(r"(\d+)$", name)))
+    _cache = (time.monotonic(), ids)
+    return ids
+
+
+def stack_vector_index_ensure(*, stack_id: int, concurrently: bool = True) -> bool:
+    """Create the stack's partial HNSW index if missing. Returns True when one was built.
+
+    `concurrently=True` needs autocommit (not inside a transaction): the normal case for the task.
+    An invalid leftover of an interrupted concurrent build is dropped and rebuilt.
+    """
+    name = stack_index_name(stack_id)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid WHERE c.relname = %s",
+            [name],
+        )
+        row = cursor.fetchone()
+        if row is not None and row[0]:
+            return False
+        if row is not None:
+            cursor.execute(f'DROP INDEX {"CONCURRENTLY " if concurrently else ""}IF EXISTS "{name}"')
+        cursor.execute(
+            f'CREATE INDEX {"CONCURRENTLY " if concurrently else ""}IF NOT EXISTS "{name}" ON memories_memory '
+            f"USING hnsw (embedding vector_cosine_ops) WITH (m = 16, ef_construction = 64) "
+            f"WHERE stack_id = {int(stack_id)}"
+        )
+    stacks_with_vector_index(refresh=True)
+    return True
+
+
+def stack_vector_indexes_sync(*, min_rows: int = STACK_INDEX_MIN_ROWS) -> dict[str, int]:
+    """Give every stack with at least `min_rows` memories its partial index (one build per run, so
+    a run stays short; the next run continues)."""
+    have = stacks_with_vector_index(refresh=True)
+    wanted = list(Stack.objects.filter(memory_count__gte=min_rows).exclude(pk__in=have)
+                  .order_by("-memory_count").values_list("pk", flat=True)[:1])
+    built = 0
+    for stack_id in wanted:
+        started = time.monotonic()
+        if stack_vector_index_ensure(stack_id=stack_id):
+            built += 1
+            logger.info("built %s in %.1fs", stack_index_name(stack_id), time.monotonic() - started)
+    return {"built": built, "indexed": len(have) + built}

@@ -1,0 +1,361 @@
+"""Hybrid search with the deterministic hash embedder: ranking, filters, scores, routes, isolation."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.utils import timezone
+from rest_framework.test import APIClient
+
+from accounts.models import Membership
+from memories.embedding_jobs import memories_embed
+from memories.models import Memory
+from memories.search import RRF_K, SearchQuery, ranking_weight, search_memories
+from memories.services import memory_create
+from stacks.models import Stack
+from tests.factories import assign_teacher, bearer_client, make_key, make_org, make_stack, make_user
+
+pytestmark = pytest.mark.django_db
+
+
+def add(stack: Stack, content: str, *, kind: str = "note", embed: bool = True, **fields: Any) -> Memory:
+    payloads = {"note": {"content": content}, "belief": {"statement": content},
+                "episode": {"objective": content, "outcome": "done"}}
+    memory = memory_create(stack=stack, kind=kind, payload={**payloads[kind], **fields}, source="api")
+    if embed:
+        memories_embed(ids=[memory.pk])
+    return memory
+
+
+def session_client(user: Any) -> APIClient:
+    """A logged-in dashboard session (CSRF is the dashboard's concern, tested with it)."""
+    client = APIClient()
+    client.force_login(user)
+    return client
+
+
+def ids(hits: list[Any]) -> list[str]:
+    return [str(hit.memory.pk) for hit in hits]
+
+
+@pytest.fixture
+def school() -> dict[str, Any]:
+    org = make_org()
+    stack = make_stack(org, "alice")
+    other = make_stack(org, "bob")
+    return {"org": org, "stack": stack, "other": other}
+
+
+def test_finds_the_matching_memory_with_both_legs_and_scores_in_range(school: dict[str, Any]) -> None:
+    stack = school["stack"]
+    target = add(stack, "Alice learns fractions best with pizza slices")
+    add(stack, "Alice enjoys football on Saturdays")
+    add(stack, "The class visited the science museum")
+    result = search_memories(stack_ids=[stack.pk], query=SearchQuery(text="fractions pizza"))
+    assert ids(result.hits)[0] == str(target.pk)
+    top = result.hits[0]
+    assert top.match_type == "both"
+    assert top.keyword_score == 1.0
+    assert top.semantic_score is not None and 0.0 < top.semantic_score <= 1.0
+    assert 0.0 < top.combined_score <= 1.0
+    # Both legs ranked it first: rrf = 2/60, so combined is exactly the ranking weight.
+    assert top.fused_score == pytest.approx(2 / RRF_K)
+    assert top.combined_score == pytest.approx(top.weight, abs=1e-6)
+    assert result.method == "exact"
+
+
+def test_ranking_weight_prefers_retained_confident_recent_memories() -> None:
+    assert ranking_weight(retention=1.0, confidence=1.0, age_days=0) == pytest.approx(1.0)
+    assert ranking_weight(retention=0.2, confidence=1.0, age_days=0) < ranking_weight(retention=0.9, confidence=1.0,
+                                                                                        age_days=0)
+    assert ranking_weight(retention=1.0, confidence=0.1, age_days=0) < ranking_weight(retention=1.0, confidence=0.9,
+                                                                                        age_days=0)
+    assert ranking_weight(retention=1.0, confidence=1.0, age_days=30) == pytest.approx(0.85 + 0.15 * 0.95 ** 30)
+    # Age beyond 30 days costs nothing more (recency is capped).
+    assert ranking_weight(retention=1.0, confidence=1.0, age_days=400) == ranking_weight(
+        retention=1.0, confidence=1.0, age_days=30)
+
+
+def test_low_confidence_copy_ranks_below_confident_one(school: dict[str, Any]) -> None:
+    stack = school["stack"]
+    weak = add(stack, "photosynthesis needs sunlight and water", confidence=0.1)
+    strong = add(stack, "photosynthesis needs sunlight and water", confidence=1.0, record_id=None)
+    result = search_memories(stack_ids=[stack.pk], query=SearchQuery(text="photosynthesis sunlight"))
+    assert ids(result.hits)[:2] == [str(strong.pk), str(weak.pk)]
+
+
+def test_filters_kind_tags_and_time_range(school: dict[str, Any]) -> None:
+    stack = school["stack"]
+    note = add(stack, "volcano project notes", tags=["science"])
+    belief = add(stack, "volcano eruptions are predictable", kind="belief", tags=["geo"])
+    old = add(stack, "volcano trip long ago", tags=["science"])
+    Memory.objects.filter(pk=old.pk).update(created_at=timezone.now() - timedelta(days=400))
+
+    def found(**kwargs: Any) -> set[str]:
+        query = SearchQuery(text="volcano", min_similarity=0.0, **kwargs)
+        return set(ids(search_memories(stack_ids=[stack.pk], query=query).hits))
+
+    assert found() == {str(note.pk), str(belief.pk), str(old.pk)}
+    assert found(kinds=("belief",)) == {str(belief.pk)}
+    assert found(tags=("science",)) == {str(note.pk), str(old.pk)}
+    assert found(created_after=timezone.now() - timedelta(days=30)) == {str(note.pk), str(belief.pk)}
+    assert found(created_before=timezone.now() - timedelta(days=30)) == {str(old.pk)}
+
+
+def test_forgotten_deleted_and_expired_memories_never_appear(school: dict[str, Any]) -> None:
+    stack = school["stack"]
+    live = add(stack, "the tortoise sleeps all winter")
+    forgotten = add(stack, "the tortoise eats lettuce")
+    deleted = add(stack, "the tortoise is called Sheldon")
+    expired = add(stack, "the tortoise has a vet appointment")
+    now = timezone.now()
+    Memory.objects.filter(pk=forgotten.pk).update(forgotten_at=now, forgotten_reason="manual")
+    Memory.objects.filter(pk=deleted.pk).update(deleted_at=now)
+    Memory.objects.filter(pk=expired.pk).update(expires_at=now - timedelta(minutes=1))
+    result = search_memories(stack_ids=[stack.pk], query=SearchQuery(text="tortoise", min_similarity=0.0))
+    assert ids(result.hits) == [str(live.pk)]
+
+
+def test_min_similarity_applies_only_to_the_semantic_leg(school: dict[str, Any]) -> None:
+    stack = school["stack"]
+    keyword_only = add(stack, "xylophone", embed=False)  # no vector yet: keyword leg only
+    result = search_memories(stack_ids=[stack.pk], query=SearchQuery(text="xylophone", min_similarity=1.0))
+    assert ids(result.hits) == [str(keyword_only.pk)]
+    assert result.hits[0].match_type == "keyword"
+    assert result.hits[0].semantic_score is None
+
+
+@pytest.mark.parametrize("size", [3, 40, 400])
+def test_k_hits_whenever_k_exist(school: dict[str, Any], size: int) -> None:
+    stack = school["stack"]
+    for i in range(size):
+        add(stack, f"memory number {i} about topic {i % 7}", embed=False)
+    memories_embed(ids=Memory.objects.filter(stack=stack).values_list("pk", flat=True))
+    add(school["other"], "memory number 1 about topic 1")
+    for k in (1, 3, 10, 100):
+        hits = search_memories(stack_ids=[stack.pk],
+                               query=SearchQuery(text="completely unrelated words", limit=k, min_similarity=0.0)).hits
+        assert len(hits) == min(k, size)
+        assert {h.memory.stack_id for h in hits} == {stack.pk}
+
+
+def test_other_stacks_never_appear(school: dict[str, Any]) -> None:
+    add(school["other"], "secret about bob and his fractions homework")
+    mine = add(school["stack"], "alice fractions homework")
+    hits = search_memories(stack_ids=[school["stack"].pk],
+                           query=SearchQuery(text="bob secret fractions homework", min_similarity=0.0)).hits
+    assert ids(hits) == [str(mine.pk)]
+
+
+# --- routes -------------------------------------------------------------------------------------------
+
+def test_native_search_route_returns_scores(school: dict[str, Any]) -> None:
+    target = add(school["stack"], "Alice prefers visual explanations of fractions", tags=["maths"])
+    _, secret = make_key(school["org"], stack=school["stack"])
+    response = bearer_client(secret).post("/api/v1/stacks/alice/search",
+                                          {"query": "visual fractions", "limit": 500}, format="json")
+    assert response.status_code == 200, response.content
+    body = response.json()
+    assert body["total"] == 1
+    hit = body["results"][0]
+    assert hit["id"] == str(target.pk)
+    assert hit["stack"] == "alice"
+    assert hit["match_type"] == "both"
+    for name in ("score", "combined_score", "keyword_score", "semantic_score"):
+        assert 0.0 <= hit[name] <= 1.0
+    assert body["method"] == "exact"
+
+
+@pytest.mark.parametrize("body, field", [
+    ({}, "query"), ({"query": "   "}, "query"), ({"query": 5}, "query"), ({"query": "x" * 3000}, "query"),
+    ({"query": "a", "limit": "many"}, "limit"), ({"query": "a", "kinds": ["dragons"]}, "kinds"),
+    ({"query": "a", "kinds": "note"}, "kinds"), ({"query": "a", "tags": [1]}, "tags"),
+    ({"query": "a", "created_after": "yesterday-ish"}, "created_after"),
+    ({"query": "a", "min_similarity": "high"}, "min_similarity"),
+])
+def test_native_search_rejects_bad_input_with_field_errors(school: dict[str, Any], body: dict[str, Any],
+                                                           field: str) -> None:
+    _, secret = make_key(school["org"], stack=school["stack"])
+    response = bearer_client(secret).post("/api/v1/stacks/alice/search", body, format="json")
+    assert response.status_code == 400
+    assert field in response.json()["error"]["fields"]
+
+
+def test_native_search_non_object_body_is_400(school: dict[str, Any]) -> None:
+    _, secret = make_key(school["org"], stack=school["stack"])
+    response = bearer_client(secret).post("/api/v1/stacks/alice/search", ["query"], format="json")
+    assert response.status_code == 400
+
+
+def test_native_search_isolation(school: dict[str, Any]) -> None:
+    add(school["stack"], "alice private fractions notes")
+    _, bound_to_other = make_key(school["org"], stack=school["other"])
+    _, other_school = make_key(make_org())
+    teacher = make_user(school["org"], role=Membership.Role.TEACHER)
+    assign_teacher(teacher, school["other"])
+    for client in (bearer_client(bound_to_other), bearer_client(other_school), session_client(teacher)):
+        response = client.post("/api/v1/stacks/alice/search", {"query": "fractions"}, format="json")
+        assert response.status_code == 404
+        assert "fractions" not in response.content.decode()
+    # The assigned teacher and a read-only key may search (reading is allowed).
+    assign_teacher(teacher, school["stack"])
+    assert session_client(teacher).post("/api/v1/stacks/alice/search", {"query": "fractions"},
+                                        format="json").json()["total"] == 1
+    _, read_only = make_key(school["org"], stack=school["stack"], read_only=True)
+    assert bearer_client(read_only).post("/api/v1/stacks/alice/search", {"query": "fractions"},
+                                         format="json").json()["total"] == 1
+
+
+def test_unauthenticated_search_is_401(school: dict[str, Any]) -> None:
+    from rest_framework.test import APIClient
+
+    assert APIClient().post("/api/v1/stacks/alice/search", {"query": "x"}, format="json").status_code == 401
+    assert APIClient().post("/memories/search", {"query": "x"}, format="json").status_code == 401
+
+
+def test_school_key_searches_across_its_stacks_and_nothing_else_can(school: dict[str, Any]) -> None:
+    a = add(school["stack"], "volcano report by alice")
+    b = add(school["other"], "volcano drawing by bob")
+    foreign = make_stack(make_org(), "alice")
+    add(foreign, "volcano in another school")
+    _, school_key = make_key(school["org"])
+    response = bearer_client(school_key).post("/api/v1/search", {"query": "volcano"}, format="json")
+    assert response.status_code == 200
+    assert {hit["id"] for hit in response.json()["results"]} == {str(a.pk), str(b.pk)}
+    only_bob = bearer_client(school_key).post("/api/v1/search", {"query": "volcano", "stacks": ["bob"]},
+                                               format="json").json()
+    assert [hit["id"] for hit in only_bob["results"]] == [str(b.pk)]
+    assert bearer_client(school_key).post("/api/v1/search", {"query": "volcano", "stacks": ["nope"]},
+                                          format="json").status_code == 404
+    _, agent_key = make_key(school["org"], stack=school["stack"])
+    admin = make_user(school["org"], role=Membership.Role.ADMIN)
+    for client in (bearer_client(agent_key), session_client(admin)):
+        assert client.post("/api/v1/search", {"query": "volcano"}, format="json").status_code == 403
+
+
+# --- kernle /memories/search --------------------------------------------------------------------------
+
+def test_kernle_search_shape_and_bound_stack(school: dict[str, Any]) -> None:
+    episode = add(school["stack"], "Deployed the fractions game", kind="episode",
+                  lessons=["Run migrations first"], tags=["deploy"], outcome_type="success")
+    add(school["stack"], "deploy notes for fractions game")
+    add(school["other"], "Deployed bob's thing")
+    _, secret = make_key(school["org"], stack=school["stack"])
+    response = bearer_client(secret).post(
+        "/memories/search", {"query": "deployed fractions", "limit": 10, "memory_types": ["episodes"]}, format="json")
+    assert response.status_code == 200, response.content
+    body = response.json()
+    assert body["query"] == "deployed fractions"
+    assert body["total"] == 1
+    hit = body["results"][0]
+    assert hit["id"] == episode.record_id
+    assert hit["memory_type"] == "episodes"
+    assert hit["content"] == "Deployed the fractions game"
+    assert 0.0 < hit["score"] <= 1.0
+    assert hit["metadata"]["lessons_learned"] == ["Run migrations first"]
+    assert hit["metadata"]["outcome_type"] == "success"
+    assert hit["metadata"]["tags"] == ["deploy"]
+
+
+def test_kernle_search_nonsense_query_is_empty_200(school: dict[str, Any]) -> None:
+    add(school["stack"], "fractions with pizza")
+    _, secret = make_key(school["org"], stack=school["stack"])
+    response = bearer_client(secret).post("/memories/search", {"query": "qzxv wplk"}, format="json")
+    assert response.status_code == 200
+    assert response.json() == {"results": [], "query": "qzxv wplk", "total": 0}
+
+
+def test_kernle_search_stack_resolution_order(school: dict[str, Any]) -> None:
+    a = add(school["stack"], "alpha fact about fractions")
+    b = add(school["other"], "beta fact about fractions")
+    _, school_key = make_key(school["org"])
+    client = bearer_client(school_key)
+    # Nothing pushed yet and no binding: 404, so the client falls back to its local search.
+    response = client.post("/memories/search", {"query": "fractions"}, format="json")
+    assert response.status_code == 404
+    assert response.json()["detail"] == "No stack to search"
+    # The most recently pushed stack.
+    Stack.objects.filter(pk=school["stack"].pk).update(last_sync_at=timezone.now() - timedelta(hours=1))
+    Stack.objects.filter(pk=school["other"].pk).update(last_sync_at=timezone.now())
+    assert [r["id"] for r in client.post("/memories/search", {"query": "fractions"},
+                                         format="json").json()["results"]] == [b.record_id]
+    # An explicit stack_id wins.
+    assert [r["id"] for r in client.post("/memories/search", {"query": "fractions", "stack_id": "alice"},
+                                         format="json").json()["results"]] == [a.record_id]
+    # A bound key searches its stack even though another was pushed later.
+    _, bound = make_key(school["org"], stack=school["stack"])
+    assert [r["id"] for r in bearer_client(bound).post("/memories/search", {"query": "fractions"},
+                                                        format="json").json()["results"]] == [a.record_id]
+
+
+def test_kernle_search_isolation(school: dict[str, Any]) -> None:
+    add(school["stack"], "alice fractions secret")
+    _, bound_other = make_key(school["org"], stack=school["other"])
+    _, foreign = make_key(make_org())
+    for secret in (bound_other, foreign):
+        response = bearer_client(secret).post("/memories/search", {"query": "fractions", "stack_id": "alice"},
+                                              format="json")
+        assert response.status_code == 404
+        assert "secret" not in response.content.decode()
+    # Bound to bob, no stack_id: searches bob's (empty) stack, never alice's.
+    response = bearer_client(bound_other).post("/memories/search", {"query": "fractions"}, format="json")
+    assert response.json()["total"] == 0
+
+
+@pytest.mark.parametrize("body", [
+    {}, {"query": ""}, {"query": None}, {"query": "a", "memory_types": "episodes"},
+    {"query": "a", "memory_types": ["spaceships"]}, {"query": "a", "limit": {"x": 1}}, {"query": "a", "stack_id": 7},
+])
+def test_kernle_search_bad_input_is_400(school: dict[str, Any], body: dict[str, Any]) -> None:
+    _, secret = make_key(school["org"], stack=school["stack"])
+    assert bearer_client(secret).post("/memories/search", body, format="json").status_code == 400
+
+
+def test_kernle_search_limit_is_clamped(school: dict[str, Any]) -> None:
+    for i in range(3):
+        add(school["stack"], f"fractions fact {i}")
+    _, secret = make_key(school["org"], stack=school["stack"])
+    client = bearer_client(secret)
+    assert client.post("/memories/search", {"query": "fractions", "limit": -5}, format="json").json()["total"] == 1
+    assert client.post("/memories/search", {"query": "fractions", "limit": 1000}, format="json").json()["total"] == 3
+
+
+def test_memories_with_every_term_rank_before_partial_keyword_matches(school: dict[str, Any]) -> None:
+    stack = school["stack"]
+    partial = add(stack, "pizza pizza pizza party on friday", embed=False)
+    complete = add(stack, "fractions explained with a pizza", embed=False)
+    result = search_memories(stack_ids=[stack.pk], query=SearchQuery(text="fractions pizza", min_similarity=0.0))
+    assert ids(result.hits) == [str(complete.pk), str(partial.pk)]
+    assert [h.keyword_rank for h in result.hits] == [0, 1]
+    # Websearch syntax keeps its meaning: an exclusion is not relaxed into "any word".
+    excluded = search_memories(stack_ids=[stack.pk], query=SearchQuery(text="pizza -fractions", min_similarity=0.0))
+    assert ids(excluded.hits) == [str(partial.pk)]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_large_stacks_get_their_own_partial_vector_index_and_search_uses_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    from django.db import connection
+
+    from memories.vector_indexes import stack_index_name, stack_vector_indexes_sync, stacks_with_vector_index
+
+    org = make_org()
+    big, small = make_stack(org, "big"), make_stack(org, "small")
+    for i in range(30):
+        add(big, f"big stack memory {i}")
+    add(small, "small stack memory")
+    Stack.objects.filter(pk=big.pk).update(memory_count=20_000)
+    try:
+        assert stack_vector_indexes_sync(min_rows=10_000) == {"built": 1, "indexed": 1}
+        assert stack_vector_indexes_sync(min_rows=10_000) == {"built": 0, "indexed": 1}
+        assert stacks_with_vector_index() == {big.pk}
+        monkeypatch.setattr("memories.search.EXACT_SEARCH_MAX_ROWS", 5)
+        result = search_memories(stack_ids=[big.pk], query=SearchQuery(text="memory", limit=10, min_similarity=0.0))
+        assert result.method in ("hnsw-stack", "hnsw-stack+exact")
+        assert len(result.hits) == 10
+        assert {h.memory.stack_id for h in result.hits} == {big.pk}
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(f'DROP INDEX IF EXISTS "{stack_index_name(big.pk)}"')
+        stacks_with_vector_index(refresh=True)
