@@ -188,3 +188,14 @@ def test_large_stack_with_its_own_partial_index_gets_full_recall(minilm: Any, mo
     top = {row[0] for row in sorted(rows, key=lambda r: -float(r[9]))[:10]}
     # Uniform random 384-d vectors are the hardest case for HNSW; bench/search.py measures realistic ones.
     assert len(top & truth) >= 8
+
+
+def test_a_single_query_embeds_exactly_as_in_a_batch(minilm: Any) -> None:
+    """The one-text fast path (used for every search query) must give the vectors stored rows got
+    from batched `encode`, or queries would drift from the memories they should find."""
+    texts = ["how does this student learn fractions?", "x" * 3000, "Émilie a peint un lever de soleil."]
+    batched = minilm.embed(texts)
+    for text, expected in zip(texts, batched, strict=True):
+        (single,) = minilm.embed([text])
+        assert len(single) == 384
+        assert max(abs(a - b) for a, b in zip(single, expected, strict=True)) < 1e-5

@@ -1,0 +1,145 @@
+"""Budget-aware load latency: GET /api/v1/stacks/<stack>/load over HTTP, next to bare SELECTs.
+
+    .venv/bin/python bench/load.py                          # a 10,000-memory stack in 1,000,000 rows
+    .venv/bin/python bench/load.py --total 100000           # a smaller run while developing
+
+What it measures, in one run against real embedded Postgres+pgvector and Redis and the real ASGI
+app under uvicorn (one worker, one client, sequential requests — what one agent does at start-up):
+
+* **load over HTTP**: `GET …/load?budget=8000` on a stack of `--stack-size` mixed memories (the
+  harness mix of every kind) inside a table of `--total` rows: auth, stack access, candidate
+  ranking, text fetch, truncation, the access-count UPDATE and JSON rendering.
+* **load in-process**: `memories.load.stack_load` called directly (no HTTP, no auth).
+* **baselines** (same run, same rows):
+  - `bare SELECT by id`: the rows the load returned, selected by primary key with psycopg;
+  - `bare SELECT newest`: the same number of the stack's newest rows through the
+    (stack, kind, created_at) index;
+  - `GET /health`: the HTTP floor of this server and client.
+
+Goal (issue 4): p95 of the HTTP load < 50 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.harness import (
+    bench_environment,
+    bulk_load_memories,
+    create_bench_stacks,
+    log,
+    percentiles,
+    print_table,
+    web_server,
+)
+
+
+def _timed(samples: list[float], fn: Any) -> Any:
+    t0 = time.perf_counter()
+    result = fn()
+    samples.append((time.perf_counter() - t0) * 1000)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--total", type=int, default=1_000_000, help="rows in the memories table")
+    parser.add_argument("--stack-size", type=int, default=10_000, help="memories in the loaded stack")
+    parser.add_argument("--requests", type=int, default=300, help="measured requests per figure")
+    parser.add_argument("--warmup", type=int, default=30)
+    parser.add_argument("--budget", type=int, default=8000)
+    args = parser.parse_args()
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one INFO line per request otherwise
+
+    with bench_environment("load") as env:
+        import httpx
+        from django.db import connection
+
+        from accounts.models import Membership, User
+        from accounts.services import api_key_issue
+        from memories.load import stack_load
+
+        n_stacks = max(1, args.total // args.stack_size)
+        stacks = create_bench_stacks(n_stacks)
+        target = stacks[n_stacks // 2]  # in the middle of the table, not at its end
+        sizes = [(s.pk, args.stack_size) for s in stacks]
+        rest = args.total - args.stack_size * n_stacks
+        if rest > 0:
+            sizes[0] = (stacks[0].pk, args.stack_size + rest)
+        t0 = time.monotonic()
+        written = bulk_load_memories(sizes)
+        log(f"{written:,} memories in {n_stacks} stacks loaded in {time.monotonic() - t0:.1f}s")
+        target_rows = next(n for pk, n in sizes if pk == target.pk)
+
+        org = target.organization
+        user = User.objects.create_user(username="bench-load", email="bench-load@example.test", password="x" * 20)
+        Membership.objects.create(user=user, organization=org, role=Membership.Role.ADMIN)
+        _, secret = api_key_issue(organization=org, user=user, stack_id=target.pk, name="bench", read_only=False)
+
+        url_path = f"/api/v1/stacks/{target.slug}/load"
+        # The real throttle stays on the path (one Redis INCR per request); its rate is raised so
+        # the benchmark measures load, not the limiter.
+        with web_server(env, extra_env={"THROTTLE_REQUEST_RATE": "1000000/min"}) as base_url, \
+                httpx.Client(base_url=base_url, headers={"Authorization": f"Bearer {secret}"}, timeout=30) as client:
+            for _ in range(args.warmup):
+                response = client.get(url_path, params={"budget": args.budget})
+                response.raise_for_status()
+            body = response.json()
+            loaded_ids = [m["id"] for m in body["memories"]]
+            http_load: list[float] = []
+            health: list[float] = []
+            for _ in range(args.requests):
+                _timed(http_load, lambda: client.get(url_path, params={"budget": args.budget}).raise_for_status())
+                _timed(health, lambda: client.get("/health").raise_for_status())
+
+        in_process: list[float] = []
+        for _ in range(args.warmup):
+            stack_load(stack=target, budget=args.budget)
+        for _ in range(args.requests):
+            _timed(in_process, lambda: stack_load(stack=target, budget=args.budget))
+
+        by_id: list[float] = []
+        newest: list[float] = []
+        with connection.cursor() as cursor:
+            def select_by_id() -> None:
+                cursor.execute("SELECT id, kind, record_id, left(text, 501), data, created_at FROM memories_memory "
+                               "WHERE id = ANY(%s::uuid[])", [loaded_ids])
+                cursor.fetchall()
+
+            def select_newest() -> None:
+                cursor.execute("SELECT id, kind, record_id, left(text, 501), data, created_at FROM memories_memory "
+                               "WHERE stack_id = %s AND kind = 'note' ORDER BY created_at DESC LIMIT %s",
+                               [target.pk, len(loaded_ids)])
+                cursor.fetchall()
+
+            for fn, samples in ((select_by_id, by_id), (select_newest, newest)):
+                for _ in range(args.warmup):
+                    fn()
+                for _ in range(args.requests):
+                    _timed(samples, fn)
+
+        meta = body["meta"]
+        print(f"\nstack {target.slug}: {target_rows:,} memories in a table of {written:,}; "
+              f"budget {meta['budget_total']}, used {meta['budget_used']}, {len(loaded_ids)} memories loaded, "
+              f"{meta['excluded_count']:,} candidates excluded")
+        rows = []
+        for name, samples in (("GET load (HTTP)", http_load), ("stack_load in-process", in_process),
+                              ("baseline: bare SELECT by id", by_id), ("baseline: bare SELECT newest", newest),
+                              ("baseline: GET /health (HTTP)", health)):
+            p = percentiles(samples)
+            rows.append({"figure": name, "n": p["n"], "p50 ms": p["p50"], "p95 ms": p["p95"], "p99 ms": p["p99"],
+                         "mean ms": p["mean"]})
+        print_table("budget-aware load", rows)
+        p95 = percentiles(http_load)["p95"]
+        print(f"\ngoal: p95 of GET load < 50 ms -> {'met' if p95 < 50 else 'NOT met'} ({p95:.1f} ms)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,326 @@
+"""Budget-aware load: what matters most in a stack, within a token budget.
+
+Pinned algorithm (memory-science.md §8, Kernle's original 60/40 formula plus the 0.15 strength
+tiers — chosen because its test vectors are published and it needs no clock):
+
+* budget: default 8000 tokens, clamped to 100-50000 (never rejected);
+* tokens(text) = ceil(floor(len(text) / 4) x 1.3) — the same estimate for everything;
+* order of reservation: the latest checkpoint (always first, truncated to fit the budget), then
+  boot config (key order), then memories by priority;
+* priority = (0.6·base + 0.4·factor), halved when strength < 0.8 ("fading"); memories with
+  strength < 0.5 (weak/dormant/forgotten) are not loaded. Bases: value 0.90, belief 0.70,
+  goal 0.65, drive 0.60, episode 0.40, note 0.35, relationship 0.30. Factors: value priority/100,
+  belief confidence, drive intensity, relationship (sentiment+1)/2, goal/episode/note 0.7.
+  Ties: kind order (values, beliefs, goals, drives, episodes, notes, relationships), then newest.
+  Test vectors: value priority 80 → 0.86; belief confidence 0.9 → 0.78; drive intensity 0.7 → 0.64;
+  goal 0.67; episode 0.52; note 0.49; relationship sentiment 0 → 0.38;
+* candidates: up to 1000 newest per kind; goals only while active, beliefs only while active and
+  not superseded; forgotten, deleted and expired memories never;
+* each item's text is cut to `item_chars` (default 500) at a word boundary; the walk is greedy
+  (an item that does not fit is skipped, later smaller ones may still fit);
+* up to 20 excluded candidates come back as "echoes" (8-word hints), so an agent knows what it
+  could search for;
+* the loaded memories' `times_accessed` / `last_accessed` move in ONE UPDATE (no version or change
+  feed bump: access is bookkeeping, not an edit a device must pull).
+
+Speed: candidates are scored, ordered and summed in SQL (one index walk per kind); only
+the rows the walk can take leave the database, and full text only for the chosen rows.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from django.db import connection, transaction
+from django.db.models.functions import Left
+from django.utils import timezone
+
+from memories.models import Memory
+from memories.selectors import checkpoint_latest, checkpoint_warnings
+from stacks.models import Stack
+
+DEFAULT_BUDGET = 8000
+MIN_BUDGET = 100
+MAX_BUDGET = 50000
+DEFAULT_ITEM_CHARS = 500
+MIN_ITEM_CHARS = 10
+MAX_ITEM_CHARS = 10000
+CANDIDATES_PER_KIND = 1000
+ECHO_LIMIT = 20
+ECHO_WORDS = 8
+LOAD_MIN_STRENGTH = 0.5
+FADING_STRENGTH = 0.8
+CANDIDATE_RANDOM_PAGE_COST = 1.1
+
+LOAD_KINDS = ("value", "belief", "goal", "drive", "episode", "note", "relationship")
+BASE_PRIORITY = {"value": 0.90, "belief": 0.70, "goal": 0.65, "drive": 0.60, "episode": 0.40,
+                 "note": 0.35, "relationship": 0.30}
+RECENCY_FACTOR = 0.7
+
+
+def clamp_budget(budget: int | None) -> int:
+    if budget is None:
+        return DEFAULT_BUDGET
+    return max(MIN_BUDGET, min(MAX_BUDGET, budget))
+
+
+def clamp_item_chars(chars: int | None) -> int:
+    if chars is None:
+        return DEFAULT_ITEM_CHARS
+    return max(MIN_ITEM_CHARS, min(MAX_ITEM_CHARS, chars))
+
+
+def estimate_tokens(text: str) -> int:
+    return token_estimate_for_length(len(text))
+
+
+def token_estimate_for_length(length: int) -> int:
+    return math.ceil((length // 4) * 1.3)
+
+
+def truncate_at_word(text: str, max_chars: int) -> str:
+    """Cut to at most `max_chars` characters at a word boundary, ending in "..."."""
+    if len(text) <= max_chars:
+        return text
+    if max_chars <= 3:
+        return text[:max_chars]
+    cut = text[: max_chars - 3]
+    space = cut.rfind(" ")
+    if space > len(cut) // 2:
+        cut = cut[:space]
+    return cut.rstrip() + "..."
+
+
+def priority_score(kind: str, *, factor: float, strength: float = 1.0) -> float:
+    """The pinned 60/40 score (see module docstring); the SQL below computes the same."""
+    score = 0.6 * BASE_PRIORITY[kind] + 0.4 * factor
+    return score * 0.5 if strength < FADING_STRENGTH else score
+
+
+# Only module constants are formatted in; every value from a request is a bound parameter.
+# One index walk per kind scores every candidate; window functions order them (score,
+# kind order, newest) and add up their token bounds, so only the rows the greedy walk can take
+# leave the database: the prefix that fits whole, the next 2 x ECHO_LIMIT rows (echo material) and
+# any later row small enough for what the prefix leaves.
+_SCORE_SQL = f"""(CASE kind
+      WHEN 'value' THEN 0.54 + 0.4 * LEAST(GREATEST(
+             CASE WHEN jsonb_typeof(data->'priority') = 'number'
+                  THEN (data->>'priority')::float8 ELSE 50 END, 0), 100) / 100.0
+      WHEN 'belief' THEN 0.42 + 0.4 * confidence
+      WHEN 'goal' THEN 0.39 + 0.4 * {RECENCY_FACTOR}
+      WHEN 'drive' THEN 0.36 + 0.4 * LEAST(GREATEST(
+             CASE WHEN jsonb_typeof(data->'intensity') = 'number'
+                  THEN (data->>'intensity')::float8 ELSE 0.5 END, 0), 1)
+      WHEN 'episode' THEN 0.24 + 0.4 * {RECENCY_FACTOR}
+      WHEN 'note' THEN 0.21 + 0.4 * {RECENCY_FACTOR}
+      ELSE 0.18 + 0.4 * (LEAST(GREATEST(
+             CASE WHEN jsonb_typeof(data->'sentiment') = 'number'
+                  THEN (data->>'sentiment')::float8 ELSE 0 END, -1), 1) + 1) / 2.0
+    END) * (CASE WHEN strength < {FADING_STRENGTH} THEN 0.5 ELSE 1.0 END)"""
+
+# Written as NOT(<containment>) so the planner estimates "almost every row passes" and keeps
+# walking the (stack, kind, -created_at) index instead of sorting the stack (a plain equality on a
+# JSON field is estimated at 0.5% selectivity, which flips the plan).
+_KIND_FILTER = {
+    "goal": "AND NOT (data ? 'status' AND coalesce(data->>'status', 'active') <> 'active')",
+    "belief": "AND NOT (data @> '{\"is_active\": false}') "
+              "AND NOT (data ? 'superseded_by' AND coalesce(data->>'superseded_by', '') <> '')",
+}
+
+
+def _kind_candidates_sql(rank: int, kind: str) -> str:
+    # A literal kind per branch lets each branch walk the (stack, kind, -created_at) index and stop
+    # after CANDIDATES_PER_KIND rows: no sort of the stack's rows, no scan of the other kinds.
+    return f"""(SELECT id, created_at, {rank} AS kind_rank, '{kind}'::text AS kind, {_SCORE_SQL} AS score,
+            ceil(floor(LEAST(length(text), %(cap)s) / 4) * 1.3)::int AS bound,
+            LEAST(length(text), %(cap)s) AS chars
+     FROM memories_memory
+     WHERE stack_id = %(stack)s AND kind = '{kind}'
+       AND deleted_at IS NULL AND forgotten_at IS NULL
+       AND (expires_at IS NULL OR expires_at > %(now)s)
+       AND strength >= {LOAD_MIN_STRENGTH} {_KIND_FILTER.get(kind, "")}
+     ORDER BY created_at DESC
+     LIMIT {CANDIDATES_PER_KIND})"""  # noqa: S608 (module constants only)
+
+
+_CANDIDATES_SQL = f"""
+WITH scored AS (
+    {" UNION ALL ".join(_kind_candidates_sql(rank, kind) for rank, kind in enumerate(LOAD_KINDS))}
+), ranked AS (
+    SELECT id, kind, score, bound, chars,
+           row_number() OVER w AS pos,
+           sum(bound) OVER w AS cum,
+           count(*) OVER () AS total
+    FROM scored
+    WINDOW w AS (ORDER BY score DESC, kind_rank, created_at DESC, id ROWS UNBOUNDED PRECEDING)
+), prefix AS (
+    SELECT coalesce(max(cum) FILTER (WHERE cum <= %(budget)s), 0) AS used,
+           coalesce(min(pos) FILTER (WHERE cum > %(budget)s), 0) AS first_out
+    FROM ranked
+)
+SELECT r.id, r.kind, r.score, r.chars, r.total
+FROM ranked r CROSS JOIN prefix p
+WHERE r.cum <= %(budget)s
+   OR r.pos < p.first_out + {ECHO_LIMIT * 2}
+   OR r.bound <= %(budget)s - p.used
+ORDER BY r.pos
+"""  # noqa: S608
+
+
+@dataclass
+class LoadedItem:
+    id: str
+    kind: str
+    record_id: str
+    text: str
+    score: float
+    tokens: int
+    truncated: bool
+    created_at: datetime
+    details: dict[str, Any]
+
+
+@dataclass
+class LoadResult:
+    budget_total: int
+    budget_used: int
+    item_chars: int
+    checkpoint: dict[str, Any] | None
+    boot_config: dict[str, str]
+    memories: list[LoadedItem]
+    echoes: list[dict[str, Any]]
+    excluded_count: int
+    generated_at: datetime = field(default_factory=timezone.now)
+
+
+# Small kind-specific fields returned beside the text (structure, not content: counted under the
+# 1.3 JSON overhead of the token estimate).
+_ITEM_FIELDS = {
+    "value": ("name", "priority"), "belief": ("belief_type",), "goal": ("status", "priority", "goal_type"),
+    "drive": ("drive_type", "intensity"), "episode": ("outcome_type",), "note": ("note_type",),
+    "relationship": ("entity_name", "entity_type", "sentiment"),
+}
+
+
+def checkpoint_text(checkpoint: Any) -> str:
+    parts = [f"Task: {checkpoint.task}"]
+    if checkpoint.progress:
+        parts.append(f"Progress: {checkpoint.progress}")
+    if checkpoint.next_step:
+        parts.append(f"Next: {checkpoint.next_step}")
+    if checkpoint.blocker:
+        parts.append(f"Blocker: {checkpoint.blocker}")
+    if checkpoint.context:
+        parts.append("Context: " + json.dumps(checkpoint.context, ensure_ascii=False, sort_keys=True))
+    return "\n".join(parts)
+
+
+def _chars_for_tokens(tokens: int) -> int:
+    """The longest text whose estimate fits in `tokens`."""
+    # floor(len/4)*1.3 <= tokens  <=>  floor(len/4) <= tokens/1.3
+    quarter = math.floor(tokens / 1.3)
+    while quarter > 0 and math.ceil(quarter * 1.3) > tokens:
+        quarter -= 1
+    return quarter * 4 + 3
+
+
+def stack_load(*, stack: Stack, budget: int | None = None, item_chars: int | None = None,
+               now: datetime | None = None, track_access: bool = True) -> LoadResult:
+    """Assemble the load for `stack` (see module docstring)."""
+    now = now or timezone.now()
+    total = clamp_budget(budget)
+    cap = clamp_item_chars(item_chars)
+    remaining = total
+
+    checkpoint_out: dict[str, Any] | None = None
+    checkpoint = checkpoint_latest(stack=stack)
+    if checkpoint is not None:
+        full = checkpoint_text(checkpoint)
+        text = truncate_at_word(full, _chars_for_tokens(remaining))
+        tokens = estimate_tokens(text)
+        remaining -= tokens
+        checkpoint_out = {
+            "id": checkpoint.pk, "task": checkpoint.task, "created_at": checkpoint.created_at,
+            "text": text, "tokens": tokens, "truncated": text != full,
+            "warnings": [{"code": w.code, "message": w.message} for w in checkpoint_warnings(checkpoint, now=now)],
+        }
+
+    boot: dict[str, str] = {}
+    for key, value in stack.boot_config.order_by("key").values_list("key", "value"):
+        tokens = estimate_tokens(f"{key}: {value}")
+        if tokens <= remaining:
+            boot[key] = value
+            remaining -= tokens
+
+    with transaction.atomic(), connection.cursor() as cursor:
+        # A stack's rows are hot in cache, so random heap access is cheap; at the default cost (4.0)
+        # the planner prefers scanning the whole stack through the heap-ordered stack_id index and
+        # sorting it (3x slower on a 10,000-memory stack measured in bench/load.py). Scoped to this
+        # transaction only.
+        cursor.execute(f"SET LOCAL random_page_cost = {CANDIDATE_RANDOM_PAGE_COST}")
+        cursor.execute(_CANDIDATES_SQL, {"cap": cap, "stack": stack.pk, "now": now, "budget": max(remaining, 0)})
+        candidates = cursor.fetchall()
+
+    # The greedy walk, in priority order. Rows the query left out are ones that cannot fit.
+    chosen: list[tuple[uuid.UUID, float]] = []
+    echoes: list[tuple[uuid.UUID, str, float]] = []
+    for memory_id, kind, score, chars, _total in candidates:
+        bound = token_estimate_for_length(chars)  # upper bound: truncation never lengthens
+        if remaining > 0 and bound <= remaining:
+            chosen.append((memory_id, score))
+            remaining -= bound
+        elif len(echoes) < ECHO_LIMIT:
+            echoes.append((memory_id, kind, score))
+    excluded = (candidates[0][4] - len(chosen)) if candidates else 0
+
+    wanted = [memory_id for memory_id, _ in chosen] + [memory_id for memory_id, _, _ in echoes]
+    rows = {
+        row[0]: row
+        for row in Memory.objects.filter(pk__in=wanted)
+        .annotate(head=Left("text", cap + 1))
+        .values_list("id", "kind", "record_id", "created_at", "data", "head")
+    } if wanted else {}
+
+    items: list[LoadedItem] = []
+    used = total - remaining
+    for memory_id, score in chosen:
+        row = rows.get(memory_id)
+        if row is None:  # deleted between the two reads: its tokens stay reserved (never over budget)
+            continue
+        _, kind, record_id, created_at, data, head = row
+        text = truncate_at_word(head, cap)
+        tokens = estimate_tokens(text)
+        used -= token_estimate_for_length(min(len(head), cap)) - tokens
+        data = data or {}
+        items.append(LoadedItem(
+            id=str(memory_id), kind=kind, record_id=record_id, text=text, score=round(score, 4),
+            tokens=tokens, truncated=len(head) > cap, created_at=created_at,
+            details={name: data.get(name) for name in _ITEM_FIELDS.get(kind, ())},
+        ))
+
+    echo_out = []
+    for memory_id, kind, score in echoes:
+        row = rows.get(memory_id)
+        if row is None:
+            continue
+        words = row[5].split()
+        hint = " ".join(words[:ECHO_WORDS]) + ("..." if len(words) > ECHO_WORDS else "")
+        echo_out.append({"id": str(memory_id), "kind": kind, "hint": hint, "score": round(score, 4)})
+
+    if track_access and items:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "UPDATE memories_memory SET times_accessed = times_accessed + 1, last_accessed = %s "
+                "WHERE id = ANY(%s::uuid[])",
+                [now, [item.id for item in items]],
+            )
+
+    return LoadResult(
+        budget_total=total, budget_used=used, item_chars=cap, checkpoint=checkpoint_out, boot_config=boot,
+        memories=items, echoes=echo_out, excluded_count=excluded, generated_at=now,
+    )

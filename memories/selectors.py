@@ -1,0 +1,113 @@
+"""Reads of memories, checkpoints and boot config, with the rules every read shares.
+
+Callers pass a stack already resolved through `stacks.selectors.stack_for_principal`.
+Rules: soft-deleted rows (sync deletes) are never returned; expired rows (`expires_at <= now`)
+are invisible to every read from that instant, before the purge job removes them; forgotten rows
+are only returned when asked for (`forgotten="include"|"only"`).
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Literal
+
+from django.db.models import Q, QuerySet
+from django.utils import timezone
+
+from memories.models import BootConfigEntry, Checkpoint, Memory
+from memoryhub.errors import InvalidInput, NotFound
+from stacks.models import Stack
+
+ForgottenFilter = Literal["exclude", "include", "only"]
+
+CHECKPOINT_STALE_AFTER = timedelta(hours=6)
+GENERIC_TASK_NAMES = frozenset({
+    "auto-save", "autosave", "auto save", "checkpoint", "save", "saved", "task", "work", "working",
+    "untitled", "todo", "wip", "continue", "session", "none", "n/a",
+})
+
+
+def not_expired(now: datetime | None = None) -> Q:
+    return Q(expires_at__isnull=True) | Q(expires_at__gt=now or timezone.now())
+
+
+def memories_live(*, stack: Stack, now: datetime | None = None) -> QuerySet[Memory]:
+    """The stack's stored, unexpired memories (forgotten ones included)."""
+    return Memory.objects.filter(stack_id=stack.pk, deleted_at__isnull=True).filter(not_expired(now))
+
+
+def memory_get(*, stack: Stack, memory_id: uuid.UUID | str) -> Memory:
+    """One memory of the stack by id (forgotten ones too: they can be inspected and recovered)."""
+    memory = memories_live(stack=stack).filter(pk=memory_id).first()
+    if memory is None:
+        raise NotFound("Memory not found.", code="memory_not_found")
+    return memory
+
+
+def memories_list(*, stack: Stack, kinds: list[str] | None = None, tags: list[str] | None = None,
+                  created_after: datetime | None = None, created_before: datetime | None = None,
+                  forgotten: ForgottenFilter = "exclude") -> QuerySet[Memory]:
+    """Filtered memories of a stack; `tags` matches memories carrying ALL given tags."""
+    queryset = memories_live(stack=stack)
+    if kinds:
+        queryset = queryset.filter(kind__in=kinds)
+    if tags:
+        queryset = queryset.filter(tags__contains=tags)
+    if created_after is not None:
+        queryset = queryset.filter(created_at__gte=created_after)
+    if created_before is not None:
+        queryset = queryset.filter(created_at__lt=created_before)
+    if forgotten == "exclude":
+        queryset = queryset.filter(forgotten_at__isnull=True)
+    elif forgotten == "only":
+        queryset = queryset.filter(forgotten_at__isnull=False)
+    elif forgotten != "include":
+        raise InvalidInput("Invalid filter.", fields={"forgotten": ["Must be exclude, include or only."]})
+    return queryset
+
+
+# --- checkpoints -----------------------------------------------------------------------------------
+
+def checkpoint_latest(*, stack: Stack) -> Checkpoint | None:
+    return Checkpoint.objects.filter(stack_id=stack.pk).order_by("-created_at", "-id").first()
+
+
+def checkpoint_history(*, stack: Stack) -> QuerySet[Checkpoint]:
+    return Checkpoint.objects.filter(stack_id=stack.pk).order_by("-created_at", "-id")
+
+
+@dataclass(frozen=True)
+class CheckpointWarning:
+    code: str
+    message: str
+
+
+def checkpoint_warnings(checkpoint: Checkpoint, *, now: datetime | None = None) -> list[CheckpointWarning]:
+    """Why an agent should not trust this checkpoint blindly: it is old, or says nothing."""
+    now = now or timezone.now()
+    warnings: list[CheckpointWarning] = []
+    age = now - checkpoint.created_at
+    if age > CHECKPOINT_STALE_AFTER:
+        hours = int(age.total_seconds() // 3600)
+        warnings.append(CheckpointWarning(
+            "stale", f"This checkpoint is {hours} hours old; the work may have moved on since."))
+    if checkpoint.task.strip().lower().rstrip(".!") in GENERIC_TASK_NAMES:
+        warnings.append(CheckpointWarning(
+            "generic_task", f"The task name {checkpoint.task!r} is generic; save a checkpoint that says what "
+                            "you are doing."))
+    return warnings
+
+
+# --- boot config -----------------------------------------------------------------------------------
+
+def boot_config_entries(*, stack: Stack) -> QuerySet[BootConfigEntry]:
+    return BootConfigEntry.objects.filter(stack_id=stack.pk).order_by("key")
+
+
+def boot_config_get(*, stack: Stack, key: str) -> BootConfigEntry:
+    entry = BootConfigEntry.objects.filter(stack_id=stack.pk, key=key).first()
+    if entry is None:
+        raise NotFound("No such boot config key.", code="boot_key_not_found")
+    return entry

@@ -1,0 +1,67 @@
+"""Boot config: set, get, list, delete; validation; first in load and export."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from accounts.throttles import throttle_state_clear
+from memories.models import BootConfigEntry
+from tests.factories import bearer_client, make_key, make_org, make_stack
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def _fresh_throttles() -> Iterator[None]:
+    throttle_state_clear()
+    yield
+
+
+@pytest.fixture
+def env() -> dict[str, Any]:
+    org = make_org()
+    stack = make_stack(org, "boot")
+    _, secret = make_key(org, stack=stack)
+    return {"stack": stack, "client": bearer_client(secret), "url": f"/api/v1/stacks/{stack.slug}/boot-config"}
+
+
+def test_set_get_list_overwrite_delete(env: dict[str, Any]) -> None:
+    client, url = env["client"], env["url"]
+    assert client.put(f"{url}/tutor.name", {"value": "Ada"}, format="json").status_code == 200
+    assert client.put(f"{url}/grade", {"value": "5"}, format="json").status_code == 200
+    assert client.get(f"{url}/tutor.name").json()["value"] == "Ada"
+    assert client.put(f"{url}/tutor.name", {"value": "Grace"}, format="json").json()["value"] == "Grace"
+    assert [(e["key"], e["value"]) for e in client.get(url).json()] == [("grade", "5"), ("tutor.name", "Grace")]
+    assert client.delete(f"{url}/grade").status_code == 204
+    assert client.get(f"{url}/grade").status_code == 404
+    assert client.delete(f"{url}/grade").status_code == 404
+    assert list(BootConfigEntry.objects.values_list("key", "value")) == [("tutor.name", "Grace")]
+
+
+@pytest.mark.parametrize(("key", "body", "field"), [
+    ("bad key!", {"value": "x"}, "key"),
+    ("k" * 101, {"value": "x"}, "key"),
+    ("ok", {"value": "x" * 10_001}, "value"),
+    ("ok", {}, "value"),
+    ("ok", {"value": {"nested": 1}}, "value"),
+])
+def test_invalid_boot_config_is_400_and_nothing_stored(env: dict[str, Any], key: str, body: dict[str, Any],
+                                                       field: str) -> None:
+    response = env["client"].put(f"{env['url']}/{key}", body, format="json")
+    assert response.status_code == 400, response.content
+    assert field in response.json()["error"]["fields"]
+    assert not BootConfigEntry.objects.exists()
+
+
+def test_first_in_export_and_load(env: dict[str, Any]) -> None:
+    env["client"].put(f"{env['url']}/tone", {"value": "warm"}, format="json")
+    env["client"].post(f"/api/v1/stacks/{env['stack'].slug}/memories",
+                       {"kind": "value", "name": "care", "statement": "be kind"}, format="json")
+    md = env["client"].get(f"/api/v1/stacks/{env['stack'].slug}/export/memory.md").content.decode()
+    assert md.index("## Boot Config") < md.index("## Values")
+    assert "- **tone**: warm" in md
+    loaded = env["client"].get(f"/api/v1/stacks/{env['stack'].slug}/load").json()
+    assert loaded["boot_config"] == {"tone": "warm"}

@@ -1,0 +1,88 @@
+"""MEMORY.md export: sections in order, filters (beliefs >= 0.4, active goals, no forgotten or
+expired), one line per memory (no markdown injection), text/markdown."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.utils import timezone
+
+from accounts.throttles import throttle_state_clear
+from memories.services import CheckpointInput, boot_config_set, checkpoint_save, memory_create, memory_forget
+from tests.factories import bearer_client, make_key, make_org, make_stack
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def _fresh_throttles() -> Iterator[None]:
+    throttle_state_clear()
+    yield
+
+
+@pytest.fixture
+def env() -> dict[str, Any]:
+    org = make_org()
+    stack = make_stack(org, "exp")
+    _, secret = make_key(org, stack=stack)
+    return {"stack": stack, "client": bearer_client(secret), "url": f"/api/v1/stacks/{stack.slug}/export/memory.md"}
+
+
+def _create(stack: Any, kind: str, **payload: Any) -> Any:
+    return memory_create(stack=stack, kind=kind, payload=payload, source="test")
+
+
+def test_memory_md_sections_and_filters(env: dict[str, Any]) -> None:
+    stack = env["stack"]
+    boot_config_set(stack=stack, key="student", value="Ada")
+    _create(stack, "value", name="curiosity", statement="Ask why", priority=60)
+    _create(stack, "value", name="honesty", statement="Say what you know", priority=90)
+    _create(stack, "goal", title="Master fractions", description="by June", priority="high")
+    _create(stack, "goal", title="Finished goal", status="done")
+    _create(stack, "belief", statement="Pictures help", confidence=0.9)
+    _create(stack, "belief", statement="Borderline belief", confidence=0.4)
+    _create(stack, "belief", statement="Weak belief", confidence=0.39)
+    forgotten = _create(stack, "belief", statement="Forgotten belief", confidence=0.9)
+    memory_forget(memory=forgotten, reason="test")
+    _create(stack, "belief", statement="Expired belief", confidence=0.9,
+            expires_at=(timezone.now() - timedelta(minutes=1)).isoformat())
+    _create(stack, "relationship", entity_name="Ms. Rivera", entity_type="person", relationship_type="teacher",
+            interaction_count=5, notes="n" * 200)
+    checkpoint_save(stack=stack, checkpoint=CheckpointInput(task="Fractions unit", next_step="decimals"))
+
+    response = env["client"].get(env["url"])
+    assert response.status_code == 200
+    assert response["Content-Type"].startswith("text/markdown")
+    md = response.content.decode()
+    assert md.startswith("# MEMORY.md — Long-Term Memory\n")
+    order = [md.index(h) for h in ("## Boot Config", "## Values", "## Goals", "## Beliefs", "## Key Relationships",
+                                   "## Last Checkpoint")]
+    assert order == sorted(order)
+    assert md.index("**honesty** (priority 90)") < md.index("**curiosity** (priority 60)")
+    assert "- [high] Master fractions — by June" in md
+    assert "Finished goal" not in md
+    assert "- [90%] Pictures help" in md
+    assert "- [40%] Borderline belief" in md
+    assert "Weak belief" not in md and "Forgotten belief" not in md and "Expired belief" not in md
+    assert "n" * 77 + "..." in md and "n" * 81 not in md
+    assert "- **Task**: Fractions unit" in md
+    assert "- **Next step**: decimals" in md
+
+
+def test_text_cannot_inject_markdown_structure(env: dict[str, Any]) -> None:
+    _create(env["stack"], "belief", statement="fine\n# Injected heading\n- injected item", confidence=0.9)
+    md = env["client"].get(env["url"]).content.decode()
+    assert "\n# Injected" not in md
+    assert "\n- injected" not in md
+    assert "- [90%] fine # Injected heading - injected item" in md
+
+
+def test_accept_markdown_header_and_empty_stack(env: dict[str, Any]) -> None:
+    response = env["client"].get(env["url"], HTTP_ACCEPT="text/markdown")
+    assert response.status_code == 200
+    assert response.content.decode().startswith("# MEMORY.md")
+    missing = env["client"].get("/api/v1/stacks/nope/export/memory.md", HTTP_ACCEPT="text/markdown")
+    assert missing.status_code == 404

@@ -1,0 +1,214 @@
+"""Budget-aware load: never over budget, priority order, word-boundary truncation, checkpoint
+first, forgotten/expired/weak excluded, access counted in one statement."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from accounts.throttles import throttle_state_clear
+from memories import load
+from memories.models import Memory
+from memories.services import CheckpointInput, boot_config_set, checkpoint_save, memory_create, memory_forget
+from tests.factories import bearer_client, make_key, make_org, make_stack
+
+pytestmark = pytest.mark.django_db
+
+WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "the", "lazy", "dog", "while", "students", "learn",
+         "fractions", "and", "decimals"]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_throttles() -> Iterator[None]:
+    throttle_state_clear()
+    yield
+
+
+@pytest.fixture
+def env() -> dict[str, Any]:
+    org = make_org()
+    stack = make_stack(org, "loader")
+    _, secret = make_key(org, stack=stack)
+    return {"stack": stack, "client": bearer_client(secret), "url": f"/api/v1/stacks/{stack.slug}/load"}
+
+
+def _sentence(n_words: int, seed: int = 0) -> str:
+    return " ".join(WORDS[(seed + i) % len(WORDS)] for i in range(n_words))
+
+
+def _mixed_stack(stack: Any, per_kind: int = 12) -> None:
+    for i in range(per_kind):
+        text = _sentence(10 + 17 * i, seed=i)
+        memory_create(stack=stack, kind="value", source="test",
+                      payload={"name": f"v{i}", "statement": text, "priority": (i * 9) % 101})
+        memory_create(stack=stack, kind="belief", source="test",
+                      payload={"statement": text, "confidence": round(0.1 + 0.07 * i, 2)})
+        memory_create(stack=stack, kind="goal", source="test", payload={"title": f"goal {i}", "description": text})
+        memory_create(stack=stack, kind="drive", source="test",
+                      payload={"drive_type": f"d{i}", "intensity": round(0.05 + 0.08 * i, 2),
+                               "focus_areas": [text[:150]]})
+        memory_create(stack=stack, kind="episode", source="test", payload={"objective": text, "outcome": "ok"})
+        memory_create(stack=stack, kind="note", source="test", payload={"content": text})
+        memory_create(stack=stack, kind="relationship", source="test", payload={
+            "entity_name": f"p{i}", "entity_type": "person", "relationship_type": "peer",
+            "sentiment": round(-1 + 0.17 * i, 2), "notes": text})
+
+
+def test_pinned_formula_matches_published_vectors() -> None:
+    assert load.priority_score("value", factor=0.8) == pytest.approx(0.86)
+    assert load.priority_score("belief", factor=0.9) == pytest.approx(0.78)
+    assert load.priority_score("drive", factor=0.7) == pytest.approx(0.64)
+    assert load.priority_score("goal", factor=0.7) == pytest.approx(0.67)
+    assert load.priority_score("episode", factor=0.7) == pytest.approx(0.52)
+    assert load.priority_score("note", factor=0.7) == pytest.approx(0.49)
+    assert load.priority_score("relationship", factor=0.5) == pytest.approx(0.38)
+    assert load.priority_score("value", factor=0.8, strength=0.6) == pytest.approx(0.43)
+
+
+def test_sql_scores_equal_the_formula(env: dict[str, Any]) -> None:
+    stack = env["stack"]
+    memory_create(stack=stack, kind="value", source="t", payload={"name": "n", "statement": "s", "priority": 80})
+    memory_create(stack=stack, kind="belief", source="t", payload={"statement": "s", "confidence": 0.9})
+    memory_create(stack=stack, kind="drive", source="t", payload={"drive_type": "d", "intensity": 0.7})
+    memory_create(stack=stack, kind="goal", source="t", payload={"title": "g"})
+    memory_create(stack=stack, kind="episode", source="t", payload={"objective": "o", "outcome": "x"})
+    memory_create(stack=stack, kind="note", source="t", payload={"content": "n"})
+    memory_create(stack=stack, kind="relationship", source="t", payload={
+        "entity_name": "e", "entity_type": "person", "relationship_type": "peer", "sentiment": 0})
+    memory_create(stack=stack, kind="belief", source="t", payload={"statement": "fading", "confidence": 0.9,
+                                                                      "strength": 0.6})
+    result = load.stack_load(stack=stack, budget=8000)
+    scores = {(m.kind, m.text): m.score for m in result.memories}
+    assert scores == {
+        ("value", "n\ns"): 0.86, ("belief", "s"): 0.78, ("drive", "d"): 0.64, ("goal", "g"): 0.67,
+        ("episode", "o\nx"): 0.52, ("note", "n"): 0.49, ("relationship", "e"): 0.38, ("belief", "fading"): 0.39,
+    }
+    assert [m.kind for m in result.memories] == [
+        "value", "belief", "goal", "drive", "episode", "note", "belief", "relationship"]
+
+
+@pytest.mark.parametrize("budget", [100, 300, 1000, 2500, 8000])
+def test_budget_never_exceeded_and_priority_order_holds(env: dict[str, Any], budget: int) -> None:
+    _mixed_stack(env["stack"])
+    checkpoint_save(stack=env["stack"], checkpoint=CheckpointInput(task="Fractions unit", progress=_sentence(60)))
+    boot_config_set(stack=env["stack"], key="tone", value="warm and patient")
+    body = env["client"].get(env["url"], {"budget": budget}).json()
+    meta = body["meta"]
+    assert meta["budget_total"] == budget
+    texts = [body["checkpoint"]["text"]] if body["checkpoint"] else []
+    texts += [f"{k}: {v}" for k, v in body["boot_config"].items()]
+    texts += [m["text"] for m in body["memories"]]
+    spent = sum(load.estimate_tokens(t) for t in texts)
+    assert spent == meta["budget_used"] <= budget
+    scores = [m["score"] for m in body["memories"]]
+    assert scores == sorted(scores, reverse=True)
+    assert meta["excluded_count"] == 7 * 12 - len(body["memories"])
+    assert len(body["echoes"]) == min(20, meta["excluded_count"])
+
+
+def test_greedy_walk_skips_what_does_not_fit_but_takes_smaller_later_items(env: dict[str, Any]) -> None:
+    stack = env["stack"]
+    memory_create(stack=stack, kind="value", source="t",
+                  payload={"name": "big", "statement": _sentence(80), "priority": 100})
+    memory_create(stack=stack, kind="note", source="t", payload={"content": "tiny note"})
+    result = load.stack_load(stack=stack, budget=100)
+    assert [m.kind for m in result.memories] == ["note"]
+    assert result.excluded_count == 1
+    assert result.echoes[0]["hint"].startswith("big the quick")
+
+
+def test_budget_is_clamped_not_rejected(env: dict[str, Any]) -> None:
+    client, url = env["client"], env["url"]
+    assert client.get(url).json()["meta"]["budget_total"] == 8000
+    assert client.get(url, {"budget": 10}).json()["meta"]["budget_total"] == 100
+    assert client.get(url, {"budget": 10**6}).json()["meta"]["budget_total"] == 50000
+    assert client.get(url, {"budget": "lots"}).status_code == 400
+
+
+def test_long_items_truncated_at_word_boundaries(env: dict[str, Any]) -> None:
+    text = _sentence(200)
+    memory = memory_create(stack=env["stack"], kind="note", source="t", payload={"content": text})
+    body = env["client"].get(env["url"], {"item_chars": 120}).json()
+    item = body["memories"][0]
+    assert item["id"] == str(memory.pk)
+    assert item["truncated"] is True
+    assert len(item["text"]) <= 120
+    assert item["text"].endswith("...")
+    kept = item["text"][:-3]
+    assert text.startswith(kept)
+    assert text[len(kept)] == " "  # cut exactly before a space: no word is split
+    full = env["client"].get(env["url"], {"no_truncate": "true"}).json()["memories"][0]
+    assert full["text"] == text and full["truncated"] is False
+
+
+def test_truncate_at_word_rules() -> None:
+    assert load.truncate_at_word("short", 10) == "short"
+    assert load.truncate_at_word("alpha beta gamma delta", 15) == "alpha beta..."
+    # No space past the halfway point: a hard cut, still within the limit.
+    assert load.truncate_at_word("a " + "x" * 40, 20) == "a " + "x" * 15 + "..."
+
+
+def test_checkpoint_always_first_even_with_a_tiny_budget(env: dict[str, Any]) -> None:
+    _mixed_stack(env["stack"], per_kind=3)
+    checkpoint_save(stack=env["stack"], checkpoint=CheckpointInput(task="old", progress="x"))
+    latest = checkpoint_save(stack=env["stack"], checkpoint=CheckpointInput(
+        task="Long division practice", progress=_sentence(400), next_step="check remainders"))
+    body = env["client"].get(env["url"], {"budget": 100}).json()
+    assert body["checkpoint"]["id"] == latest.pk
+    assert body["checkpoint"]["text"].startswith("Task: Long division practice")
+    assert body["checkpoint"]["truncated"] is True
+    assert body["meta"]["budget_used"] <= 100
+    roomy = env["client"].get(env["url"], {"budget": 50000}).json()
+    assert roomy["checkpoint"]["truncated"] is False
+    assert "Next: check remainders" in roomy["checkpoint"]["text"]
+
+
+def test_excluded_memories(env: dict[str, Any]) -> None:
+    stack = env["stack"]
+    keep = memory_create(stack=stack, kind="note", source="t", payload={"content": "keep me"})
+    forgotten = memory_create(stack=stack, kind="note", source="t", payload={"content": "forget me"})
+    memory_forget(memory=forgotten, reason="test")
+    memory_create(stack=stack, kind="note", source="t", payload={
+        "content": "expired", "expires_at": (timezone.now() - timedelta(seconds=1)).isoformat()})
+    memory_create(stack=stack, kind="note", source="t", payload={"content": "weak", "strength": 0.3})
+    memory_create(stack=stack, kind="goal", source="t", payload={"title": "done goal", "status": "done"})
+    memory_create(stack=stack, kind="belief", source="t", payload={"statement": "old", "is_active": False})
+    memory_create(stack=stack, kind="belief", source="t", payload={"statement": "replaced", "superseded_by": "b2"})
+    memory_create(stack=stack, kind="raw", source="t", payload={"content": "raw capture"})
+    deleted = memory_create(stack=stack, kind="note", source="t", payload={"content": "deleted"})
+    Memory.objects.filter(pk=deleted.pk).update(deleted_at=timezone.now())
+    other = make_stack(stack.organization, "other")
+    memory_create(stack=other, kind="note", source="t", payload={"content": "another stack"})
+    body = env["client"].get(env["url"]).json()
+    assert [m["id"] for m in body["memories"]] == [str(keep.pk)]
+    assert body["meta"]["excluded_count"] == 0
+
+
+def test_access_counted_in_one_update(env: dict[str, Any]) -> None:
+    _mixed_stack(env["stack"], per_kind=2)
+    with CaptureQueriesContext(connection) as queries:
+        result = load.stack_load(stack=env["stack"], budget=8000)
+    updates = [q["sql"] for q in queries.captured_queries if q["sql"].lstrip().upper().startswith("UPDATE")]
+    assert len(updates) == 1
+    loaded = {m.id for m in result.memories}
+    assert len(loaded) == 14
+    rows = Memory.objects.filter(stack=env["stack"])
+    assert {str(m.pk) for m in rows if m.times_accessed == 1 and m.last_accessed is not None} == loaded
+    before = {m.pk: (m.version, m.change_seq) for m in rows}
+    load.stack_load(stack=env["stack"], budget=8000)
+    after = {m.pk: (m.version, m.change_seq, m.times_accessed) for m in Memory.objects.filter(stack=env["stack"])}
+    assert all(after[pk][:2] == before[pk] and after[pk][2] == 2 for pk in before)  # bookkeeping, not an edit
+
+
+def test_boot_config_included_in_load(env: dict[str, Any]) -> None:
+    boot_config_set(stack=env["stack"], key="name", value="Ada")
+    boot_config_set(stack=env["stack"], key="grade", value="5")
+    body = env["client"].get(env["url"]).json()
+    assert body["boot_config"] == {"grade": "5", "name": "Ada"}
+    assert body["checkpoint"] is None
