@@ -383,6 +383,9 @@ def record_review(*, memory: Memory, grade: Grade | int, now: datetime | None = 
     except (TypeError, ValueError) as exc:
         raise InvalidInput("Invalid grade.", fields={"grade": ["One of 1 (again), 2 (hard), 3 (good), 4 (easy)."]}) \
             from exc
+    from memories.services import lock_stack_changes  # services imports this module's callers
+
+    lock_stack_changes(memory.stack_id)  # stack row before memory row, as every writer does
     locked = Memory.objects.select_for_update().filter(pk=memory.pk).first()
     if locked is None or locked.deleted_at is not None or (locked.expires_at is not None and locked.expires_at <= at):
         raise NotFound("Memory not found.", code="memory_not_found")

@@ -11,7 +11,9 @@ Contract shared by every memory service (all keyword-only, `@transaction.atomic`
   errors, `PayloadTooLarge`); nothing is stored when it raises;
 * growth is checked with `billing.entitlements.ensure_can_store` before anything is written
   (→ `QuotaExceeded`);
-* every insert and every change stamps `change_seq = NextChangeSeq()` and `server_updated_at`;
+* every insert and every change stamps `change_seq = NextChangeSeq()` and `server_updated_at`,
+  holding the stack's change lock (`lock_stack_changes`) first, so sequence numbers of one stack
+  commit in the order they were drawn and a cursor reader never skips one;
   a change bumps `version` by one and keeps a `MemoryRevision` of the state before it; a change
   of text sets `embedded_version = None` ("awaiting embedding") and queues an embedding job
   after commit;
@@ -105,6 +107,17 @@ def _new_memory(*, stack: Stack, normalized: NormalizedMemory, record_id: str | 
     )
 
 
+def lock_stack_changes(stack_id: int) -> None:
+    """Take the stack row lock (FOR NO KEY UPDATE) until commit, before drawing a change_seq.
+
+    Sequence numbers are drawn when a row is written but become visible at commit; without this,
+    a writer that drew 100 could commit after one that drew 101, and a reader paging by cursor
+    past 101 would never see 100. Sync pushes hold the same row (FOR UPDATE) for the whole push.
+    Lock order everywhere: the stack row first, then memory rows. Caller is in a transaction.
+    """
+    list(Stack.objects.select_for_update(no_key=True).filter(pk=stack_id).values_list("pk", flat=True))
+
+
 @transaction.atomic
 def memory_create(*, stack: Stack, kind: str, payload: dict[str, Any], source: str,
                   record_id: str | None = None) -> Memory:
@@ -112,6 +125,7 @@ def memory_create(*, stack: Stack, kind: str, payload: dict[str, Any], source: s
     record_id = _clean_record_id(record_id)
     normalized = normalize_memory(kind, payload)
     ensure_can_store(stack=stack, additional_bytes=normalized.size_bytes)
+    lock_stack_changes(stack.pk)
     memory = _new_memory(stack=stack, normalized=normalized, record_id=record_id, now=timezone.now())
     try:
         with transaction.atomic():  # savepoint: a duplicate must not poison the caller's transaction
@@ -165,6 +179,7 @@ def memory_batch_create(*, stack: Stack, items: Sequence[dict[str, Any]], source
         raise InvalidInput("Some items are invalid; nothing was stored.", fields=errors)
     total_bytes = sum(m.size_bytes for m in memories)
     ensure_can_store(stack=stack, additional_bytes=total_bytes)
+    lock_stack_changes(stack.pk)
     try:
         with transaction.atomic():
             Memory.objects.bulk_create(memories)
@@ -177,7 +192,9 @@ def memory_batch_create(*, stack: Stack, items: Sequence[dict[str, Any]], source
 
 
 def _lock(memory: Memory) -> Memory:
-    """Re-read the row under a lock so concurrent changes serialise (caller is in a transaction)."""
+    """Re-read the row under a lock so concurrent changes serialise (caller is in a transaction).
+    The stack's change lock comes first (see `lock_stack_changes` for the order)."""
+    lock_stack_changes(memory.stack_id)
     return Memory.objects.select_for_update().get(pk=memory.pk)
 
 

@@ -21,6 +21,7 @@ from django.http import Http404, HttpRequest, JsonResponse
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from rest_framework import exceptions as drf
+from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 
 logger = logging.getLogger(__name__)
@@ -123,6 +124,7 @@ def _unavailable(part: str) -> Response:
 
 
 def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response:
+    _render_errors_as_json(context.get("request"))
     if isinstance(exc, DomainError):
         response = Response(error_body(exc.code, exc.message, exc.fields), status=exc.status)
         if exc.status == 503:
@@ -177,6 +179,13 @@ def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response:
         return Response(error_body("internal_error", "Internal error."), status=500)
     logger.error("unhandled API error: %s", type(exc).__name__, exc_info=True)
     return Response(error_body("internal_error", "Internal error."), status=500)
+
+
+def _render_errors_as_json(request: Any) -> None:
+    """Errors are JSON even where the endpoint's success body is not (e.g. MEMORY.md as markdown)."""
+    if request is not None and hasattr(request, "accepted_renderer"):
+        request.accepted_renderer = JSONRenderer()
+        request.accepted_media_type = JSONRenderer.media_type
 
 
 def _drf_code(exc: drf.APIException) -> str:

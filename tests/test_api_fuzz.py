@@ -76,9 +76,6 @@ ROUTES = all_routes()
 # reproducer, never skipped — and the test passes by itself once the fix lands. Anything else
 # fails the test.
 KNOWN_OPEN: list[tuple[str, tuple[str, ...], str]] = [
-    ("/api/v1/stacks/", ("/export/memory.md", "with content type 'text/markdown', not JSON"),
-     "memories/api/memories.py ExportMemoryMdView: with ?format=md an error response (e.g. 404 for an "
-     "unknown stack) carries the JSON error body but Content-Type text/markdown; errors must be application/json"),
 ]
 
 

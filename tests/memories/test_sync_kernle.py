@@ -243,8 +243,8 @@ def test_two_devices_last_writer_by_timestamp_wins_and_lists_are_unioned(account
 
 def test_list_union_is_capped(account: dict[str, Any]) -> None:
     from memories.sync import ARRAY_CAP
-    push(account["client"], [episode("e1", tags=[f"a{i}" for i in range(150)])])
-    push(account["client"], [episode("e1", minutes=1, tags=[f"b{i}" for i in range(150)])])
+    push(account["client"], [episode("e1", tags=[f"a{i}" for i in range(300)])])
+    push(account["client"], [episode("e1", minutes=1, tags=[f"b{i}" for i in range(300)])])
     assert len(Memory.objects.get(record_id="e1").tags) == ARRAY_CAP
 
 
