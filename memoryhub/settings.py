@@ -46,13 +46,25 @@ DATABASE_URL = env_url(
 )
 REDIS_URL = env_url("REDIS_URL", f"redis://127.0.0.1:{EMBEDDED_REDIS_PORT}/0", ("redis", "rediss", "unix"))
 
+# Under ASGI every request may run on another thread, so Django's persistent connections do not
+# carry over and each request would open a new connection (~10 ms+). A psycopg connection pool
+# per process does: DB_POOL_MAX_SIZE=0 turns it off (then DB_CONN_MAX_AGE applies).
+DB_POOL_MAX_SIZE = env_int("DB_POOL_MAX_SIZE", 10, minimum=0)
 DATABASES = {
     "default": dj_database_url.parse(
-        DATABASE_URL, conn_max_age=env_int("DB_CONN_MAX_AGE", 60, minimum=0), conn_health_checks=True
+        DATABASE_URL,
+        conn_max_age=0 if DB_POOL_MAX_SIZE else env_int("DB_CONN_MAX_AGE", 60, minimum=0),
+        conn_health_checks=not DB_POOL_MAX_SIZE,
     )
 }
 DATABASES["default"].setdefault("OPTIONS", {})
 DATABASES["default"]["OPTIONS"].setdefault("connect_timeout", 5)
+if DB_POOL_MAX_SIZE:
+    DATABASES["default"]["OPTIONS"]["pool"] = {
+        "min_size": 1,
+        "max_size": DB_POOL_MAX_SIZE,
+        "timeout": 5,  # waiting longer for a connection means the database is in trouble: fail (503)
+    }
 
 INSTALLED_APPS = [
     "django.contrib.admin",
