@@ -43,16 +43,16 @@ EXPECTED_KINDS = {"episode": 2, "note": 1, "value": 1, "belief": 1, "goal": 1, "
                   "playbook": 1}
 
 
-def _out(result) -> str:  # type: ignore[no-untyped-def]
+def _out(result) -> str:
     return f"exit={result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
 
 
-def test_push_pull_second_device_and_search_with_the_real_cli(kernle, kernle_server) -> None:  # type: ignore[no-untyped-def]
+def test_push_pull_second_device_and_search_with_the_real_cli(kernle, kernle_server) -> None:
     import subprocess
 
     device_a = kernle.new_data_dir()
 
-    def run_a(*args: str, **kwargs):  # type: ignore[no-untyped-def]
+    def run_a(*args: str, **kwargs):
         result = kernle.run(*args, data_dir=device_a, stack="acceptance", **kwargs)
         assert result.returncode == 0, _out(result)
         return result
@@ -104,7 +104,7 @@ def test_push_pull_second_device_and_search_with_the_real_cli(kernle, kernle_ser
     # §14.7: a second device logs in with the same key; a full pull receives every supported record.
     device_b = kernle.new_data_dir()
 
-    def run_b(*args: str):  # type: ignore[no-untyped-def]
+    def run_b(*args: str):
         result = kernle.run(*args, data_dir=device_b, stack="acceptance")
         assert result.returncode == 0, _out(result)
         return result

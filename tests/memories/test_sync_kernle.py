@@ -408,7 +408,7 @@ class TestIsolation:
 
 def test_awkward_text_round_trips_exactly(account: dict[str, Any]) -> None:
     tags = ['a,b', 'quote"d', "back\\slash", "{brace}", "NULL", "", "tab\there", "ünïcødé ✓", "new\nline"]
-    extra = {"nested": {"k": ["x", None, 1.5]}, "remark": "\\N is not null"}
+    extra: dict[str, Any] = {"nested": {"k": ["x", None, 1.5]}, "remark": "\\N is not null"}
     body = push(account["client"], [episode("e1", tags=tags, objective="Line1\nLine2 \\ \"q\"", **extra)]).json()
     assert body["synced"] == 1, body
     memory = Memory.objects.get(record_id="e1")
