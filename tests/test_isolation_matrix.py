@@ -25,7 +25,7 @@ per-operation conflicts: use ``refused=200`` and let the snapshot prove nothing 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -180,10 +180,8 @@ def _assert_refused(response, expected: int, context: str) -> None:
 
 
 @pytest.fixture
-def world(settings: Any) -> Iterator[World]:
-    # The world has a dozen users; the production password hasher would dominate the run time.
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-    yield build_world()
+def world() -> World:
+    return build_world()
 
 
 @pytest.mark.parametrize("spec", STACK_ENDPOINTS, ids=[s.name for s in STACK_ENDPOINTS])

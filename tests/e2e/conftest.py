@@ -17,8 +17,8 @@ Reusable by every end-to-end test in this folder:
   (text stdout/stderr, never raises on a non-zero exit). ``kernle.json(result)`` parses a
   ``--json`` output, skipping any progress line printed before the JSON document.
   ``kernle.credentials(data_dir)`` reads the ``credentials.json`` the CLI wrote.
-* ``reset_throttles`` (autouse here): empties the throttle counters in Redis before each test,
-  so per-IP limits (register 5/min …) do not leak between tests that all come from 127.0.0.1.
+* throttle counters are emptied before each test by the suite-wide autouse fixture in
+  tests/conftest.py, so per-IP limits (register 5/min …) do not leak between tests.
 
 Example::
 
@@ -39,14 +39,11 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
-
-from accounts.throttles import throttle_state_clear
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 KERNLE_VERSION = "0.15.0"
@@ -150,7 +147,3 @@ def kernle_server(live_server: Any) -> str:
     return url.replace("://127.0.0.1:", "://localhost:").rstrip("/")
 
 
-@pytest.fixture(autouse=True)
-def reset_throttles() -> Iterator[None]:
-    throttle_state_clear()
-    yield

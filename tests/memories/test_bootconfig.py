@@ -2,22 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from accounts.throttles import throttle_state_clear
 from memories.models import BootConfigEntry
 from tests.factories import bearer_client, make_key, make_org, make_stack
 
 pytestmark = pytest.mark.django_db
 
-
-@pytest.fixture(autouse=True)
-def _fresh_throttles() -> Iterator[None]:
-    throttle_state_clear()
-    yield
 
 
 @pytest.fixture

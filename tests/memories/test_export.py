@@ -3,24 +3,17 @@ expired), one line per memory (no markdown injection), text/markdown."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
 import pytest
 from django.utils import timezone
 
-from accounts.throttles import throttle_state_clear
 from memories.services import CheckpointInput, boot_config_set, checkpoint_save, memory_create, memory_forget
 from tests.factories import bearer_client, make_key, make_org, make_stack
 
 pytestmark = pytest.mark.django_db
 
-
-@pytest.fixture(autouse=True)
-def _fresh_throttles() -> Iterator[None]:
-    throttle_state_clear()
-    yield
 
 
 @pytest.fixture

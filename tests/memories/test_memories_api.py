@@ -3,25 +3,18 @@ with nothing stored), update, list filters and pagination, forget/recover/protec
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
 import pytest
 from django.utils import timezone
 
-from accounts.throttles import throttle_state_clear
 from memories.models import Memory, MemoryRevision
 from stacks.models import Stack
 from tests.factories import bearer_client, make_key, make_org, make_stack
 
 pytestmark = pytest.mark.django_db
 
-
-@pytest.fixture(autouse=True)
-def _fresh_throttles() -> Iterator[None]:
-    throttle_state_clear()
-    yield
 
 
 @pytest.fixture

@@ -4,25 +4,18 @@ and none of them stores anything."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from rest_framework.test import APIClient
 
 from accounts.models import Membership
-from accounts.throttles import throttle_state_clear
 from memories.models import BootConfigEntry, Checkpoint, Memory, MemoryRevision
 from memories.services import CheckpointInput, boot_config_set, checkpoint_save, memory_create
 from tests.factories import assign_teacher, bearer_client, make_key, make_org, make_stack, make_user
 
 pytestmark = pytest.mark.django_db
 
-
-@pytest.fixture(autouse=True)
-def _fresh_throttles() -> Iterator[None]:
-    throttle_state_clear()
-    yield
 
 
 def _session(user: Any) -> APIClient:

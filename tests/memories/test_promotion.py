@@ -3,12 +3,10 @@ provenance; suggest-only by default; idempotent."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from accounts.throttles import throttle_state_clear
 from memories.models import Memory
 from memories.promotion import normalize_lesson, promote_lessons
 from memories.services import memory_create, memory_forget
@@ -16,11 +14,6 @@ from tests.factories import bearer_client, make_key, make_org, make_stack
 
 pytestmark = pytest.mark.django_db
 
-
-@pytest.fixture(autouse=True)
-def _fresh_throttles() -> Iterator[None]:
-    throttle_state_clear()
-    yield
 
 
 @pytest.fixture
