@@ -29,6 +29,7 @@ from accounts.serializers import (
     MemberCreatedSerializer,
     MemberCreateSerializer,
     MemberSerializer,
+    key_cycled,
     key_summary,
     key_with_secret,
 )
@@ -106,10 +107,7 @@ class KeyCycleView(APIView):
         key = key_for_principal(principal, key_id)
         ensure_may_change_key(principal, key)
         new_key, secret = api_key_cycle(key=key, principal=principal, ip=client_ip(request))
-        body = key_with_secret(new_key, secret)
-        body["old_key_id"] = key.public_id
-        body["new_key"] = {"id": new_key.public_id, "key": secret, "name": new_key.name}
-        return Response(body)
+        return Response(key_cycled(key, new_key, secret))
 
 
 class MemberListView(APIView):

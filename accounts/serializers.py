@@ -46,6 +46,15 @@ def key_with_secret(key: ApiKey, secret: str) -> dict[str, Any]:
     return {**key_summary(key), "key": secret, "api_key": secret}
 
 
+def key_cycled(old_key: ApiKey, new_key: ApiKey, secret: str) -> dict[str, Any]:
+    """A cycle's answer: the new key as flat fields (what the kernle CLI reads) plus the legacy
+    nested shape `{old_key_id, new_key: {…}}` (kernle-protocol.md §4.7)."""
+    body = key_with_secret(new_key, secret)
+    body["old_key_id"] = old_key.public_id
+    body["new_key"] = {"id": new_key.public_id, "key": secret, "name": new_key.name}
+    return body
+
+
 class KeySummarySerializer(serializers.Serializer):
     id = serializers.CharField()
     key_id = serializers.CharField()
