@@ -334,6 +334,21 @@ def test_memories_with_every_term_rank_before_partial_keyword_matches(school: di
     assert ids(excluded.hits) == [str(partial.pk)]
 
 
+def test_every_term_matches_survive_when_partial_matches_fill_the_rank_cap(
+        school: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both keyword tiers come from one capped scan; when the partial matches alone fill the cap,
+    the memories with every term must still be found (and rank first), not lost behind it."""
+    stack = school["stack"]
+    partials = [add(stack, f"pizza party number {i}", embed=False) for i in range(6)]  # written first
+    complete = [add(stack, f"fractions explained with pizza, take {i}", embed=False) for i in range(2)]
+    monkeypatch.setattr("memories.search.KEYWORD_RANK_CAP", 4)
+    result = search_memories(stack_ids=[stack.pk], query=SearchQuery(text="fractions pizza", min_similarity=0.0))
+    assert set(ids(result.hits[:2])) == {str(m.pk) for m in complete}
+    assert len(result.hits) >= 4
+    assert set(ids(result.hits[2:])) <= {str(m.pk) for m in partials}
+    assert [h.keyword_rank for h in result.hits] == list(range(len(result.hits)))
+
+
 @pytest.mark.django_db(transaction=True)
 def test_large_stacks_get_their_own_partial_vector_index_and_search_uses_it(monkeypatch: pytest.MonkeyPatch) -> None:
     from django.db import connection
