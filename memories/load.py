@@ -23,8 +23,12 @@ tiers — chosen because its test vectors are published and it needs no clock):
 * the loaded memories' `times_accessed` / `last_accessed` move in ONE UPDATE (no version or change
   feed bump: access is bookkeeping, not an edit a device must pull).
 
-Speed: candidates are scored, ordered and summed in SQL (one index walk per kind); only
-the rows the walk can take leave the database, and full text only for the chosen rows.
+Speed: candidates are scored, ordered and summed in SQL (one index walk per kind, a score
+expression per kind so constant-factor kinds never read `data`); only the rows the walk can take
+leave the database, then the head of the text and the few detail fields of the chosen rows (never
+the whole `data`). Four round trips and a commit: checkpoint, boot config, then one transaction of
+settings + candidates and access UPDATE + rows, committed without waiting for the WAL flush when it
+is the outermost transaction (bench/load.py).
 """
 
 from __future__ import annotations
@@ -37,10 +41,8 @@ from datetime import datetime
 from typing import Any
 
 from django.db import connection, transaction
-from django.db.models.functions import Left
 from django.utils import timezone
 
-from memories.models import Memory
 from memories.selectors import checkpoint_latest, checkpoint_warnings
 from stacks.models import Stack
 
@@ -107,21 +109,28 @@ def priority_score(kind: str, *, factor: float, strength: float = 1.0) -> float:
 # kind order, newest) and add up their token bounds, so only the rows the greedy walk can take
 # leave the database: the prefix that fits whole, the next 2 x ECHO_LIMIT rows (echo material) and
 # any later row small enough for what the prefix leaves.
-_SCORE_SQL = f"""(CASE kind
-      WHEN 'value' THEN 0.54 + 0.4 * LEAST(GREATEST(
-             CASE WHEN jsonb_typeof(data->'priority') = 'number'
-                  THEN (data->>'priority')::float8 ELSE 50 END, 0), 100) / 100.0
-      WHEN 'belief' THEN 0.42 + 0.4 * confidence
-      WHEN 'goal' THEN 0.39 + 0.4 * {RECENCY_FACTOR}
-      WHEN 'drive' THEN 0.36 + 0.4 * LEAST(GREATEST(
-             CASE WHEN jsonb_typeof(data->'intensity') = 'number'
-                  THEN (data->>'intensity')::float8 ELSE 0.5 END, 0), 1)
-      WHEN 'episode' THEN 0.24 + 0.4 * {RECENCY_FACTOR}
-      WHEN 'note' THEN 0.21 + 0.4 * {RECENCY_FACTOR}
-      ELSE 0.18 + 0.4 * (LEAST(GREATEST(
-             CASE WHEN jsonb_typeof(data->'sentiment') = 'number'
-                  THEN (data->>'sentiment')::float8 ELSE 0 END, -1), 1) + 1) / 2.0
-    END) * (CASE WHEN strength < {FADING_STRENGTH} THEN 0.5 ELSE 1.0 END)"""
+def _json_number(key: str, default: float, low: float, high: float) -> str:
+    return (f"LEAST(GREATEST(CASE WHEN jsonb_typeof(data->'{key}') = 'number' "
+            f"THEN (data->>'{key}')::float8 ELSE {default} END, {low}), {high})")
+
+
+# One score expression per kind (the branch's kind is a literal), so kinds whose factor is a
+# constant (goal, episode, note) never read — and never decompress — the `data` JSON.
+_FACTOR_SQL = {
+    "value": f"{_json_number('priority', 50, 0, 100)} / 100.0",
+    "belief": "confidence",
+    "goal": str(RECENCY_FACTOR),
+    "drive": _json_number("intensity", 0.5, 0, 1),
+    "episode": str(RECENCY_FACTOR),
+    "note": str(RECENCY_FACTOR),
+    "relationship": f"({_json_number('sentiment', 0, -1, 1)} + 1) / 2.0",
+}
+
+
+def _score_sql(kind: str) -> str:
+    return (f"(({0.6 * BASE_PRIORITY[kind]:.4f} + 0.4 * ({_FACTOR_SQL[kind]}))"
+            f" * (CASE WHEN strength < {FADING_STRENGTH} THEN 0.5 ELSE 1.0 END))::float8")
+
 
 # Written as NOT(<containment>) so the planner estimates "almost every row passes" and keeps
 # walking the (stack, kind, -created_at) index instead of sorting the stack (a plain equality on a
@@ -136,7 +145,7 @@ _KIND_FILTER = {
 def _kind_candidates_sql(rank: int, kind: str) -> str:
     # A literal kind per branch lets each branch walk the (stack, kind, -created_at) index and stop
     # after CANDIDATES_PER_KIND rows: no sort of the stack's rows, no scan of the other kinds.
-    return f"""(SELECT id, created_at, {rank} AS kind_rank, '{kind}'::text AS kind, {_SCORE_SQL} AS score,
+    return f"""(SELECT id, created_at, {rank} AS kind_rank, '{kind}'::text AS kind, {_score_sql(kind)} AS score,
             ceil(floor(LEAST(length(text), %(cap)s) / 4) * 1.3)::int AS bound,
             LEAST(length(text), %(cap)s) AS chars
      FROM memories_memory
@@ -154,16 +163,16 @@ WITH scored AS (
 ), ranked AS (
     SELECT id, kind, score, bound, chars,
            row_number() OVER w AS pos,
-           sum(bound) OVER w AS cum,
-           count(*) OVER () AS total
+           sum(bound) OVER w AS cum
     FROM scored
     WINDOW w AS (ORDER BY score DESC, kind_rank, created_at DESC, id ROWS UNBOUNDED PRECEDING)
 ), prefix AS (
     SELECT coalesce(max(cum) FILTER (WHERE cum <= %(budget)s), 0) AS used,
-           coalesce(min(pos) FILTER (WHERE cum > %(budget)s), 0) AS first_out
+           coalesce(min(pos) FILTER (WHERE cum > %(budget)s), 0) AS first_out,
+           count(*) AS total
     FROM ranked
 )
-SELECT r.id, r.kind, r.score, r.chars, r.total
+SELECT r.id, r.kind, r.score, r.chars, p.total
 FROM ranked r CROSS JOIN prefix p
 WHERE r.cum <= %(budget)s
    OR r.pos < p.first_out + {ECHO_LIMIT * 2}
@@ -205,6 +214,23 @@ _ITEM_FIELDS = {
     "drive": ("drive_type", "intensity"), "episode": ("outcome_type",), "note": ("note_type",),
     "relationship": ("entity_name", "entity_type", "sentiment"),
 }
+
+
+def _details_sql() -> str:
+    whens = []
+    for kind, names in _ITEM_FIELDS.items():
+        pairs = ", ".join(f"'{name}', data->'{name}'" for name in names)
+        whens.append(f"WHEN '{kind}' THEN jsonb_build_object({pairs})")
+    return f"CASE kind {' '.join(whens)} END"
+
+
+_TOUCH_SQL = ("UPDATE memories_memory SET times_accessed = times_accessed + 1, last_accessed = %(now)s "
+              "WHERE id = ANY(%(chosen)s::uuid[]); ")
+_ROWS_SQL = f"""
+SELECT id, kind, record_id, created_at, left(text, %(head)s), {_details_sql()}
+FROM memories_memory
+WHERE id = ANY(%(ids)s::uuid[])
+"""  # noqa: S608 (module constants only)
 
 
 def checkpoint_text(checkpoint: Any) -> str:
@@ -257,68 +283,77 @@ def stack_load(*, stack: Stack, budget: int | None = None, item_chars: int | Non
             boot[key] = value
             remaining -= tokens
 
+    # Only when this is the outermost transaction: a caller's own writes keep their durability.
+    own_transaction = not connection.in_atomic_block
     with transaction.atomic(), connection.cursor() as cursor:
         # A stack's rows are hot in cache, so random heap access is cheap; at the default cost (4.0)
         # the planner prefers scanning the whole stack through the heap-ordered stack_id index and
-        # sorting it (3x slower on a 10,000-memory stack measured in bench/load.py). Scoped to this
-        # transaction only.
-        cursor.execute(f"SET LOCAL random_page_cost = {CANDIDATE_RANDOM_PAGE_COST}")
-        cursor.execute(_CANDIDATES_SQL, {"cap": cap, "stack": stack.pk, "now": now, "budget": max(remaining, 0)})
+        # sorting it (3x slower on a 10,000-memory stack measured in bench/load.py).
+        # The only write here is the access bookkeeping, so the commit need not wait for the WAL
+        # flush: a crash can lose at most the last few access counts, never an edit. Both settings
+        # are scoped to this transaction.
+        # Sent with the query in one round trip (client-side binding allows several statements).
+        settings_sql = f"SET LOCAL random_page_cost = {CANDIDATE_RANDOM_PAGE_COST}; "
+        if own_transaction:
+            settings_sql += "SET LOCAL synchronous_commit = off; "
+        cursor.execute(settings_sql + _CANDIDATES_SQL,
+                       {"cap": cap, "stack": stack.pk, "now": now, "budget": max(remaining, 0)})
+        while cursor.description is None and cursor.nextset():
+            pass  # past the SET statements to the candidates
         candidates = cursor.fetchall()
 
-    # The greedy walk, in priority order. Rows the query left out are ones that cannot fit.
-    chosen: list[tuple[uuid.UUID, float]] = []
-    echoes: list[tuple[uuid.UUID, str, float]] = []
-    for memory_id, kind, score, chars, _total in candidates:
-        bound = token_estimate_for_length(chars)  # upper bound: truncation never lengthens
-        if remaining > 0 and bound <= remaining:
-            chosen.append((memory_id, score))
-            remaining -= bound
-        elif len(echoes) < ECHO_LIMIT:
-            echoes.append((memory_id, kind, score))
-    excluded = (candidates[0][4] - len(chosen)) if candidates else 0
+        # The greedy walk, in priority order. Rows the query left out are ones that cannot fit.
+        chosen: list[tuple[uuid.UUID, float]] = []
+        echoes: list[tuple[uuid.UUID, str, float]] = []
+        for memory_id, kind, score, chars, _total in candidates:
+            bound = token_estimate_for_length(chars)  # upper bound: truncation never lengthens
+            if remaining > 0 and bound <= remaining:
+                chosen.append((memory_id, score))
+                remaining -= bound
+            elif len(echoes) < ECHO_LIMIT:
+                echoes.append((memory_id, kind, score))
+        excluded = (candidates[0][4] - len(chosen)) if candidates else 0
 
-    wanted = [memory_id for memory_id, _ in chosen] + [memory_id for memory_id, _, _ in echoes]
-    rows = {
-        row[0]: row
-        for row in Memory.objects.filter(pk__in=wanted)
-        .annotate(head=Left("text", cap + 1))
-        .values_list("id", "kind", "record_id", "created_at", "data", "head")
-    } if wanted else {}
+        rows: dict[uuid.UUID, tuple[Any, ...]] = {}
+        chosen_ids = [memory_id for memory_id, _ in chosen]
+        wanted = chosen_ids + [memory_id for memory_id, _, _ in echoes]
+        if wanted:
+            # The access bookkeeping and the read of what is returned share one round trip. Only the
+            # head of the text and the few detail fields leave the database, not `data`.
+            # (A row deleted since the ranking is simply not returned; bumping its count is harmless.)
+            touch = track_access and bool(chosen_ids)
+            cursor.execute((_TOUCH_SQL if touch else "") + _ROWS_SQL,
+                           {"head": cap + 1, "ids": wanted, "chosen": chosen_ids, "now": now})
+            while cursor.description is None and cursor.nextset():
+                pass  # past the UPDATE to the rows
+            rows = {row[0]: row for row in cursor.fetchall()}
 
-    items: list[LoadedItem] = []
-    used = total - remaining
-    for memory_id, score in chosen:
-        row = rows.get(memory_id)
-        if row is None:  # deleted between the two reads: its tokens stay reserved (never over budget)
-            continue
-        _, kind, record_id, created_at, data, head = row
-        text = truncate_at_word(head, cap)
-        tokens = estimate_tokens(text)
-        used -= token_estimate_for_length(min(len(head), cap)) - tokens
-        data = data or {}
-        items.append(LoadedItem(
-            id=str(memory_id), kind=kind, record_id=record_id, text=text, score=round(score, 4),
-            tokens=tokens, truncated=len(head) > cap, created_at=created_at,
-            details={name: data.get(name) for name in _ITEM_FIELDS.get(kind, ())},
-        ))
+        items: list[LoadedItem] = []
+        used = total - remaining
+        for memory_id, score in chosen:
+            row = rows.get(memory_id)
+            if row is None:  # deleted between the two reads: its tokens stay reserved (never over budget)
+                continue
+            _, kind, record_id, created_at, head, details_json = row
+            # Django's connection hands jsonb back as text (its JSONField decodes it).
+            details = json.loads(details_json) if isinstance(details_json, str) else details_json or {}
+            text = truncate_at_word(head, cap)
+            tokens = estimate_tokens(text)
+            used -= token_estimate_for_length(min(len(head), cap)) - tokens
+            items.append(LoadedItem(
+                id=str(memory_id), kind=kind, record_id=record_id, text=text, score=round(score, 4),
+                tokens=tokens, truncated=len(head) > cap, created_at=created_at,
+                details={name: details.get(name) for name in _ITEM_FIELDS.get(kind, ())},
+            ))
 
     echo_out = []
     for memory_id, kind, score in echoes:
         row = rows.get(memory_id)
         if row is None:
             continue
-        words = row[5].split()
+        words = row[4].split()
         hint = " ".join(words[:ECHO_WORDS]) + ("..." if len(words) > ECHO_WORDS else "")
         echo_out.append({"id": str(memory_id), "kind": kind, "hint": hint, "score": round(score, 4)})
-
-    if track_access and items:
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "UPDATE memories_memory SET times_accessed = times_accessed + 1, last_accessed = %s "
-                "WHERE id = ANY(%s::uuid[])",
-                [now, [item.id for item in items]],
-            )
 
     return LoadResult(
         budget_total=total, budget_used=used, item_chars=cap, checkpoint=checkpoint_out, boot_config=boot,

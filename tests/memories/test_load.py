@@ -194,8 +194,8 @@ def test_access_counted_in_one_update(env: dict[str, Any]) -> None:
     _mixed_stack(env["stack"], per_kind=2)
     with CaptureQueriesContext(connection) as queries:
         result = load.stack_load(stack=env["stack"], budget=8000)
-    updates = [q["sql"] for q in queries.captured_queries if q["sql"].lstrip().upper().startswith("UPDATE")]
-    assert len(updates) == 1
+    # One UPDATE statement (sent in the same round trip as the read of the returned rows).
+    assert sum(q["sql"].upper().count("UPDATE MEMORIES_MEMORY") for q in queries.captured_queries) == 1
     loaded = {m.id for m in result.memories}
     assert len(loaded) == 14
     rows = Memory.objects.filter(stack=env["stack"])
@@ -212,3 +212,36 @@ def test_boot_config_included_in_load(env: dict[str, Any]) -> None:
     body = env["client"].get(env["url"]).json()
     assert body["boot_config"] == {"grade": "5", "name": "Ada"}
     assert body["checkpoint"] is None
+
+
+def test_item_details_are_the_kind_fields(env: dict[str, Any]) -> None:
+    value = memory_create(stack=env["stack"], kind="value", source="test",
+                          payload={"name": "honesty", "statement": "tell the truth", "priority": 80})
+    person = memory_create(stack=env["stack"], kind="relationship", source="test", payload={
+        "entity_name": "Ada", "entity_type": "person", "relationship_type": "peer", "sentiment": 0.5})
+    result = load.stack_load(stack=env["stack"], budget=8000)
+    details = {item.id: (item.kind, item.details) for item in result.memories}
+    assert details[str(value.pk)] == ("value", {"name": "honesty", "priority": 80})
+    assert details[str(person.pk)] == ("relationship", {"entity_name": "Ada", "entity_type": "person",
+                                                        "sentiment": 0.5})
+
+
+@pytest.mark.django_db(transaction=True)
+def test_load_in_its_own_transaction_commits_counts_and_scopes_its_settings() -> None:
+    stack = make_stack(make_org(), "own-tx")
+    note = memory_create(stack=stack, kind="note", source="test", payload={"content": "remember fractions"})
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW synchronous_commit")
+        sync_before = cursor.fetchone()[0]
+        cursor.execute("SHOW random_page_cost")
+        cost_before = cursor.fetchone()[0]
+    assert not connection.in_atomic_block
+    result = load.stack_load(stack=stack, budget=8000)
+    assert [item.id for item in result.memories] == [str(note.pk)]
+    with connection.cursor() as cursor:  # SET LOCAL ended with the load's own transaction
+        cursor.execute("SHOW synchronous_commit")
+        assert cursor.fetchone()[0] == sync_before
+        cursor.execute("SHOW random_page_cost")
+        assert cursor.fetchone()[0] == cost_before
+    note.refresh_from_db()
+    assert note.times_accessed == 1 and note.last_accessed is not None
