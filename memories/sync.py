@@ -163,6 +163,9 @@ class _State:
     populated: bool = False  # a new row has received its first accepted upsert
     op_indexes: list[int] = field(default_factory=list)
     action: str = "update"
+    # The normalised record a new row was filled from: its pre-rendered JSON is reused by the COPY
+    # while the row still holds that very `data` / `extra` (checked by identity).
+    source: NormalizedMemory | None = None
 
 
 # --- stack resolution --------------------------------------------------------------------------------
@@ -374,6 +377,7 @@ def _apply_upsert(state: _State, op: SyncOp, now: datetime) -> None:
                       created_at=op.created_at or now)
         row.__dict__.update(values)  # a _NewRow: plain attributes, nothing to compare against
         state.changed = state.text_changed = True
+        state.source = op.normalized
     else:
         stored_time = row.client_updated_at
         incoming_time = op.client_updated_at
@@ -596,9 +600,9 @@ def _write_states(stack: Stack, states: list[_State], now: datetime, results: li
 
 
 def _persist(stack: Stack, states: list[_State]) -> None:
-    new_rows = [s.row for s in states if s.is_new]
-    if new_rows:
-        _insert_new(new_rows)
+    new_states = [s for s in states if s.is_new]
+    if new_states:
+        _insert_new(new_states)
     updated = [s for s in states if not s.is_new]
     if updated:
         for state in updated:
@@ -651,10 +655,10 @@ def _copy_matches_model() -> bool:
 _COPY_OK = _copy_matches_model()
 
 
-def _insert_new(rows: list[_NewRow]) -> None:
+def _insert_new(states: list[_State]) -> None:
     if not _COPY_OK:
         logger.warning("memories_memory has columns the sync COPY does not know; using bulk_create")
-        Memory.objects.bulk_create([Memory(**vars(row)) for row in rows])
+        Memory.objects.bulk_create([Memory(**vars(s.row)) for s in states])
         return
     json_positions = [i for i, c in enumerate(_COPY_COLUMNS) if c in _JSON_COLUMNS]
     array_positions = [i for i, c in enumerate(_COPY_COLUMNS) if c in _ARRAY_COLUMNS]
@@ -663,11 +667,19 @@ def _insert_new(rows: list[_NewRow]) -> None:
         raw_cursor = django_cursor.cursor  # the psycopg cursor, inside Django's transaction
         with raw_cursor.copy(statement) as copy:
             copy.set_types(list(_COPY_TYPES))
-            for row in rows:
-                attributes = row.__dict__
+            for state in states:
+                attributes = state.row.__dict__
                 values = [attributes[name] for name in _COPY_COLUMNS]  # attribute names == columns here
+                source = state.source
                 for i in json_positions:
-                    values[i] = json.dumps(values[i], ensure_ascii=False)
+                    value = values[i]
+                    # The JSON rendered while validating, while the row still holds that very object.
+                    if source is not None and value is source.data and source.data_json is not None:
+                        values[i] = source.data_json
+                    elif source is not None and value is source.extra and source.extra_json is not None:
+                        values[i] = source.extra_json
+                    else:
+                        values[i] = json.dumps(value, ensure_ascii=False)
                 for i in array_positions:
                     values[i] = _array_literal(values[i])
                 copy.write_row(values)
