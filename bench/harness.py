@@ -104,8 +104,11 @@ def bench_environment(name: str, *, keep: bool = False) -> Iterator[BenchEnv]:
 
 
 @contextmanager
-def web_server(env: BenchEnv, *, workers: int = 1, extra_env: dict[str, str] | None = None) -> Iterator[str]:
-    """The real ASGI app under uvicorn; yields its base URL once /health answers."""
+def web_server(env: BenchEnv, *, workers: int = 1, extra_env: dict[str, str] | None = None,
+               app: str = "memoryhub.asgi:application", factory: bool = False) -> Iterator[str]:
+    """The real ASGI app under uvicorn; yields its base URL once /health answers. `app` (with
+    `factory` when it names a callable returning the app) serves a variant next to it, e.g. a
+    baseline in the same run."""
     import httpx
 
     port = free_port()
@@ -115,13 +118,20 @@ def web_server(env: BenchEnv, *, workers: int = 1, extra_env: dict[str, str] | N
             sys.executable,
             "-m",
             "uvicorn",
-            "memoryhub.asgi:application",
+            app,
+            *(["--factory"] if factory else []),
             "--host",
             "127.0.0.1",
             "--port",
             str(port),
             "--workers",
             str(workers),
+            # Named, not "auto": a missing uvloop/httptools then fails here instead of silently
+            # benchmarking the slower pure-Python loop and parser.
+            "--loop",
+            "uvloop",
+            "--http",
+            "httptools",
             "--no-access-log",
             "--lifespan",
             "off",

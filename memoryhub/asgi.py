@@ -2,12 +2,96 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
-from django.core.asgi import get_asgi_application
+from django.core import signals
+from django.core.handlers.asgi import ASGIHandler, get_script_prefix
+from django.http import HttpResponseBase
+from django.urls import set_script_prefix
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "memoryhub.settings")
-django_asgi_app = get_asgi_application()
+
+
+class SingleHopASGIHandler(ASGIHandler):
+    """Django's ASGI handler, serving each HTTP request in ONE hop to a reused worker thread.
+
+    WHY: every view here is synchronous (DRF, the dashboard). Stock Django builds an *async*
+    middleware chain under ASGI and wraps each sync middleware hook, the view, the request
+    signals and `response.close()` in their own `sync_to_async`, on a thread created for every
+    request: about fifteen event-loop ↔ thread hops per request with our eight middleware, which
+    measured as most of the gap between a request served in-process and over HTTP (bench/
+    http_overhead.py). Here the request runs exactly as under a threaded WSGI server: one worker
+    thread sends `request_started`, runs the sync middleware chain and view, and closes the
+    response (`request_finished` returns the DB connection to the pool) before the event loop
+    writes the already-rendered bytes. Same middleware, same order, same signals; the thread's
+    DB connection is the view's for the whole request and is released before the next one.
+
+    Threads: at most twice the DB pool size per process — a thread beyond the pool could only
+    wait for a connection, and waiters past the pool's timeout still fail as 503.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        from django.conf import settings
+
+        pool_size = int(getattr(settings, "DB_POOL_MAX_SIZE", 0) or 16)
+        self._executor = ThreadPoolExecutor(max_workers=max(4, 2 * pool_size), thread_name_prefix="http")
+
+    def load_middleware(self, is_async: bool = False) -> None:
+        super().load_middleware(is_async=False)
+
+    def _serve(self, scope: dict[str, Any], body_file: Any) -> HttpResponseBase:
+        set_script_prefix(get_script_prefix(scope))
+        signals.request_started.send(sender=self.__class__, scope=scope)
+        try:
+            request, error_response = self.create_request(scope, body_file)
+            response = self.get_response(request) if request is not None else error_response
+            assert response is not None  # create_request returns a request or an error response
+            response._handler_class = self.__class__  # type: ignore[attr-defined]
+            if not response.streaming:
+                response.close()  # fires request_finished on THIS thread: its connection goes back
+        except BaseException:
+            signals.request_finished.send(sender=self.__class__)
+            raise
+        return response
+
+    async def handle(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        from django.core.exceptions import RequestAborted
+
+        try:
+            body_file = await self.read_body(receive)
+        except RequestAborted:
+            return
+        loop = asyncio.get_running_loop()
+        # No context copy on purpose: the request runs in its worker thread's own context, like a
+        # threaded WSGI server. Django keeps cache clients in context-locals, so a fresh context
+        # per request (what stock Django does) builds a new Redis client — a new TCP connection
+        # — on every request; per thread, the throttle's Redis connection is reused. Per-request
+        # state is set per request (script prefix above, urlconf in get_response).
+        try:
+            response = await loop.run_in_executor(self._executor, self._serve, scope, body_file)
+            try:
+                await self.send_response(response, send)
+            except asyncio.CancelledError:
+                pass  # client went away while we were writing; nothing left to do
+            finally:
+                if response.streaming:
+                    await loop.run_in_executor(self._executor, response.close)
+        finally:
+            body_file.close()
+
+
+def _django_http_app() -> Any:
+    import django
+
+    django.setup(set_prefix=False)
+    return SingleHopASGIHandler()
+
+
+django_asgi_app = _django_http_app()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402  (needs Django set up first)
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402

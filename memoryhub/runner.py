@@ -127,7 +127,8 @@ def main() -> int:
         supervisor.add(ManagedProcess(
             name="web",
             argv=[python, "-m", "uvicorn", "memoryhub.asgi:application", "--host", host, "--port", str(port),
-                  "--workers", str(web_workers), "--no-access-log", "--lifespan", "off"],
+                  "--workers", str(web_workers), "--no-access-log", "--lifespan", "off",
+                  "--loop", "uvloop", "--http", "httptools"],
             env=env, cwd=BASE_DIR,
         ))
         supervisor.add(ManagedProcess(
