@@ -14,9 +14,9 @@ from accounts.network import client_ip
 from accounts.principal import principal_of
 from accounts.selectors import (
     audit_events_visible_to,
-    ensure_may_change_key,
     ensure_may_manage_organization,
     key_for_principal,
+    key_to_change,
     keys_visible_to,
     members_visible_to,
 )
@@ -90,8 +90,7 @@ class KeyDetailView(APIView):
                    responses={204: None, **FORBIDDEN, **NOT_FOUND, **ERRORS}, summary="Revoke a key")
     def delete(self, request: Request, key_id: str) -> Response:
         principal = principal_of(request)
-        key = key_for_principal(principal, key_id)
-        ensure_may_change_key(principal, key)
+        key = key_to_change(principal, key_id)
         api_key_revoke(key=key, principal=principal, ip=client_ip(request))
         return Response(status=status.HTTP_204_NO_CONTENT)
 
@@ -104,8 +103,7 @@ class KeyCycleView(APIView):
                    summary="Replace a key atomically (same binding and flags); the new secret is shown once")
     def post(self, request: Request, key_id: str) -> Response:
         principal = principal_of(request)
-        key = key_for_principal(principal, key_id)
-        ensure_may_change_key(principal, key)
+        key = key_to_change(principal, key_id)
         new_key, secret = api_key_cycle(key=key, principal=principal, ip=client_ip(request))
         return Response(key_cycled(key, new_key, secret))
 

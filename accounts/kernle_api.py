@@ -19,7 +19,7 @@ from rest_framework.views import APIView
 from accounts.authentication import BearerAuthentication, access_token_for_key
 from accounts.network import client_ip
 from accounts.principal import principal_of
-from accounts.selectors import ensure_may_change_key, key_for_principal, keys_visible_to, may_manage_own_keys
+from accounts.selectors import key_to_change, keys_visible_to, may_manage_own_keys
 from accounts.serializers import (
     KernleKeyCreateSerializer,
     KernleLoginSerializer,
@@ -166,8 +166,7 @@ class KeyDetailView(APIView):
                    summary="Revoke a key (§4.6)")
     def delete(self, request: Request, key_id: str) -> Response:
         principal = principal_of(request)
-        key = key_for_principal(principal, key_id)
-        ensure_may_change_key(principal, key)
+        key = key_to_change(principal, key_id)
         api_key_revoke(key=key, principal=principal, ip=client_ip(request))
         return Response(status=status.HTTP_204_NO_CONTENT)
 
@@ -180,8 +179,7 @@ class KeyCycleView(APIView):
                    summary="Deactivate a key and issue its replacement atomically; flat fields (§4.7)")
     def post(self, request: Request, key_id: str) -> Response:
         principal = principal_of(request)
-        key = key_for_principal(principal, key_id)
-        ensure_may_change_key(principal, key)
+        key = key_to_change(principal, key_id)
         new_key, secret = api_key_cycle(key=key, principal=principal, ip=client_ip(request))
         return Response(key_cycled(key, new_key, secret))
 

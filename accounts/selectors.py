@@ -117,6 +117,13 @@ def ensure_may_change_key(principal: Principal, key: ApiKey) -> None:
         raise Forbidden("An agent key may only change itself.", code="admin_required")
 
 
+def key_to_change(principal: Principal, key_id: str) -> ApiKey:
+    """The key `key_id` if the caller may see it (else 404) and revoke or cycle it (else 403)."""
+    key = key_for_principal(principal, key_id)
+    ensure_may_change_key(principal, key)
+    return key
+
+
 # --- people and audit ------------------------------------------------------------------------
 
 
