@@ -3,7 +3,7 @@ promotion across stacks, and the job-run bookkeeping (overlap guard + JobRun row
 
 The maths lives in `memories.decay`; this module applies it to the table.
 
-* **Set-based.** The decay pass is one SQL statement per bounded batch of heap pages (a TID range
+* **Set-based.** The decay pass is a few SQL statements per bounded batch of heap pages (a TID range
   scan, one short transaction per batch). No Python loop ever walks rows.
 * **The wide table is read, not written.** The pass stores each memory's salience in the narrow
   `MemorySalience` side table (an upsert per batch); `memories_memory` is updated only for the
@@ -20,6 +20,8 @@ The maths lives in `memories.decay`; this module applies it to the table.
 from __future__ import annotations
 
 import logging
+import queue
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -60,6 +62,9 @@ JOB_NAMES = (JOB_DECAY, JOB_TTL_PURGE, JOB_PROMOTION, JOB_EMBEDDING_SWEEP)
 JOB_LOCK_NAMESPACE = 730_117
 
 DECAY_BATCH_SIZE = 10_000
+# Batches run on this many connections at once (the work is CPU-bound per row: salience maths,
+# index maintenance for tombstones). Two keeps one core of a small database host for everyone else.
+DECAY_WORKERS = 2
 # A stored salience within this distance of the recomputed one is left alone: old memories change
 # by less than this per day, so most rows are not rewritten by a daily pass (no dead tuples, no
 # WAL). Rows crossing the forget threshold are always written.
@@ -173,12 +178,30 @@ def _recovered_since_baseline_sql(m: str, now: str, threshold: str) -> str:
           AND {salience_sql(m, now, baseline="r.created_at")} >= {threshold})"""  # noqa: S608
 
 
-_DECAY_BATCH_SQL = f"""
+# A batch is three statements in one transaction, so that the stacks whose memories it tombstones
+# are locked (`services.lock_stack_changes`, the single write path's change lock) after the batch
+# knows which stacks those are and before anything is written: (1) read the batch's pages, compute
+# salience, keep the rows to write in a temporary table and return the stacks to lock; (2) lock
+# them, in pk order; (3) write: tombstones + their revisions, then the side-table salience. Every
+# lock is taken in the writers' order (stack row, memory row, salience row), and a change_seq is
+# drawn only under its stack's lock, so a reader paging the change feed by cursor never sees a
+# later sequence number commit before an earlier one of the same stack.
+_DECAY_BATCH_TABLE = "memories_decay_batch"
+
+_DECAY_BATCH_TABLE_SQL = f"""
+CREATE TEMPORARY TABLE {_DECAY_BATCH_TABLE} (
+    row_ctid tid, heap_block integer, id uuid, stack_id bigint, version integer, last_reviewed_at timestamptz,
+    stability float8, strength float8, side_ctid tid, old_salience float8, new_salience float8, forget boolean
+) ON COMMIT DROP
+"""
+
+_DECAY_READ_SQL = f"""
 WITH page_rows AS MATERIALIZED (
     -- The batch's pages and nothing else: MATERIALIZED keeps the planner from driving the scan
     -- from the (small) stacks table through an index on stack_id, which reads every row of the
     -- table for every batch. Only the columns salience and the tombstone need are carried.
-    SELECT m.ctid AS row_ctid, m.id, m.stack_id, m.kind, m.confidence, m.times_accessed,
+    SELECT m.ctid AS row_ctid, (m.ctid::text::point)[0]::integer AS heap_block, m.id, m.stack_id, m.kind,
+           m.confidence, m.times_accessed,
            m.emotional_valence, m.emotional_arousal, m.stability, m.last_reviewed_at, m.created_at,
            m.is_protected, m.version, m.strength,
            {salience_sql("m", "%(now)s")} AS new_salience
@@ -187,42 +210,53 @@ WITH page_rows AS MATERIALIZED (
       AND m.forgotten_at IS NULL AND m.deleted_at IS NULL
       AND (m.expires_at IS NULL OR m.expires_at > %(now)s)
 ),
+stored AS MATERIALIZED (
+    -- The saliences stored for rows on these pages (MemorySalience.heap_block): one index range
+    -- scan, not a primary-key probe per row. A memory whose row moved since is not found here and
+    -- counts as never stored: written again, with its new page.
+    SELECT ms.ctid AS side_ctid, ms.memory_id, ms.salience FROM memories_memorysalience ms
+    WHERE ms.heap_block >= %(low_block)s AND ms.heap_block < %(high_block)s
+),
 candidates AS (
-    SELECT m.row_ctid, m.id, m.version, m.last_reviewed_at, m.stability, m.strength, m.new_salience,
-           -- A correlated lookup, not a join: always one primary-key probe per row of the batch,
-           -- never a plan that reads the whole side table once per batch.
-           (SELECT ms.salience FROM memories_memorysalience ms WHERE ms.memory_id = m.id) AS old_salience,
+    SELECT m.row_ctid, m.heap_block, m.id, m.stack_id, m.version, m.last_reviewed_at, m.stability,
+           m.strength, s.side_ctid, m.new_salience, s.salience AS old_salience,
            CASE WHEN NOT {never_fades_sql("m")} AND m.new_salience < o.forget_threshold
                 THEN NOT {_recovered_since_baseline_sql("m", "%(now)s", "o.forget_threshold")}
                 ELSE false END AS forget
     FROM page_rows m
     JOIN stacks_stack st ON st.id = m.stack_id
     JOIN accounts_organization o ON o.id = st.organization_id
+    LEFT JOIN stored s ON s.memory_id = m.id
     WHERE st.status = 'active'
 ),
-written AS (
-    -- Salience goes to the narrow side table, never to memories_memory. Rows whose salience barely
-    -- moved are not written at all (no dead tuple, no WAL). A value computed at a later time (a
-    -- review that raced this pass) is never overwritten with this pass's older one.
-    INSERT INTO memories_memorysalience AS ms (memory_id, salience, computed_at)
-    SELECT c.id, c.new_salience, %(now)s FROM candidates c
+kept AS (
+    -- Only what the write step needs: rows crossing the threshold and rows whose salience moved
+    -- by at least the tolerance (or was never stored). The rest is not written at all.
+    INSERT INTO {_DECAY_BATCH_TABLE}
+    SELECT c.row_ctid, c.heap_block, c.id, c.stack_id, c.version, c.last_reviewed_at, c.stability,
+           c.strength, c.side_ctid, c.old_salience, c.new_salience, c.forget
+    FROM candidates c
     WHERE c.forget OR c.old_salience IS NULL OR ABS(c.old_salience - c.new_salience) >= %(tolerance)s
-    ON CONFLICT (memory_id) DO UPDATE SET salience = EXCLUDED.salience, computed_at = EXCLUDED.computed_at
-        WHERE ms.computed_at <= EXCLUDED.computed_at
-    RETURNING ms.memory_id
-),
-forgotten AS (
-    -- The only write to memories_memory: the few rows that crossed the threshold.
+    RETURNING stack_id, forget
+)
+SELECT (SELECT count(*) FROM candidates),
+       ARRAY(SELECT DISTINCT k.stack_id FROM kept k WHERE k.forget ORDER BY k.stack_id)
+"""  # noqa: S608 - only module constants are interpolated; values are bound parameters
+
+_DECAY_FORGET_SQL = f"""
+WITH forgotten AS (
+    -- The only write to memories_memory: the rows that crossed the threshold (their stacks' change
+    -- locks are held). Rows are found again by their physical address (no index lookups). A row a
+    -- concurrent writer changed meanwhile has moved or fails these re-checks (READ COMMITTED
+    -- re-evaluates them on the new row version): it is left for the next pass, never forgotten on
+    -- stale state.
     UPDATE memories_memory m SET
         forgotten_at = %(now)s,
         forgotten_reason = '{FORGOTTEN_REASON_DECAY}',
         version = m.version + 1,
         change_seq = nextval('memories_change_seq'),
         server_updated_at = %(now)s
-    FROM candidates d
-    -- Rows are found again by their physical address (no index lookups). A row a concurrent
-    -- writer changed meanwhile has moved or fails these re-checks (READ COMMITTED re-evaluates
-    -- them on the new row version): it is left for the next pass, never forgotten on stale state.
+    FROM {_DECAY_BATCH_TABLE} d
     WHERE d.forget AND m.ctid = d.row_ctid AND m.id = d.id AND m.version = d.version
       AND m.forgotten_at IS NULL AND m.deleted_at IS NULL
       AND m.last_reviewed_at IS NOT DISTINCT FROM d.last_reviewed_at
@@ -240,9 +274,34 @@ revisions AS (
     FROM forgotten f
     RETURNING 1
 )
-SELECT (SELECT count(*) FROM candidates),
-       (SELECT count(*) FROM written),
-       (SELECT count(*) FROM forgotten)
+SELECT count(*) FROM forgotten
+"""  # noqa: S608 - only module constants are interpolated; values are bound parameters
+
+_DECAY_SALIENCE_SQL = f"""
+-- Salience goes to the narrow side table, never to memories_memory. A value computed at a later
+-- time (a review that raced this pass) is never overwritten with this pass's older one.
+WITH rewritten AS (
+    -- Side rows the read step found are rewritten by their physical address (no index probe). One
+    -- a review changed meanwhile has moved: the address no longer matches it (READ COMMITTED
+    -- re-checks the newest version), so the review's later value stays.
+    UPDATE memories_memorysalience ms
+    SET salience = d.new_salience, computed_at = %(now)s, heap_block = d.heap_block
+    FROM {_DECAY_BATCH_TABLE} d
+    WHERE d.side_ctid IS NOT NULL AND ms.ctid = d.side_ctid AND ms.memory_id = d.id
+      AND ms.computed_at <= %(now)s
+    RETURNING 1
+),
+inserted AS (
+    -- Never stored, or stored under another page (the memory's row moved): an upsert.
+    INSERT INTO memories_memorysalience AS ms (memory_id, salience, computed_at, heap_block)
+    SELECT d.id, d.new_salience, %(now)s, d.heap_block FROM {_DECAY_BATCH_TABLE} d
+    WHERE d.side_ctid IS NULL
+    ON CONFLICT (memory_id) DO UPDATE
+        SET salience = EXCLUDED.salience, computed_at = EXCLUDED.computed_at, heap_block = EXCLUDED.heap_block
+        WHERE ms.computed_at <= EXCLUDED.computed_at
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM rewritten) + (SELECT count(*) FROM inserted)
 """  # noqa: S608 - only module constants are interpolated; values are bound parameters
 
 
@@ -254,14 +313,29 @@ class DecayBatch:
 
 
 def _decay_batch(*, low_page: int, high_page: int, now: datetime, tolerance: float) -> DecayBatch:
-    params: dict[str, Any] = {"low": f"({low_page},0)", "high": f"({high_page},0)", "now": now,
-                              "tolerance": tolerance}
+    # Late import: services pulls in billing and Celery plumbing (and imports this module's callers).
+    from memories.services import lock_stack_changes
+
+    params: dict[str, Any] = {"low": f"({low_page},0)", "high": f"({high_page},0)", "low_block": low_page,
+                              "high_block": high_page, "now": now, "tolerance": tolerance}
     for attempt in range(DEADLOCK_RETRIES):
         try:
             with transaction.atomic(), connection.cursor() as cursor:
-                cursor.execute(_DECAY_BATCH_SQL, params)
-                scanned, updated, forgotten = cursor.fetchone()
-            return DecayBatch(int(scanned), int(updated), int(forgotten))
+                cursor.execute(_DECAY_BATCH_TABLE_SQL)
+                cursor.execute(_DECAY_READ_SQL, params)
+                scanned, stacks_to_lock = cursor.fetchone()
+                forgotten = 0
+                for stack_id in stacks_to_lock:  # pk order, like every other multi-stack writer
+                    lock_stack_changes(stack_id)
+                if stacks_to_lock:
+                    cursor.execute(_DECAY_FORGET_SQL, params)
+                    forgotten = int(cursor.fetchone()[0])
+                cursor.execute(_DECAY_SALIENCE_SQL, params)
+                updated = int(cursor.fetchone()[0])
+                # ON COMMIT DROP covers the normal case; dropping here also covers a batch that
+                # runs inside an outer transaction (a savepoint commits nothing).
+                cursor.execute(f"DROP TABLE {_DECAY_BATCH_TABLE}")
+            return DecayBatch(int(scanned), int(updated), forgotten)
         except OperationalError as exc:
             if not _is_retryable(exc) or attempt == DEADLOCK_RETRIES - 1:
                 raise
@@ -269,16 +343,8 @@ def _decay_batch(*, low_page: int, high_page: int, now: datetime, tolerance: flo
     raise AssertionError("unreachable")
 
 
-def _decay_batches(*, now: datetime, batch_size: int, tolerance: float, counts: dict[str, Any],
-                   progress: Progress | None) -> None:
-    """Walk the table's pages as they were when the pass began, about `batch_size` rows at a time.
-
-    Rows written after that (new memories, or versions a concurrent write moved past the end) wait
-    for the next pass; a row version a concurrent write moved into a page range the pass has yet to
-    visit is looked at again but not rewritten (its salience is already current), so `scanned` can
-    count a few rows twice. (The pass itself moves only the rows it tombstones, which it skips.)
-    """
-    counts.update(scanned=0, updated=0, forgotten=0, batches=0)
+def _batch_ranges(*, batch_size: int) -> list[tuple[int, int]]:
+    """The table's pages as they are now, in ranges of about `batch_size` rows."""
     with connection.cursor() as cursor:
         cursor.execute(_TABLE_PAGES_SQL)
         row = cursor.fetchone()
@@ -286,8 +352,45 @@ def _decay_batches(*, now: datetime, batch_size: int, tolerance: float, counts: 
     # Until ANALYZE knows the real density, assume ~16 rows per 8 KB page.
     density = rows_per_page if rows_per_page > 0 else 16.0
     pages_per_batch = max(1, int(batch_size / density))
-    for low_page in range(0, total_pages, pages_per_batch):
-        batch = _decay_batch(low_page=low_page, high_page=low_page + pages_per_batch, now=now, tolerance=tolerance)
+    return [(low, low + pages_per_batch) for low in range(0, total_pages, pages_per_batch)]
+
+
+def _decay_worker(ranges: Iterator[tuple[int, int]], ranges_lock: threading.Lock, now: datetime, tolerance: float,
+                  results: queue.Queue[DecayBatch | BaseException | None], stop: threading.Event) -> None:
+    """One worker thread: takes the next page range until none is left (or the run stops)."""
+    try:
+        while not stop.is_set():
+            with ranges_lock:
+                page_range = next(ranges, None)
+            if page_range is None:
+                break
+            results.put(_decay_batch(low_page=page_range[0], high_page=page_range[1], now=now, tolerance=tolerance))
+    except BaseException as exc:  # handed to the coordinating thread, which re-raises it
+        results.put(exc)
+    finally:
+        connection.close()  # the thread's own connection
+        results.put(None)
+
+
+def _decay_batches(*, now: datetime, batch_size: int, tolerance: float, workers: int, counts: dict[str, Any],
+                   progress: Progress | None) -> None:
+    """Walk the table's pages as they were when the pass began, about `batch_size` rows at a time.
+
+    Rows written after that (new memories, or versions a concurrent write moved past the end) wait
+    for the next pass; a row version a concurrent write moved into a page range the pass has yet to
+    visit is looked at again but not rewritten (its salience is already current), so `scanned` can
+    count a few rows twice. (The pass itself moves only the rows it tombstones, which it skips.)
+
+    With `workers` > 1 the ranges are shared out to that many threads, each with its own
+    connection and short transactions (batches touch disjoint pages; two batches that tombstone in
+    one stack take its change lock one after the other). Inside an outer transaction (tests) the
+    batches run on the caller's connection, one after another: other connections could not see
+    its rows.
+    """
+    counts.update(scanned=0, updated=0, forgotten=0, batches=0)
+    ranges = _batch_ranges(batch_size=batch_size)
+
+    def add(batch: DecayBatch) -> None:
         counts["scanned"] += batch.scanned
         counts["updated"] += batch.updated
         counts["forgotten"] += batch.forgotten
@@ -295,9 +398,48 @@ def _decay_batches(*, now: datetime, batch_size: int, tolerance: float, counts: 
         if progress is not None:
             progress(batch.scanned)
 
+    threads = min(workers, len(ranges))
+    if threads <= 1 or connection.in_atomic_block:
+        for low_page, high_page in ranges:
+            add(_decay_batch(low_page=low_page, high_page=high_page, now=now, tolerance=tolerance))
+        return
+    counts["workers"] = threads
+    pending = iter(ranges)
+    ranges_lock = threading.Lock()
+    stop = threading.Event()
+    results: queue.Queue[DecayBatch | BaseException | None] = queue.Queue()
+    started = [threading.Thread(target=_decay_worker, name=f"decay-{n}", daemon=True,
+                                args=(pending, ranges_lock, now, tolerance, results, stop))
+               for n in range(threads)]
+    for thread in started:
+        thread.start()
+    failure: BaseException | None = None
+    running = threads
+    try:
+        while running:
+            item = results.get()
+            if item is None:
+                running -= 1
+            elif isinstance(item, BaseException):
+                failure = failure or item
+                stop.set()
+            else:
+                add(item)
+    except BaseException:  # e.g. Celery's soft time limit, raised in this thread: let workers finish their batch
+        stop.set()
+        for thread in started:
+            thread.join()
+        while not results.empty():  # batches committed meanwhile still count
+            if isinstance(item := results.get_nowait(), DecayBatch):
+                add(item)
+        raise
+    if failure is not None:
+        raise failure
+
 
 def decay_pass(*, now: datetime | None = None, batch_size: int = DECAY_BATCH_SIZE,
-               tolerance: float = SALIENCE_WRITE_TOLERANCE, progress: Progress | None = None) -> JobRun:
+               tolerance: float = SALIENCE_WRITE_TOLERANCE, workers: int = DECAY_WORKERS,
+               progress: Progress | None = None) -> JobRun:
     """Recompute the salience of every live memory and tombstone what has faded.
 
     A memory is tombstoned (`forgotten_at=now`, `forgotten_reason="salience_decay"`, version +1,
@@ -310,14 +452,18 @@ def decay_pass(*, now: datetime | None = None, batch_size: int = DECAY_BATCH_SIZ
     The salience goes to `MemorySalience` (read it with `stored_salience`); `memories_memory` is
     written only for tombstones. Salience changes do not stamp the change feed: salience is
     server-side ranking state, not part of a synced record, and re-sending every record to every
-    client daily would be the cost. Counts: scanned, updated (salience rows written), forgotten,
-    batches.
+    client daily would be the cost. Tombstones take their stacks' change locks
+    (`services.lock_stack_changes`) before drawing a change_seq. Batches run on `workers`
+    connections at once. Counts: scanned, updated (salience rows written), forgotten, batches
+    (, workers).
     """
     if batch_size < 1:
         raise InvalidInput("batch_size must be positive.", fields={"batch_size": ["Must be at least 1."]})
+    if workers < 1:
+        raise InvalidInput("workers must be positive.", fields={"workers": ["Must be at least 1."]})
     at = now or timezone.now()
     return run_job(JOB_DECAY, lambda counts: _decay_batches(
-        now=at, batch_size=batch_size, tolerance=tolerance, counts=counts, progress=progress))
+        now=at, batch_size=batch_size, tolerance=tolerance, workers=workers, counts=counts, progress=progress))
 
 
 def forgetting_candidates(*, stack: Stack, now: datetime | None = None, limit: int = 50) -> list[Memory]:

@@ -53,7 +53,7 @@ EXACT_SEARCH_MAX_ROWS = 10_000
 KEYWORD_RANK_CAP = 1_000
 STATEMENT_TIMEOUT_MS = 2_500
 HNSW_MAX_EF_SEARCH = 1000  # pgvector's upper bound for hnsw.ef_search
-STACK_INDEX_MIN_EF_SEARCH = 400  # a per-stack index's walk width (see _vector_leg)
+STACK_INDEX_MIN_EF_SEARCH = 300  # a per-stack index's walk width (see _vector_leg)
 
 
 
@@ -182,7 +182,8 @@ def _keyword_leg(query: SearchQuery, stack_ids: Sequence[int], fetch: int) -> li
     Both tiers come from ONE scan (tier 1 rarely fills the page for a natural-language question,
     so a second scan used to run on nearly every search). Only when that scan reached the cap
     before finding `fetch` tier-1 rows - tier-1 rows may lie beyond it - does tier 1 get its own
-    scan, and the first scan supplies tier 2.
+    scan, and the first scan supplies tier 2 - unless every term is common in the table (see
+    `_strict_scan_is_cheap`): then tier 1 is ranked within the capped sample, like tier 2.
     """
     params: dict[str, Any] = {"stack_ids": list(stack_ids), "q": query.text, "cap": KEYWORD_RANK_CAP}
     where = _filters(query, params)
@@ -199,10 +200,43 @@ def _keyword_leg(query: SearchQuery, stack_ids: Sequence[int], fetch: int) -> li
                                limit=fetch), params)
     complete = not rows or int(rows[0][-1]) < KEYWORD_RANK_CAP
     first_tier = [row[:-1] for row in rows if row[_SCORE]]
-    if complete or len(first_tier) >= fetch:
+    if complete or len(first_tier) >= fetch or not _strict_scan_is_cheap(query.text):
         return [row[:-1] for row in rows]
     first_tier = [row[:-1] for row in _fetch(strict_sql, params)]
     return (first_tier + [row[:-1] for row in rows if not row[_SCORE]])[:fetch]
+
+
+# The tier-1 scan (every term) goes through the tsvector GIN, whose AND walks the posting lists
+# from the rarest term on, skipping ahead in the others: its cost follows the rarest term's list.
+# When even that term is in this many rows of the table, the scan costs tens of milliseconds at a
+# million rows (measured 25 ms for six terms each in ~14% of 1M rows) - and a query made only of
+# such common words is one whose keyword ranking carries little anyway.
+STRICT_SCAN_MAX_POSTINGS = 20_000
+
+# The term frequencies ANALYZE keeps for the tsvector column (most_common_elems), and the table's
+# row estimate: what the planner itself knows, read without touching the table.
+_RAREST_TERM_ROWS_SQL = """
+    WITH term_stats AS (
+        SELECT e.lexeme, e.freq
+          FROM pg_stats s,
+               unnest(s.most_common_elems::text::text[], s.most_common_elem_freqs) AS e(lexeme, freq)
+         WHERE s.schemaname = current_schema() AND s.tablename = 'memories_memory'
+           AND s.attname = 'search_vector')
+    SELECT min(coalesce(t.freq, 0)) * (SELECT greatest(reltuples, 0) FROM pg_class
+                                        WHERE oid = 'memories_memory'::regclass)
+      FROM unnest(tsvector_to_array(to_tsvector('english', %s))) AS q(lexeme)
+      LEFT JOIN term_stats t USING (lexeme)
+"""
+
+
+def _strict_scan_is_cheap(text: str) -> bool:
+    """Whether the query's rarest term is rare enough in the table for the tier-1 GIN scan to be
+    cheap. A term ANALYZE did not list among the most common ones counts as rare."""
+    with connection.cursor() as cursor:
+        cursor.execute(_RAREST_TERM_ROWS_SQL, [text])
+        row = cursor.fetchone()
+    rarest_rows = float(row[0]) if row and row[0] is not None else 0.0
+    return rarest_rows <= STRICT_SCAN_MAX_POSTINGS
 
 
 def _fetch(sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
@@ -278,8 +312,9 @@ def _vector_leg(query: SearchQuery, stack_ids: Sequence[int], vector: Vector, fe
     iterative = pgvector_version() >= (0, 8)
     if scope > EXACT_SEARCH_MAX_ROWS and len(stack_ids) == 1 and stack_ids[0] in stacks_with_vector_index():
         # The stack's own partial HNSW index: no other stack's rows in the graph, no post-filter loss.
-        # ef 240 gave recall@10 0.94 on the bench's clustered MiniLM vectors (20k-row stack); the
-        # walk grows roughly linearly with ef and is a few ms here, so buy recall with width.
+        # On the bench's clustered MiniLM vectors (100k-row stack, m 24 / ef_construction 200),
+        # ef 200 gave recall@10 0.955 and ef 400 0.977; the walk grows about linearly with ef and
+        # is a few ms, so buy recall with width (vector_indexes.py).
         ef = min(HNSW_MAX_EF_SEARCH, max(fetch * 8, STACK_INDEX_MIN_EF_SEARCH))
         sql, params = _vector_sql(query, stack_ids, vector, fetch, exact=False, single_stack=True)
         with transaction.atomic(), connection.cursor() as cursor:

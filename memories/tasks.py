@@ -20,7 +20,7 @@ from typing import Any
 from celery import shared_task
 from django.db import transaction
 
-from memories.embedding_jobs import EMBED_BATCH_SIZE, embedding_sweep, memories_embed
+from memories.embedding_jobs import EMBED_BATCH_SIZE, memories_embed
 
 logger = logging.getLogger(__name__)
 
@@ -32,13 +32,16 @@ def embed_memories(ids: list[str]) -> dict[str, int]:
     return {"embedded": result.embedded, "claimed_elsewhere": result.skipped_claimed, "stale": result.skipped_stale}
 
 
-@shared_task(name="memories.embedding_sweep", acks_late=True, ignore_result=True)
+@shared_task(name="memories.embedding_sweep", acks_late=True, soft_time_limit=5 * 60, time_limit=6 * 60)
 def embedding_sweep_task(max_rows: int = 5000) -> dict[str, Any]:
-    """Periodic: embed anything the after-commit tasks missed."""
-    result = embedding_sweep(max_rows=max_rows)
-    if result.embedded:
-        logger.info("embedding sweep: %s embedded in %.1fs", result.embedded, result.seconds)
-    return {"embedded": result.embedded, "skipped": result.skipped, "batches": result.batches}
+    """Periodic: embed anything the after-commit tasks missed, recorded as a JobRun like every
+    scheduled job (an overlapping run is recorded `skipped` and embeds nothing)."""
+    from memories.lifecycle import embedding_sweep_run  # late: lifecycle pulls in the write services
+
+    run = embedding_sweep_run(max_rows=max_rows)
+    if run.counts.get("embedded"):
+        logger.info("embedding sweep: %s embedded in %s ms", run.counts["embedded"], run.duration_ms)
+    return {"job_run": run.pk, "status": run.status, "duration_ms": run.duration_ms, **run.counts}
 
 
 @shared_task(name="memories.stack_vector_indexes", acks_late=True, ignore_result=True)

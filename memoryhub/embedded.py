@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from memoryhub.environment import env_int
+
 PG_SYSTEM_USER = "pgserver"  # Postgres refuses to run as root; pgserver's convention.
 _PR_SET_PDEATHSIG = 1
 
@@ -140,7 +142,10 @@ class EmbeddedPostgres:
                 "-p", str(port),
                 "-c", "unix_socket_directories=",
                 "-c", "max_connections=200",
-                "-c", "shared_buffers=256MB",
+                # Big enough to keep a large stack's HNSW graph (~250 MB at 100k memories) and its
+                # hot rows resident: a walk that misses the buffer cache costs ~3x (bench/search.py).
+                # Postgres touches the pages only as it uses them.
+                "-c", f"shared_buffers={env_int('EMBEDDED_PG_SHARED_BUFFERS_MB', 2048, minimum=16)}MB",
                 "-c", "fsync=on",
             ],
             user=self.user,

@@ -15,6 +15,7 @@ from memories import lifecycle
 from memories.lifecycle_tasks import decay_pass_task, promotion_run_task, ttl_purge_task
 from memories.models import JobRun, Memory
 from memories.services import memory_create
+from memories.tasks import embedding_sweep_task
 from memoryhub.celery import app
 from memoryhub.schedule import BEAT_SCHEDULE
 from tests.factories import make_org, make_stack
@@ -43,7 +44,7 @@ def test_every_lifecycle_job_is_on_the_beat_schedule_with_a_registered_task():
     for entry in BEAT_SCHEDULE.values():
         assert entry["task"] in app.tasks, entry["task"]
         assert entry["options"]["expires"] > 0
-    for task in (decay_pass_task, ttl_purge_task, promotion_run_task):
+    for task in (decay_pass_task, ttl_purge_task, promotion_run_task, embedding_sweep_task):
         assert task.soft_time_limit is not None and task.time_limit is not None
         assert task.soft_time_limit < task.time_limit
 
@@ -72,6 +73,20 @@ def test_tasks_run_on_a_real_worker_and_record_their_runs(celery_worker):
     runs = list(JobRun.objects.order_by("pk").values_list("name", "status"))
     assert runs == [("decay", "succeeded"), ("ttl_purge", "succeeded"), ("promotion", "succeeded"),
                     ("promotion", "succeeded")]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_scheduled_embedding_sweep_embeds_what_was_missed_and_records_its_run(celery_worker):
+    stack = make_stack(make_org())
+    missed = _old_memory(stack, "written while the broker was down", days=1)  # never queued
+    assert Memory.objects.get(pk=missed.pk).embedding is None
+
+    result = embedding_sweep_task.delay().get(timeout=60)
+
+    assert result["status"] == "succeeded" and result["embedded"] == 1
+    assert Memory.objects.get(pk=missed.pk).embedding is not None
+    run = JobRun.objects.get(pk=result["job_run"])
+    assert (run.name, run.status, run.counts["embedded"]) == (lifecycle.JOB_EMBEDDING_SWEEP, "succeeded", 1)
 
 
 @pytest.mark.django_db

@@ -349,6 +349,30 @@ def test_every_term_matches_survive_when_partial_matches_fill_the_rank_cap(
     assert [h.keyword_rank for h in result.hits] == list(range(len(result.hits)))
 
 
+def test_a_query_of_only_common_words_ranks_every_term_matches_within_the_capped_sample(
+        school: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """When even the rarest query term is in many rows of the table (ANALYZE's term statistics),
+    the every-term rescan through the GIN would cost tens of ms at scale: the matches with every
+    term found in the capped scan still rank first, and the search answers with what it found."""
+    from django.db import connection
+
+    from memories.search import _strict_scan_is_cheap
+
+    stack = school["stack"]
+    complete = [add(stack, f"fractions explained with pizza, take {i}", embed=False) for i in range(2)]
+    partials = [add(stack, f"pizza party number {i}", embed=False) for i in range(6)]
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE memories_memory")
+    monkeypatch.setattr("memories.search.STRICT_SCAN_MAX_POSTINGS", 1)
+    assert not _strict_scan_is_cheap("fractions pizza")  # both words are in the statistics
+    assert _strict_scan_is_cheap("fractions zeppelin")  # a word the table never saw is rare
+    monkeypatch.setattr("memories.search.KEYWORD_RANK_CAP", 4)
+    result = search_memories(stack_ids=[stack.pk], query=SearchQuery(text="fractions pizza", min_similarity=0.0))
+    assert set(ids(result.hits[:2])) == {str(m.pk) for m in complete}
+    assert set(ids(result.hits[2:])) <= {str(m.pk) for m in partials}
+    assert len(result.hits) == 4  # the capped sample: no second scan ran
+
+
 @pytest.mark.django_db(transaction=True)
 def test_large_stacks_get_their_own_partial_vector_index_and_search_uses_it(monkeypatch: pytest.MonkeyPatch) -> None:
     from django.db import connection
