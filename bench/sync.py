@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import random
 import statistics
 import sys
@@ -237,6 +238,7 @@ def main() -> None:
         rows = baseline_rows(operations, baseline_stack.pk)
         copy_rows = [(uuid.uuid4(), copy_stack.pk, *row[2:]) for row in rows]
 
+        load_before = os.getloadavg()
         with web_server(env) as base_url:
             # Warm up the worker (imports, connections) on a separate stack; not timed.
             warm = make_operations(args.batch, seed=99, stack_slug="pull")
@@ -254,6 +256,7 @@ def main() -> None:
             log(f"pulling {args.pull:,} changes ({args.repeats} times)")
             pulls = time_pulls(base_url, secret, "pull", args.pull, args.repeats)
             select_times = psycopg_select(env.database_url, pull_stack.pk, args.repeats)
+        load_after = os.getloadavg()
 
         stored = Stack.objects.get(pk=push_stack.pk)
         assert stored.memory_count == args.memories, stored.memory_count
@@ -283,6 +286,9 @@ def main() -> None:
         ])
         print(f"\ngoals: push >= 5,000 ops/s -> {n / push_seconds:,.0f} ops/s; "
               f"pull of {args.pull:,} < 1 s -> {statistics.median(pulls['kernle']):.2f} s")
+        # The box is shared: the ratios above hold, absolute figures need the load next to them.
+        print(f"load average (1/5/15 min) before: {' '.join(f'{x:.2f}' for x in load_before)}, "
+              f"after: {' '.join(f'{x:.2f}' for x in load_after)} ({os.cpu_count()} CPUs)")
 
 
 if __name__ == "__main__":

@@ -125,6 +125,9 @@ class _Reader:
     payload: dict[str, Any]
     errors: _Errors
     used: set[str] = field(default_factory=set)
+    # Sync stores drives / relationships / playbooks even without their natural key (see
+    # normalize_memory's `natural_key_optional`).
+    natural_key_optional: bool = False
 
     def _get(self, name: str) -> Any:
         self.used.add(name)
@@ -437,7 +440,7 @@ def _goal(r: _Reader) -> dict[str, Any]:
 
 def _drive(r: _Reader) -> dict[str, Any]:
     return {
-        "drive_type": r.string("drive_type", max_length=SHORT, required=True),
+        "drive_type": r.string("drive_type", max_length=SHORT, required=not r.natural_key_optional),
         "intensity": r.number("intensity", default=0.5, low=0.0, high=1.0),
         "focus_areas": r.string_list("focus_areas", item_max=SHORT),
         "updated_at": r.json_value("updated_at"),
@@ -446,7 +449,7 @@ def _drive(r: _Reader) -> dict[str, Any]:
 
 def _relationship(r: _Reader) -> dict[str, Any]:
     return {
-        "entity_name": r.string("entity_name", max_length=SHORT, required=True),
+        "entity_name": r.string("entity_name", max_length=SHORT, required=not r.natural_key_optional),
         "entity_type": r.string("entity_type", max_length=SHORT, required=True),
         "relationship_type": r.string("relationship_type", max_length=SHORT, required=True),
         "notes": r.string("notes", max_length=LONG, nullable=True),
@@ -458,7 +461,7 @@ def _relationship(r: _Reader) -> dict[str, Any]:
 
 def _playbook(r: _Reader) -> dict[str, Any]:
     return {
-        "name": r.string("name", max_length=SHORT, required=True),
+        "name": r.string("name", max_length=SHORT, required=not r.natural_key_optional),
         "description": r.string("description", max_length=LONG, required=True),
         "trigger_conditions": r.string_list("trigger_conditions"),
         "steps": r.dict_list("steps"),
@@ -532,8 +535,13 @@ def memory_payload_view(memory: Memory) -> dict[str, Any]:
 
 
 def normalize_memory(kind: str, payload: Any, *, partial: bool = False,
-                     existing: Memory | None = None) -> NormalizedMemory:
-    """Validate and normalise one memory record. See the module docstring for the contract."""
+                     existing: Memory | None = None, natural_key_optional: bool = False) -> NormalizedMemory:
+    """Validate and normalise one memory record. See the module docstring for the contract.
+
+    `natural_key_optional` (sync only): a drive without `drive_type`, a relationship without
+    `entity_name` or a playbook without `name` is accepted with that field "" instead of refused
+    (kernle-protocol.md §6.4 step 8: stored, but never sent to a kernle device that cannot apply it).
+    """
     if kind not in _SCHEMAS:
         raise InvalidInput(f"Unknown memory kind {kind!r}.", fields={"kind": [f"Must be one of: {', '.join(KINDS)}."]})
     if not isinstance(payload, dict):
@@ -543,7 +551,7 @@ def normalize_memory(kind: str, payload: Any, *, partial: bool = False,
         merged.update(payload)
         payload = merged
     errors = _Errors()
-    reader = _Reader(payload, errors)
+    reader = _Reader(payload, errors, natural_key_optional=natural_key_optional)
     columns = _common(reader, kind)
     data = _SCHEMAS[kind](reader)
     for name in _PASSTHROUGH:

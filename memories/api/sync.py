@@ -10,7 +10,10 @@ Views only parse the envelope, call one service in memories.sync and serialize i
 
 from __future__ import annotations
 
+import gc
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from django.http import HttpResponse
@@ -151,6 +154,29 @@ class NativePullResponseSerializer(serializers.Serializer):
     has_more = serializers.BooleanField()
 
 
+@contextmanager
+def _cyclic_gc_paused() -> Iterator[None]:
+    """Run a push without Python's cyclic garbage collector.
+
+    WHY: a push of 500-1,000 operations allocates ~100,000 short-lived objects (the parsed body,
+    normalised records, rows) that live for the whole request. They survive young collections,
+    get promoted, and every few requests trigger a FULL collection that walks the whole process
+    heap (Django, DRF, Celery...). bench/sync.py, same box and load, only this changed: push time
+    1.91x -> 1.40x the psycopg baseline. These objects form no cycles (reference counting frees
+    them when the request ends), so the collector has nothing to find here. Process-wide: with two
+    pushes in flight, the one that paused collection turns it back on when it ends and the other
+    finishes with it; a pause lasts one push (tens of milliseconds), so nothing accumulates.
+    """
+    was_enabled = gc.isenabled()
+    if was_enabled:
+        gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 def _object_body(request: Request) -> dict[str, Any]:
     body = request.data
     if not isinstance(body, dict):
@@ -170,13 +196,14 @@ class KernlePushView(APIView):
                 "operation, acknowledged only after commit",
     )
     def post(self, request: Request) -> Response:
-        body = _object_body(request)
-        operations = body.get("operations")
-        if not isinstance(operations, list):
-            raise InvalidInput("operations must be a list.", code="invalid_operations",
-                               fields={"operations": ["Must be a list."]})
-        result = sync.kernle_push(principal=principal_of(request), stack_id=body.get("stack_id"),
-                                  operations=operations)
+        with _cyclic_gc_paused():
+            body = _object_body(request)
+            operations = body.get("operations")
+            if not isinstance(operations, list):
+                raise InvalidInput("operations must be a list.", code="invalid_operations",
+                                   fields={"operations": ["Must be a list."]})
+            result = sync.kernle_push(principal=principal_of(request), stack_id=body.get("stack_id"),
+                                      operations=operations)
         return Response({
             "synced": result.synced,
             "conflicts": result.conflicts,
@@ -218,9 +245,10 @@ class NativePushView(APIView):
         summary="Push up to 1,000 operations to a stack, applied in order, one result per operation",
     )
     def post(self, request: Request, stack: str) -> Response:
-        body = _object_body(request)
-        result = sync.native_push(principal=principal_of(request), stack_slug=stack,
-                                  operations=body.get("operations"))
+        with _cyclic_gc_paused():
+            body = _object_body(request)
+            result = sync.native_push(principal=principal_of(request), stack_slug=stack,
+                                      operations=body.get("operations"))
         return Response({"results": result.results, "applied": result.applied, "rejected": result.rejected,
                          "server_time": result.server_time.isoformat()})
 

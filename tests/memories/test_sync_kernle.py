@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from django.db import DatabaseError
 
 from accounts.models import Organization
 from accounts.throttles import throttle_state_clear
@@ -477,3 +479,142 @@ def test_orm_fallback_when_the_table_has_columns_copy_does_not_know(account: dic
     monkeypatch.setattr(memories.sync, "_COPY_OK", False)
     assert push(account["client"], [episode("e1"), value_op("v1")]).json()["synced"] == 2
     assert Memory.objects.get(record_id="e1").data["objective"] == "Deployed v2"
+
+
+def kernle_op(table: str, record_id: str, minutes: float = 0, **data: Any) -> dict[str, Any]:
+    return {"operation": "update", "table": table, "record_id": record_id, "local_updated_at": ts(minutes),
+            "version": 1, "data": {"id": record_id, "created_at": ts(minutes), "local_updated_at": ts(minutes),
+                                   "version": 1, **data}}
+
+
+def test_records_no_kernle_device_could_apply_are_stored_acknowledged_and_never_pulled(
+        account: dict[str, Any], caplog: pytest.LogCaptureFixture) -> None:
+    """kernle-protocol.md §6.4 step 8: a drive without drive_type, a relationship without
+    entity_name, a playbook without name: the device's data, so stored and acknowledged (a conflict
+    would be re-sent forever), but a 0.15.0 device fails on them, so kernle pulls leave them out."""
+    client = account["client"]
+    playbook_fields: dict[str, Any] = {"description": "When stuck", "trigger_conditions": ["stuck"],
+                                       "steps": [{"do": "breathe"}], "failure_modes": []}
+    unappliable = [
+        kernle_op("drives", "d-missing", intensity=0.7, focus_areas=["x"]),
+        kernle_op("drives", "d-null", drive_type=None),
+        kernle_op("relationships", "r-empty", entity_name="", entity_type="person", relationship_type="friend"),
+        kernle_op("playbooks", "p-blank", name="   ", **playbook_fields),
+    ]
+    ops = [episode("e1"), *unappliable, kernle_op("drives", "d-ok", drive_type="curiosity")]
+    with caplog.at_level(logging.WARNING, logger="memories.sync"):
+        body = push(client, ops).json()
+    assert body["conflicts"] == [] and body["synced"] == len(ops)
+    assert body["acknowledged_operations"] == [{"table": op["table"], "record_id": op["record_id"]} for op in ops]
+    stored = {m.record_id: m for m in memories_of(account["stack"])}
+    assert set(stored) == {op["record_id"] for op in ops}
+    assert stored["d-missing"].data["drive_type"] == "" and stored["d-missing"].data["focus_areas"] == ["x"]
+    assert stored["r-empty"].data["entity_name"] == "" and stored["p-blank"].data["name"] == "   "
+    assert Stack.objects.get(pk=account["stack"].pk).memory_count == len(ops)
+    logged = " ".join(r.getMessage() for r in caplog.records)
+    for op in unappliable:
+        assert op["record_id"] in logged
+    assert "'d-ok'" not in logged and "'e1'" not in logged
+
+    full = pull(client, omit_since=True).json()
+    assert sorted(op["record_id"] for op in full["operations"]) == ["d-ok", "e1"]
+    incremental = pull(client, since=(T0 - timedelta(days=1)).isoformat()).json()
+    assert sorted(op["record_id"] for op in incremental["operations"]) == ["d-ok", "e1"]
+    # A native client is not a 0.15.0 device: its cursor feed is every stored change, these included.
+    native = client.get(f"/api/v1/stacks/{account['stack'].slug}/sync/pull").json()
+    assert sorted(c["record_id"] for c in native["changes"]) == sorted(op["record_id"] for op in ops)
+
+    # Re-sent (e.g. after a crash): the same outcome, nothing changes.
+    versions = {m.record_id: m.version for m in memories_of(account["stack"])}
+    again = push(client, ops).json()
+    assert again["conflicts"] == [] and again["synced"] == len(ops)
+    assert {m.record_id: m.version for m in memories_of(account["stack"])} == versions
+    # Once the device names the drive, every device receives it.
+    push(client, [kernle_op("drives", "d-missing", minutes=5, drive_type="rest")])
+    assert "d-missing" in [op["record_id"] for op in pull(client, omit_since=True).json()["operations"]]
+
+
+def test_operations_of_one_push_apply_in_order(account: dict[str, Any]) -> None:
+    client = account["client"]
+    delete = {"operation": "delete", "table": "episodes", "local_updated_at": ts(3), "version": 1}
+    ops = [
+        episode("e1", minutes=0, objective="first"),
+        episode("e1", minutes=1, objective="second"),
+        episode("e2", minutes=0),
+        {**delete, "record_id": "e2"},  # written, then deleted: a tombstone
+        {**delete, "record_id": "e3"},  # deleted before this device ever pushed it: then created
+        episode("e3", minutes=4, objective="created after its delete"),
+    ]
+    body = push(client, ops).json()
+    assert body["synced"] == len(ops) and body["conflicts"] == []
+    assert [a["record_id"] for a in body["acknowledged_operations"]] == [op["record_id"] for op in ops]
+    rows = {m.record_id: m for m in memories_of(account["stack"])}
+    assert rows["e1"].data["objective"] == "second" and rows["e1"].client_updated_at == T0 + timedelta(minutes=1)
+    assert rows["e2"].deleted_at is not None
+    assert rows["e3"].deleted_at is None and rows["e3"].data["objective"] == "created after its delete"
+    assert sorted(op["record_id"] for op in pull(client, omit_since=True).json()["operations"]) == ["e1", "e3"]
+    assert Stack.objects.get(pk=account["stack"].pk).memory_count == 2
+
+
+def test_nothing_is_acknowledged_or_stored_when_the_push_cannot_commit(account: dict[str, Any],
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Acknowledgement comes after commit: a failure after the rows were written (here: updating the
+    stack's counters) rolls the whole push back, and the client gets no acknowledgement to act on."""
+    from memories import sync
+
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise DatabaseError("simulated failure before commit")
+
+    monkeypatch.setattr(sync, "_update_counters", refuse)
+    client = account["client"]
+    client.raise_request_exception = False
+    response = push(client, [episode("e1"), value_op("v1")])
+    assert response.status_code >= 500
+    assert b"acknowledged_operations" not in response.content
+    assert memories_of(account["stack"]) == []
+    assert MemoryRevision.objects.count() == 0
+
+
+def test_older_clients_insert_upsert_and_legacy_is_forgotten(account: dict[str, Any]) -> None:
+    """§6.4 step 5 and §13 row 18: `insert` / `upsert` mean upsert; the legacy `is_forgotten: true`
+    forgets like kernle 0.15.0's `strength: 0.0`, and the forgotten record is left out of pulls."""
+    client = account["client"]
+    body = push(client, [{**episode("e1"), "operation": "insert"}, {**episode("e2"), "operation": "UPSERT"},
+                         episode("e3")]).json()
+    assert body["synced"] == 3 and body["conflicts"] == []
+    body = push(client, [episode("e3", minutes=1, is_forgotten=True, forgotten_reason="user")]).json()
+    assert body["synced"] == 1
+    memory = Memory.objects.get(record_id="e3")
+    assert memory.forgotten_at is not None and memory.forgotten_reason == "client_forget"
+    assert sorted(op["record_id"] for op in pull(client, omit_since=True).json()["operations"]) == ["e1", "e2"]
+
+
+def test_null_timestamps_fall_back_as_the_protocol_says(account: dict[str, Any]) -> None:
+    """§6.4 step 7 / §13 row 9: data.local_updated_at null -> the op-level time; both null -> server
+    time; created_at null -> server time. Pulled records always carry aware timestamps."""
+    op_level = episode("e1", minutes=3)
+    op_level["data"].update(local_updated_at=None, created_at=None)
+    neither = episode("e2")
+    neither["local_updated_at"] = None
+    neither["data"].update(local_updated_at=None, created_at=None)
+    before = datetime.now(UTC) - timedelta(seconds=5)
+    assert push(account["client"], [op_level, neither]).json()["synced"] == 2
+    rows = {m.record_id: m for m in memories_of(account["stack"])}
+    assert rows["e1"].client_updated_at == T0 + timedelta(minutes=3)
+    assert rows["e2"].client_updated_at is not None and rows["e2"].client_updated_at >= before
+    assert rows["e1"].created_at >= before and rows["e2"].created_at >= before
+    for op in pull(account["client"], omit_since=True).json()["operations"]:
+        for key in ("created_at", "local_updated_at", "cloud_synced_at"):
+            assert datetime.fromisoformat(op["data"][key]).tzinfo is not None
+
+
+def test_the_clients_stack_id_alphabet_is_accepted() -> None:
+    """§13 row 12: 1-100 characters, mixed case, dots allowed; the stack is provisioned on first push."""
+    stack_id = "My.Agent_Stack-2"
+    reg = personal_account_register(stack_id="acceptance", email=f"{uuid.uuid4().hex[:8]}@example.test")
+    Organization.objects.filter(pk=reg.organization.pk).update(tier="enterprise")  # room for a second stack
+    client = bearer_client(make_key(reg.organization, user=reg.user)[1])  # an unbound key of the account
+    response = push(client, [episode("e1")], stack_id=stack_id)
+    assert response.status_code == 200 and response.json()["synced"] == 1, response.content
+    assert Stack.objects.filter(organization=reg.organization, slug=stack_id).exists()
+    assert [op["record_id"] for op in pull(client, stack_id=stack_id, omit_since=True).json()["operations"]] == ["e1"]

@@ -1,0 +1,109 @@
+"""How a push finds the stored records it names, on small and on large stacks.
+
+Over a large stack a push probes the unique (stack, kind, record_id) index once per key, after
+checking the probe's plan (and refreshing stale statistics if the planner would scan the stack
+instead); over a small one it joins. Whichever way the rows are found, the outcome of a push is the
+same: these tests run the same pushes through every path and compare what is stored.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from django.core.cache import cache
+
+from accounts.throttles import throttle_state_clear
+from memories import sync
+from memories.models import Memory, MemoryRevision
+from stacks.models import Stack
+from stacks.services import personal_account_register
+from tests.factories import bearer_client
+
+pytestmark = pytest.mark.django_db
+
+T0 = datetime(2026, 11, 21, 23, 0, tzinfo=UTC)
+
+
+@pytest.fixture(autouse=True)
+def fresh_state() -> Iterator[None]:
+    throttle_state_clear()
+    cache.delete(sync._ANALYZE_CACHE_KEY)
+    sync._probe_trusted_until.clear()
+    yield
+    sync._probe_trusted_until.clear()
+
+
+def note(record_id: str, minutes: float, content: str, tags: list[str]) -> dict[str, Any]:
+    stamp = (T0 + timedelta(minutes=minutes)).isoformat()
+    return {"operation": "update", "table": "notes", "record_id": record_id, "local_updated_at": stamp,
+            "version": 1, "data": {"id": record_id, "content": content, "tags": tags, "local_updated_at": stamp,
+                                   "created_at": stamp, "version": 1}}
+
+
+def run_pushes(*, large: bool) -> dict[str, Any]:
+    """A sequence of pushes covering new, updated, stale, re-sent and deleted records; returns
+    what ended up stored."""
+    reg = personal_account_register(stack_id="acceptance", email=f"{uuid.uuid4().hex[:8]}@example.test")
+    client = bearer_client(reg.secret)
+
+    def push(operations: list[dict[str, Any]]) -> dict[str, Any]:
+        if large:
+            # The stack's own counter decides the path; pretend it is large without writing 2,000 rows.
+            Stack.objects.filter(pk=reg.stack.pk).update(memory_count=sync._PROBE_CHECK_MIN_ROWS + 10_000)
+        response = client.post("/sync/push", {"stack_id": "acceptance", "operations": operations}, format="json")
+        assert response.status_code == 200, response.content
+        body: dict[str, Any] = response.json()
+        return body
+
+    first = [note(f"n{i}", 0, f"note {i}", ["a"]) for i in range(5)]
+    push(first)
+    push(first)  # re-sent: nothing changes
+    push([note("n1", 10, "edited", ["b"]), note("n2", -5, "stale", ["c"]), note("n9", 1, "new", []),
+          {"operation": "delete", "table": "notes", "record_id": "n3", "local_updated_at": T0.isoformat()}])
+    last = push([note("n3", 20, "after delete", ["d"])])  # a tombstone is not resurrected
+    rows = {m.record_id: (m.data["content"], sorted(m.tags), m.version, m.deleted_at is not None)
+            for m in Memory.objects.filter(stack=reg.stack)}
+    return {"rows": rows, "revisions": MemoryRevision.objects.filter(memory__stack=reg.stack).count(),
+            "last": {k: v for k, v in last.items() if k != "server_time"}}
+
+
+def test_a_push_to_a_large_stack_stores_exactly_what_one_to_a_small_stack_does() -> None:
+    small = run_pushes(large=False)
+    large = run_pushes(large=True)
+    assert small == large
+    assert small["rows"]["n1"] == ("edited", ["a", "b"], 2, False)
+    assert small["rows"]["n2"] == ("note 2", ["a", "c"], 2, False)  # the newer copy kept, lists unioned
+    assert small["rows"]["n3"][3] is True and small["rows"]["n9"] == ("new", [], 1, False)
+
+
+@pytest.mark.parametrize("probe", [True, False])
+def test_both_lookup_queries_find_the_same_rows(probe: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sync, "_probe_is_safe", lambda stack, params: probe)
+    expected = run_pushes(large=False)
+    assert run_pushes(large=True) == expected
+
+
+def test_the_probe_plan_is_checked_and_trusted_only_with_statistics() -> None:
+    reg = personal_account_register(stack_id="acceptance", email=f"{uuid.uuid4().hex[:8]}@example.test")
+    stack = Stack.objects.get(pk=reg.stack.pk)
+    params = [sync._array_literal(["note"]), sync._array_literal(["n1"]), stack.pk]
+    Memory.objects.bulk_create([Memory(stack=stack, kind="note", record_id=f"x{i}", created_at=T0,
+                                       server_updated_at=T0, data={"content": "x"}) for i in range(50)])
+    safe = sync._probe_is_safe(stack, params)
+    # Without statistics the table is analysed first (allowed once a minute); a plan found safe
+    # with statistics is trusted for a while, an unsafe one never is.
+    assert sync._has_statistics()
+    assert (stack.pk in sync._probe_trusted_until) == safe
+    assert sync._probe_is_safe(stack, params) == safe
+
+
+def test_plan_reader_finds_an_index_anywhere_in_the_plan() -> None:
+    plan = [{"Plan": {"Node Type": "Nested Loop", "Plans": [
+        {"Node Type": "Function Scan"},
+        {"Node Type": "Limit", "Plans": [{"Node Type": "Index Scan", "Index Name": sync._UNIQUE_INDEX}]}]}}]
+    assert sync._plan_uses(plan, sync._UNIQUE_INDEX)
+    assert not sync._plan_uses(plan, "memories_stack_kind_created")
