@@ -325,9 +325,8 @@ def _decay_batch(*, low_page: int, high_page: int, now: datetime, tolerance: flo
                 cursor.execute(_DECAY_READ_SQL, params)
                 scanned, stacks_to_lock = cursor.fetchone()
                 forgotten = 0
-                for stack_id in stacks_to_lock:  # pk order, like every other multi-stack writer
-                    lock_stack_changes(stack_id)
                 if stacks_to_lock:
+                    lock_stack_changes(*stacks_to_lock)  # one statement, pk order
                     cursor.execute(_DECAY_FORGET_SQL, params)
                     forgotten = int(cursor.fetchone()[0])
                 cursor.execute(_DECAY_SALIENCE_SQL, params)

@@ -107,15 +107,17 @@ def _new_memory(*, stack: Stack, normalized: NormalizedMemory, record_id: str | 
     )
 
 
-def lock_stack_changes(stack_id: int) -> None:
-    """Take the stack row lock (FOR NO KEY UPDATE) until commit, before drawing a change_seq.
+def lock_stack_changes(*stack_ids: int) -> None:
+    """Take the stack row locks (FOR NO KEY UPDATE) until commit, before drawing a change_seq.
 
     Sequence numbers are drawn when a row is written but become visible at commit; without this,
     a writer that drew 100 could commit after one that drew 101, and a reader paging by cursor
     past 101 would never see 100. Sync pushes hold the same row (FOR UPDATE) for the whole push.
-    Lock order everywhere: the stack row first, then memory rows. Caller is in a transaction.
+    Lock order everywhere: the stack row first, then memory rows; several stacks in pk order, in
+    one statement. Caller is in a transaction.
     """
-    list(Stack.objects.select_for_update(no_key=True).filter(pk=stack_id).values_list("pk", flat=True))
+    list(Stack.objects.select_for_update(no_key=True).filter(pk__in=stack_ids).order_by("pk")
+         .values_list("pk", flat=True))
 
 
 @transaction.atomic

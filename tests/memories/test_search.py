@@ -349,12 +349,14 @@ def test_every_term_matches_survive_when_partial_matches_fill_the_rank_cap(
     assert [h.keyword_rank for h in result.hits] == list(range(len(result.hits)))
 
 
-def test_a_query_of_only_common_words_ranks_every_term_matches_within_the_capped_sample(
+def test_the_every_term_rescan_runs_only_when_a_query_term_is_rare_in_the_table(
         school: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
     """When even the rarest query term is in many rows of the table (ANALYZE's term statistics),
-    the every-term rescan through the GIN would cost tens of ms at scale: the matches with every
-    term found in the capped scan still rank first, and the search answers with what it found."""
+    the every-term rescan through the GIN would cost tens of ms at scale: it is skipped, and the
+    matches with every term found in the capped scan still rank first. A query with a rare term
+    still gets the rescan."""
     from django.db import connection
+    from django.test.utils import CaptureQueriesContext
 
     from memories.search import _strict_scan_is_cheap
 
@@ -365,12 +367,20 @@ def test_a_query_of_only_common_words_ranks_every_term_matches_within_the_capped
         cursor.execute("ANALYZE memories_memory")
     monkeypatch.setattr("memories.search.STRICT_SCAN_MAX_POSTINGS", 1)
     assert not _strict_scan_is_cheap("fractions pizza")  # both words are in the statistics
-    assert _strict_scan_is_cheap("fractions zeppelin")  # a word the table never saw is rare
+    assert _strict_scan_is_cheap("pizza zeppelin")  # a word the table never saw is rare
     monkeypatch.setattr("memories.search.KEYWORD_RANK_CAP", 4)
-    result = search_memories(stack_ids=[stack.pk], query=SearchQuery(text="fractions pizza", min_similarity=0.0))
-    assert set(ids(result.hits[:2])) == {str(m.pk) for m in complete}
-    assert set(ids(result.hits[2:])) <= {str(m.pk) for m in partials}
-    assert len(result.hits) == 4  # the capped sample: no second scan ran
+
+    def keyword_scans(text: str) -> tuple[list[str], int]:
+        with CaptureQueriesContext(connection) as queries:
+            result = search_memories(stack_ids=[stack.pk], query=SearchQuery(text=text, min_similarity=0.0))
+        return ids(result.hits), sum("WITH matched AS MATERIALIZED" in q["sql"] for q in queries.captured_queries)
+
+    common_hits, common_scans = keyword_scans("fractions pizza")
+    assert common_scans == 1  # the capped scan only
+    assert set(common_hits[:2]) == {str(m.pk) for m in complete}
+    assert set(common_hits[2:]) <= {str(m.pk) for m in partials}
+    _, rare_scans = keyword_scans("pizza zeppelin")
+    assert rare_scans == 2  # the capped scan reached the cap with no every-term match: rescan
 
 
 @pytest.mark.django_db(transaction=True)
