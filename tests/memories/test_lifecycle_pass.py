@@ -60,6 +60,9 @@ def plan_and_rows(sql: str, params: Any, *, without: tuple[str, ...], sort: bool
             cursor.execute("SET LOCAL enable_indexscan = off")
         else:  # ORDER BY distance: only a vector index can produce the order
             cursor.execute("SET LOCAL enable_sort = off")
+            # The table-wide graph filters by stack after its walk: walk wide enough that rows other
+            # tests left in the table cannot crowd this stack's out (search sizes ef the same way).
+            cursor.execute("SET LOCAL hnsw.ef_search = 1000")
         cursor.execute("EXPLAIN " + sql, params)
         plan = "\n".join(row[0] for row in cursor.fetchall())
         cursor.execute(sql, params)
