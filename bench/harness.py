@@ -56,9 +56,15 @@ def log(message: str) -> None:
 
 
 @contextmanager
-def bench_environment(name: str, *, keep: bool = False) -> Iterator[BenchEnv]:
-    """Start (or reuse from the environment) Postgres and Redis, migrate, and set up Django."""
-    workdir = Path(tempfile.mkdtemp(prefix=f"memoryhub-bench-{name}-"))
+def bench_environment(name: str, *, keep: bool = False, data_dir: Path | None = None) -> Iterator[BenchEnv]:
+    """Start (or reuse from the environment) Postgres and Redis, migrate, and set up Django.
+
+    With `data_dir` the embedded servers live there and are kept after the run, so a benchmark
+    whose load takes tens of minutes can measure the same data again (see bench/search.py)."""
+    if data_dir is not None:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        keep = True
+    workdir = data_dir.resolve() if data_dir is not None else Path(tempfile.mkdtemp(prefix=f"memoryhub-bench-{name}-"))
     started: list[EmbeddedPostgres | EmbeddedRedis] = []
     try:
         database_url = os.environ.get("DATABASE_URL", "")

@@ -30,6 +30,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -74,6 +75,24 @@ def make_embed(words: dict[str, np.ndarray], seed: int):  # type: ignore[no-unty
     return embed
 
 
+def explain_vector_leg(stack: Any, queries: list[str], model: Any) -> None:
+    """EXPLAIN (ANALYZE, BUFFERS) of the vector leg's statement as the server runs it for `stack`
+    (its own HNSW index, the ef_search the server would set): where the time goes, and how many
+    pages came from the buffer cache (hit) versus the OS (read)."""
+    from django.db import connection, transaction
+
+    from memories.search import STACK_INDEX_MIN_EF_SEARCH, SearchQuery, _vector_sql, over_fetch
+
+    for text in queries:
+        query = SearchQuery(text=text, limit=10, min_similarity=0.0)
+        fetch = over_fetch(10)
+        sql, params = _vector_sql(query, [stack.pk], model.embed([text])[0], fetch, exact=False, single_stack=True)
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(f"SET LOCAL hnsw.ef_search = {max(fetch * 8, STACK_INDEX_MIN_EF_SEARCH)}")
+            cursor.execute("EXPLAIN (ANALYZE, BUFFERS) " + sql, params)
+            print(f"\n-- {text!r}\n" + "\n".join(row[0] for row in cursor.fetchall()), flush=True)
+
+
 def stack_plan(total: int, stacks: int, largest: int) -> list[int]:
     rest = total - largest
     sizes = [largest] + [rest // (stacks - 1)] * (stacks - 1)
@@ -86,6 +105,11 @@ def main() -> None:
     parser.add_argument("--scale", type=float, default=1.0, help="1.0 = 1M memories / 1,000 stacks / largest 100k")
     parser.add_argument("--queries", type=int, default=200, help="HTTP queries per stack class")
     parser.add_argument("--recall-queries", type=int, default=100)
+    parser.add_argument("--data-dir", type=Path, default=None,
+                        help="keep the embedded database here; a later run at the same scale skips the load "
+                             "and the index builds (tens of minutes at full size) and measures the same data")
+    parser.add_argument("--explain", type=int, default=0, metavar="N",
+                        help="also print EXPLAIN (ANALYZE, BUFFERS) of the largest stack's vector leg for N queries")
     args = parser.parse_args()
     total = int(1_000_000 * args.scale)
     n_stacks = max(2, int(1000 * args.scale))
@@ -93,8 +117,8 @@ def main() -> None:
 
     # The bench process ranks with the same model id the server uses (the stored vectors carry it).
     os.environ["EMBEDDING_PROVIDER"] = "minilm"
-    with bench_environment("search") as env:
-        from django.db import connection
+    with bench_environment("search", data_dir=args.data_dir) as env:
+        from django.db import connection, transaction
 
         from accounts.models import User
         from accounts.services import api_key_issue
@@ -107,22 +131,36 @@ def main() -> None:
             over_fetch,
             pgvector_version,
         )
-        from memories.vector_indexes import STACK_INDEX_MIN_ROWS, stack_vector_index_ensure
+        from memories.vector_indexes import (
+            STACK_INDEX_MIN_ROWS,
+            stack_index_name,
+            stack_vector_index_ensure,
+            stacks_with_vector_index,
+        )
 
         log("embedding the vocabulary with all-MiniLM-L6-v2")
         words, _ = word_space()
         model_id = MiniLMEmbedder().model_id
         stacks = create_bench_stacks(n_stacks)
         sizes = stack_plan(total, n_stacks, largest)
-        log(f"loading {total:,} memories into {n_stacks} stacks (largest {largest:,})")
-        t0 = time.monotonic()
-        bulk_load_memories(list(zip([s.pk for s in stacks], sizes, strict=True)), embed=make_embed(words, 1),
-                           embedding_model=model_id, days_back=365)
-        load_s = time.monotonic() - t0
         with connection.cursor() as cursor:
-            cursor.execute("VACUUM ANALYZE memories_memory")
+            cursor.execute("SELECT count(*) FROM memories_memory")
+            loaded = cursor.fetchone()[0]
+        if loaded == total and len(stacks) == n_stacks:
+            log(f"reusing the {total:,} memories already in {args.data_dir}")
+            load_s = 0.0
+        elif loaded:
+            sys.exit(f"{args.data_dir} holds {loaded:,} memories, not {total:,}: use another --data-dir")
+        else:
+            log(f"loading {total:,} memories into {n_stacks} stacks (largest {largest:,})")
+            t0 = time.monotonic()
+            bulk_load_memories(list(zip([s.pk for s in stacks], sizes, strict=True)), embed=make_embed(words, 1),
+                               embedding_model=model_id, days_back=365)
+            load_s = time.monotonic() - t0
+            with connection.cursor() as cursor:
+                cursor.execute("VACUUM ANALYZE memories_memory")
         org = stacks[0].organization
-        user = User.objects.create_user(username="bench", email="bench@example.test", password="x" * 20)
+        user, _ = User.objects.get_or_create(username="bench", defaults={"email": "bench@example.test"})
         _, secret = api_key_issue(organization=org, user=user, stack_id=None, name="bench", read_only=False)
 
         rng = random.Random(11)
@@ -165,8 +203,17 @@ def main() -> None:
                 "exact p95 ms (baseline)": percentiles(exact_ms)["p95"], "plan": ",".join(sorted(methods)),
             }
 
-        recall_rows = [measure_recall("largest stack, table-wide HNSW (post-filtered)", [big])]
         large = [s for s, size in zip(stacks, sizes, strict=True) if size >= STACK_INDEX_MIN_ROWS]
+        # The table-wide graph on its own: per-stack indexes a reused database already has are
+        # dropped for this measurement only (rolled back).
+        with transaction.atomic():
+            with connection.cursor() as cursor:
+                for stack_id in stacks_with_vector_index(refresh=True):
+                    cursor.execute(f"DROP INDEX {stack_index_name(stack_id)}")
+            stacks_with_vector_index(refresh=True)
+            recall_rows = [measure_recall("largest stack, table-wide HNSW (post-filtered)", [big])]
+            transaction.set_rollback(True)
+        stacks_with_vector_index(refresh=True)
         started = time.monotonic()
         for stack in large:
             stack_vector_index_ensure(stack_id=stack.pk, concurrently=False)
@@ -174,6 +221,8 @@ def main() -> None:
         log(f"built {len(large)} per-stack partial HNSW index(es) in {index_s:.0f}s")
         recall_rows.append(measure_recall("largest stack, its own partial HNSW", [big]))
         recall_rows.append(measure_recall("typical stacks", typical))
+        if args.explain:
+            explain_vector_leg(big, queries[: args.explain], model)
 
         # --- HTTP -----------------------------------------------------------------------------------
         import httpx

@@ -13,7 +13,7 @@ from accounts.models import Membership
 from memories.embedding_jobs import memories_embed
 from memories.models import Memory
 from memories.search import RRF_K, SearchQuery, ranking_weight, search_memories
-from memories.services import memory_create
+from memories.services import memory_create, memory_forget
 from stacks.models import Stack
 from tests.factories import assign_teacher, bearer_client, make_key, make_org, make_stack, make_user
 
@@ -381,6 +381,37 @@ def test_the_every_term_rescan_runs_only_when_a_query_term_is_rare_in_the_table(
     assert set(common_hits[2:]) <= {str(m.pk) for m in partials}
     _, rare_scans = keyword_scans("pizza zeppelin")
     assert rare_scans == 2  # the capped scan reached the cap with no every-term match: rescan
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_stack_with_its_own_index_is_not_counted_first_and_one_that_shrank_is_ranked_exactly() -> None:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from memories.vector_indexes import stack_index_name, stack_vector_index_ensure, stacks_with_vector_index
+
+    stack = make_stack(make_org(), "shrinking")
+    memories = [add(stack, f"shrinking stack memory {i}") for i in range(40)]
+    try:
+        assert stack_vector_index_ensure(stack_id=stack.pk, concurrently=True) is True
+        stacks_with_vector_index(refresh=True)
+        query = SearchQuery(text="memory", limit=10, min_similarity=0.0)  # fetches 30 per leg
+        with CaptureQueriesContext(connection) as queries:
+            result = search_memories(stack_ids=[stack.pk], query=query)
+        assert result.method == "hnsw-stack" and len(result.hits) == 10
+        # The index exists because the stack is large: no count of its rows before the walk.
+        assert not any("SELECT count(*) FROM (SELECT 1" in q["sql"] for q in queries.captured_queries)
+
+        for memory in memories[5:]:
+            memory_forget(memory=memory, reason="test")
+        result = search_memories(stack_ids=[stack.pk], query=query)
+        # Its graph now holds 5 live rows, short of the over-fetch: ranked exactly, all 5 found.
+        assert result.method == "hnsw-stack+exact"
+        assert sorted(ids(result.hits)) == sorted(str(m.pk) for m in memories[:5])
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(f'DROP INDEX IF EXISTS "{stack_index_name(stack.pk)}"')
+        stacks_with_vector_index(refresh=True)
 
 
 @pytest.mark.django_db(transaction=True)
