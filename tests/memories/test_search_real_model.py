@@ -199,3 +199,24 @@ def test_a_single_query_embeds_exactly_as_in_a_batch(minilm: Any) -> None:
         (single,) = minilm.embed([text])
         assert len(single) == 384
         assert max(abs(a - b) for a, b in zip(single, expected, strict=True)) < 1e-5
+
+
+def test_queries_take_the_traced_single_text_path_and_fall_back_to_eager_when_tracing_fails(
+        minilm: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    import torch
+
+    from memories.embeddings import MiniLMEmbedder
+
+    text = "how does this student learn fractions?"
+    (expected,) = minilm.embed([text, "a second text so the batched path runs"])[:1]
+    assert minilm._single is not None  # the loaded model traced its one-text encoder
+
+    def broken_trace(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("tracing unsupported here")
+
+    monkeypatch.setattr(torch.jit, "trace", broken_trace)
+    eager_only = MiniLMEmbedder()
+    (single,) = eager_only.embed([text])
+    assert eager_only._single is None
+    assert "single-text trace unavailable" in caplog.text
+    assert max(abs(a - b) for a, b in zip(single, expected, strict=True)) < 1e-5
