@@ -16,6 +16,7 @@ import time
 
 from django.db import connection
 
+from memoryhub.index_swap import index_replace_concurrently
 from stacks.models import Stack
 
 logger = logging.getLogger(__name__)
@@ -53,45 +54,82 @@ def stacks_with_vector_index(*, refresh: bool = False) -> frozenset[int]:
     return ids
 
 
+def _create_sql(name: str, stack_id: int, *, concurrently: bool) -> str:
+    return (
+        f'CREATE INDEX {"CONCURRENTLY " if concurrently else ""}IF NOT EXISTS "{name}" ON memories_memory '
+        f"USING hnsw (embedding vector_cosine_ops) "
+        f"WITH (m = {STACK_INDEX_M}, ef_construction = {STACK_INDEX_EF_CONSTRUCTION}) "
+        # Live rows only (search reads with `forgotten_at IS NULL`): a decay tombstone adds no
+        # entry to the graph.
+        f"WHERE stack_id = {int(stack_id)} AND forgotten_at IS NULL"
+    )
+
+
+def _is_current(definition: str, stack_id: int) -> bool:
+    """Whether an index definition (pg_get_indexdef) has today's parameters and predicate: an
+    index built by an earlier release (16/64, or without the live-only predicate) is rebuilt."""
+    return definition.endswith(
+        f"WITH (m='{STACK_INDEX_M}', ef_construction='{STACK_INDEX_EF_CONSTRUCTION}') "
+        f"WHERE ((stack_id = {int(stack_id)}) AND (forgotten_at IS NULL))"
+    )
+
+
+def _stack_indexes() -> dict[int, tuple[bool, str]]:
+    """Every per-stack index: stack id -> (valid, definition)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """SELECT c.relname, i.indisvalid, pg_get_indexdef(i.indexrelid)
+                 FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+                WHERE i.indrelid = 'memories_memory'::regclass AND c.relname LIKE %s""",
+            [_PREFIX + "%"],
+        )
+        rows = cursor.fetchall()
+    return {int(m.group(1)): (valid, definition) for name, valid, definition in rows
+            if (m := re.fullmatch(re.escape(_PREFIX) + r"(\d+)", name))}
+
+
 def stack_vector_index_ensure(*, stack_id: int, concurrently: bool = True) -> bool:
-    """Create the stack's partial HNSW index if missing. Returns True when one was built.
+    """Create the stack's partial HNSW index if missing, or rebuild it if it was built with other
+    parameters or predicate. Returns True when one was built.
 
     `concurrently=True` needs autocommit (not inside a transaction): the normal case for the task.
+    An outdated index keeps serving searches while its replacement builds (memoryhub.index_swap).
     An invalid leftover of an interrupted concurrent build is dropped and rebuilt.
     """
     name = stack_index_name(stack_id)
+    valid, definition = _stack_indexes().get(stack_id, (None, ""))
+    if valid and _is_current(definition, stack_id):
+        return False
     with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid WHERE c.relname = %s",
-            [name],
-        )
-        row = cursor.fetchone()
-        if row is not None and row[0]:
-            return False
-        if row is not None:
-            cursor.execute(f'DROP INDEX {"CONCURRENTLY " if concurrently else ""}IF EXISTS "{name}"')
-        cursor.execute(
-            f'CREATE INDEX {"CONCURRENTLY " if concurrently else ""}IF NOT EXISTS "{name}" ON memories_memory '
-            f"USING hnsw (embedding vector_cosine_ops) "
-            f"WITH (m = {STACK_INDEX_M}, ef_construction = {STACK_INDEX_EF_CONSTRUCTION}) "
-            # Live rows only (search reads with `forgotten_at IS NULL`): a decay tombstone adds no
-            # entry to the graph.
-            f"WHERE stack_id = {int(stack_id)} AND forgotten_at IS NULL"
-        )
+        if valid and concurrently:
+            index_replace_concurrently(cursor, name=name,
+                                       create_sql=lambda temporary: _create_sql(temporary, stack_id, concurrently=True))
+        else:
+            if valid is not None:
+                cursor.execute(f'DROP INDEX {"CONCURRENTLY " if concurrently else ""}IF EXISTS "{name}"')
+            cursor.execute(_create_sql(name, stack_id, concurrently=concurrently))
     stacks_with_vector_index(refresh=True)
     return True
 
 
 def stack_vector_indexes_sync(*, min_rows: int = STACK_INDEX_MIN_ROWS) -> dict[str, int]:
-    """Give every stack with at least `min_rows` memories its partial index (one build per run, so
-    a run stays short; the next run continues)."""
-    have = stacks_with_vector_index(refresh=True)
-    wanted = list(Stack.objects.filter(memory_count__gte=min_rows).exclude(pk__in=have)
-                  .order_by("-memory_count").values_list("pk", flat=True)[:1])
-    built = 0
-    for stack_id in wanted:
+    """Give every stack with at least `min_rows` memories its partial index, and rebuild indexes an
+    earlier release built with other parameters. One build per run, so a run stays short (a
+    100k-row stack's graph takes minutes); missing indexes first, the next run continues."""
+    existing = _stack_indexes()
+    have = {stack_id for stack_id, (valid, _) in existing.items() if valid}
+    outdated = sorted(stack_id for stack_id, (valid, definition) in existing.items()
+                      if valid and not _is_current(definition, stack_id))
+    missing = list(Stack.objects.filter(memory_count__gte=min_rows).exclude(pk__in=have)
+                   .order_by("-memory_count").values_list("pk", flat=True)[:1])
+    built = rebuilt = 0
+    for stack_id in (missing or outdated)[:1]:
         started = time.monotonic()
         if stack_vector_index_ensure(stack_id=stack_id):
-            built += 1
+            if stack_id in have:
+                rebuilt += 1
+            else:
+                built += 1
             logger.info("built %s in %.1fs", stack_index_name(stack_id), time.monotonic() - started)
-    return {"built": built, "indexed": len(have) + built}
+    return {"built": built, "rebuilt": rebuilt, "indexed": len(have) + built,
+            "outdated": len(outdated) - rebuilt}

@@ -8,15 +8,55 @@ fails an index's predicate. Bench (1M rows, a tombstone UPDATE of 36,747 rows, s
 full indexes, 2.03 s with the GINs partial, 1.76 s with the (stack, kind, created) index too - before
 counting the HNSW insert, by far the most expensive, which the bench rows (no embedding) do not pay.
 A recovered memory (forgotten_at back to NULL) is a new row version and is indexed again.
-Rebuilding the HNSW index takes a while on a large table; run it in a maintenance window.
+
+Each index is rebuilt CONCURRENTLY next to the old one and then takes its name
+(memoryhub.index_swap): the HNSW graph of a million memories takes ~11 minutes to build, and a
+plain CREATE INDEX would block every write for that long. Hence a non-atomic migration; it can be
+re-run after an interruption.
 """
 
 import django.contrib.postgres.indexes
 import pgvector.django.indexes
 from django.db import migrations, models
 
+from memoryhub.index_swap import index_replace_concurrently
+
+LIVE = models.Q(('forgotten_at__isnull', True))
+
+ALL_ROWS = [
+    models.Index(fields=['stack', 'kind', '-created_at'], name='memories_stack_kind_created'),
+    django.contrib.postgres.indexes.GinIndex(fields=['search_vector'], name='memories_search_vector_gin'),
+    django.contrib.postgres.indexes.GinIndex(fields=['tags'], name='memories_tags_gin'),
+    pgvector.django.indexes.HnswIndex(ef_construction=64, fields=['embedding'], m=16, name='memories_embedding_hnsw',
+                                      opclasses=['vector_cosine_ops']),
+]
+LIVE_ONLY = [
+    models.Index(condition=LIVE, fields=['stack', 'kind', '-created_at'], name='memories_stack_kind_created'),
+    django.contrib.postgres.indexes.GinIndex(condition=LIVE, fields=['search_vector'], name='memories_search_vector_gin'),
+    django.contrib.postgres.indexes.GinIndex(condition=LIVE, fields=['tags'], name='memories_tags_gin'),
+    pgvector.django.indexes.HnswIndex(condition=LIVE, ef_construction=64, fields=['embedding'], m=16,
+                                      name='memories_embedding_hnsw', opclasses=['vector_cosine_ops']),
+]
+
+
+def _replace_all(indexes):
+    def replace(apps, schema_editor):
+        memory = apps.get_model('memories', 'Memory')
+        with schema_editor.connection.cursor() as cursor:
+            for index in indexes:
+                def create_sql(temporary, index=index):
+                    clone = index.clone()
+                    clone.name = temporary
+                    return str(clone.create_sql(memory, schema_editor, concurrently=True))
+
+                index_replace_concurrently(cursor, name=index.name, create_sql=create_sql)
+
+    return replace
+
 
 class Migration(migrations.Migration):
+
+    atomic = False  # CREATE / DROP INDEX CONCURRENTLY cannot run inside a transaction
 
     dependencies = [
         ('memories', '0007_memory_toast_target'),
@@ -24,36 +64,13 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
-        migrations.RemoveIndex(
-            model_name='memory',
-            name='memories_stack_kind_created',
-        ),
-        migrations.RemoveIndex(
-            model_name='memory',
-            name='memories_search_vector_gin',
-        ),
-        migrations.RemoveIndex(
-            model_name='memory',
-            name='memories_tags_gin',
-        ),
-        migrations.RemoveIndex(
-            model_name='memory',
-            name='memories_embedding_hnsw',
-        ),
-        migrations.AddIndex(
-            model_name='memory',
-            index=models.Index(condition=models.Q(('forgotten_at__isnull', True)), fields=['stack', 'kind', '-created_at'], name='memories_stack_kind_created'),
-        ),
-        migrations.AddIndex(
-            model_name='memory',
-            index=django.contrib.postgres.indexes.GinIndex(condition=models.Q(('forgotten_at__isnull', True)), fields=['search_vector'], name='memories_search_vector_gin'),
-        ),
-        migrations.AddIndex(
-            model_name='memory',
-            index=django.contrib.postgres.indexes.GinIndex(condition=models.Q(('forgotten_at__isnull', True)), fields=['tags'], name='memories_tags_gin'),
-        ),
-        migrations.AddIndex(
-            model_name='memory',
-            index=pgvector.django.indexes.HnswIndex(condition=models.Q(('forgotten_at__isnull', True)), ef_construction=64, fields=['embedding'], m=16, name='memories_embedding_hnsw', opclasses=['vector_cosine_ops']),
+        migrations.SeparateDatabaseAndState(
+            database_operations=[
+                migrations.RunPython(_replace_all(LIVE_ONLY), _replace_all(ALL_ROWS), atomic=False),
+            ],
+            state_operations=[
+                *[migrations.RemoveIndex(model_name='memory', name=index.name) for index in ALL_ROWS],
+                *[migrations.AddIndex(model_name='memory', index=index) for index in LIVE_ONLY],
+            ],
         ),
     ]

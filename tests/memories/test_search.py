@@ -415,6 +415,40 @@ def test_a_stack_with_its_own_index_is_not_counted_first_and_one_that_shrank_is_
 
 
 @pytest.mark.django_db(transaction=True)
+def test_a_per_stack_index_built_with_older_parameters_is_rebuilt_under_its_name() -> None:
+    from django.db import connection
+
+    from memories.vector_indexes import stack_index_name, stack_vector_indexes_sync, stacks_with_vector_index
+
+    stack = make_stack(make_org(), "veteran")
+    for i in range(35):  # more than a search's over-fetch (30), so the walk alone serves it
+        add(stack, f"veteran stack memory {i}")
+    name = stack_index_name(stack.pk)
+    try:
+        with connection.cursor() as cursor:  # what an earlier release built: 16/64, every row
+            cursor.execute(f'CREATE INDEX "{name}" ON memories_memory USING hnsw (embedding vector_cosine_ops) '
+                           f"WITH (m = 16, ef_construction = 64) WHERE stack_id = {stack.pk}")
+        assert stack.pk in stacks_with_vector_index(refresh=True)
+        query = SearchQuery(text="memory", limit=3, min_similarity=0.0)
+        assert search_memories(stack_ids=[stack.pk], query=query).method == "hnsw-stack"
+
+        assert stack_vector_indexes_sync(min_rows=10_000) == {"built": 0, "rebuilt": 1, "indexed": 1, "outdated": 0}
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT indexdef FROM pg_indexes WHERE indexname LIKE %s", [name + "%"])
+            definitions = [row[0] for row in cursor.fetchall()]
+        assert len(definitions) == 1  # the replacement took the name; no temporary index left
+        assert definitions[0].endswith(f"WITH (m='24', ef_construction='200') "
+                                       f"WHERE ((stack_id = {stack.pk}) AND (forgotten_at IS NULL))")
+        assert stack_vector_indexes_sync(min_rows=10_000)["rebuilt"] == 0  # current now: left alone
+        result = search_memories(stack_ids=[stack.pk], query=query)
+        assert result.method == "hnsw-stack" and len(result.hits) == 3
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(f'DROP INDEX IF EXISTS "{name}"')
+        stacks_with_vector_index(refresh=True)
+
+
+@pytest.mark.django_db(transaction=True)
 def test_large_stacks_get_their_own_partial_vector_index_and_search_uses_it(monkeypatch: pytest.MonkeyPatch) -> None:
     from django.db import connection
 
@@ -427,8 +461,8 @@ def test_large_stacks_get_their_own_partial_vector_index_and_search_uses_it(monk
     add(small, "small stack memory")
     Stack.objects.filter(pk=big.pk).update(memory_count=20_000)
     try:
-        assert stack_vector_indexes_sync(min_rows=10_000) == {"built": 1, "indexed": 1}
-        assert stack_vector_indexes_sync(min_rows=10_000) == {"built": 0, "indexed": 1}
+        assert stack_vector_indexes_sync(min_rows=10_000) == {"built": 1, "rebuilt": 0, "indexed": 1, "outdated": 0}
+        assert stack_vector_indexes_sync(min_rows=10_000) == {"built": 0, "rebuilt": 0, "indexed": 1, "outdated": 0}
         assert stacks_with_vector_index() == {big.pk}
         monkeypatch.setattr("memories.search.EXACT_SEARCH_MAX_ROWS", 5)
         result = search_memories(stack_ids=[big.pk], query=SearchQuery(text="memory", limit=10, min_similarity=0.0))
