@@ -188,11 +188,16 @@ def _single_text_encoder(model: Any) -> Any:
         return model.tokenizer([text], padding=True, truncation=True, max_length=model.max_seq_length,
                                return_tensors="pt")
 
+    # Tracing reads every attribute of the model, and transformers logs about some of them (an
+    # unset loss type of a model that is never trained here): nothing a user can act on.
+    transformers_log = logging.getLogger("transformers.modeling_utils")
+    previous_level = transformers_log.level
+    transformers_log.setLevel(logging.ERROR)
     try:
         with torch.inference_mode(), warnings.catch_warnings():
             # The tracer warns about each shape-dependent Python branch it records as constant
             # (exactly the single-text assumption above, checked below), and tracing touches
-            # deprecated transformers attributes: nothing a user can act on.
+            # deprecated transformers attributes.
             warnings.simplefilter("ignore")
             example = features(_TRACE_CHECK_TEXTS[0])
             traced = torch.jit.freeze(torch.jit.trace(
@@ -207,6 +212,8 @@ def _single_text_encoder(model: Any) -> Any:
     except Exception:
         logger.warning("MiniLM: single-text trace unavailable; queries use the eager model", exc_info=True)
         return None
+    finally:
+        transformers_log.setLevel(previous_level)
     return traced
 
 
