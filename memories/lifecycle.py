@@ -56,7 +56,8 @@ JOB_DECAY = "decay"
 JOB_TTL_PURGE = "ttl_purge"
 JOB_PROMOTION = "promotion"
 JOB_EMBEDDING_SWEEP = "embedding_sweep"
-JOB_NAMES = (JOB_DECAY, JOB_TTL_PURGE, JOB_PROMOTION, JOB_EMBEDDING_SWEEP)
+JOB_STACK_VECTOR_INDEXES = "stack_vector_indexes"
+JOB_NAMES = (JOB_DECAY, JOB_TTL_PURGE, JOB_PROMOTION, JOB_EMBEDDING_SWEEP, JOB_STACK_VECTOR_INDEXES)
 
 # Advisory-lock namespace (first key of the two-int form); the second key is hashtext(job name).
 JOB_LOCK_NAMESPACE = 730_117
@@ -715,3 +716,17 @@ def embedding_sweep_run(*, max_rows: int = 5000, progress: Progress | None = Non
             progress(result.embedded + result.skipped)
 
     return run_job(JOB_EMBEDDING_SWEEP, work)
+
+
+def stack_vector_indexes_run(*, progress: Progress | None = None) -> JobRun:
+    """Per-stack HNSW upkeep (`memories.vector_indexes`: build one missing or outdated index) as a
+    recorded job. The lock matters here more than anywhere: a large stack's build can outlast the
+    schedule's interval, and a second run would drop the first one's index as an unfinished build."""
+    from memories.vector_indexes import stack_vector_indexes_sync
+
+    def work(counts: dict[str, Any]) -> None:
+        counts.update(stack_vector_indexes_sync())
+        if progress is not None:
+            progress(counts["built"] + counts["rebuilt"])
+
+    return run_job(JOB_STACK_VECTOR_INDEXES, work)

@@ -45,11 +45,13 @@ def embedding_sweep_task(max_rows: int = 5000) -> dict[str, Any]:
 
 
 @shared_task(name="memories.stack_vector_indexes", acks_late=True, ignore_result=True)
-def stack_vector_indexes_task() -> dict[str, int]:
-    """Periodic: give large stacks their own partial HNSW index (memories.vector_indexes)."""
-    from memories.vector_indexes import stack_vector_indexes_sync
+def stack_vector_indexes_task() -> dict[str, Any]:
+    """Periodic: give large stacks their own partial HNSW index, or rebuild an outdated one
+    (memories.vector_indexes), recorded as a JobRun; an overlapping run is recorded `skipped`."""
+    from memories.lifecycle import stack_vector_indexes_run  # late: lifecycle pulls in the write services
 
-    return stack_vector_indexes_sync()
+    run = stack_vector_indexes_run()
+    return {"job_run": run.pk, "status": run.status, "duration_ms": run.duration_ms, **run.counts}
 
 
 def enqueue_embedding(ids: Iterable[str | uuid.UUID]) -> None:

@@ -9,6 +9,7 @@ from datetime import timedelta
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
+from django.db import connection
 from django.utils import timezone
 
 from memories import lifecycle
@@ -128,3 +129,34 @@ def test_runjob_reports_a_skipped_run_and_rejects_bad_arguments():
     with pytest.raises(CommandError):
         call_command("runjob", "decay", "--batch-size", "0", stdout=io.StringIO())
     assert JobRun.objects.count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_stack_index_upkeep_is_a_recorded_job_and_an_overlapping_run_builds_nothing():
+    from memories.vector_indexes import stack_index_name, stacks_with_vector_index
+    from stacks.models import Stack
+
+    stack = make_stack(make_org())
+    Stack.objects.filter(pk=stack.pk).update(memory_count=20_000)  # past the threshold
+    try:
+        other = _hold_lock_elsewhere(lifecycle.JOB_STACK_VECTOR_INDEXES)
+        try:
+            with pytest.raises(CommandError) as skipped:
+                call_command("runjob", "stack-indexes", "--no-progress", stdout=io.StringIO(),
+                             stderr=io.StringIO())
+        finally:
+            other.close()
+        assert skipped.value.returncode == 3
+        assert stack.pk not in stacks_with_vector_index(refresh=True)  # the skipped run built nothing
+
+        out = io.StringIO()
+        call_command("runjob", "stack-indexes", "--no-progress", stdout=out, stderr=io.StringIO())
+        assert "stack-indexes: succeeded" in out.getvalue() and "built=1" in out.getvalue()
+        assert stack.pk in stacks_with_vector_index(refresh=True)
+        runs = list(JobRun.objects.filter(name=lifecycle.JOB_STACK_VECTOR_INDEXES).order_by("started_at")
+                    .values_list("status", flat=True))
+        assert runs == [JobRun.Status.SKIPPED, JobRun.Status.SUCCEEDED]
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(f'DROP INDEX IF EXISTS "{stack_index_name(stack.pk)}"')
+        stacks_with_vector_index(refresh=True)

@@ -1,4 +1,5 @@
-"""Run a periodic job now, with a progress bar: `manage.py runjob decay|ttl|promotion|embedding-sweep`.
+"""Run a periodic job now, with a progress bar:
+`manage.py runjob decay|ttl|promotion|embedding-sweep|stack-indexes`.
 
 The same services as the Celery beat tasks, so the same rules hold: one run at a time (a run that
 finds the previous one still going is recorded as skipped and exits with status 3), every run
@@ -17,11 +18,11 @@ from tqdm import tqdm
 from memories import lifecycle
 from memories.models import JobRun
 
-JOBS = ("decay", "ttl", "promotion", "embedding-sweep")
+JOBS = ("decay", "ttl", "promotion", "embedding-sweep", "stack-indexes")
 
 
 class Command(BaseCommand):
-    help = "Run a lifecycle job now (decay, ttl, promotion, embedding-sweep) and show its progress."
+    help = "Run a lifecycle job now (decay, ttl, promotion, embedding-sweep, stack-indexes) and show its progress."
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("job", choices=JOBS)
@@ -59,6 +60,8 @@ class Command(BaseCommand):
             return lifecycle.expired_count(now=now), "rows"
         if job == "promotion":
             return None, "stacks"
+        if job == "stack-indexes":
+            return 1, "indexes"
         return None, "rows"
 
     def _run(self, job: str, *, now: Any, batch_size: int | None, max_rows: int,
@@ -70,4 +73,6 @@ class Command(BaseCommand):
             return lifecycle.ttl_purge(now=now, progress=progress, **sized)
         if job == "promotion":
             return lifecycle.promotion_run(now=now, progress=progress)
+        if job == "stack-indexes":
+            return lifecycle.stack_vector_indexes_run(progress=progress)
         return lifecycle.embedding_sweep_run(max_rows=max_rows, progress=progress)
