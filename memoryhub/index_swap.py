@@ -6,8 +6,8 @@ cores. Here the new index is built CONCURRENTLY under a temporary name next to t
 keeps serving reads), then the old one is dropped CONCURRENTLY and the new one takes its name.
 
 Only outside a transaction (autocommit), like any concurrent index build. Re-runnable after an
-interruption at any step: an invalid leftover of an interrupted build is dropped first, and a
-finished swap whose rename was lost is completed.
+interruption at any step: whatever is left under the temporary name (an invalid half-built index,
+or a finished one whose rename was lost) is dropped and built again, then the swap completes.
 """
 
 from __future__ import annotations
