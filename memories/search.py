@@ -319,7 +319,9 @@ def _vector_leg(query: SearchQuery, stack_ids: Sequence[int], vector: Vector, fe
         # where recall stays above 0.95 without paying for more width (vector_indexes.py).
         ef = min(HNSW_MAX_EF_SEARCH, max(fetch * 8, STACK_INDEX_MIN_EF_SEARCH))
         sql, params = _vector_sql(query, stack_ids, vector, fetch, exact=False, single_stack=True)
-        with transaction.atomic(), connection.cursor() as cursor:
+        # SET LOCAL needs a transaction; inside search's own one no savepoint is needed (an error
+        # fails the whole search anyway, and a leftover ef_search affects no later query of it).
+        with transaction.atomic(savepoint=False), connection.cursor() as cursor:
             cursor.execute(f"SET LOCAL hnsw.ef_search = {int(ef)}")
             cursor.execute(sql, params)
             rows = cursor.fetchall()
@@ -333,7 +335,7 @@ def _vector_leg(query: SearchQuery, stack_ids: Sequence[int], vector: Vector, fe
         ef = min(HNSW_MAX_EF_SEARCH, max(fetch * 2, 40, math.ceil(fetch * 3 / max(share, 1e-9))))
         if iterative or ef < HNSW_MAX_EF_SEARCH or share >= 0.5:
             sql, params = _vector_sql(query, stack_ids, vector, fetch, exact=False)
-            with transaction.atomic(), connection.cursor() as cursor:
+            with transaction.atomic(savepoint=False), connection.cursor() as cursor:
                 cursor.execute(f"SET LOCAL hnsw.ef_search = {int(ef)}")
                 if iterative:
                     cursor.execute("SET LOCAL hnsw.iterative_scan = relaxed_order")
