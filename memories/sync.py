@@ -39,7 +39,6 @@ import binascii
 import json
 import logging
 import operator
-import os
 import re
 import time
 import uuid
@@ -655,15 +654,9 @@ def _blank_memory(stack: Stack, kind: str, record_id: str, now: datetime) -> _Ne
     values = _DEFAULTS.copy()
     for name in _MUTABLE_DEFAULTS:
         values[name] = type(values[name])()  # every mutable default of Memory is empty
-    values.update(id=_new_memory_id(), stack_id=stack.pk, kind=kind, record_id=record_id, server_updated_at=now)
+    # As text: what COPY sends and the embedding job takes.
+    values.update(id=str(uuid.uuid4()), stack_id=stack.pk, kind=kind, record_id=record_id, server_updated_at=now)
     return _NewRow(values)
-
-
-def _new_memory_id() -> str:
-    """A random (version 4) UUID as text: what COPY sends and the embedding job takes, without
-    building a uuid.UUID and formatting it again (~2 us per new memory)."""
-    h = os.urandom(16).hex()
-    return f"{h[:8]}-{h[8:12]}-4{h[13:16]}-{'89ab'[int(h[16], 16) & 3]}{h[17:20]}-{h[20:]}"
 
 
 def _size_of(state: _State) -> int:
@@ -789,7 +782,7 @@ _ARRAY_COLUMNS = frozenset({"tags", "derived_from", "source_episodes", "emotiona
                             "access_grants", "consent_grants"})
 _JSON_COLUMNS = frozenset({"data", "extra"})
 _COPY_TYPES = tuple(
-    # Arrays, JSON and new ids (strings, see _new_memory_id) go as text: the server parses them.
+    # Arrays, JSON and new ids (strings, see _blank_memory) go as text: the server parses them.
     "text" if c in _ARRAY_COLUMNS or c in _JSON_COLUMNS or c == "id" else t
     for c, t in zip(_COPY_COLUMNS, (
         "uuid", "int8", "varchar", "varchar", "text", "jsonb", "jsonb", "text[]", "float8", "varchar", "varchar",
