@@ -16,33 +16,28 @@ from celery import shared_task
 from django.utils.dateparse import parse_datetime
 
 from memories import lifecycle
-from memories.models import JobRun
 
 
 def _at(now: str | None) -> datetime | None:
     return parse_datetime(now) if now else None
 
 
-def _summary(run: JobRun) -> dict[str, Any]:
-    return {"job_run": run.pk, "status": run.status, "duration_ms": run.duration_ms, **run.counts}
-
-
 @shared_task(name="memories.decay_pass", acks_late=True, soft_time_limit=15 * 60,
              time_limit=16 * 60)
 def decay_pass_task(now: str | None = None) -> dict[str, Any]:
     """Recompute salience everywhere and tombstone what has faded."""
-    return _summary(lifecycle.decay_pass(now=_at(now)))
+    return lifecycle.decay_pass(now=_at(now)).summary()
 
 
 @shared_task(name="memories.ttl_purge", acks_late=True, soft_time_limit=5 * 60,
              time_limit=6 * 60)
 def ttl_purge_task(now: str | None = None) -> dict[str, Any]:
     """Delete memories whose expiry time has passed (reads hide them already)."""
-    return _summary(lifecycle.ttl_purge(now=_at(now)))
+    return lifecycle.ttl_purge(now=_at(now)).summary()
 
 
 @shared_task(name="memories.promotion_run", acks_late=True, soft_time_limit=15 * 60,
              time_limit=16 * 60)
 def promotion_run_task(now: str | None = None) -> dict[str, Any]:
     """Promote recurring episode lessons to beliefs in stacks with new episodes."""
-    return _summary(lifecycle.promotion_run(now=_at(now)))
+    return lifecycle.promotion_run(now=_at(now)).summary()

@@ -8,6 +8,7 @@ fields a client sends that we do not model are kept verbatim in `extra`.
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 from django.contrib.postgres.fields import ArrayField
 from django.contrib.postgres.indexes import GinIndex
@@ -222,6 +223,10 @@ class JobRun(models.Model):
 
     class Meta:
         indexes = [models.Index(fields=["name", "-started_at"], name="memories_jobrun_name_time")]
+
+    def summary(self) -> dict[str, Any]:
+        """What a periodic task returns (and Celery logs) for this run."""
+        return {"job_run": self.pk, "status": self.status, "duration_ms": self.duration_ms, **self.counts}
 
 
 class SyncWatermark(models.Model):

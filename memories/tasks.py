@@ -41,7 +41,7 @@ def embedding_sweep_task(max_rows: int = 5000) -> dict[str, Any]:
     run = embedding_sweep_run(max_rows=max_rows)
     if run.counts.get("embedded"):
         logger.info("embedding sweep: %s embedded in %s ms", run.counts["embedded"], run.duration_ms)
-    return {"job_run": run.pk, "status": run.status, "duration_ms": run.duration_ms, **run.counts}
+    return run.summary()
 
 
 @shared_task(name="memories.stack_vector_indexes", acks_late=True, ignore_result=True)
@@ -50,8 +50,7 @@ def stack_vector_indexes_task() -> dict[str, Any]:
     (memories.vector_indexes), recorded as a JobRun; an overlapping run is recorded `skipped`."""
     from memories.lifecycle import stack_vector_indexes_run  # late: lifecycle pulls in the write services
 
-    run = stack_vector_indexes_run()
-    return {"job_run": run.pk, "status": run.status, "duration_ms": run.duration_ms, **run.counts}
+    return stack_vector_indexes_run().summary()
 
 
 def enqueue_embedding(ids: Iterable[str | uuid.UUID]) -> None:
