@@ -81,14 +81,14 @@ def explain_vector_leg(stack: Any, queries: list[str], model: Any) -> None:
     pages came from the buffer cache (hit) versus the OS (read)."""
     from django.db import connection, transaction
 
-    from memories.search import STACK_INDEX_MIN_EF_SEARCH, SearchQuery, _vector_sql, over_fetch
+    from memories.search import SearchQuery, _vector_sql, over_fetch, stack_index_ef_search
 
     for text in queries:
         query = SearchQuery(text=text, limit=10, min_similarity=0.0)
         fetch = over_fetch(10)
         sql, params = _vector_sql(query, [stack.pk], model.embed([text])[0], fetch, exact=False, single_stack=True)
         with transaction.atomic(), connection.cursor() as cursor:
-            cursor.execute(f"SET LOCAL hnsw.ef_search = {max(fetch * 8, STACK_INDEX_MIN_EF_SEARCH)}")
+            cursor.execute(f"SET LOCAL hnsw.ef_search = {stack_index_ef_search(fetch)}")
             cursor.execute("EXPLAIN (ANALYZE, BUFFERS) " + sql, params)
             print(f"\n-- {text!r}\n" + "\n".join(row[0] for row in cursor.fetchall()), flush=True)
 

@@ -305,6 +305,11 @@ def _vector_sql(query: SearchQuery, stack_ids: Sequence[int], vector: Vector, fe
     return sql, params
 
 
+def stack_index_ef_search(fetch: int) -> int:
+    """The walk width for a stack's own HNSW index when `fetch` rows are wanted (see _vector_leg)."""
+    return min(HNSW_MAX_EF_SEARCH, max(fetch * 8, STACK_INDEX_MIN_EF_SEARCH))
+
+
 def _vector_leg(query: SearchQuery, stack_ids: Sequence[int], vector: Vector, fetch: int,
                 stats: dict[str, Any]) -> tuple[list[tuple[Any, ...]], str]:
     iterative = pgvector_version() >= (0, 8)
@@ -317,7 +322,7 @@ def _vector_leg(query: SearchQuery, stack_ids: Sequence[int], vector: Vector, fe
         # ef 200 gave recall@10 0.955, ef 300 0.97 and ef 400 0.977; the walk grows about linearly
         # with ef (~20 ms at 300 on a busy box), so ef 240 (= 8x a default over-fetch of 30) is
         # where recall stays above 0.95 without paying for more width (vector_indexes.py).
-        ef = min(HNSW_MAX_EF_SEARCH, max(fetch * 8, STACK_INDEX_MIN_EF_SEARCH))
+        ef = stack_index_ef_search(fetch)
         sql, params = _vector_sql(query, stack_ids, vector, fetch, exact=False, single_stack=True)
         # SET LOCAL needs a transaction; inside search's own one no savepoint is needed (an error
         # fails the whole search anyway, and a leftover ef_search affects no later query of it).

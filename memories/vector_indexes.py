@@ -43,13 +43,7 @@ def stacks_with_vector_index(*, refresh: bool = False) -> frozenset[int]:
     global _cache
     if not refresh and _cache is not None and time.monotonic() - _cache[0] < _CACHE_SECONDS:
         return _cache[1]
-    with connection.cursor() as cursor:
-        cursor.execute(
-            """SELECT c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
-                WHERE i.indrelid = 'memories_memory'::regclass AND i.indisvalid AND c.relname LIKE %s""",
-            [_PREFIX + "%"],
-        )
-        ids = frozenset(int(m.group(1)) for (name,) in cursor.fetchall() if (m := re.search(r"(\d+)$", name)))
+    ids = frozenset(stack_id for stack_id, (valid, _) in _stack_indexes().items() if valid)
     _cache = (time.monotonic(), ids)
     return ids
 
