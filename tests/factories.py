@@ -8,6 +8,9 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
+import psycopg
+from django.conf import settings
+from django.db import connection
 from rest_framework.test import APIClient
 
 from accounts.models import ApiKey, Membership, Organization, User
@@ -62,3 +65,18 @@ def session_client(user: User) -> APIClient:
     client = APIClient(enforce_csrf_checks=True)
     client.force_login(user)
     return client
+
+
+def other_connection(*, autocommit: bool = False) -> psycopg.Connection:
+    """A second connection to the test database: another process's session, with its own locks and
+    transactions (a push in progress, a job run still going). The caller closes it."""
+    db = settings.DATABASES["default"]
+    return psycopg.connect(host=db["HOST"], port=db["PORT"], user=db["USER"], dbname=db["NAME"],
+                           password=db.get("PASSWORD") or None, autocommit=autocommit)
+
+
+def index_definitions(table: str = "memories_memory") -> dict[str, str]:
+    """Index name -> definition (pg_get_indexdef) of every index of the table."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT indexname, indexdef FROM pg_indexes WHERE tablename = %s", [table])
+        return dict(cursor.fetchall())

@@ -12,7 +12,6 @@ from typing import Any
 
 import psycopg
 import pytest
-from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
@@ -23,7 +22,7 @@ from memories.selectors import memories_list
 from memories.services import memory_forget, memory_recover
 from memoryhub.errors import Conflict, NotFound
 from stacks.models import Stack
-from tests.factories import make_org, make_stack
+from tests.factories import make_org, make_stack, other_connection
 
 pytestmark = pytest.mark.django_db
 
@@ -316,9 +315,7 @@ def test_review_refuses_deliberate_forgets_failed_recalls_of_tombstones_and_miss
 
 
 def _hold_lock_elsewhere(name: str) -> psycopg.Connection:
-    db = settings.DATABASES["default"]
-    other = psycopg.connect(host=db["HOST"], port=db["PORT"], user=db["USER"], dbname=db["NAME"],
-                            password=db.get("PASSWORD") or None, autocommit=True)
+    other = other_connection(autocommit=True)
     other.execute("SELECT pg_advisory_lock(%s, hashtext(%s))", [lifecycle.JOB_LOCK_NAMESPACE, name])
     return other
 

@@ -7,9 +7,7 @@ import itertools
 from datetime import timedelta
 from typing import Any
 
-import psycopg
 import pytest
-from django.conf import settings
 from django.db import OperationalError, connection, transaction
 from django.utils import timezone
 
@@ -21,7 +19,7 @@ from memories.search import SearchQuery, search_memories
 from memories.services import memory_create, memory_recover
 from memories.vector_indexes import stack_index_name, stack_vector_index_ensure
 from stacks.models import Stack
-from tests.factories import make_org, make_stack
+from tests.factories import index_definitions, make_org, make_stack, other_connection
 
 NOW = timezone.now().replace(microsecond=0)
 _ids = itertools.count(1)
@@ -58,11 +56,10 @@ def plan_and_rows(sql: str, params: Any, *, without: tuple[str, ...], sort: bool
         cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")  # pending deferred FK checks would block DROP INDEX
         for index in without:
             cursor.execute(f"DROP INDEX {index}")
+        definitions = index_definitions()
         for index in rebuilt:
-            cursor.execute("SELECT indexdef FROM pg_indexes WHERE indexname = %s", [index])
-            definition = cursor.fetchone()[0]
             cursor.execute(f"DROP INDEX {index}")
-            cursor.execute(definition)  # a new graph of the rows live now: dead tuples are not indexed
+            cursor.execute(definitions[index])  # a new graph of the rows live now: dead tuples are not indexed
         cursor.execute("SET LOCAL enable_seqscan = off")
         if sort:
             # A text match is a bitmap scan of the GIN; with statistics of a tiny table (another test
@@ -87,10 +84,7 @@ def test_a_tombstone_leaves_the_live_only_indexes_and_recover_puts_it_back():
     stack = make_stack(make_org())
     faded = note(stack, "chloroplasts turn sunlight into sugar", days_old=400)
     fresh = note(stack, "chloroplasts are green", days_old=1)
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT indexname, indexdef FROM pg_indexes WHERE indexname = ANY(%s)",
-                       [list(LIVE_ONLY_INDEXES)])
-        definitions = dict(cursor.fetchall())
+    definitions = {name: d for name, d in index_definitions().items() if name in LIVE_ONLY_INDEXES}
     assert set(definitions) == set(LIVE_ONLY_INDEXES)
     assert all(d.endswith("WHERE (forgotten_at IS NULL)") for d in definitions.values()), definitions
     assert set(found(stack, "chloroplasts")) == {faded.pk, fresh.pk}
@@ -119,9 +113,8 @@ def test_search_still_walks_the_live_only_vector_indexes_after_a_tombstone():
     with connection.cursor() as cursor:
         cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")  # deferred FK checks would block CREATE INDEX
     stack_vector_index_ensure(stack_id=stack.pk, concurrently=False)
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT indexdef FROM pg_indexes WHERE indexname = %s", [stack_index_name(stack.pk)])
-        assert cursor.fetchone()[0].endswith(f"WHERE ((stack_id = {stack.pk}) AND (forgotten_at IS NULL))")
+    own_index = index_definitions()[stack_index_name(stack.pk)]
+    assert own_index.endswith(f"WHERE ((stack_id = {stack.pk}) AND (forgotten_at IS NULL))")
     lifecycle.decay_pass(now=NOW)
     assert Memory.objects.get(pk=faded.pk).forgotten_at is not None
 
@@ -134,12 +127,6 @@ def test_search_still_walks_the_live_only_vector_indexes_after_a_tombstone():
     plan, rows = plan_and_rows(sql, params, without=("memories_embedding_hnsw",), sort=False)
     assert stack_index_name(stack.pk) in plan
     assert rows == [fresh.pk]
-
-
-def _other_connection() -> psycopg.Connection:
-    db = settings.DATABASES["default"]
-    return psycopg.connect(host=db["HOST"], port=db["PORT"], user=db["USER"], dbname=db["NAME"],
-                           password=db.get("PASSWORD") or None)
 
 
 def _old(stack: Stack, days_old: float = 400, *, padding: int = 0) -> Memory:
@@ -155,7 +142,7 @@ def test_a_tombstone_waits_for_its_stacks_change_lock():
     change_seq in that stack: a cursor reader can never see a later sequence commit first."""
     stack = make_stack(make_org())
     faded = _old(stack)
-    writer = _other_connection()
+    writer = other_connection()
     try:
         writer.execute("SELECT id FROM stacks_stack WHERE id = %s FOR NO KEY UPDATE", [stack.pk])
         with connection.cursor() as cursor:

@@ -5,23 +5,15 @@ from __future__ import annotations
 
 import threading
 
-import psycopg
 import pytest
-from django.conf import settings
 from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 
 from memoryhub.index_swap import index_replace_concurrently, temporary_index_name
-from tests.factories import make_org, make_stack
+from tests.factories import index_definitions, make_org, make_stack, other_connection
 
 LIVE_ONLY = ("memories_stack_kind_created", "memories_search_vector_gin", "memories_tags_gin",
              "memories_embedding_hnsw")
-
-
-def _definitions() -> dict[str, str]:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'memories_memory'")
-        return dict(cursor.fetchall())
 
 
 def _migrate(target: list[tuple[str, str]]) -> None:
@@ -40,23 +32,17 @@ def test_live_only_index_migration_runs_both_ways_and_leaves_no_temporary_index(
     latest = [key for key in MigrationExecutor(connection).loader.graph.leaf_nodes() if key[0] == "memories"]
     try:
         _migrate([("memories", "0007_memory_toast_target")])
-        before = _definitions()
+        before = index_definitions()
         assert all(name in before and "WHERE" not in before[name] for name in LIVE_ONLY), before
-        assert "memories_salience_heap_block" not in _definitions()
+        assert "memories_salience_heap_block" not in index_definitions()
     finally:
         _migrate(latest)
-    after = _definitions()
+    after = index_definitions()
     assert all(after[name].endswith("WHERE (forgotten_at IS NULL)") for name in LIVE_ONLY), after
     assert not any(name.endswith("_swap") for name in after)
     with connection.cursor() as cursor:
         cursor.execute("SELECT count(*) FROM pg_index WHERE indrelid = 'memories_memory'::regclass AND NOT indisvalid")
         assert cursor.fetchone()[0] == 0
-
-
-def _other_connection() -> psycopg.Connection:
-    db = settings.DATABASES["default"]
-    return psycopg.connect(host=db["HOST"], port=db["PORT"], user=db["USER"], dbname=db["NAME"],
-                           password=db.get("PASSWORD") or None, autocommit=True)
 
 
 @pytest.mark.django_db(transaction=True)
@@ -68,7 +54,7 @@ def test_an_index_swap_lets_writes_through_while_it_builds_and_completes_after_a
     name = "memories_swap_probe"
     with connection.cursor() as cursor:
         cursor.execute(f"CREATE INDEX {name} ON memories_memory (record_id)")
-    blocker = _other_connection()
+    blocker = other_connection(autocommit=True)
     try:
         # An open transaction that may write the table (ROW EXCLUSIVE) makes any index build wait for
         # it. A plain CREATE INDEX would queue a SHARE lock behind it and every later write behind
@@ -77,7 +63,7 @@ def test_an_index_swap_lets_writes_through_while_it_builds_and_completes_after_a
         blocker.execute("LOCK TABLE memories_memory IN ROW EXCLUSIVE MODE")
 
         def swap() -> None:
-            with _other_connection() as own:
+            with other_connection(autocommit=True) as own:
                 index_replace_concurrently(
                     own.cursor(), name=name,
                     create_sql=lambda tmp: f"CREATE INDEX CONCURRENTLY {tmp} ON memories_memory (record_id, kind)")
@@ -100,7 +86,7 @@ def test_an_index_swap_lets_writes_through_while_it_builds_and_completes_after_a
         assert not worker.is_alive()
     finally:
         blocker.close()
-    definitions = _definitions()
+    definitions = index_definitions()
     assert definitions[name].endswith("(record_id, kind)") and temporary_index_name(name) not in definitions
 
     # An interrupted earlier run left an invalid temporary index behind: the next run still completes.
@@ -110,6 +96,6 @@ def test_an_index_swap_lets_writes_through_while_it_builds_and_completes_after_a
                        [temporary_index_name(name)])
         index_replace_concurrently(cursor, name=name,
                                    create_sql=lambda tmp: f"CREATE INDEX CONCURRENTLY {tmp} ON memories_memory (kind)")
-        definitions = _definitions()
+        definitions = index_definitions()
         cursor.execute(f"DROP INDEX {name}")
     assert definitions[name].endswith("(kind)") and temporary_index_name(name) not in definitions

@@ -15,7 +15,15 @@ from memories.models import Memory
 from memories.search import RRF_K, SearchQuery, ranking_weight, search_memories
 from memories.services import memory_create, memory_forget
 from stacks.models import Stack
-from tests.factories import assign_teacher, bearer_client, make_key, make_org, make_stack, make_user
+from tests.factories import (
+    assign_teacher,
+    bearer_client,
+    index_definitions,
+    make_key,
+    make_org,
+    make_stack,
+    make_user,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -433,9 +441,7 @@ def test_a_per_stack_index_built_with_older_parameters_is_rebuilt_under_its_name
         assert search_memories(stack_ids=[stack.pk], query=query).method == "hnsw-stack"
 
         assert stack_vector_indexes_sync(min_rows=10_000) == {"built": 0, "rebuilt": 1, "indexed": 1, "outdated": 0}
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT indexdef FROM pg_indexes WHERE indexname LIKE %s", [name + "%"])
-            definitions = [row[0] for row in cursor.fetchall()]
+        definitions = [d for index, d in index_definitions().items() if index.startswith(name)]
         assert len(definitions) == 1  # the replacement took the name; no temporary index left
         assert definitions[0].endswith(f"WITH (m='24', ef_construction='200') "
                                        f"WHERE ((stack_id = {stack.pk}) AND (forgotten_at IS NULL))")

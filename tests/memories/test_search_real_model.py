@@ -17,7 +17,7 @@ from memories.embeddings import get_embedder
 from memories.models import Memory
 from memories.search import SearchQuery, search_memories
 from memories.services import memory_create
-from tests.factories import bearer_client, make_key, make_org, make_stack
+from tests.factories import bearer_client, index_definitions, make_key, make_org, make_stack
 
 pytestmark = pytest.mark.django_db
 
@@ -113,8 +113,7 @@ def _populate(org: Any, sizes: dict[str, int], model_id: str, *, hnsw: bool) -> 
     with connection.cursor() as cursor:
         # Inside the test's transaction, Django's deferred FK checks would block CREATE INDEX.
         cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
-        cursor.execute("SELECT indexdef FROM pg_indexes WHERE indexname = 'memories_embedding_hnsw'")
-        definition = cursor.fetchone()[0]
+        definition = index_definitions()["memories_embedding_hnsw"]
         # Dropped inside the test transaction (rolled back afterwards): loading first and building
         # the graph once is far faster than maintaining it row by row.
         cursor.execute("DROP INDEX memories_embedding_hnsw")
