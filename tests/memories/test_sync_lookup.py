@@ -87,7 +87,7 @@ def test_both_lookup_queries_find_the_same_rows(probe: bool, monkeypatch: pytest
     assert run_pushes(large=True) == expected
 
 
-def test_the_probe_plan_is_checked_and_trusted_only_with_statistics() -> None:
+def test_the_probe_check_gives_the_table_statistics_and_trusts_only_a_safe_plan() -> None:
     reg = personal_account_register(stack_id="acceptance", email=f"{uuid.uuid4().hex[:8]}@example.test")
     stack = Stack.objects.get(pk=reg.stack.pk)
     params = [sync._array_literal(["note"]), sync._array_literal(["n1"]), stack.pk]
@@ -99,6 +99,27 @@ def test_the_probe_plan_is_checked_and_trusted_only_with_statistics() -> None:
     assert sync._has_statistics()
     assert (stack.pk in sync._probe_trusted_until) == safe
     assert sync._probe_is_safe(stack, params) == safe
+
+
+@pytest.mark.parametrize(("has_statistics", "plans_well", "refresh_fixes", "safe", "trusted"), [
+    (True, [True], False, True, True),              # a good plan seen with statistics: trusted a while
+    (False, [True], False, True, False),            # good, but without statistics: used, checked again
+    (True, [False, False], False, False, False),    # a bad plan that a refresh cannot fix: the join
+    (True, [False, True], True, True, True),        # stale statistics refreshed, then a good plan
+])
+def test_the_probe_trust_policy(monkeypatch: pytest.MonkeyPatch, has_statistics: bool, plans_well: list[bool],
+                                refresh_fixes: bool, safe: bool, trusted: bool) -> None:
+    """Which plan check outcome leads to the probe, and which is remembered (planner facts given)."""
+    reg = personal_account_register(stack_id="acceptance", email=f"{uuid.uuid4().hex[:8]}@example.test")
+    plans = iter(plans_well)
+    monkeypatch.setattr(sync, "_has_statistics", lambda: has_statistics)
+    monkeypatch.setattr(sync, "_probe_planned_well", lambda params: next(plans))
+    monkeypatch.setattr(sync, "_refresh_statistics", lambda: refresh_fixes)
+    assert sync._probe_is_safe(reg.stack, []) is safe
+    assert (reg.stack.pk in sync._probe_trusted_until) is trusted
+    if trusted:  # the next batch asks nothing of the planner
+        monkeypatch.setattr(sync, "_probe_planned_well", lambda params: pytest.fail("plan checked again"))
+        assert sync._probe_is_safe(reg.stack, []) is True
 
 
 def test_plan_reader_finds_an_index_anywhere_in_the_plan() -> None:
