@@ -87,8 +87,9 @@ def main() -> None:
     with bench_environment("decay"):
         from django.db import connection, transaction
 
-        from memories import lifecycle
-        from memories.decay import DecayState, salience, salience_sql
+        from memories.lifecycle.decay import DecayState, salience, salience_sql
+        from memories.lifecycle.decay_pass import _DECAY_BATCH_TABLE_SQL, _DECAY_READ_SQL, DECAY_WORKERS, decay_pass
+        from memories.lifecycle.reviews import _store_salience
         from memories.models import Memory
 
         stacks = create_bench_stacks(args.stacks)
@@ -101,11 +102,11 @@ def main() -> None:
                 cursor.execute(statement, params)
                 return cursor.rowcount
 
-        workers = args.workers or lifecycle.DECAY_WORKERS
+        workers = args.workers or DECAY_WORKERS
 
         def timed_pass(when: datetime, **options: Any) -> tuple[float, dict[str, Any]]:
             t0 = time.monotonic()
-            run = lifecycle.decay_pass(now=when, batch_size=args.batch_size, workers=workers, **options)
+            run = decay_pass(now=when, batch_size=args.batch_size, workers=workers, **options)
             return time.monotonic() - t0, run.counts
 
         # A freshly COPYed table: VACUUM sets hint bits and the visibility map once, so no measured
@@ -121,8 +122,8 @@ def main() -> None:
 
         now = datetime.now(UTC)
         with transaction.atomic(), connection.cursor() as cursor:  # show how one batch reads
-            cursor.execute(lifecycle._DECAY_BATCH_TABLE_SQL)
-            cursor.execute("EXPLAIN " + lifecycle._DECAY_READ_SQL,
+            cursor.execute(_DECAY_BATCH_TABLE_SQL)
+            cursor.execute("EXPLAIN " + _DECAY_READ_SQL,
                            {"low": "(0,0)", "high": "(600,0)", "low_block": 0, "high_block": 600, "now": now,
                             "tolerance": 0.005})
             plan = [r[0].strip() for r in cursor.fetchall()]
@@ -203,7 +204,7 @@ def main() -> None:
         t0 = time.monotonic()
         for memory_id in sample_ids:
             memory = Memory.objects.only(*fields).get(pk=memory_id)
-            lifecycle._store_salience(memory_id=memory_id, value=salience(DecayState.of(memory), later), at=later)
+            _store_salience(memory_id=memory_id, value=salience(DecayState.of(memory), later), at=later)
         loop = time.monotonic() - t0
         loop_rate = len(sample_ids) / loop
         log(f"per-row loop: {loop:.1f}s for {len(sample_ids):,} rows")

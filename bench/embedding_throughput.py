@@ -35,8 +35,8 @@ def main() -> None:
 
     with bench_environment("embedding") as env:
         from accounts.models import Organization
-        from memories.embedding_jobs import embedding_backlog_count
-        from memories.embeddings import MiniLMEmbedder
+        from memories.search.embedding_jobs import embedding_backlog_count
+        from memories.search.embeddings import MiniLMEmbedder
         from memories.services import memory_batch_create
         from memoryhub.celery import app
         from memoryhub.embedded import ManagedProcess

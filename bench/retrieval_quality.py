@@ -86,9 +86,9 @@ def main() -> None:
 
     with bench_environment("retrieval") as _env:
         from accounts.models import Organization
-        from memories.embedding_jobs import memories_embed
         from memories.models import Memory
-        from memories.search import SearchQuery, search_memories
+        from memories.search.embedding_jobs import memories_embed
+        from memories.search.hybrid import SearchQuery, search_memories
         from memories.services import memory_batch_create
         from stacks.models import Stack
 
@@ -121,7 +121,7 @@ def main() -> None:
             vectors = {rid: np.asarray(vec, dtype=np.float32) for rid, vec in rows}
             matrix = np.stack([vectors[i] for i in ids])
             bm25 = BM25(texts)
-            from memories.embeddings import embed_query
+            from memories.search.embeddings import embed_query
 
             questions = [q for q in conversation["qa"] if q.get("category") != 5 and q.get("evidence")]
             if args.limit_questions:

@@ -50,7 +50,7 @@ from bench.harness import (
 
 
 def word_space() -> tuple[dict[str, np.ndarray], float]:
-    from memories.embeddings import MiniLMEmbedder
+    from memories.search.embeddings import MiniLMEmbedder
 
     model = MiniLMEmbedder()
     vocabulary = sorted({w.lower() for w in _WORDS})
@@ -81,7 +81,7 @@ def explain_vector_leg(stack: Any, queries: list[str], model: Any) -> None:
     pages came from the buffer cache (hit) versus the OS (read)."""
     from django.db import connection, transaction
 
-    from memories.search import SearchQuery, _vector_sql, over_fetch, stack_index_ef_search
+    from memories.search.hybrid import SearchQuery, _vector_sql, over_fetch, stack_index_ef_search
 
     for text in queries:
         query = SearchQuery(text=text, limit=10, min_similarity=0.0)
@@ -122,8 +122,8 @@ def main() -> None:
 
         from accounts.models import User
         from accounts.services import api_key_issue
-        from memories.embeddings import MiniLMEmbedder
-        from memories.search import (
+        from memories.search.embeddings import MiniLMEmbedder
+        from memories.search.hybrid import (
             EXACT_SEARCH_MAX_ROWS,
             SearchQuery,
             _vector_leg,
@@ -131,7 +131,7 @@ def main() -> None:
             over_fetch,
             pgvector_version,
         )
-        from memories.vector_indexes import (
+        from memories.search.vector_indexes import (
             STACK_INDEX_MIN_ROWS,
             stack_index_name,
             stack_vector_index_ensure,

@@ -15,7 +15,9 @@ from typing import Any
 from celery import shared_task
 from django.utils.dateparse import parse_datetime
 
-from memories import lifecycle
+from memories.lifecycle.decay_pass import decay_pass
+from memories.lifecycle.promotion import promotion_run
+from memories.lifecycle.ttl import ttl_purge
 
 
 def _at(now: str | None) -> datetime | None:
@@ -26,18 +28,18 @@ def _at(now: str | None) -> datetime | None:
              time_limit=16 * 60)
 def decay_pass_task(now: str | None = None) -> dict[str, Any]:
     """Recompute salience everywhere and tombstone what has faded."""
-    return lifecycle.decay_pass(now=_at(now)).summary()
+    return decay_pass(now=_at(now)).summary()
 
 
 @shared_task(name="memories.ttl_purge", acks_late=True, soft_time_limit=5 * 60,
              time_limit=6 * 60)
 def ttl_purge_task(now: str | None = None) -> dict[str, Any]:
     """Delete memories whose expiry time has passed (reads hide them already)."""
-    return lifecycle.ttl_purge(now=_at(now)).summary()
+    return ttl_purge(now=_at(now)).summary()
 
 
 @shared_task(name="memories.promotion_run", acks_late=True, soft_time_limit=15 * 60,
              time_limit=16 * 60)
 def promotion_run_task(now: str | None = None) -> dict[str, Any]:
     """Promote recurring episode lessons to beliefs in stacks with new episodes."""
-    return lifecycle.promotion_run(now=_at(now)).summary()
+    return promotion_run(now=_at(now)).summary()

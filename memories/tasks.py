@@ -20,7 +20,7 @@ from typing import Any
 from celery import shared_task
 from django.db import transaction
 
-from memories.embedding_jobs import EMBED_BATCH_SIZE, memories_embed
+from memories.search.embedding_jobs import EMBED_BATCH_SIZE, memories_embed
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ def embed_memories(ids: list[str]) -> dict[str, int]:
 def embedding_sweep_task(max_rows: int = 5000) -> dict[str, Any]:
     """Periodic: embed anything the after-commit tasks missed, recorded as a JobRun like every
     scheduled job (an overlapping run is recorded `skipped` and embeds nothing)."""
-    from memories.lifecycle import embedding_sweep_run  # late: lifecycle pulls in the write services
+    from memories.search.embedding_jobs import embedding_sweep_run
 
     run = embedding_sweep_run(max_rows=max_rows)
     if run.counts.get("embedded"):
@@ -48,7 +48,7 @@ def embedding_sweep_task(max_rows: int = 5000) -> dict[str, Any]:
 def stack_vector_indexes_task() -> dict[str, Any]:
     """Periodic: give large stacks their own partial HNSW index, or rebuild an outdated one
     (memories.vector_indexes), recorded as a JobRun; an overlapping run is recorded `skipped`."""
-    from memories.lifecycle import stack_vector_indexes_run  # late: lifecycle pulls in the write services
+    from memories.search.vector_indexes import stack_vector_indexes_run
 
     return stack_vector_indexes_run().summary()
 

@@ -20,8 +20,11 @@ from rest_framework.views import APIView
 
 from accounts.models import Membership
 from accounts.principal import Principal
-from memories import lifecycle, selectors
-from memories.decay import Grade
+from memories import selectors
+from memories.lifecycle.decay import Grade
+from memories.lifecycle.decay_pass import forgetting_candidates
+from memories.lifecycle.jobs import JOB_NAMES, job_runs_recent
+from memories.lifecycle.reviews import memory_decay_view, record_review
 from memories.models import JobRun, Memory
 from memoryhub.errors import Forbidden, InvalidInput
 from stacks.models import Stack
@@ -83,7 +86,7 @@ class CandidatesSerializer(serializers.Serializer):
 
 
 def _candidate(memory: Memory, at: datetime) -> dict[str, Any]:
-    figures = lifecycle.memory_decay_view(memory, at)
+    figures = memory_decay_view(memory, at)
     return {
         "id": memory.pk, "kind": memory.kind, "record_id": memory.record_id, "preview": memory.text[:PREVIEW_CHARS],
         "created_at": memory.created_at, "last_reviewed_at": memory.last_reviewed_at,
@@ -99,7 +102,7 @@ class ForgettingCandidatesView(APIView):
         target = _stack(request, stack)
         query = _validated(CandidatesQuerySerializer, request.query_params)
         at = query.get("as_of") or timezone.now()
-        memories = lifecycle.forgetting_candidates(stack=target, now=at, limit=query["limit"])
+        memories = forgetting_candidates(stack=target, now=at, limit=query["limit"])
         return Response(CandidatesSerializer({
             "stack": target.slug, "as_of": at, "threshold": target.organization.forget_threshold,
             "candidates": [_candidate(m, at) for m in memories],
@@ -141,7 +144,7 @@ class MemoryRecallView(APIView):
         body = _validated(RecallInSerializer, request.data)
         memory = selectors.memory_get(stack=target, memory_id=memory_id)
         grade = _grade(body["grade"])
-        result = lifecycle.record_review(memory=memory, grade=grade, source="recall")
+        result = record_review(memory=memory, grade=grade, source="recall")
         return Response(RecallOutSerializer({
             "memory_id": memory.pk, "grade": grade.name.lower(), "recovered": result.recovered,
             "stability": result.outcome.stability, "difficulty": result.outcome.difficulty,
@@ -160,7 +163,7 @@ class JobRunSerializer(serializers.ModelSerializer):
 
 
 class JobRunsQuerySerializer(serializers.Serializer):
-    name = serializers.ChoiceField(choices=list(lifecycle.JOB_NAMES), required=False)
+    name = serializers.ChoiceField(choices=list(JOB_NAMES), required=False)
     limit = serializers.IntegerField(required=False, default=50, min_value=1, max_value=500)
 
 
@@ -182,7 +185,7 @@ class JobRunListView(APIView):
     def get(self, request: Request) -> Response:
         _ensure_operator(_principal(request))
         query = _validated(JobRunsQuerySerializer, request.query_params)
-        runs = lifecycle.job_runs_recent(name=query.get("name"))[: query["limit"]]
+        runs = job_runs_recent(name=query.get("name"))[: query["limit"]]
         return Response(JobRunSerializer(runs, many=True).data)
 
 

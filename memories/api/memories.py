@@ -22,9 +22,9 @@ from rest_framework.views import APIView
 
 from memories import selectors, services
 from memories.export import stack_memory_md
+from memories.lifecycle.promotion import promote_lessons
 from memories.load import MAX_ITEM_CHARS, stack_load
 from memories.models import MemoryKind
-from memories.promotion import promote_lessons
 from memories.schemas import clean_json, parse_timestamp
 from memories.serializers import (
     BootConfigEntrySerializer,

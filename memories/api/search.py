@@ -24,9 +24,8 @@ from rest_framework.views import APIView
 
 from accounts.principal import Principal, principal_of
 from memories.models import Memory, MemoryKind
-from memories.retrieval_feedback import DEMOTE, PROMOTE, memory_feedback
 from memories.schemas import parse_timestamp
-from memories.search import (
+from memories.search.hybrid import (
     DEFAULT_MIN_SIMILARITY,
     MAX_LIMIT,
     MAX_QUERY_CHARS,
@@ -35,7 +34,8 @@ from memories.search import (
     SearchResult,
     search_memories,
 )
-from memories.smart_ingest import Thresholds, smart_ingest
+from memories.search.retrieval_feedback import DEMOTE, PROMOTE, memory_feedback
+from memories.search.smart_ingest import Thresholds, smart_ingest
 from memoryhub.errors import Forbidden, InvalidInput, NotFound
 from stacks.models import Stack
 from stacks.selectors import stack_for_principal, stacks_visible_to

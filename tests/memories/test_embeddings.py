@@ -14,15 +14,17 @@ import pytest
 from django.core.management import call_command
 from django.db import connection, transaction
 
-from memories import embedding_jobs
-from memories.embedding_jobs import (
+from memories.models import Memory
+from memories.search.embedding_jobs import (
+    _claim,
+    _release,
     embedding_backlog_count,
     embedding_sweep,
     embeddings_invalidate_stale_model,
     memories_embed,
+    store_vectors,
 )
-from memories.embeddings import HashEmbedder, OpenAIEmbedder, embed_query, get_embedder, query_cache
-from memories.models import Memory
+from memories.search.embeddings import HashEmbedder, OpenAIEmbedder, embed_query, get_embedder, query_cache
 from memories.services import memory_create, memory_update
 from memoryhub.errors import ServiceUnavailable
 from tests.factories import make_org, make_stack
@@ -73,7 +75,7 @@ def test_changed_text_goes_back_to_the_backlog_and_a_stale_vector_is_not_recorde
     memory = memory_update(memory=memory, payload={"content": "second text"}, source="api")
     assert Memory.objects.get(pk=memory.pk).embedded_version is None
     # A vector computed from an old version must not be stored as current.
-    stored = embedding_jobs.store_vectors([(str(memory.pk), memory.version - 1)], [[1.0] + [0.0] * 383], "hash-v1/384")
+    stored = store_vectors([(str(memory.pk), memory.version - 1)], [[1.0] + [0.0] * 383], "hash-v1/384")
     assert stored == 0
     assert memories_embed(ids=[memory.pk]).embedded == 1
     assert Memory.objects.get(pk=memory.pk).embedded_version == memory.version
@@ -83,11 +85,11 @@ def test_changed_text_goes_back_to_the_backlog_and_a_stale_vector_is_not_recorde
 def test_a_row_claimed_by_another_worker_is_skipped() -> None:
     stack = make_stack(make_org())
     a, b = note(stack, "row a"), note(stack, "row b")
-    assert embedding_jobs._claim([str(a.pk)], "other-worker") == [str(a.pk)]
+    assert _claim([str(a.pk)], "other-worker") == [str(a.pk)]
     result = memories_embed(ids=[a.pk, b.pk])
     assert (result.embedded, result.skipped_claimed) == (1, 1)
     assert Memory.objects.get(pk=a.pk).embedded_version is None
-    embedding_jobs._release([str(a.pk)], "other-worker")
+    _release([str(a.pk)], "other-worker")
     assert memories_embed(ids=[a.pk]).embedded == 1
 
 

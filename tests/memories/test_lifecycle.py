@@ -15,8 +15,19 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from memories import decay, lifecycle
-from memories.decay import DecayState, Grade
+from memories.lifecycle.decay import (
+    DecayState,
+    Grade,
+    next_difficulty,
+    retrievability,
+    salience,
+    salience_sql,
+    stability_after_recall,
+)
+from memories.lifecycle.decay_pass import decay_pass, forgetting_candidates
+from memories.lifecycle.jobs import JOB_LOCK_NAMESPACE, run_job
+from memories.lifecycle.reviews import record_review, stored_salience, stored_saliences
+from memories.lifecycle.ttl import ttl_purge
 from memories.models import JobRun, Memory, MemoryRevision, MemorySalience
 from memories.selectors import memories_list
 from memories.services import memory_forget, memory_recover
@@ -45,12 +56,12 @@ def reload(memory: Memory) -> Memory:
 
 def stored(memory: Memory) -> float | None:
     """The salience the pass stored for `memory` (the side table), None if never computed."""
-    return lifecycle.stored_salience(memory_id=memory.pk)
+    return stored_salience(memory_id=memory.pk)
 
 
 def decay_state() -> dict:
     """{memory id: (stored salience, forgotten_at, version)} of every memory."""
-    saliences = lifecycle.stored_saliences(memory_ids=Memory.objects.values_list("pk", flat=True))
+    saliences = stored_saliences(memory_ids=Memory.objects.values_list("pk", flat=True))
     return {m.pk: (saliences.get(m.pk), m.forgotten_at, m.version) for m in Memory.objects.all()}
 
 
@@ -67,7 +78,7 @@ def test_untouched_memory_fades_and_is_tombstoned_while_protected_values_and_fre
     drive = make_memory(stack, "drive", days_old=2000)
     seq_before = old.change_seq
 
-    run = lifecycle.decay_pass(now=NOW)
+    run = decay_pass(now=NOW)
 
     old = reload(old)
     assert old.forgotten_at == NOW
@@ -75,7 +86,7 @@ def test_untouched_memory_fades_and_is_tombstoned_while_protected_values_and_fre
     assert old.version == 2
     assert old.change_seq > seq_before  # pull sees the tombstone
     assert old.strength == 1.0  # the client's field is never written by decay
-    assert stored(old) == pytest.approx(decay.salience(DecayState.of(old), NOW))
+    assert stored(old) == pytest.approx(salience(DecayState.of(old), NOW))
     revision = MemoryRevision.objects.get(memory=old)
     assert (revision.source, revision.action, revision.reason, revision.version) == (
         "decay", "forget", "salience_decay", 1)
@@ -84,7 +95,7 @@ def test_untouched_memory_fades_and_is_tombstoned_while_protected_values_and_fre
         kept = reload(kept)
         assert kept.forgotten_at is None, kept.kind
         assert kept.version == 1
-        assert stored(kept) == pytest.approx(decay.salience(DecayState.of(kept), NOW))
+        assert stored(kept) == pytest.approx(salience(DecayState.of(kept), NOW))
     assert stored(protected) < stack.organization.forget_threshold  # faded, but protected
 
     assert run.name == "decay"
@@ -101,13 +112,13 @@ def test_pass_is_idempotent_and_batch_size_does_not_matter(stack):
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_relation_size('memories_memory') / current_setting('block_size')::int")
         pages = cursor.fetchone()[0]
-    first = lifecycle.decay_pass(now=NOW, batch_size=1)  # one heap page per batch
+    first = decay_pass(now=NOW, batch_size=1)  # one heap page per batch
     assert first.counts["batches"] == pages
     assert first.counts["scanned"] == 8
     after_first = decay_state()
     assert sum(1 for _, forgotten, _ in after_first.values() if forgotten) == 4  # 150+ days
 
-    again = lifecycle.decay_pass(now=NOW)
+    again = decay_pass(now=NOW)
     assert again.counts == {"scanned": 4, "updated": 0, "forgotten": 0, "batches": 1}
     assert decay_state() == after_first
     assert len(memories) == 8
@@ -116,13 +127,13 @@ def test_pass_is_idempotent_and_batch_size_does_not_matter(stack):
 def test_later_pass_rewrites_only_rows_that_moved(stack):
     recent = make_memory(stack, days_old=0)
     old = make_memory(stack, "belief", days_old=100)
-    lifecycle.decay_pass(now=NOW)
+    decay_pass(now=NOW)
     old_salience = stored(old)
-    run = lifecycle.decay_pass(now=NOW + timedelta(hours=6))
+    run = decay_pass(now=NOW + timedelta(hours=6))
     assert run.counts["updated"] == 1  # the fresh one moves fast; the old belief barely moves
     assert stored(old) == old_salience
     assert stored(recent) == pytest.approx(
-        decay.salience(DecayState.of(reload(recent)), NOW + timedelta(hours=6)))
+        salience(DecayState.of(reload(recent)), NOW + timedelta(hours=6)))
 
 
 def _row_versions() -> dict:
@@ -136,35 +147,35 @@ def test_pass_reads_the_memory_table_and_writes_only_the_tombstones_there(stack)
     faded = make_memory(stack, days_old=300)
     before = _row_versions()
 
-    run = lifecycle.decay_pass(now=NOW)
+    run = decay_pass(now=NOW)
 
     after = _row_versions()
     assert run.counts["updated"] == 4 and run.counts["forgotten"] == 1
     for memory in kept:  # same row version, same place: never rewritten
         assert after[memory.pk] == before[memory.pk]
-        assert stored(memory) == pytest.approx(decay.salience(DecayState.of(memory), NOW))
+        assert stored(memory) == pytest.approx(salience(DecayState.of(memory), NOW))
     assert after[faded.pk] != before[faded.pk]  # the tombstone is a real change of the row
     assert reload(faded).forgotten_reason == "salience_decay"
 
 
 def test_a_pass_never_overwrites_a_salience_computed_later(stack):
     memory = make_memory(stack, "belief", days_old=100)
-    review = lifecycle.record_review(memory=memory, grade=Grade.GOOD, now=NOW + timedelta(days=1))
+    review = record_review(memory=memory, grade=Grade.GOOD, now=NOW + timedelta(days=1))
     # A pass that started before the review (its `now` is earlier) finishes after it.
-    run = lifecycle.decay_pass(now=NOW)
+    run = decay_pass(now=NOW)
     assert run.counts == {"scanned": 1, "updated": 0, "forgotten": 0, "batches": 1}
     assert stored(memory) == pytest.approx(review.salience)
     assert MemorySalience.objects.get(memory=memory).computed_at == NOW + timedelta(days=1)
-    lifecycle.decay_pass(now=NOW + timedelta(days=40))  # a later pass does write
+    decay_pass(now=NOW + timedelta(days=40))  # a later pass does write
     assert MemorySalience.objects.get(memory=memory).computed_at == NOW + timedelta(days=40)
 
 
 def test_stored_salience_goes_with_its_memory(stack):
     expiring = make_memory(stack, days_old=10, expires_at=NOW + timedelta(days=1))
     staying = make_memory(stack, days_old=10)
-    lifecycle.decay_pass(now=NOW)
+    decay_pass(now=NOW)
     assert MemorySalience.objects.count() == 2
-    lifecycle.ttl_purge(now=NOW + timedelta(days=2))
+    ttl_purge(now=NOW + timedelta(days=2))
     assert set(MemorySalience.objects.values_list("memory_id", flat=True)) == {staying.pk}
     assert not Memory.objects.filter(pk=expiring.pk).exists()
 
@@ -175,7 +186,7 @@ def test_threshold_is_per_school():
     strict_org.save()
     lenient = make_memory(make_stack(make_org()), days_old=60)
     strict = make_memory(make_stack(strict_org), days_old=60)
-    lifecycle.decay_pass(now=NOW)
+    decay_pass(now=NOW)
     assert reload(lenient).forgotten_at is None
     assert reload(strict).forgotten_reason == "salience_decay"
 
@@ -187,13 +198,13 @@ def test_archived_stacks_deleted_expired_and_forgotten_rows_are_left_alone(stack
     expired = make_memory(stack, days_old=400, expires_at=NOW - timedelta(days=1))
     manual = make_memory(stack, days_old=400)
     memory_forget(memory=manual, reason="student asked")
-    run = lifecycle.decay_pass(now=NOW)
+    run = decay_pass(now=NOW)
     assert run.counts["scanned"] == 0
     for memory in (frozen, deleted, expired):
         memory = reload(memory)
         assert (memory.forgotten_at, stored(memory), memory.version) == (None, None, 1)
     assert reload(manual).forgotten_reason == "student asked"
-    assert lifecycle.forgetting_candidates(stack=archived, now=NOW) == []
+    assert forgetting_candidates(stack=archived, now=NOW) == []
 
 
 def test_sql_salience_matches_the_python_formula(stack):
@@ -211,11 +222,11 @@ def test_sql_salience_matches_the_python_formula(stack):
         ]
     ]
     with connection.cursor() as cursor:
-        cursor.execute(f"SELECT m.id, {decay.salience_sql('m', '%(now)s')} FROM memories_memory m",  # noqa: S608
+        cursor.execute(f"SELECT m.id, {salience_sql('m', '%(now)s')} FROM memories_memory m",  # noqa: S608
                        {"now": NOW})
         from_sql = dict(cursor.fetchall())
     for memory in rows:
-        assert from_sql[memory.pk] == pytest.approx(decay.salience(DecayState.of(memory), NOW), rel=1e-9)
+        assert from_sql[memory.pk] == pytest.approx(salience(DecayState.of(memory), NOW), rel=1e-9)
 
 
 def test_forgetting_candidates_are_exactly_what_the_next_pass_forgets(stack):
@@ -227,22 +238,22 @@ def test_forgetting_candidates_are_exactly_what_the_next_pass_forgets(stack):
     make_memory(stack, "value", days_old=4000)
     later = NOW + timedelta(days=30)
 
-    candidates = lifecycle.forgetting_candidates(stack=stack, now=later)
+    candidates = forgetting_candidates(stack=stack, now=later)
     saliences = [getattr(c, "current_salience") for c in candidates]  # noqa: B009 - annotated by the query
     assert saliences == sorted(saliences)
     assert all(s < 0.05 for s in saliences)
     assert len(candidates) == 3
-    assert len(lifecycle.forgetting_candidates(stack=stack, now=later, limit=2)) == 2
+    assert len(forgetting_candidates(stack=stack, now=later, limit=2)) == 2
 
-    lifecycle.decay_pass(now=later)
+    decay_pass(now=later)
     forgotten = set(Memory.objects.filter(stack=stack, forgotten_at__isnull=False).values_list("pk", flat=True))
     assert forgotten == {c.pk for c in candidates}
-    assert lifecycle.forgetting_candidates(stack=stack, now=later) == []
+    assert forgetting_candidates(stack=stack, now=later) == []
 
 
 def test_recover_restores_a_decayed_memory_and_the_next_pass_keeps_it(stack):
     old = make_memory(stack, days_old=300)
-    lifecycle.decay_pass(now=NOW - timedelta(days=1))
+    decay_pass(now=NOW - timedelta(days=1))
     assert reload(old).forgotten_reason == "salience_decay"
     assert not memories_list(stack=stack).filter(pk=old.pk).exists()
 
@@ -250,45 +261,45 @@ def test_recover_restores_a_decayed_memory_and_the_next_pass_keeps_it(stack):
     assert memories_list(stack=stack).filter(pk=old.pk).exists()
 
     # The recovery counts as a review: the next passes do not forget it again straight away ...
-    lifecycle.decay_pass(now=NOW + timedelta(days=1))
+    decay_pass(now=NOW + timedelta(days=1))
     assert reload(old).forgotten_at is None
-    assert lifecycle.forgetting_candidates(stack=stack, now=NOW + timedelta(days=1)) == []
+    assert forgetting_candidates(stack=stack, now=NOW + timedelta(days=1)) == []
     # ... but it fades again if nobody uses it for months.
-    assert lifecycle.forgetting_candidates(stack=stack, now=NOW + timedelta(days=200)) == [reload(old)]
-    lifecycle.decay_pass(now=NOW + timedelta(days=200))
+    assert forgetting_candidates(stack=stack, now=NOW + timedelta(days=200)) == [reload(old)]
+    decay_pass(now=NOW + timedelta(days=200))
     assert reload(old).forgotten_reason == "salience_decay"
 
 
 def test_recall_restores_a_decayed_memory_and_restarts_its_clock(stack):
     old = make_memory(stack, days_old=300)
-    lifecycle.decay_pass(now=NOW)
+    decay_pass(now=NOW)
     assert reload(old).forgotten_at is not None
 
-    result = lifecycle.record_review(memory=old, grade=Grade.GOOD, now=NOW, source="recall")
+    result = record_review(memory=old, grade=Grade.GOOD, now=NOW, source="recall")
 
     assert result.recovered is True
     old = reload(old)
     assert old.forgotten_at is None and old.forgotten_reason == ""
     assert old.last_reviewed_at == NOW
-    expected = decay.stability_after_recall(14.0, 5.0, decay.retrievability(300, 14.0), Grade.GOOD)
+    expected = stability_after_recall(14.0, 5.0, retrievability(300, 14.0), Grade.GOOD)
     assert old.stability == pytest.approx(expected)
-    assert old.difficulty == pytest.approx(decay.next_difficulty(5.0, Grade.GOOD))
+    assert old.difficulty == pytest.approx(next_difficulty(5.0, Grade.GOOD))
     assert stored(old) == pytest.approx(0.56) == result.salience  # fresh clock
     assert MemoryRevision.objects.filter(memory=old, action="recover", source="recall").exists()
     assert memories_list(stack=stack).filter(pk=old.pk).exists()
-    lifecycle.decay_pass(now=NOW + timedelta(days=30))
+    decay_pass(now=NOW + timedelta(days=30))
     assert reload(old).forgotten_at is None
 
 
 def test_review_updates_fsrs_state_without_touching_content_version_or_client_fields(stack):
     memory = make_memory(stack, "belief", days_old=30, strength=0.7, times_accessed=3)
-    first = lifecycle.record_review(memory=memory, grade=Grade.EASY, now=NOW)
+    first = record_review(memory=memory, grade=Grade.EASY, now=NOW)
     memory = reload(memory)
     assert first.recovered is False
     assert memory.version == 1 and memory.change_seq == first.memory.change_seq
     assert (memory.strength, memory.times_accessed) == (0.7, 3)
     assert memory.stability == pytest.approx(first.outcome.stability) and memory.stability > 30
-    demoted = lifecycle.record_review(memory=memory, grade=Grade.AGAIN, now=NOW + timedelta(days=10))
+    demoted = record_review(memory=memory, grade=Grade.AGAIN, now=NOW + timedelta(days=10))
     assert demoted.outcome.stability < memory.stability
     assert reload(memory).difficulty > memory.difficulty
 
@@ -297,26 +308,26 @@ def test_review_refuses_deliberate_forgets_failed_recalls_of_tombstones_and_miss
     manual = make_memory(stack, days_old=5)
     memory_forget(memory=manual, reason="manual")
     with pytest.raises(Conflict):
-        lifecycle.record_review(memory=manual, grade=Grade.GOOD, now=NOW)
+        record_review(memory=manual, grade=Grade.GOOD, now=NOW)
     assert reload(manual).forgotten_at is not None and reload(manual).last_reviewed_at is None
 
     decayed = make_memory(stack, days_old=400)
-    lifecycle.decay_pass(now=NOW)
+    decay_pass(now=NOW)
     with pytest.raises(Conflict):
-        lifecycle.record_review(memory=decayed, grade=Grade.AGAIN, now=NOW)
+        record_review(memory=decayed, grade=Grade.AGAIN, now=NOW)
     assert reload(decayed).forgotten_at is not None
 
     gone = make_memory(stack, deleted_at=NOW)
     expired = make_memory(stack, expires_at=NOW - timedelta(seconds=1))
     for memory in (gone, expired):
         with pytest.raises(NotFound):
-            lifecycle.record_review(memory=memory, grade=Grade.GOOD, now=NOW)
+            record_review(memory=memory, grade=Grade.GOOD, now=NOW)
         assert reload(memory).last_reviewed_at is None
 
 
 def _hold_lock_elsewhere(name: str) -> psycopg.Connection:
     other = other_connection(autocommit=True)
-    other.execute("SELECT pg_advisory_lock(%s, hashtext(%s))", [lifecycle.JOB_LOCK_NAMESPACE, name])
+    other.execute("SELECT pg_advisory_lock(%s, hashtext(%s))", [JOB_LOCK_NAMESPACE, name])
     return other
 
 
@@ -324,7 +335,7 @@ def test_an_overlapping_run_is_skipped_and_changes_nothing(stack):
     old = make_memory(stack, days_old=400)
     other = _hold_lock_elsewhere("decay")  # a previous run still going, in another process
     try:
-        run = lifecycle.decay_pass(now=NOW)
+        run = decay_pass(now=NOW)
     finally:
         other.close()
     assert run.status == JobRun.Status.SKIPPED
@@ -332,7 +343,7 @@ def test_an_overlapping_run_is_skipped_and_changes_nothing(stack):
     old = reload(old)
     assert (old.forgotten_at, stored(old), old.version) == (None, None, 1)
     # Once the other run is gone the lock is free again.
-    assert lifecycle.decay_pass(now=NOW).status == JobRun.Status.SUCCEEDED
+    assert decay_pass(now=NOW).status == JobRun.Status.SUCCEEDED
     assert reload(old).forgotten_at == NOW
 
 
@@ -342,8 +353,8 @@ def test_a_failing_run_is_recorded_with_what_it_did_and_releases_the_lock():
         raise RuntimeError("boom")
 
     with pytest.raises(RuntimeError):
-        lifecycle.run_job("decay", work)
+        run_job("decay", work)
     run = JobRun.objects.latest("pk")
     assert (run.status, run.counts, run.error) == (JobRun.Status.FAILED, {"done": 7}, "RuntimeError: boom")
     assert run.duration_ms is not None
-    assert lifecycle.run_job("decay", lambda counts: None).status == JobRun.Status.SUCCEEDED
+    assert run_job("decay", lambda counts: None).status == JobRun.Status.SUCCEEDED

@@ -11,7 +11,8 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from accounts.models import Membership
-from memories import lifecycle
+from memories.lifecycle.decay_pass import decay_pass
+from memories.lifecycle.ttl import ttl_purge
 from memories.models import JobRun, Memory, MemoryRevision
 from stacks.models import Stack
 from tests.factories import assign_teacher, bearer_client, make_key, make_org, make_stack, make_user, session_client
@@ -119,7 +120,7 @@ def recall_url(memory: Memory, slug: str = "student-a") -> str:
 
 def test_recall_restores_a_faded_memory(world):
     memory = make_memory(world["stack"], days_old=300)
-    lifecycle.decay_pass()
+    decay_pass()
     assert Memory.objects.get(pk=memory.pk).forgotten_reason == "salience_decay"
 
     response = world["agent"].post(recall_url(memory), {}, format="json")
@@ -140,7 +141,7 @@ def test_recall_restores_a_faded_memory(world):
                                              ("other_teacher", 404)])
 def test_recall_by_outsiders_or_read_only_keys_stores_nothing(world, who, status):
     memory = make_memory(world["stack"], days_old=300)
-    lifecycle.decay_pass()
+    decay_pass()
     before = Memory.objects.get(pk=memory.pk)
     response = world[who].post(recall_url(memory), {"grade": "good"}, format="json")
     assert response.status_code == status
@@ -175,8 +176,8 @@ def test_recall_of_a_deliberately_forgotten_memory_is_a_conflict(world):
 
 
 def test_job_runs_are_for_admins(world):
-    lifecycle.decay_pass()
-    lifecycle.ttl_purge()
+    decay_pass()
+    ttl_purge()
     response = world["admin"].get("/api/v1/jobs/")
     assert response.status_code == 200
     runs = response.json()
@@ -202,7 +203,7 @@ def test_a_decayed_memory_leaves_search_load_and_pull_and_comes_back_on_recall(w
     faded = memory_create(stack=stack, kind="note", source="api",
                           payload={"content": "Photosynthesis needs sunlight", "created_at": created})
     fresh = memory_create(stack=stack, kind="note", source="api", payload={"content": "Photosynthesis makes sugar"})
-    lifecycle.decay_pass()
+    decay_pass()
     assert Memory.objects.get(pk=faded.pk).forgotten_reason == "salience_decay"
     assert Memory.objects.get(pk=fresh.pk).forgotten_at is None
     client = world["agent"]

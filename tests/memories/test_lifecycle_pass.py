@@ -11,13 +11,14 @@ import pytest
 from django.db import OperationalError, connection, transaction
 from django.utils import timezone
 
-from memories import lifecycle, search
-from memories.embedding_jobs import memories_embed
-from memories.embeddings import get_embedder
+from memories.lifecycle.decay_pass import decay_pass
+from memories.lifecycle.reviews import stored_saliences
 from memories.models import JobRun, Memory, MemoryRevision, MemorySalience
-from memories.search import SearchQuery, search_memories
+from memories.search.embedding_jobs import memories_embed
+from memories.search.embeddings import get_embedder
+from memories.search.hybrid import SearchQuery, _vector_sql, search_memories
+from memories.search.vector_indexes import stack_index_name, stack_vector_index_ensure
 from memories.services import memory_create, memory_recover
-from memories.vector_indexes import stack_index_name, stack_vector_index_ensure
 from stacks.models import Stack
 from tests.factories import index_definitions, make_org, make_stack, other_connection
 
@@ -89,7 +90,7 @@ def test_a_tombstone_leaves_the_live_only_indexes_and_recover_puts_it_back():
     assert all(d.endswith("WHERE (forgotten_at IS NULL)") for d in definitions.values()), definitions
     assert set(found(stack, "chloroplasts")) == {faded.pk, fresh.pk}
 
-    run = lifecycle.decay_pass(now=NOW)
+    run = decay_pass(now=NOW)
 
     assert run.counts["forgotten"] == 1
     assert Memory.objects.get(pk=faded.pk).forgotten_reason == "salience_decay"
@@ -115,11 +116,11 @@ def test_search_still_walks_the_live_only_vector_indexes_after_a_tombstone():
     stack_vector_index_ensure(stack_id=stack.pk, concurrently=False)
     own_index = index_definitions()[stack_index_name(stack.pk)]
     assert own_index.endswith(f"WHERE ((stack_id = {stack.pk}) AND (forgotten_at IS NULL))")
-    lifecycle.decay_pass(now=NOW)
+    decay_pass(now=NOW)
     assert Memory.objects.get(pk=faded.pk).forgotten_at is not None
 
     vector = get_embedder().embed(["mitochondria"])[0]
-    sql, params = search._vector_sql(SearchQuery(text="mitochondria"), [stack.pk], vector, 10, exact=False,
+    sql, params = _vector_sql(SearchQuery(text="mitochondria"), [stack.pk], vector, 10, exact=False,
                                      single_stack=True)
     plan, rows = plan_and_rows(sql, params, without=(stack_index_name(stack.pk),), sort=False,
                                rebuilt=("memories_embedding_hnsw",))
@@ -149,7 +150,7 @@ def test_a_tombstone_waits_for_its_stacks_change_lock():
             cursor.execute("SET lock_timeout = '300ms'")
         try:
             with pytest.raises(OperationalError):
-                lifecycle.decay_pass(now=NOW, workers=1)
+                decay_pass(now=NOW, workers=1)
         finally:
             with connection.cursor() as cursor:
                 cursor.execute("RESET lock_timeout")
@@ -159,7 +160,7 @@ def test_a_tombstone_waits_for_its_stacks_change_lock():
         writer.rollback()
         writer.close()
 
-    run = lifecycle.decay_pass(now=NOW, workers=1)  # the push committed: the lock is free again
+    run = decay_pass(now=NOW, workers=1)  # the push committed: the lock is free again
 
     assert run.counts["forgotten"] == 1
     assert Memory.objects.get(pk=faded.pk).forgotten_at == NOW
@@ -174,7 +175,7 @@ def test_batches_on_several_connections_give_the_same_result_as_one():
     protected = _old(stacks[0], days_old=900, padding=1500)
     Memory.objects.filter(pk=protected.pk).update(is_protected=True)
 
-    run = lifecycle.decay_pass(now=NOW, batch_size=1, workers=3)  # one heap page per batch
+    run = decay_pass(now=NOW, batch_size=1, workers=3)  # one heap page per batch
 
     assert run.status == JobRun.Status.SUCCEEDED
     assert run.counts["workers"] == 3 and run.counts["batches"] >= 1
@@ -184,10 +185,10 @@ def test_batches_on_several_connections_give_the_same_result_as_one():
     assert forgotten == {m.pk for m in memories if (NOW - m.created_at).days >= 200}
     assert run.counts["forgotten"] == len(forgotten) == 9
     assert MemoryRevision.objects.filter(action="forget", source="decay").count() == 9
-    saliences = lifecycle.stored_saliences(memory_ids=[m.pk for m in [*memories, protected]])
+    saliences = stored_saliences(memory_ids=[m.pk for m in [*memories, protected]])
     assert len(saliences) == 16
     # A second pass at the same time changes nothing, wherever its batches run.
-    again = lifecycle.decay_pass(now=NOW, batch_size=1, workers=2)
+    again = decay_pass(now=NOW, batch_size=1, workers=2)
     assert (again.counts["updated"], again.counts["forgotten"]) == (0, 0)
     assert connection.connection is not None  # the caller's own connection is untouched
 
@@ -198,7 +199,7 @@ def test_a_stale_page_hint_only_costs_a_rewrite():
     moved (or a salience stored by a review, without a page) is simply written again, correctly."""
     stack = make_stack(make_org())
     moved, reviewed, settled = _old(stack, days_old=10), _old(stack, days_old=10), _old(stack, days_old=10)
-    lifecycle.decay_pass(now=NOW)
+    decay_pass(now=NOW)
     with connection.cursor() as cursor:
         cursor.execute("SELECT m.id, (m.ctid::text::point)[0]::integer FROM memories_memory m WHERE m.stack_id = %s",
                        [stack.pk])
@@ -208,7 +209,7 @@ def test_a_stale_page_hint_only_costs_a_rewrite():
     MemorySalience.objects.filter(memory_id=reviewed.pk).update(heap_block=None)
     later = NOW + timedelta(hours=1)  # salience has barely moved: only the two lost rows are written
 
-    run = lifecycle.decay_pass(now=later)
+    run = decay_pass(now=later)
 
     assert run.counts["updated"] == 2
     rows = MemorySalience.objects.filter(memory_id__in=[moved.pk, reviewed.pk, settled.pk])
@@ -216,4 +217,4 @@ def test_a_stale_page_hint_only_costs_a_rewrite():
     assert {row.memory_id: row.computed_at for row in rows} == {moved.pk: later, reviewed.pk: later, settled.pk: NOW}
     # Forgetting is decided on the recomputed salience either way.
     MemorySalience.objects.filter(memory_id=moved.pk).update(heap_block=2_000_000_000)
-    assert lifecycle.decay_pass(now=NOW + timedelta(days=400)).counts["forgotten"] == 3
+    assert decay_pass(now=NOW + timedelta(days=400)).counts["forgotten"] == 3

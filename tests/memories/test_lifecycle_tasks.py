@@ -12,7 +12,7 @@ from django.core.management.base import CommandError
 from django.db import connection
 from django.utils import timezone
 
-from memories import lifecycle
+from memories.lifecycle.jobs import JOB_EMBEDDING_SWEEP, JOB_STACK_VECTOR_INDEXES
 from memories.lifecycle_tasks import decay_pass_task, promotion_run_task, ttl_purge_task
 from memories.models import JobRun, Memory
 from memories.services import memory_create
@@ -87,7 +87,7 @@ def test_the_scheduled_embedding_sweep_embeds_what_was_missed_and_records_its_ru
     assert result["status"] == "succeeded" and result["embedded"] == 1
     assert Memory.objects.get(pk=missed.pk).embedding is not None
     run = JobRun.objects.get(pk=result["job_run"])
-    assert (run.name, run.status, run.counts["embedded"]) == (lifecycle.JOB_EMBEDDING_SWEEP, "succeeded", 1)
+    assert (run.name, run.status, run.counts["embedded"]) == (JOB_EMBEDDING_SWEEP, "succeeded", 1)
 
 
 @pytest.mark.django_db
@@ -111,7 +111,7 @@ def test_runjob_runs_a_job_now_with_a_progress_bar():
     assert "promotion: succeeded" in out.getvalue()
     call_command("runjob", "embedding-sweep", "--no-progress", stdout=out, stderr=err)
     assert "embedding-sweep: succeeded" in out.getvalue()
-    assert JobRun.objects.filter(name=lifecycle.JOB_EMBEDDING_SWEEP, status="succeeded").exists()
+    assert JobRun.objects.filter(name=JOB_EMBEDDING_SWEEP, status="succeeded").exists()
 
 
 @pytest.mark.django_db
@@ -133,13 +133,13 @@ def test_runjob_reports_a_skipped_run_and_rejects_bad_arguments():
 
 @pytest.mark.django_db(transaction=True)
 def test_stack_index_upkeep_is_a_recorded_job_and_an_overlapping_run_builds_nothing():
-    from memories.vector_indexes import stack_index_name, stacks_with_vector_index
+    from memories.search.vector_indexes import stack_index_name, stacks_with_vector_index
     from stacks.models import Stack
 
     stack = make_stack(make_org())
     Stack.objects.filter(pk=stack.pk).update(memory_count=20_000)  # past the threshold
     try:
-        other = _hold_lock_elsewhere(lifecycle.JOB_STACK_VECTOR_INDEXES)
+        other = _hold_lock_elsewhere(JOB_STACK_VECTOR_INDEXES)
         try:
             with pytest.raises(CommandError) as skipped:
                 call_command("runjob", "stack-indexes", "--no-progress", stdout=io.StringIO(),
@@ -153,7 +153,7 @@ def test_stack_index_upkeep_is_a_recorded_job_and_an_overlapping_run_builds_noth
         call_command("runjob", "stack-indexes", "--no-progress", stdout=out, stderr=io.StringIO())
         assert "stack-indexes: succeeded" in out.getvalue() and "built=1" in out.getvalue()
         assert stack.pk in stacks_with_vector_index(refresh=True)
-        runs = list(JobRun.objects.filter(name=lifecycle.JOB_STACK_VECTOR_INDEXES).order_by("started_at")
+        runs = list(JobRun.objects.filter(name=JOB_STACK_VECTOR_INDEXES).order_by("started_at")
                     .values_list("status", flat=True))
         assert runs == [JobRun.Status.SKIPPED, JobRun.Status.SUCCEEDED]
     finally:

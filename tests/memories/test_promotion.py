@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
+from memories.lifecycle.promotion import normalize_lesson, promote_lessons
 from memories.models import Memory
-from memories.promotion import normalize_lesson, promote_lessons
 from memories.services import memory_create, memory_forget
 from tests.factories import bearer_client, make_key, make_org, make_stack
 

@@ -10,9 +10,9 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from accounts.models import Membership
-from memories.embedding_jobs import memories_embed
 from memories.models import Memory
-from memories.search import RRF_K, SearchQuery, ranking_weight, search_memories
+from memories.search.embedding_jobs import memories_embed
+from memories.search.hybrid import RRF_K, SearchQuery, ranking_weight, search_memories
 from memories.services import memory_create, memory_forget
 from stacks.models import Stack
 from tests.factories import (
@@ -349,7 +349,7 @@ def test_every_term_matches_survive_when_partial_matches_fill_the_rank_cap(
     stack = school["stack"]
     partials = [add(stack, f"pizza party number {i}", embed=False) for i in range(6)]  # written first
     complete = [add(stack, f"fractions explained with pizza, take {i}", embed=False) for i in range(2)]
-    monkeypatch.setattr("memories.search.KEYWORD_RANK_CAP", 4)
+    monkeypatch.setattr("memories.search.hybrid.KEYWORD_RANK_CAP", 4)
     result = search_memories(stack_ids=[stack.pk], query=SearchQuery(text="fractions pizza", min_similarity=0.0))
     assert set(ids(result.hits[:2])) == {str(m.pk) for m in complete}
     assert len(result.hits) >= 4
@@ -366,17 +366,17 @@ def test_the_every_term_rescan_runs_only_when_a_query_term_is_rare_in_the_table(
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from memories.search import _strict_scan_is_cheap
+    from memories.search.hybrid import _strict_scan_is_cheap
 
     stack = school["stack"]
     complete = [add(stack, f"fractions explained with pizza, take {i}", embed=False) for i in range(2)]
     partials = [add(stack, f"pizza party number {i}", embed=False) for i in range(6)]
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE memories_memory")
-    monkeypatch.setattr("memories.search.STRICT_SCAN_MAX_POSTINGS", 1)
+    monkeypatch.setattr("memories.search.hybrid.STRICT_SCAN_MAX_POSTINGS", 1)
     assert not _strict_scan_is_cheap("fractions pizza")  # both words are in the statistics
     assert _strict_scan_is_cheap("pizza zeppelin")  # a word the table never saw is rare
-    monkeypatch.setattr("memories.search.KEYWORD_RANK_CAP", 4)
+    monkeypatch.setattr("memories.search.hybrid.KEYWORD_RANK_CAP", 4)
 
     def keyword_scans(text: str) -> tuple[list[str], int]:
         with CaptureQueriesContext(connection) as queries:
@@ -396,7 +396,7 @@ def test_a_stack_with_its_own_index_is_not_counted_first_and_one_that_shrank_is_
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from memories.vector_indexes import stack_index_name, stack_vector_index_ensure, stacks_with_vector_index
+    from memories.search.vector_indexes import stack_index_name, stack_vector_index_ensure, stacks_with_vector_index
 
     stack = make_stack(make_org(), "shrinking")
     memories = [add(stack, f"shrinking stack memory {i}") for i in range(40)]
@@ -426,7 +426,7 @@ def test_a_stack_with_its_own_index_is_not_counted_first_and_one_that_shrank_is_
 def test_a_per_stack_index_built_with_older_parameters_is_rebuilt_under_its_name() -> None:
     from django.db import connection
 
-    from memories.vector_indexes import stack_index_name, stack_vector_indexes_sync, stacks_with_vector_index
+    from memories.search.vector_indexes import stack_index_name, stack_vector_indexes_sync, stacks_with_vector_index
 
     stack = make_stack(make_org(), "veteran")
     for i in range(35):  # more than a search's over-fetch (30), so the walk alone serves it
@@ -458,7 +458,7 @@ def test_a_per_stack_index_built_with_older_parameters_is_rebuilt_under_its_name
 def test_large_stacks_get_their_own_partial_vector_index_and_search_uses_it(monkeypatch: pytest.MonkeyPatch) -> None:
     from django.db import connection
 
-    from memories.vector_indexes import stack_index_name, stack_vector_indexes_sync, stacks_with_vector_index
+    from memories.search.vector_indexes import stack_index_name, stack_vector_indexes_sync, stacks_with_vector_index
 
     org = make_org()
     big, small = make_stack(org, "big"), make_stack(org, "small")
@@ -470,7 +470,7 @@ def test_large_stacks_get_their_own_partial_vector_index_and_search_uses_it(monk
         assert stack_vector_indexes_sync(min_rows=10_000) == {"built": 1, "rebuilt": 0, "indexed": 1, "outdated": 0}
         assert stack_vector_indexes_sync(min_rows=10_000) == {"built": 0, "rebuilt": 0, "indexed": 1, "outdated": 0}
         assert stacks_with_vector_index() == {big.pk}
-        monkeypatch.setattr("memories.search.EXACT_SEARCH_MAX_ROWS", 5)
+        monkeypatch.setattr("memories.search.hybrid.EXACT_SEARCH_MAX_ROWS", 5)
         result = search_memories(stack_ids=[big.pk], query=SearchQuery(text="memory", limit=10, min_similarity=0.0))
         assert result.method in ("hnsw-stack", "hnsw-stack+exact")
         assert len(result.hits) == 10

@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from memories.embedding_jobs import memories_embed
-from memories.embeddings import get_embedder
 from memories.models import Memory
-from memories.search import SearchQuery, search_memories
+from memories.search.embedding_jobs import memories_embed
+from memories.search.embeddings import get_embedder
+from memories.search.hybrid import SearchQuery, search_memories
 from memories.services import memory_create
 from tests.factories import bearer_client, index_definitions, make_key, make_org, make_stack
 
@@ -139,7 +139,7 @@ def test_k_hits_whenever_k_exist_from_3_to_50000(minilm: Any, size: int) -> None
 def test_k_hits_through_a_post_filtering_hnsw_index(minilm: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """The target is 20% of the table and above the exact-search threshold, so the vector leg walks the
     real HNSW graph, whose post-filter drops other stacks' rows; k hits must still come back."""
-    monkeypatch.setattr("memories.search.EXACT_SEARCH_MAX_ROWS", 500)
+    monkeypatch.setattr("memories.search.hybrid.EXACT_SEARCH_MAX_ROWS", 500)
     stacks = _populate(make_org(), {"crowd": 6_000, "target": 1_500}, minilm.model_id, hnsw=True)
     _assert_k_hits(stacks["target"], 1_500, large=True)
 
@@ -166,10 +166,10 @@ def _assert_k_hits(stack: Any, size: int, *, large: bool, methods: tuple[str, ..
 
 def test_large_stack_with_its_own_partial_index_gets_full_recall(minilm: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """A stack with its own partial HNSW index is walked alone: k hits, matching an exact ranking."""
-    from memories.search import _vector_leg, _vector_sql, over_fetch
-    from memories.vector_indexes import stack_vector_index_ensure, stacks_with_vector_index
+    from memories.search.hybrid import _vector_leg, _vector_sql, over_fetch
+    from memories.search.vector_indexes import stack_vector_index_ensure, stacks_with_vector_index
 
-    monkeypatch.setattr("memories.search.EXACT_SEARCH_MAX_ROWS", 500)
+    monkeypatch.setattr("memories.search.hybrid.EXACT_SEARCH_MAX_ROWS", 500)
     stacks = _populate(make_org(), {"crowd": 6_000, "target": 1_500}, minilm.model_id, hnsw=True)
     target = stacks["target"]
     assert stack_vector_index_ensure(stack_id=target.pk, concurrently=False) is True
@@ -204,7 +204,7 @@ def test_queries_take_the_traced_single_text_path_and_fall_back_to_eager_when_tr
         minilm: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     import torch
 
-    from memories.embeddings import MiniLMEmbedder
+    from memories.search.embeddings import MiniLMEmbedder
 
     text = "how does this student learn fractions?"
     (expected,) = minilm.embed([text, "a second text so the batched path runs"])[:1]

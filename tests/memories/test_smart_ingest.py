@@ -8,7 +8,7 @@ import pytest
 
 from accounts.models import Membership
 from memories.models import Memory, MemoryRevision
-from memories.smart_ingest import appears_contradictory
+from memories.search.smart_ingest import appears_contradictory
 from tests.factories import assign_teacher, bearer_client, make_key, make_org, make_stack, make_user
 from tests.memories.test_search import session_client
 

@@ -9,7 +9,9 @@ import pytest
 from django.db.models import F
 from django.utils import timezone
 
-from memories import lifecycle, selectors
+from memories import selectors
+from memories.lifecycle.decay_pass import decay_pass, forgetting_candidates
+from memories.lifecycle.ttl import ttl_purge
 from memories.models import JobRun, Memory, MemoryRevision
 from stacks.models import Stack
 from tests.factories import bearer_client, make_key, make_org, make_stack
@@ -44,8 +46,8 @@ def test_expired_memory_disappears_from_reads_at_its_time(stack):
     # The decay pass neither scores nor forgets an expired row; the candidates list skips it.
     make_memory(stack, "old-and-expired", expires_at=expiry)
     Memory.objects.filter(record_id="old-and-expired").update(created_at=F("created_at") - timedelta(days=400))
-    assert lifecycle.forgetting_candidates(stack=stack, now=expiry) == []
-    assert lifecycle.decay_pass(now=expiry).counts["forgotten"] == 0
+    assert forgetting_candidates(stack=stack, now=expiry) == []
+    assert decay_pass(now=expiry).counts["forgotten"] == 0
 
 
 def test_expired_memories_are_gone_from_the_api(stack):
@@ -72,7 +74,7 @@ def test_purge_deletes_expired_rows_with_their_revisions_and_frees_usage(stack, 
     Stack.objects.filter(pk=stack.pk).update(memory_count=F("memory_count") - 1, bytes_used=F("bytes_used") - 100)
 
     with django_capture_on_commit_callbacks(execute=True):
-        run = lifecycle.ttl_purge(now=now, batch_size=2)
+        run = ttl_purge(now=now, batch_size=2)
 
     assert run.status == JobRun.Status.SUCCEEDED
     assert run.counts == {"purged": 6, "batches": 3}
@@ -83,7 +85,7 @@ def test_purge_deletes_expired_rows_with_their_revisions_and_frees_usage(stack, 
     assert (stack.memory_count, stack.bytes_used) == (1, 100)
     assert (other_stack.memory_count, other_stack.bytes_used) == (0, 0)
 
-    again = lifecycle.ttl_purge(now=now)
+    again = ttl_purge(now=now)
     assert again.counts == {"purged": 0, "batches": 0}
     assert Memory.objects.filter(pk=keep.pk).exists()
 
@@ -92,6 +94,6 @@ def test_purge_also_forgets_job_runs_older_than_a_month():
     old = JobRun.objects.create(name="decay", status=JobRun.Status.SUCCEEDED)
     JobRun.objects.filter(pk=old.pk).update(started_at=timezone.now() - timedelta(days=31))
     recent = JobRun.objects.create(name="decay", status=JobRun.Status.SUCCEEDED)
-    run = lifecycle.ttl_purge()
+    run = ttl_purge()
     assert run.counts == {"purged": 0, "batches": 0, "job_runs_pruned": 1}
     assert set(JobRun.objects.values_list("pk", flat=True)) == {recent.pk, run.pk}

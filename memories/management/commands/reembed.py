@@ -15,15 +15,15 @@ from typing import Any
 from django.core.management.base import BaseCommand
 from tqdm import tqdm
 
-from memories.embedding_jobs import (
+from memories.models import Memory
+from memories.search.embedding_jobs import (
     EMBED_BATCH_SIZE,
     embedding_backlog_count,
     embedding_backlog_ids,
     embeddings_invalidate_stale_model,
     memories_embed,
 )
-from memories.embeddings import get_embedder
-from memories.models import Memory
+from memories.search.embeddings import get_embedder
 
 
 class Command(BaseCommand):

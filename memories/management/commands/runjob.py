@@ -15,8 +15,12 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils.dateparse import parse_datetime
 from tqdm import tqdm
 
-from memories import lifecycle
+from memories.lifecycle.decay_pass import decay_pass
+from memories.lifecycle.promotion import promotion_run
+from memories.lifecycle.ttl import expired_count, live_memory_estimate, ttl_purge
 from memories.models import JobRun
+from memories.search.embedding_jobs import embedding_sweep_run
+from memories.search.vector_indexes import stack_vector_indexes_run
 
 JOBS = ("decay", "ttl", "promotion", "embedding-sweep", "stack-indexes")
 
@@ -55,9 +59,9 @@ class Command(BaseCommand):
 
     def _total(self, job: str, now: Any) -> tuple[int | None, str]:
         if job == "decay":
-            return lifecycle.live_memory_estimate() or None, "rows"
+            return live_memory_estimate() or None, "rows"
         if job == "ttl":
-            return lifecycle.expired_count(now=now), "rows"
+            return expired_count(now=now), "rows"
         if job == "promotion":
             return None, "stacks"
         if job == "stack-indexes":
@@ -68,11 +72,11 @@ class Command(BaseCommand):
              progress: Callable[[int], None]) -> JobRun:
         sized = {"batch_size": batch_size} if batch_size else {}
         if job == "decay":
-            return lifecycle.decay_pass(now=now, progress=progress, **sized)
+            return decay_pass(now=now, progress=progress, **sized)
         if job == "ttl":
-            return lifecycle.ttl_purge(now=now, progress=progress, **sized)
+            return ttl_purge(now=now, progress=progress, **sized)
         if job == "promotion":
-            return lifecycle.promotion_run(now=now, progress=progress)
+            return promotion_run(now=now, progress=progress)
         if job == "stack-indexes":
-            return lifecycle.stack_vector_indexes_run(progress=progress)
-        return lifecycle.embedding_sweep_run(max_rows=max_rows, progress=progress)
+            return stack_vector_indexes_run(progress=progress)
+        return embedding_sweep_run(max_rows=max_rows, progress=progress)

@@ -19,7 +19,7 @@ from datetime import datetime
 from django.db import transaction
 from django.utils import timezone
 
-from memories.decay import DecayState, Grade, base_stability, memory_retrievability, review
+from memories.lifecycle.decay import DecayState, Grade, base_stability, memory_retrievability, review
 from memories.models import Memory, MemoryRevision
 from memoryhub.errors import Conflict
 

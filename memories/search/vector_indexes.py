@@ -13,9 +13,12 @@ from __future__ import annotations
 import logging
 import re
 import time
+from typing import Any
 
 from django.db import connection
 
+from memories.lifecycle.jobs import JOB_STACK_VECTOR_INDEXES, Progress, run_job
+from memories.models import JobRun
 from memoryhub.index_swap import index_replace_concurrently
 from stacks.models import Stack
 
@@ -127,3 +130,15 @@ def stack_vector_indexes_sync(*, min_rows: int = STACK_INDEX_MIN_ROWS) -> dict[s
             logger.info("built %s in %.1fs", stack_index_name(stack_id), time.monotonic() - started)
     return {"built": built, "rebuilt": rebuilt, "indexed": len(have) + built,
             "outdated": len(outdated) - rebuilt}
+
+
+def stack_vector_indexes_run(*, progress: Progress | None = None) -> JobRun:
+    """Per-stack HNSW upkeep (`memories.vector_indexes`: build one missing or outdated index) as a
+    recorded job. The lock matters here more than anywhere: a large stack's build can outlast the
+    schedule's interval, and a second run would drop the first one's index as an unfinished build."""
+    def work(counts: dict[str, Any]) -> None:
+        counts.update(stack_vector_indexes_sync())
+        if progress is not None:
+            progress(counts["built"] + counts["rebuilt"])
+
+    return run_job(JOB_STACK_VECTOR_INDEXES, work)

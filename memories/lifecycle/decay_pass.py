@@ -1,18 +1,14 @@
-"""Memory lifecycle services: the decay pass, forgetting candidates, explicit reviews, TTL purge,
-promotion across stacks, and the job-run bookkeeping (overlap guard + JobRun rows) they share.
+"""The decay pass: recompute every memory's salience, tombstone what has faded, and the read of
+what a pass would forget (forgetting candidates). The maths lives in `memories.lifecycle.decay`;
+docs/algorithms.md describes both.
 
-The maths lives in `memories.decay`; this module applies it to the table.
-
-* **Set-based.** The decay pass is a few SQL statements per bounded batch of heap pages (a TID range
+* **Set-based.** The pass is a few SQL statements per bounded batch of heap pages (a TID range
   scan, one short transaction per batch). No Python loop ever walks rows.
 * **The wide table is read, not written.** The pass stores each memory's salience in the narrow
   `MemorySalience` side table (an upsert per batch); `memories_memory` is updated only for the
   few rows that cross the forget threshold (the tombstone).
 * **Idempotent.** Salience is recomputed from the stored baseline (`last_reviewed_at`, else
   `created_at`) and `now`; running a pass twice at the same `now` changes nothing the second time.
-* **One run at a time.** Every job takes a session-level Postgres advisory lock named after it.
-  A run that finds the lock taken records a `skipped` JobRun and touches nothing. The lock dies
-  with its connection, so a killed worker never leaves a job stuck.
 * **Time is a parameter.** Every service takes `now` (default: the wall clock) so tests run on a
   virtual clock.
 """
@@ -22,45 +18,28 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-import time
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from django.db import OperationalError, connection, transaction
-from django.db.models import Count, FloatField, QuerySet, Sum
+from django.db.models import FloatField
 from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
-from memories.decay import (
+from memories.lifecycle.decay import (
     FORGOTTEN_REASON_DECAY,
     NEVER_FADE_KINDS,
-    DecayState,
-    Grade,
-    ReviewOutcome,
-    memory_retrievability,
     never_fades_sql,
-    review,
-    salience,
     salience_sql,
 )
-from memories.models import JobRun, Memory, MemorySalience
-from memoryhub.errors import Conflict, DomainError, InvalidInput, NotFound
+from memories.lifecycle.jobs import DEADLOCK_RETRIES, JOB_DECAY, Progress, is_retryable_conflict, run_job
+from memories.models import JobRun, Memory
+from memoryhub.errors import InvalidInput
 from stacks.models import Stack
 
 logger = logging.getLogger(__name__)
-
-JOB_DECAY = "decay"
-JOB_TTL_PURGE = "ttl_purge"
-JOB_PROMOTION = "promotion"
-JOB_EMBEDDING_SWEEP = "embedding_sweep"
-JOB_STACK_VECTOR_INDEXES = "stack_vector_indexes"
-JOB_NAMES = (JOB_DECAY, JOB_TTL_PURGE, JOB_PROMOTION, JOB_EMBEDDING_SWEEP, JOB_STACK_VECTOR_INDEXES)
-
-# Advisory-lock namespace (first key of the two-int form); the second key is hashtext(job name).
-JOB_LOCK_NAMESPACE = 730_117
 
 DECAY_BATCH_SIZE = 10_000
 # Batches run on this many connections at once (the work is CPU-bound per row: salience maths,
@@ -70,86 +49,6 @@ DECAY_WORKERS = 2
 # by less than this per day, so most rows are not rewritten by a daily pass (no dead tuples, no
 # WAL). Rows crossing the forget threshold are always written.
 SALIENCE_WRITE_TOLERANCE = 0.005
-TTL_BATCH_SIZE = 1_000
-JOB_RUN_RETENTION = timedelta(days=30)
-DEADLOCK_RETRIES = 3
-
-Progress = Callable[[int], None]
-
-
-# --- job runs ---------------------------------------------------------------------------------
-
-
-def _try_job_lock(name: str) -> bool:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_try_advisory_lock(%s, hashtext(%s))", [JOB_LOCK_NAMESPACE, name])
-        row = cursor.fetchone()
-    return bool(row and row[0])
-
-
-def _release_job_lock(name: str) -> None:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_advisory_unlock(%s, hashtext(%s))", [JOB_LOCK_NAMESPACE, name])
-
-
-@contextmanager
-def job_lock(name: str) -> Iterator[bool]:
-    """Hold the job's advisory lock for the block; yields False (and holds nothing) if taken."""
-    acquired = _try_job_lock(name)
-    try:
-        yield acquired
-    finally:
-        if acquired:
-            _release_job_lock(name)
-
-
-def run_job(name: str, work: Callable[[dict[str, Any]], None]) -> JobRun:
-    """Run `work(counts)` as job `name`: one at a time, recorded in a JobRun.
-
-    `work` fills `counts` as it goes, so a run that fails (or hits its time limit) still records
-    what it did before. Exceptions are recorded and re-raised. Must not be called inside a
-    transaction that the work's batches would otherwise join (the tasks and the command call it
-    in autocommit mode).
-    """
-    with job_lock(name) as acquired:
-        if not acquired:
-            logger.info("job %s skipped: a previous run still holds the lock", name)
-            return JobRun.objects.create(
-                name=name, status=JobRun.Status.SKIPPED, finished_at=timezone.now(), duration_ms=0,
-                counts={"reason": "previous run still in progress"},
-            )
-        run = JobRun.objects.create(name=name, status=JobRun.Status.RUNNING)
-        counts: dict[str, Any] = {}
-        started = time.monotonic()
-        try:
-            work(counts)
-        except BaseException as exc:  # incl. Celery's SoftTimeLimitExceeded: record, then re-raise
-            run.status = JobRun.Status.FAILED
-            run.error = f"{type(exc).__name__}: {str(exc)[:500]}"
-            raise
-        else:
-            run.status = JobRun.Status.SUCCEEDED
-        finally:
-            run.counts = counts
-            run.finished_at = timezone.now()
-            run.duration_ms = int((time.monotonic() - started) * 1000)
-            run.save(update_fields=["status", "error", "counts", "finished_at", "duration_ms"])
-        return run
-
-
-def job_runs_recent(*, name: str | None = None) -> QuerySet[JobRun]:
-    """Job runs, newest first (the caller decides who may see them: operators and school admins)."""
-    runs = JobRun.objects.order_by("-started_at", "-pk")
-    if name:
-        if name not in JOB_NAMES:
-            raise InvalidInput("Unknown job.", fields={"name": [f"One of: {', '.join(JOB_NAMES)}."]})
-        runs = runs.filter(name=name)
-    return runs
-
-
-def _is_retryable(exc: OperationalError) -> bool:
-    # 40P01 deadlock_detected, 40001 serialization_failure: a concurrent push touched the batch.
-    return getattr(exc.__cause__, "sqlstate", None) in {"40P01", "40001"}
 
 
 # --- decay pass -------------------------------------------------------------------------------
@@ -337,7 +236,7 @@ def _decay_batch(*, low_page: int, high_page: int, now: datetime, tolerance: flo
                 cursor.execute(f"DROP TABLE {_DECAY_BATCH_TABLE}")
             return DecayBatch(int(scanned), int(updated), forgotten)
         except OperationalError as exc:
-            if not _is_retryable(exc) or attempt == DEADLOCK_RETRIES - 1:
+            if not is_retryable_conflict(exc) or attempt == DEADLOCK_RETRIES - 1:
                 raise
             logger.warning("decay batch collided with a concurrent write; retrying")
     raise AssertionError("unreachable")
@@ -492,241 +391,3 @@ def forgetting_candidates(*, stack: Stack, now: datetime | None = None, limit: i
     return list(queryset[:limit])
 
 
-# --- explicit reviews -------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ReviewResult:
-    memory: Memory
-    outcome: ReviewOutcome
-    salience: float  # at `now`, after the review
-    recovered: bool  # a decay tombstone was undone
-
-
-@transaction.atomic
-def record_review(*, memory: Memory, grade: Grade | int, now: datetime | None = None,
-                  source: str = "feedback") -> ReviewResult:
-    """Record one explicit review of a memory and update its FSRS state (memory-science.md §1-§4).
-
-    Call it for explicit signals only — never for a plain read or search hit (§3: a read is not a
-    review). Grades (`memories.decay.Grade`): AGAIN for a demote / a failed recall, GOOD for a
-    reinforcement by smart ingest or an agent's successful recall, EASY for a promote.
-
-    Effects, under a row lock: `stability` and `difficulty` move per FSRS-6 (prior stability: the
-    stored one, or the kind's initial stability if never reviewed; R read at `now`);
-    `last_reviewed_at = now` restarts the decay clock; the stored salience (`MemorySalience`) is
-    refreshed. Decay state is
-    server-side ranking state, so a review neither bumps `version` nor stamps the change feed.
-
-    A successful recall (grade ≥ HARD) of a memory the decay pass tombstoned brings it back through
-    `memories.services.memory_recover` (revision, version, change feed); a memory forgotten on
-    purpose stays forgotten (409). Deleted or expired memories: 404. The caller resolved the stack
-    through `stacks.selectors` with write access.
-    """
-    at = now or timezone.now()
-    try:
-        grade = Grade(int(grade))
-    except (TypeError, ValueError) as exc:
-        raise InvalidInput("Invalid grade.", fields={"grade": ["One of 1 (again), 2 (hard), 3 (good), 4 (easy)."]}) \
-            from exc
-    from memories.services import lock_stack_changes  # services imports this module's callers
-
-    lock_stack_changes(memory.stack_id)  # stack row before memory row, as every writer does
-    locked = Memory.objects.select_for_update().filter(pk=memory.pk).first()
-    if locked is None or locked.deleted_at is not None or (locked.expires_at is not None and locked.expires_at <= at):
-        raise NotFound("Memory not found.", code="memory_not_found")
-    recovered = False
-    if locked.forgotten_at is not None:
-        if locked.forgotten_reason != FORGOTTEN_REASON_DECAY or grade == Grade.AGAIN:
-            raise Conflict("The memory is forgotten; recover it first.", code="memory_forgotten")
-        # Late import: services pulls in billing and Celery plumbing this module does not need.
-        from memories.services import memory_recover
-
-        locked = memory_recover(memory=locked, source=source)
-        recovered = True
-    outcome = review(DecayState.of(locked), locked.difficulty, grade, at)
-    locked.stability = outcome.stability
-    locked.difficulty = outcome.difficulty
-    locked.last_reviewed_at = at
-    Memory.objects.filter(pk=locked.pk).update(
-        stability=locked.stability, difficulty=locked.difficulty, last_reviewed_at=at)
-    current = salience(DecayState.of(locked), at)
-    _store_salience(memory_id=locked.pk, value=current, at=at)
-    return ReviewResult(memory=locked, outcome=outcome, salience=current, recovered=recovered)
-
-
-_STORE_SALIENCE_SQL = """
-INSERT INTO memories_memorysalience AS ms (memory_id, salience, computed_at) VALUES (%s, %s, %s)
-ON CONFLICT (memory_id) DO UPDATE SET salience = EXCLUDED.salience, computed_at = EXCLUDED.computed_at
-    WHERE ms.computed_at <= EXCLUDED.computed_at
-"""
-
-
-def _store_salience(*, memory_id: Any, value: float, at: datetime) -> None:
-    # The same upsert and the same "never overwrite a later value" rule as the decay pass, so a
-    # review and a pass that race each other leave the later computation in place.
-    with connection.cursor() as cursor:
-        cursor.execute(_STORE_SALIENCE_SQL, [memory_id, value, at])
-
-
-def stored_salience(*, memory_id: Any) -> float | None:
-    """The salience last stored for a memory by the decay pass or a review; None if never computed.
-
-    Reads `MemorySalience` (the side table); for the salience *now*, use `memory_decay_view`.
-    """
-    return MemorySalience.objects.filter(memory_id=memory_id).values_list("salience", flat=True).first()
-
-
-def stored_saliences(*, memory_ids: Iterable[Any]) -> dict[Any, float]:
-    """`stored_salience` for many memories at once: {memory id: salience}, missing ids left out."""
-    return dict(MemorySalience.objects.filter(memory_id__in=list(memory_ids)).values_list("memory_id", "salience"))
-
-
-def memory_decay_view(memory: Memory, now: datetime | None = None) -> dict[str, Any]:
-    """Decay figures of one memory at `now`, for API responses."""
-    at = now or timezone.now()
-    state = DecayState.of(memory)
-    return {
-        "salience": round(salience(state, at), 6),
-        "retrievability": round(memory_retrievability(state, at), 6),
-        "stability": memory.stability if memory.last_reviewed_at else None,
-        "difficulty": memory.difficulty if memory.last_reviewed_at else None,
-        "last_reviewed_at": memory.last_reviewed_at,
-    }
-
-
-# --- TTL --------------------------------------------------------------------------------------
-
-
-def _ttl_batches(*, now: datetime, batch_size: int, counts: dict[str, Any], progress: Progress | None) -> None:
-    from memories.services import stack_usage_adjust
-
-    counts.update(purged=0, batches=0)
-    # Job runs expire too: the TTL job runs every few minutes, so keep a month of history.
-    pruned, _ = JobRun.objects.filter(started_at__lt=now - JOB_RUN_RETENTION).exclude(
-        status=JobRun.Status.RUNNING).delete()
-    if pruned:
-        counts["job_runs_pruned"] = pruned
-    while True:
-        with transaction.atomic():
-            # SKIP LOCKED: a row a push is changing right now waits for the next run, not the push.
-            ids = list(
-                Memory.objects.filter(expires_at__lte=now).order_by("expires_at", "id")
-                .select_for_update(skip_locked=True).values_list("id", flat=True)[:batch_size]
-            )
-            if not ids:
-                return
-            # Usage counts rows not soft-deleted (a sync delete already took them off the counters).
-            usage = (Memory.objects.filter(pk__in=ids, deleted_at__isnull=True).values("stack_id")
-                     .annotate(rows=Count("id"), size=Sum("size_bytes")).order_by("stack_id"))
-            for stack_usage in usage:
-                stack_usage_adjust(stack_id=stack_usage["stack_id"], count_delta=-stack_usage["rows"],
-                                   bytes_delta=-(stack_usage["size"] or 0))
-            # The ORM delete removes dependent rows (revisions, …) in set-based statements too.
-            Memory.objects.filter(pk__in=ids).delete()
-        counts["purged"] += len(ids)
-        counts["batches"] += 1
-        if progress is not None:
-            progress(len(ids))
-        if len(ids) < batch_size:
-            return
-
-
-def ttl_purge(*, now: datetime | None = None, batch_size: int = TTL_BATCH_SIZE,
-              progress: Progress | None = None) -> JobRun:
-    """Delete memories whose `expires_at` has passed (reads already hide them from that instant).
-
-    Bounded batches, one transaction each; stack usage counters move down after commit. Also drops
-    job runs older than `JOB_RUN_RETENTION`. Counts: purged, batches (, job_runs_pruned).
-    """
-    if batch_size < 1:
-        raise InvalidInput("batch_size must be positive.", fields={"batch_size": ["Must be at least 1."]})
-    at = now or timezone.now()
-    return run_job(JOB_TTL_PURGE, lambda counts: _ttl_batches(now=at, batch_size=batch_size, counts=counts,
-                                                              progress=progress))
-
-
-def expired_count(*, now: datetime | None = None) -> int:
-    return Memory.objects.filter(expires_at__lte=now or timezone.now()).count()
-
-
-def live_memory_estimate() -> int:
-    """Planner's row estimate of the memory table (cheap; for progress bars)."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT GREATEST(reltuples, 0)::bigint FROM pg_class WHERE oid = 'memories_memory'::regclass")
-        row = cursor.fetchone()
-    return int(row[0]) if row else 0
-
-# --- promotion and the embedding sweep, as recorded jobs ----------------------------------------
-
-PROMOTION_LOOKBACK_MARGIN = timedelta(minutes=5)
-
-
-def promotion_stack_ids(*, since: datetime | None) -> list[int]:
-    """Active stacks with an episode written since `since` (all active stacks with episodes if None).
-
-    One set-based query; only those stacks can have a new pattern, so a run is bounded by recent
-    activity, not by the number of stacks.
-    """
-    episodes = Memory.objects.filter(kind="episode", deleted_at__isnull=True, forgotten_at__isnull=True,
-                                     stack__status=Stack.Status.ACTIVE)
-    if since is not None:
-        episodes = episodes.filter(server_updated_at__gte=since)
-    return sorted(set(episodes.values_list("stack_id", flat=True).distinct()))
-
-
-def _promotion_work(*, now: datetime, counts: dict[str, Any], progress: Progress | None) -> None:
-    # Late import: promotion depends on the write services (billing, Celery plumbing).
-    from memories.promotion import promote_lessons
-
-    last = (JobRun.objects.filter(name=JOB_PROMOTION, status=JobRun.Status.SUCCEEDED)
-            .order_by("-started_at").values_list("started_at", flat=True).first())
-    since = last - PROMOTION_LOOKBACK_MARGIN if last else None
-    counts.update(stacks=0, beliefs_created=0, stacks_failed=0)
-    for stack in Stack.objects.filter(pk__in=promotion_stack_ids(since=since)).select_related("organization"):
-        try:
-            result = promote_lessons(stack=stack, auto=True)
-        except DomainError as exc:  # e.g. a full quota: that stack waits, the others go on
-            counts["stacks_failed"] += 1
-            logger.info("promotion skipped stack %s: %s", stack.pk, exc.code)
-        else:
-            counts["beliefs_created"] += result.created
-        counts["stacks"] += 1
-        if progress is not None:
-            progress(1)
-
-
-def promotion_run(*, now: datetime | None = None, progress: Progress | None = None) -> JobRun:
-    """Promote recurring episode lessons to beliefs in every stack with new episodes since the last
-    successful run (`memories.promotion.promote_lessons`, auto mode; it skips patterns that are
-    already beliefs, so repeating a run creates nothing twice). Counts: stacks, beliefs_created,
-    stacks_failed."""
-    at = now or timezone.now()
-    return run_job(JOB_PROMOTION, lambda counts: _promotion_work(now=at, counts=counts, progress=progress))
-
-
-def embedding_sweep_run(*, max_rows: int = 5000, progress: Progress | None = None) -> JobRun:
-    """The search side's embedding sweep (`memories.embedding_jobs.embedding_sweep`) as a recorded job."""
-    from memories.embedding_jobs import embedding_sweep
-
-    def work(counts: dict[str, Any]) -> None:
-        result = embedding_sweep(max_rows=max_rows)
-        counts.update(embedded=result.embedded, skipped=result.skipped, batches=result.batches)
-        if progress is not None:
-            progress(result.embedded + result.skipped)
-
-    return run_job(JOB_EMBEDDING_SWEEP, work)
-
-
-def stack_vector_indexes_run(*, progress: Progress | None = None) -> JobRun:
-    """Per-stack HNSW upkeep (`memories.vector_indexes`: build one missing or outdated index) as a
-    recorded job. The lock matters here more than anywhere: a large stack's build can outlast the
-    schedule's interval, and a second run would drop the first one's index as an unfinished build."""
-    from memories.vector_indexes import stack_vector_indexes_sync
-
-    def work(counts: dict[str, Any]) -> None:
-        counts.update(stack_vector_indexes_sync())
-        if progress is not None:
-            progress(counts["built"] + counts["rebuilt"])
-
-    return run_job(JOB_STACK_VECTOR_INDEXES, work)

@@ -16,15 +16,23 @@
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import transaction
+from django.utils import timezone
 
+from memories.lifecycle.jobs import JOB_PROMOTION, Progress, run_job
+from memories.models import JobRun, Memory
 from memories.selectors import memories_list
 from memories.services import memory_create
+from memoryhub.errors import DomainError
 from stacks.models import Stack
+
+logger = logging.getLogger(__name__)
 
 MIN_EPISODES = 3
 MIN_OCCURRENCES = 2
@@ -120,3 +128,49 @@ def promote_lessons(*, stack: Stack, auto: bool = True, limit: int = DEFAULT_LIM
             suggestion.belief_id = str(belief.pk)
             result.created += 1
     return result
+
+
+# --- promotion as a recorded job ----------------------------------------------------------------
+
+PROMOTION_LOOKBACK_MARGIN = timedelta(minutes=5)
+
+
+def promotion_stack_ids(*, since: datetime | None) -> list[int]:
+    """Active stacks with an episode written since `since` (all active stacks with episodes if None).
+
+    One set-based query; only those stacks can have a new pattern, so a run is bounded by recent
+    activity, not by the number of stacks.
+    """
+    episodes = Memory.objects.filter(kind="episode", deleted_at__isnull=True, forgotten_at__isnull=True,
+                                     stack__status=Stack.Status.ACTIVE)
+    if since is not None:
+        episodes = episodes.filter(server_updated_at__gte=since)
+    return sorted(set(episodes.values_list("stack_id", flat=True).distinct()))
+
+
+def _promotion_work(*, now: datetime, counts: dict[str, Any], progress: Progress | None) -> None:
+    last = (JobRun.objects.filter(name=JOB_PROMOTION, status=JobRun.Status.SUCCEEDED)
+            .order_by("-started_at").values_list("started_at", flat=True).first())
+    since = last - PROMOTION_LOOKBACK_MARGIN if last else None
+    counts.update(stacks=0, beliefs_created=0, stacks_failed=0)
+    for stack in Stack.objects.filter(pk__in=promotion_stack_ids(since=since)).select_related("organization"):
+        try:
+            result = promote_lessons(stack=stack, auto=True)
+        except DomainError as exc:  # e.g. a full quota: that stack waits, the others go on
+            counts["stacks_failed"] += 1
+            logger.info("promotion skipped stack %s: %s", stack.pk, exc.code)
+        else:
+            counts["beliefs_created"] += result.created
+        counts["stacks"] += 1
+        if progress is not None:
+            progress(1)
+
+
+def promotion_run(*, now: datetime | None = None, progress: Progress | None = None) -> JobRun:
+    """Promote recurring episode lessons to beliefs in every stack with new episodes since the last
+    successful run (`memories.promotion.promote_lessons`, auto mode; it skips patterns that are
+    already beliefs, so repeating a run creates nothing twice). Counts: stacks, beliefs_created,
+    stacks_failed."""
+    at = now or timezone.now()
+    return run_job(JOB_PROMOTION, lambda counts: _promotion_work(now=at, counts=counts, progress=progress))
+

@@ -19,13 +19,15 @@ import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cache
+from typing import Any
 
 import redis
 from django.conf import settings
 from django.db import connection
 
-from memories.embeddings import Embedder, get_embedder, vector_literal
-from memories.models import Memory
+from memories.lifecycle.jobs import JOB_EMBEDDING_SWEEP, Progress, run_job
+from memories.models import JobRun, Memory
+from memories.search.embeddings import Embedder, get_embedder, vector_literal
 
 logger = logging.getLogger(__name__)
 
@@ -189,3 +191,15 @@ def embeddings_invalidate_stale_model(*, model_id: str | None = None) -> int:
         .exclude(embedding_model=model_id)
         .update(embedded_version=None)
     )
+
+
+def embedding_sweep_run(*, max_rows: int = 5000, progress: Progress | None = None) -> JobRun:
+    """The search side's embedding sweep (`memories.embedding_jobs.embedding_sweep`) as a recorded job."""
+    def work(counts: dict[str, Any]) -> None:
+        result = embedding_sweep(max_rows=max_rows)
+        counts.update(embedded=result.embedded, skipped=result.skipped, batches=result.batches)
+        if progress is not None:
+            progress(result.embedded + result.skipped)
+
+    return run_job(JOB_EMBEDDING_SWEEP, work)
+

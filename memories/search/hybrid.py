@@ -40,10 +40,10 @@ from typing import Any
 from django.db import connection, transaction
 from django.utils import timezone
 
-from memories.decay import DecayState, memory_retrievability
-from memories.embeddings import Vector, embed_query, get_embedder, vector_literal
+from memories.lifecycle.decay import DecayState, memory_retrievability
 from memories.models import Memory, MemoryKind
-from memories.vector_indexes import stacks_with_vector_index
+from memories.search.embeddings import Vector, embed_query, get_embedder, vector_literal
+from memories.search.vector_indexes import stacks_with_vector_index
 
 RRF_K = 60
 MAX_LIMIT = 100

@@ -35,12 +35,12 @@ from typing import Any
 from django.db import connection, transaction
 from django.utils import timezone
 
-from memories.decay import DecayState, Grade, base_stability, review
-from memories.embedding_jobs import store_vectors
-from memories.embeddings import get_embedder, vector_literal
+from memories.lifecycle.decay import DecayState, Grade, base_stability, review
 from memories.models import Memory, MemoryRevision
-from memories.retrieval_feedback import DEMOTE, PROMOTE, latest_feedback
 from memories.schemas import normalize_memory
+from memories.search.embedding_jobs import store_vectors
+from memories.search.embeddings import get_embedder, vector_literal
+from memories.search.retrieval_feedback import DEMOTE, PROMOTE, latest_feedback
 from memories.services import memory_create, memory_forget, memory_update
 from memoryhub.errors import InvalidInput, NotFound
 from stacks.models import Stack

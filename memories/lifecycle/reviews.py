@@ -1,0 +1,131 @@
+"""Explicit reviews (a recall graded by the agent) and the stored salience side table they and
+the decay pass share; the decay maths is `memories.lifecycle.decay`."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.db import connection, transaction
+from django.utils import timezone
+
+from memories.lifecycle.decay import (
+    FORGOTTEN_REASON_DECAY,
+    DecayState,
+    Grade,
+    ReviewOutcome,
+    memory_retrievability,
+    review,
+    salience,
+)
+from memories.models import Memory, MemorySalience
+from memoryhub.errors import Conflict, InvalidInput, NotFound
+
+logger = logging.getLogger(__name__)
+
+# --- explicit reviews -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ReviewResult:
+    memory: Memory
+    outcome: ReviewOutcome
+    salience: float  # at `now`, after the review
+    recovered: bool  # a decay tombstone was undone
+
+
+@transaction.atomic
+def record_review(*, memory: Memory, grade: Grade | int, now: datetime | None = None,
+                  source: str = "feedback") -> ReviewResult:
+    """Record one explicit review of a memory and update its FSRS state (memory-science.md §1-§4).
+
+    Call it for explicit signals only — never for a plain read or search hit (§3: a read is not a
+    review). Grades (`memories.decay.Grade`): AGAIN for a demote / a failed recall, GOOD for a
+    reinforcement by smart ingest or an agent's successful recall, EASY for a promote.
+
+    Effects, under a row lock: `stability` and `difficulty` move per FSRS-6 (prior stability: the
+    stored one, or the kind's initial stability if never reviewed; R read at `now`);
+    `last_reviewed_at = now` restarts the decay clock; the stored salience (`MemorySalience`) is
+    refreshed. Decay state is
+    server-side ranking state, so a review neither bumps `version` nor stamps the change feed.
+
+    A successful recall (grade ≥ HARD) of a memory the decay pass tombstoned brings it back through
+    `memories.services.memory_recover` (revision, version, change feed); a memory forgotten on
+    purpose stays forgotten (409). Deleted or expired memories: 404. The caller resolved the stack
+    through `stacks.selectors` with write access.
+    """
+    at = now or timezone.now()
+    try:
+        grade = Grade(int(grade))
+    except (TypeError, ValueError) as exc:
+        raise InvalidInput("Invalid grade.", fields={"grade": ["One of 1 (again), 2 (hard), 3 (good), 4 (easy)."]}) \
+            from exc
+    from memories.services import lock_stack_changes  # services imports this module's callers
+
+    lock_stack_changes(memory.stack_id)  # stack row before memory row, as every writer does
+    locked = Memory.objects.select_for_update().filter(pk=memory.pk).first()
+    if locked is None or locked.deleted_at is not None or (locked.expires_at is not None and locked.expires_at <= at):
+        raise NotFound("Memory not found.", code="memory_not_found")
+    recovered = False
+    if locked.forgotten_at is not None:
+        if locked.forgotten_reason != FORGOTTEN_REASON_DECAY or grade == Grade.AGAIN:
+            raise Conflict("The memory is forgotten; recover it first.", code="memory_forgotten")
+        # Late import: services pulls in billing and Celery plumbing this module does not need.
+        from memories.services import memory_recover
+
+        locked = memory_recover(memory=locked, source=source)
+        recovered = True
+    outcome = review(DecayState.of(locked), locked.difficulty, grade, at)
+    locked.stability = outcome.stability
+    locked.difficulty = outcome.difficulty
+    locked.last_reviewed_at = at
+    Memory.objects.filter(pk=locked.pk).update(
+        stability=locked.stability, difficulty=locked.difficulty, last_reviewed_at=at)
+    current = salience(DecayState.of(locked), at)
+    _store_salience(memory_id=locked.pk, value=current, at=at)
+    return ReviewResult(memory=locked, outcome=outcome, salience=current, recovered=recovered)
+
+
+_STORE_SALIENCE_SQL = """
+INSERT INTO memories_memorysalience AS ms (memory_id, salience, computed_at) VALUES (%s, %s, %s)
+ON CONFLICT (memory_id) DO UPDATE SET salience = EXCLUDED.salience, computed_at = EXCLUDED.computed_at
+    WHERE ms.computed_at <= EXCLUDED.computed_at
+"""
+
+
+def _store_salience(*, memory_id: Any, value: float, at: datetime) -> None:
+    # The same upsert and the same "never overwrite a later value" rule as the decay pass, so a
+    # review and a pass that race each other leave the later computation in place.
+    with connection.cursor() as cursor:
+        cursor.execute(_STORE_SALIENCE_SQL, [memory_id, value, at])
+
+
+def stored_salience(*, memory_id: Any) -> float | None:
+    """The salience last stored for a memory by the decay pass or a review; None if never computed.
+
+    Reads `MemorySalience` (the side table); for the salience *now*, use `memory_decay_view`.
+    """
+    return MemorySalience.objects.filter(memory_id=memory_id).values_list("salience", flat=True).first()
+
+
+def stored_saliences(*, memory_ids: Iterable[Any]) -> dict[Any, float]:
+    """`stored_salience` for many memories at once: {memory id: salience}, missing ids left out."""
+    return dict(MemorySalience.objects.filter(memory_id__in=list(memory_ids)).values_list("memory_id", "salience"))
+
+
+def memory_decay_view(memory: Memory, now: datetime | None = None) -> dict[str, Any]:
+    """Decay figures of one memory at `now`, for API responses."""
+    at = now or timezone.now()
+    state = DecayState.of(memory)
+    return {
+        "salience": round(salience(state, at), 6),
+        "retrievability": round(memory_retrievability(state, at), 6),
+        "stability": memory.stability if memory.last_reviewed_at else None,
+        "difficulty": memory.difficulty if memory.last_reviewed_at else None,
+        "last_reviewed_at": memory.last_reviewed_at,
+    }
+
+
