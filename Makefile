@@ -26,9 +26,12 @@ run: install
 test: install
 	@$(PY) -m pytest $(PYTEST_ARGS)
 
+# ruff and mypy; the import-linter contracts (the layers, in pyproject.toml); vulture (dead code).
 lint: install
 	@$(VENV)/bin/ruff check .
 	@$(VENV)/bin/mypy .
+	@$(VENV)/bin/lint-imports --no-cache --no-logo
+	@$(VENV)/bin/vulture
 
 bench: install
 	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

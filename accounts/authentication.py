@@ -17,7 +17,7 @@ from rest_framework_simplejwt.tokens import AccessToken
 
 from accounts.models import ApiKey, Membership, User
 from accounts.principal import Principal
-from accounts.selectors import API_KEY_PREFIX, api_key_for_secret, membership_for_user
+from accounts.selectors import API_KEY_PREFIX, api_key_for_secret, principal_for_session
 from memoryhub.errors import NotAuthenticated
 
 LAST_USED_RESOLUTION_SECONDS = 60  # write last_used_at at most once a minute per key
@@ -43,6 +43,11 @@ def access_token_for_key(key: ApiKey) -> AccessToken:
     token["key_id"] = key.public_id
     token["stack_id"] = key.stack.slug if key.stack_id and key.stack else None
     return token
+
+
+def access_token_lifetime_seconds(token: Any) -> int:
+    """The `expires_in` kernle's auth responses carry: seconds from issue to expiry."""
+    return int(token["exp"]) - int(token["iat"])
 
 
 def _touch_last_used(key: ApiKey) -> None:
@@ -105,12 +110,7 @@ class SessionPrincipalAuthentication(authentication.SessionAuthentication):
         if result is None:
             return None
         user = result[0]
-        membership = membership_for_user(user.pk)
-        if membership is None:
+        principal = principal_for_session(user)
+        if principal is None:
             return None
-        return user, Principal(
-            user=user,
-            organization=membership.organization,
-            role=membership.role,
-            credential_id=f"session:{user.public_id}",
-        )
+        return user, principal

@@ -1,31 +1,29 @@
 """The kernle CLI's auth routes, exactly as kernle-protocol.md §4 describes them.
 
-Paths have no trailing slash: the CLI appends them directly to the backend URL.
+Paths have no trailing slash: the CLI appends them directly to the backend URL. `POST /auth/register`
+creates a stack, so it is served from stacks.kernle_api (accounts sits below stacks).
 """
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
 
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import status
-from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.throttling import BaseThrottle
 from rest_framework.views import APIView
 
-from accounts.authentication import BearerAuthentication, access_token_for_key
+from accounts.authentication import BearerAuthentication, access_token_for_key, access_token_lifetime_seconds
 from accounts.network import client_ip
 from accounts.principal import principal_of
+from accounts.schema import ERRORS
 from accounts.selectors import key_to_change, keys_visible_to, may_manage_own_keys
 from accounts.serializers import (
     KernleKeyCreateSerializer,
     KernleLoginSerializer,
     KernleMeSerializer,
-    KernleRegisteredSerializer,
-    KernleRegisterSerializer,
     KeyCreatedSerializer,
     KeyCycledSerializer,
     KeySummarySerializer,
@@ -34,76 +32,8 @@ from accounts.serializers import (
     key_with_secret,
 )
 from accounts.services import api_key_cycle, api_key_issue, api_key_revoke, login_record
-from accounts.throttles import (
-    KEY_CREATE_THROTTLES,
-    LOGIN_THROTTLES,
-    REGISTER_THROTTLES,
-    ClientIpThrottle,
-    RequestRateThrottle,
-)
-from memoryhub.errors import Forbidden, InvalidInput, NotAuthenticated
-from stacks.services import personal_account_register
-
-ERRORS = {400: OpenApiResponse(description="Invalid input; `detail` says why"),
-          401: OpenApiResponse(description="Missing, invalid, revoked or expired credential"),
-          429: OpenApiResponse(description="Rate limited; see Retry-After"),
-          503: OpenApiResponse(description="Auth or throttle state unavailable; see Retry-After")}
-
-
-class IpThrottledFirstMixin:
-    """Counts the per-IP throttles BEFORE authenticating, so failed credentials are limited too
-    (DRF would authenticate first and never count a request that fails authentication)."""
-
-    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
-        for throttle in self.get_throttles():  # type: ignore[attr-defined]
-            if isinstance(throttle, ClientIpThrottle) and not throttle.allow_request(request, self):
-                self.throttled(request, throttle.wait())  # type: ignore[attr-defined]
-        super().initial(request, *args, **kwargs)  # type: ignore[misc]
-
-    def check_throttles(self, request: Request) -> None:
-        for throttle in self.get_throttles():  # type: ignore[attr-defined]
-            if not isinstance(throttle, ClientIpThrottle) and not throttle.allow_request(request, self):
-                self.throttled(request, throttle.wait())  # type: ignore[attr-defined]
-
-
-def _expires_in(token: Any) -> int:
-    return int(token["exp"]) - int(token["iat"])
-
-
-class RegisterView(IpThrottledFirstMixin, APIView):
-    authentication_classes: list[Any] = []
-    permission_classes = [AllowAny]
-    throttle_classes = list(REGISTER_THROTTLES)
-
-    @extend_schema(
-        operation_id="kernle_auth_register", tags=["kernle auth"], request=KernleRegisterSerializer,
-        responses={201: KernleRegisteredSerializer, 409: OpenApiResponse(description="Email already registered"),
-                   **ERRORS},
-        summary="Register a personal account, its stack and a stack-bound key (kernle-protocol.md §4.2)",
-    )
-    def post(self, request: Request) -> Response:
-        data = request.data
-        if not isinstance(data, dict):
-            raise InvalidInput("The body must be a JSON object.")
-        stack_id = data.get("stack_id")
-        if stack_id in (None, ""):
-            stack_id = data.get("agent_id")  # the legacy body; stack_id wins when both are present
-        if stack_id in (None, ""):
-            raise InvalidInput("stack_id is required.", code="invalid_stack_id", fields={"stack_id": ["Required."]})
-        registration = personal_account_register(stack_id=stack_id, email=data.get("email"),
-                                                 display_name=data.get("display_name"), ip=client_ip(request))
-        token = access_token_for_key(registration.key)
-        body = {
-            "user_id": registration.user.public_id,
-            "secret": registration.secret,
-            "api_key": registration.secret,
-            "key_id": registration.key.public_id,
-            "access_token": str(token),
-            "token_type": "bearer",
-            "expires_in": _expires_in(token),
-            "stack_id": registration.stack.slug,
-        }
-        return Response(body, status=status.HTTP_201_CREATED)
+from accounts.throttles import KEY_CREATE_THROTTLES, LOGIN_THROTTLES, IpThrottledFirstMixin, RequestRateThrottle
+from memoryhub.errors import Forbidden, NotAuthenticated
 
 
 class LoginView(IpThrottledFirstMixin, APIView):
@@ -127,7 +57,7 @@ class LoginView(IpThrottledFirstMixin, APIView):
             "token": str(token),
             "token_expires": datetime.fromtimestamp(int(token["exp"]), tz=UTC).isoformat(),
             "token_type": "bearer",
-            "expires_in": _expires_in(token),
+            "expires_in": access_token_lifetime_seconds(token),
             "stack_id": key.stack.slug if key.stack_id and key.stack else None,
         })
 

@@ -48,7 +48,8 @@ class Organization(models.Model):
     name = models.CharField(max_length=200)
     slug = models.SlugField(max_length=100, unique=True)
     kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.SCHOOL)
-    # Tier name as billing knows it; billing's entitlements interface turns it into quotas.
+    # Tier name: accounts.tiers maps it to limits; stacks (active stacks) and billing.entitlements
+    # (storage) enforce them.
     tier = models.CharField(max_length=32, default="free")
     # Salience below which the decay pass tombstones a non-protected memory (per school).
     forget_threshold = models.FloatField(default=0.05)
@@ -95,10 +96,6 @@ class ApiKey(models.Model):
     last_used_at = models.DateTimeField(null=True, blank=True)
     replaced_by = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     created_at = models.DateTimeField(auto_now_add=True)
-
-    @property
-    def is_active(self) -> bool:
-        return self.revoked_at is None
 
 
 class AuditEvent(models.Model):

@@ -48,6 +48,16 @@ def membership_for_user(user_id: int) -> Membership | None:
     return Membership.objects.select_related("organization").filter(user_id=user_id).order_by("created_at").first()
 
 
+def principal_for_session(user: User) -> Principal | None:
+    """Who a signed-in dashboard user acts as (session API and dashboard pages alike): their
+    membership's school and role (`membership_for_user`); None for a user in no school."""
+    membership = membership_for_user(user.pk)
+    if membership is None:
+        return None
+    return Principal(user=user, organization=membership.organization, role=membership.role,
+                     credential_id=f"session:{user.public_id}")
+
+
 def email_taken(email: str) -> bool:
     return User.objects.filter(email__iexact=email).exists()
 

@@ -16,7 +16,7 @@ from django.utils.text import slugify
 from accounts.models import ApiKey, AuditEvent, Membership, Organization, User
 from accounts.principal import Principal
 from accounts.selectors import API_KEY_PREFIX, KEY_PREFIX_LENGTH, api_key_hash, email_taken
-from memoryhub.errors import Conflict, InvalidInput, NotFound
+from memoryhub.errors import Conflict, InvalidInput
 
 
 def new_api_key_secret() -> str:
@@ -222,31 +222,6 @@ def member_create(*, organization: Organization, email: str, role: str, password
     user = user_create(email=email, password=initial_password, first_name=first_name, last_name=last_name)
     membership_add(organization=organization, user=user, role=role, principal=principal, ip=ip)
     return user, initial_password
-
-
-@transaction.atomic
-def membership_remove(*, organization: Organization, user_public_id: str, principal: Principal | None = None,
-                      ip: str | None = None) -> None:
-    """Remove a person from a school: their keys there are revoked and their stack assignments
-    dropped, so nothing keeps acting as someone who left."""
-    from stacks.models import TeacherAssignment
-
-    membership = None
-    if "\x00" not in user_public_id and len(user_public_id) <= 32:
-        membership = (Membership.objects.select_for_update().select_related("user")
-                      .filter(organization=organization, user__public_id=user_public_id).first())
-    if membership is None:
-        raise NotFound("Member not found.", code="member_not_found")
-    if membership.role == Membership.Role.ADMIN and not Membership.objects.filter(
-            organization=organization, role=Membership.Role.ADMIN).exclude(pk=membership.pk).exists():
-        raise Conflict("A school keeps at least one admin.", code="last_admin")
-    user = membership.user
-    membership.delete()
-    ApiKey.objects.filter(organization=organization, user=user, revoked_at__isnull=True).update(
-        revoked_at=timezone.now())
-    TeacherAssignment.objects.filter(user=user, stack__organization=organization).delete()
-    audit_record(organization=organization, action="member.removed", principal=principal,
-                 target_type="user", target_id=user.public_id, ip=ip)
 
 
 @transaction.atomic

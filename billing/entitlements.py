@@ -1,8 +1,8 @@
 """What an organization's tier entitles it to: the one interface other apps ask billing.
 
-`memories` and `stacks` never read tiers themselves; they call `ensure_can_store` /
-`ensure_can_create_stack` (or read the remaining allowance for per-operation decisions in a
-batch) and get a `QuotaExceeded` naming the limit when the answer is no.
+`memories` never reads tiers itself; it calls `ensure_can_store` (or reads the remaining
+allowance for per-operation decisions in a batch) and gets a `QuotaExceeded` naming the limit
+when the answer is no. The tier table is `accounts.tiers` (see there why it is not in billing).
 
 Usage is read from the stacks' counters (`Stack.bytes_used`, maintained by every memory write),
 so a check costs one aggregate over the organization's stacks, not a scan of its memories.
@@ -10,25 +10,13 @@ so a check costs one aggregate over the organization's stacks, not a scan of its
 
 from __future__ import annotations
 
-import logging
-
 from django.db.models import Sum
 
 from accounts.models import Organization
-from billing.tiers import TIERS, Tier
-from memoryhub.errors import QuotaExceeded, ServiceUnavailable
+from accounts.tiers import tier_for
+from memoryhub.errors import QuotaExceeded
 from stacks.models import Stack
-
-logger = logging.getLogger(__name__)
-
-
-def tier_for(organization: Organization) -> Tier:
-    """The organization's tier. An unmapped tier name fails closed (503), never "allow"."""
-    tier = TIERS.get(organization.tier)
-    if tier is None:
-        logger.error("organization %s has unmapped tier %r", organization.pk, organization.tier)
-        raise ServiceUnavailable("The account's plan cannot be read; retry shortly.", code="tier_unavailable")
-    return tier
+from stacks.selectors import ensure_may_activate_stack
 
 
 def storage_used(*, organization: Organization) -> int:
@@ -71,21 +59,10 @@ def ensure_can_store(*, stack: Stack, additional_bytes: int) -> None:
         raise storage_quota_error(stack.organization)
 
 
-def stack_limit_message(organization: Organization) -> str:
-    tier = tier_for(organization)
-    plural = "stack" if tier.syncing_stacks == 1 else "stacks"
-    return f"stack limit reached ({tier.name}: {tier.syncing_stacks} syncing {plural}) — upgrade or archive a stack"
-
-
 def ensure_can_create_stack(*, organization: Organization) -> None:
-    """Raise QuotaExceeded if the organization already has as many active stacks as its tier allows."""
-    tier = tier_for(organization)
-    if tier.syncing_stacks is None:
-        return
-    active = Stack.objects.filter(organization_id=organization.pk, status=Stack.Status.ACTIVE).count()
-    if active >= tier.syncing_stacks:
-        raise QuotaExceeded(
-            stack_limit_message(organization),
-            code="stack_limit_reached",
-            fields={"limit": "syncing_stacks", "tier": tier.name, "limit_stacks": tier.syncing_stacks},
-        )
+    """Raise QuotaExceeded if the organization already has as many active stacks as its tier allows.
+
+    The rule itself is `stacks.selectors.ensure_may_activate_stack`, which `stack_create` and
+    `stack_unarchive` enforce on every path; this is the same question asked through billing's door.
+    """
+    ensure_may_activate_stack(organization=organization)

@@ -66,15 +66,23 @@ def readiness() -> dict[str, CheckResult]:
     }
 
 
+# What memories.search.embedding_jobs.embedding_backlog_count counts, read here as plain SQL:
+# memoryhub is the layer every app stands on and imports none of them (see [tool.importlinter] in
+# pyproject.toml). The predicate is the one of the partial index `memories_embedding_backlog`, so
+# the count reads that small index, not the table; keep the two in step.
+EMBEDDING_BACKLOG_SQL = "SELECT count(*) FROM memories_memory WHERE embedded_version IS NULL AND deleted_at IS NULL"
+
+
 def embedding_backlog() -> int | None:
     """How many memories await a current embedding (informational: never fails readiness).
 
     None when the database cannot answer; the database check already reports that.
     """
     try:
-        from memories.embedding_jobs import embedding_backlog_count
-
-        return embedding_backlog_count()
+        with connection.cursor() as cursor:
+            cursor.execute(EMBEDDING_BACKLOG_SQL)
+            (count,) = cursor.fetchone()
+        return int(count)
     except Exception:  # informational only; readiness must not fail because of it
         connection.close_if_unusable_or_obsolete()
         return None

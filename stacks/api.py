@@ -3,6 +3,11 @@
 Every stack is resolved through stacks.selectors; management needs a school admin or a writable
 school key (accounts.selectors.ensure_may_manage_organization) on top of visibility, so that an
 invisible stack stays a 404 and a visible one the caller may not manage is a 403.
+
+Two school routes that decide about stacks are served here too (accounts, below stacks, cannot):
+listing and issuing keys (`/api/v1/keys/`: a key may be bound to a stack) and removing a member
+(`/api/v1/members/{id}/`: their stack assignments go with them). The rest of the keys and members
+API is accounts.api.
 """
 
 from __future__ import annotations
@@ -11,27 +16,45 @@ from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_sche
 from rest_framework import status
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.throttling import BaseThrottle
 from rest_framework.views import APIView
 
-from accounts.kernle_api import ERRORS
 from accounts.models import User
 from accounts.network import client_ip
 from accounts.principal import Principal, principal_of
-from accounts.selectors import ensure_may_manage_organization
+from accounts.schema import ERRORS, FORBIDDEN, NOT_VISIBLE
+from accounts.selectors import ensure_may_manage_organization, keys_visible_to
+from accounts.serializers import (
+    KeyCreatedSerializer,
+    KeyIssueSerializer,
+    KeySummarySerializer,
+    key_summary,
+    key_with_secret,
+)
+from accounts.services import api_key_issue
+from accounts.throttles import KEY_CREATE_THROTTLES, RequestRateThrottle
 from memoryhub.errors import Forbidden, InvalidInput, NotFound
 from memoryhub.pagination import StableCursorPagination
 from stacks.models import Stack
-from stacks.selectors import stack_for_principal, stacks_visible_to
+from stacks.selectors import stack_for_new_key, stack_for_principal, stacks_visible_to
 from stacks.serializers import (
     StackCreateSerializer,
     StackSerializer,
     StackUpdateSerializer,
     TeacherAssignmentSerializer,
 )
-from stacks.services import stack_archive, stack_create, stack_unarchive, stack_update, teacher_assign, teacher_unassign
+from stacks.services import (
+    membership_remove,
+    stack_archive,
+    stack_create,
+    stack_unarchive,
+    stack_update,
+    teacher_assign,
+    teacher_unassign,
+)
 
-FORBIDDEN = {403: OpenApiResponse(description="Not allowed for this role or credential")}
 NOT_FOUND = {404: OpenApiResponse(description="No such stack visible to the caller")}
+QUOTA = {402: OpenApiResponse(description="The tier's stack limit is reached (`stack_limit_reached`)")}
 CONFLICT = {409: OpenApiResponse(description="Exists already, or the stack is archived")}
 
 
@@ -60,7 +83,7 @@ class StackListView(APIView):
         return paginator.get_paginated_response(StackSerializer(page or [], many=True).data)
 
     @extend_schema(operation_id="stacks_create", tags=["stacks"], request=StackCreateSerializer,
-                   responses={201: StackSerializer, **FORBIDDEN, **CONFLICT, **ERRORS})
+                   responses={201: StackSerializer, **FORBIDDEN, **CONFLICT, **QUOTA, **ERRORS})
     def post(self, request: Request) -> Response:
         principal = principal_of(request)
         ensure_may_manage_organization(principal)
@@ -106,7 +129,7 @@ class StackArchiveView(APIView):
 
 class StackUnarchiveView(APIView):
     @extend_schema(operation_id="stacks_unarchive", tags=["stacks"], request=None,
-                   responses={200: StackSerializer, **FORBIDDEN, **NOT_FOUND, **ERRORS},
+                   responses={200: StackSerializer, **FORBIDDEN, **NOT_FOUND, **QUOTA, **ERRORS},
                    summary="Make an archived stack writable again (idempotent)")
     def post(self, request: Request, stack: str) -> Response:
         principal = principal_of(request)
@@ -156,3 +179,45 @@ class StackTeacherDetailView(APIView):
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
+# --- keys and members: school routes that decide about stacks ---------------------------------
+
+
+class KeyListView(APIView):
+    def get_throttles(self) -> list[BaseThrottle]:
+        if self.request is not None and self.request.method == "POST":
+            return [throttle() for throttle in KEY_CREATE_THROTTLES]
+        return [RequestRateThrottle()]
+
+    @extend_schema(operation_id="keys_list", tags=["keys"], responses={200: KeySummarySerializer(many=True), **ERRORS},
+                   summary="Keys the caller may see (school: all; agent key: its stack's; teacher: assigned stacks')")
+    def get(self, request: Request) -> Response:
+        paginator = StableCursorPagination()
+        page = paginator.paginate_queryset(keys_visible_to(principal_of(request)), request, view=self)
+        return paginator.get_paginated_response([key_summary(key) for key in page or []])
+
+    @extend_schema(operation_id="keys_issue", tags=["keys"], request=KeyIssueSerializer,
+                   responses={201: KeyCreatedSerializer, **FORBIDDEN, **NOT_VISIBLE, **ERRORS},
+                   summary="Issue a key bound to a stack (agent key) or to the school; the secret is shown once")
+    def post(self, request: Request) -> Response:
+        principal = principal_of(request)
+        serializer = KeyIssueSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        stack = stack_for_new_key(principal, data["stack_id"])
+        key, secret = api_key_issue(organization=principal.organization, user=principal.user,
+                                    stack_id=stack.pk if stack else None, name=data["name"],
+                                    read_only=data["read_only"], expires_at=data["expires_at"],
+                                    principal=principal, ip=client_ip(request))
+        return Response(key_with_secret(key, secret), status=status.HTTP_201_CREATED)
+
+
+class MemberDetailView(APIView):
+    @extend_schema(operation_id="members_remove", tags=["members"], request=None,
+                   responses={204: None, **FORBIDDEN, **NOT_VISIBLE, **ERRORS},
+                   summary="Remove a person from the school; their keys here are revoked")
+    def delete(self, request: Request, user_id: str) -> Response:
+        principal = principal_of(request)
+        ensure_may_manage_organization(principal)
+        membership_remove(organization=principal.organization, user_public_id=user_id, principal=principal,
+                          ip=client_ip(request))
+        return Response(status=status.HTTP_204_NO_CONTENT)

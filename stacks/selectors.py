@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from django.db.models import QuerySet
 
-from accounts.models import Membership
+from accounts.models import Membership, Organization
 from accounts.principal import Principal
-from memoryhub.errors import Conflict, Forbidden, NotFound
+from accounts.selectors import ensure_may_manage_organization
+from accounts.tiers import tier_for
+from memoryhub.errors import Conflict, Forbidden, NotFound, QuotaExceeded
 from stacks.models import Stack
 
 
@@ -62,3 +64,51 @@ def ensure_writable(principal: Principal, stack: Stack) -> None:
         raise Forbidden("This key is read-only.", code="read_only_key")
     if stack.is_archived:
         raise Conflict("The stack is archived; it keeps its data but refuses writes.", code="stack_archived")
+
+
+def stack_for_new_key(principal: Principal, slug: str | None) -> Stack | None:
+    """The stack a key the caller issues is bound to (None: a school key), if the caller may issue it.
+
+    Visibility decides first: a stack the caller cannot see is a 404, not a 403 (and an archived
+    one a 409). A school key needs a school manager; read-only and agent keys issue no keys (403).
+    """
+    stack = None
+    if slug:
+        stack = stack_for_principal(principal, slug, write=True)
+    else:
+        ensure_may_manage_organization(principal)
+    if principal.read_only:
+        raise Forbidden("This key is read-only.", code="read_only_key")
+    if principal.is_stack_bound:
+        raise Forbidden("An agent key cannot issue keys.", code="admin_required")
+    return stack
+
+
+# --- the stack quota -------------------------------------------------------------------------
+
+
+def stack_limit_message(organization: Organization) -> str:
+    tier = tier_for(organization)
+    plural = "stack" if tier.syncing_stacks == 1 else "stacks"
+    return f"stack limit reached ({tier.name}: {tier.syncing_stacks} syncing {plural}) — upgrade or archive a stack"
+
+
+def ensure_may_activate_stack(*, organization: Organization) -> None:
+    """Raise QuotaExceeded (402, `stack_limit_reached`) if the organization already has as many
+    active stacks as its tier allows, so it may not create or unarchive another.
+
+    The rule lives here, beside the table it counts, so that `stack_create` and `stack_unarchive`
+    enforce it for every path (API, dashboard, commands, kernle's first push); the tier's limit
+    comes from accounts.tiers. A caller that goes on to activate a stack holds the organization's
+    row lock first (stacks.services), or two requests could both see room for one more.
+    """
+    tier = tier_for(organization)
+    if tier.syncing_stacks is None:
+        return
+    active = Stack.objects.filter(organization_id=organization.pk, status=Stack.Status.ACTIVE).count()
+    if active >= tier.syncing_stacks:
+        raise QuotaExceeded(
+            stack_limit_message(organization),
+            code="stack_limit_reached",
+            fields={"limit": "syncing_stacks", "tier": tier.name, "limit_stacks": tier.syncing_stacks},
+        )

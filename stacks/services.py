@@ -1,4 +1,10 @@
-"""Every write about stacks: create, update, archive, teacher assignments, self-registration."""
+"""Every write about stacks: create, update, archive, teacher assignments, self-registration, and
+removing a person from a school (their stack assignments go with them, so it lives here, above
+accounts).
+
+Creating and unarchiving a stack enforce the tier's stack quota (`ensure_may_activate_stack`)
+under the organization's row lock, so no path — API, dashboard, commands, kernle's first push —
+gives a school more active stacks than its tier allows."""
 
 from __future__ import annotations
 
@@ -18,8 +24,9 @@ from accounts.services import (
     organization_create,
     user_create,
 )
-from memoryhub.errors import Conflict, InvalidInput
+from memoryhub.errors import Conflict, InvalidInput, NotFound
 from stacks.models import Stack, TeacherAssignment
+from stacks.selectors import ensure_may_activate_stack
 
 STACK_ID_MAX_LENGTH = 100
 _STACK_ID_EXTRA = frozenset("-_.")
@@ -43,12 +50,25 @@ def stack_id_validated(raw: Any, *, field: str = "stack_id") -> str:
     return value
 
 
+def _lock_organization_for_stack_quota(organization: Organization) -> None:
+    """Serialise creates and unarchives per organization, so two cannot both pass the stack quota.
+
+    FOR NO KEY UPDATE, not FOR UPDATE: it still conflicts with every other quota lock (and with
+    kernle provisioning's FOR UPDATE) but not with the key-share locks that inserting a row which
+    references the organization takes — audit events, keys and memberships are not held up.
+    """
+    Organization.objects.select_for_update(no_key=True).filter(pk=organization.pk).values_list("pk", flat=True).first()
+
+
 @transaction.atomic
 def stack_create(*, organization: Organization, slug: Any, display_name: str = "", kind: str = Stack.Kind.STUDENT,
                  principal: Principal | None = None, created_by: User | None = None, ip: str | None = None) -> Stack:
+    """A new active stack; QuotaExceeded (402) when the tier allows no more active stacks."""
     slug = stack_id_validated(slug)
     if kind not in Stack.Kind.values:
         raise InvalidInput("Unknown stack kind.", fields={"kind": [f"One of {', '.join(Stack.Kind.values)}."]})
+    _lock_organization_for_stack_quota(organization)
+    ensure_may_activate_stack(organization=organization)
     try:
         with transaction.atomic():
             stack = Stack.objects.create(organization=organization, slug=slug, display_name=display_name[:200],
@@ -96,8 +116,13 @@ def stack_archive(*, stack: Stack, principal: Principal | None = None, ip: str |
 
 @transaction.atomic
 def stack_unarchive(*, stack: Stack, principal: Principal | None = None, ip: str | None = None) -> Stack:
+    """Make an archived stack writable again (idempotent); QuotaExceeded (402) when the tier allows
+    no more active stacks. Takes the organization's quota lock before the stack's row lock, the
+    order kernle provisioning (which holds both) keeps too."""
+    _lock_organization_for_stack_quota(stack.organization)
     locked = Stack.objects.select_for_update().select_related("organization").get(pk=stack.pk)
     if locked.status != Stack.Status.ACTIVE:
+        ensure_may_activate_stack(organization=locked.organization)
         locked.status = Stack.Status.ACTIVE
         locked.archived_at = None
         locked.save(update_fields=["status", "archived_at", "updated_at"])
@@ -126,6 +151,29 @@ def teacher_unassign(*, stack: Stack, teacher: User, principal: Principal | None
     if deleted:
         audit_record(organization=stack.organization, action="stack.teacher_unassigned", principal=principal,
                      target_type="stack", target_id=stack.slug, ip=ip, metadata={"user_id": teacher.public_id})
+
+
+@transaction.atomic
+def membership_remove(*, organization: Organization, user_public_id: str, principal: Principal | None = None,
+                      ip: str | None = None) -> None:
+    """Remove a person from a school: their keys there are revoked and their stack assignments
+    dropped, so nothing keeps acting as someone who left."""
+    membership = None
+    if "\x00" not in user_public_id and len(user_public_id) <= 32:
+        membership = (Membership.objects.select_for_update().select_related("user")
+                      .filter(organization=organization, user__public_id=user_public_id).first())
+    if membership is None:
+        raise NotFound("Member not found.", code="member_not_found")
+    if membership.role == Membership.Role.ADMIN and not Membership.objects.filter(
+            organization=organization, role=Membership.Role.ADMIN).exclude(pk=membership.pk).exists():
+        raise Conflict("A school keeps at least one admin.", code="last_admin")
+    user = membership.user
+    membership.delete()
+    ApiKey.objects.filter(organization=organization, user=user, revoked_at__isnull=True).update(
+        revoked_at=timezone.now())
+    TeacherAssignment.objects.filter(user=user, stack__organization=organization).delete()
+    audit_record(organization=organization, action="member.removed", principal=principal,
+                 target_type="user", target_id=user.public_id, ip=ip)
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 
 from accounts.models import User
-from accounts.principal import Principal
-from accounts.selectors import membership_for_user
+from accounts.selectors import principal_for_session
 from stacks.selectors import stacks_visible_to
 
 
@@ -16,11 +15,9 @@ from stacks.selectors import stacks_visible_to
 def dashboard(request: HttpRequest) -> HttpResponse:
     user = request.user
     assert isinstance(user, User)  # login_required ran
-    membership = membership_for_user(user.pk)
-    if membership is None:
+    principal = principal_for_session(user)
+    if principal is None:
         return render(request, "stacks/dashboard.html", {"organization": None, "stacks": [], "role": None})
-    principal = Principal(user=user, organization=membership.organization, role=membership.role,
-                          credential_id=f"session:{user.public_id}")
     stacks = stacks_visible_to(principal).order_by("status", "slug")
     return render(request, "stacks/dashboard.html",
-                  {"organization": membership.organization, "stacks": stacks, "role": membership.role})
+                  {"organization": principal.organization, "stacks": stacks, "role": principal.role})

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from accounts.tiers import MB, TIERS
 from billing import entitlements
-from billing.tiers import MB, TIERS
 from memoryhub.errors import QuotaExceeded, ServiceUnavailable
 from stacks.models import Stack
 from tests.factories import make_org, make_stack
@@ -23,6 +23,8 @@ def test_storage_is_counted_per_organization_across_stacks() -> None:
     org = make_org()
     make_stack(org, bytes_used=6 * MB)
     stack = make_stack(org, bytes_used=3 * MB)
+    org.tier = "free"  # downgraded after making two stacks (the free tier would not create a second)
+    org.save()
     make_stack(make_org(), bytes_used=9 * MB)  # another school's usage does not count
     assert entitlements.storage_used(organization=org) == 9 * MB
     assert entitlements.storage_remaining(organization=org) == 1 * MB
@@ -35,7 +37,7 @@ def test_storage_is_counted_per_organization_across_stacks() -> None:
 
 
 def test_stack_limit_counts_active_stacks() -> None:
-    org = make_org()
+    org = make_org(tier="free")
     entitlements.ensure_can_create_stack(organization=org)
     make_stack(org)
     with pytest.raises(QuotaExceeded) as excinfo:

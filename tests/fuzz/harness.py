@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote, urlencode
 
-from django.db import connection
 from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver
 from rest_framework.views import APIView
@@ -27,7 +26,7 @@ from accounts.models import ApiKey, Membership, User
 from accounts.throttles import throttle_state_clear
 from memories.models import BootConfigEntry, Checkpoint, Memory
 from stacks.models import Stack, TeacherAssignment
-from tests.factories import make_key, make_org, make_stack, make_user
+from tests.factories import make_key, make_org, make_stack, make_user, sql_rows
 
 # Routes outside the product API: Django's admin (its own app, HTML) and the readiness probe,
 # whose 503 without a Celery worker is its documented contract, not an error.
@@ -232,16 +231,20 @@ def _error_shape_problems(raw: bytes, status: int) -> list[str]:
 
 # Tables a rejected request must leave exactly as they were. Row counts plus the columns that
 # change on an update (memory change_seq, key revocation, stack status) catch a half-done write.
-def state_snapshot() -> tuple[Any, ...]:
+def state_snapshot() -> Any:
+    """One row of named counts (a failure message shows which one moved)."""
     m, k, s = Memory._meta.db_table, ApiKey._meta.db_table, Stack._meta.db_table
     counted = [User, Membership, TeacherAssignment, Checkpoint, BootConfigEntry]
-    counts = ", ".join(f"(SELECT count(*) FROM {model._meta.db_table})" for model in counted)  # noqa: S608
-    sql = (f"SELECT (SELECT count(*) FROM {m}), (SELECT max(change_seq) FROM {m}), "  # noqa: S608 - table names
-           f"(SELECT count(*) FROM {k}), (SELECT count(*) FROM {k} WHERE revoked_at IS NOT NULL), "
-           f"(SELECT count(*) FROM {s}), (SELECT count(*) FROM {s} WHERE status <> 'active'), {counts}")
-    with connection.cursor() as cursor:
-        cursor.execute(sql)
-        return tuple(cursor.fetchone() or ())
+    counts = ", ".join(f"(SELECT count(*) FROM {model._meta.db_table}) AS {model._meta.db_table}"  # noqa: S608
+                       for model in counted)
+    sql = (f"SELECT (SELECT count(*) FROM {m}) AS memories, "  # noqa: S608 - table names
+           f"(SELECT max(change_seq) FROM {m}) AS max_change_seq, "
+           f"(SELECT count(*) FROM {k}) AS keys, "
+           f"(SELECT count(*) FROM {k} WHERE revoked_at IS NOT NULL) AS revoked_keys, "
+           f"(SELECT count(*) FROM {s}) AS stacks, "
+           f"(SELECT count(*) FROM {s} WHERE status <> 'active') AS inactive_stacks, {counts}")
+    (row,) = sql_rows(sql)
+    return row
 
 
 def check(sent: Sent, catcher: _TracebackCatcher, outcome: Outcome, *, api_route: bool,

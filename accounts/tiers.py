@@ -1,0 +1,57 @@
+"""The one table of tiers and what each allows (kernle-protocol.md §12.7), and an organization's tier.
+
+Every tier name an organization can carry is mapped here explicitly: an unknown name is an
+error, never a silent fallback to some other tier's limits (the legacy backend's pitfall, §12.4).
+`None` means "no limit".
+
+Why this lives in accounts, not billing: the tier is a property of the organization
+(`Organization.tier`), and two layers enforce what it allows — stacks (how many active stacks,
+checked by `stack_create`/`stack_unarchive`) and billing (storage, through `billing.entitlements`).
+Billing sits above stacks (it reads `Stack.bytes_used`), so a table stacks could read could not
+live in billing without an import cycle. This module is pure data plus one lookup; it imports
+only the Organization model and the error types, so every layer above accounts may read it.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from accounts.models import Organization
+from memoryhub.errors import ServiceUnavailable
+
+logger = logging.getLogger(__name__)
+
+MB = 1024 * 1024
+GB = 1024 * MB
+
+
+@dataclass(frozen=True)
+class Tier:
+    name: str
+    storage_bytes: int | None  # bytes of stored memories per organization
+    syncing_stacks: int | None  # active stacks per organization
+    # Human label for error messages ("free: 10 MB").
+    storage_label: str
+
+
+TIERS: dict[str, Tier] = {
+    tier.name: tier
+    for tier in (
+        Tier(name="free", storage_bytes=10 * MB, syncing_stacks=1, storage_label="10 MB"),
+        Tier(name="core", storage_bytes=100 * MB, syncing_stacks=3, storage_label="100 MB"),
+        Tier(name="pro", storage_bytes=1 * GB, syncing_stacks=10, storage_label="1 GB"),
+        Tier(name="enterprise", storage_bytes=None, syncing_stacks=None, storage_label="unlimited"),
+        # Operators' and benchmarks' accounts (kernle-protocol.md §12.4 names it).
+        Tier(name="unlimited", storage_bytes=None, syncing_stacks=None, storage_label="unlimited"),
+    )
+}
+
+
+def tier_for(organization: Organization) -> Tier:
+    """The organization's tier. An unmapped tier name fails closed (503), never "allow"."""
+    tier = TIERS.get(organization.tier)
+    if tier is None:
+        logger.error("organization %s has unmapped tier %r", organization.pk, organization.tier)
+        raise ServiceUnavailable("The account's plan cannot be read; retry shortly.", code="tier_unavailable")
+    return tier
