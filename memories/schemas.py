@@ -22,6 +22,17 @@ Contract (used by the native API, the Kernle sync engine and smart ingest):
   the kind-specific `data`, `extra`, the canonical `text` (kernle-protocol.md §10 "Indexed text")
   and `size_bytes` (what the quota counts). Values and drives are protected by default; values
   default to confidence 0.9, every other kind to 0.8.
+
+Why a hand-written reader (`_Reader`) and not DRF serializers, which read every other input of
+the API (memories.serializers): this runs once per record of every sync push, up to 1,000 per
+request, and is already the largest per-operation cost of a push. Measured on the development
+box for one kernle note: normalize_memory, text and sizes included, ~25 µs; a DRF serializer
+checking the same fields alone, ~365 µs (instantiating one copies all its fields). The HTTP
+endpoints that carry a record check their envelope with a serializer and the record here, so a
+memory is validated by one schema whichever way it arrives.
+
+One module over 400 lines on purpose: the reader, the common fields, the nine per-kind schemas and
+the canonical text are one contract, read top to bottom.
 """
 
 from __future__ import annotations
@@ -68,7 +79,6 @@ GOAL_STATUSES = frozenset({
     "cancelled", "pending", "in_progress", "archived",
 })
 GOAL_PRIORITY_LABELS = {"low": 25, "medium": 50, "high": 75, "urgent": 90, "critical": 100}
-GOAL_TYPES_HINT = ("task", "aspiration", "commitment", "exploration")
 
 # Keys a client can never set; dropped, not kept in `extra` (kernle-protocol.md §12.1).
 SERVER_CONTROLLED = frozenset({
@@ -571,12 +581,14 @@ def normalize_memory(kind: str, payload: Any, *, partial: bool = False,
         )
     text = canonical_text(kind, data, extra)
     data_json = json.dumps(data, ensure_ascii=False, default=str)
-    size = (len(text.encode()) + len(data_json.encode())
-            + extra_bytes + sum(len(t) for t in columns["tags"]))
-    if size > MEMORY_MAX_BYTES:
+    # What the quota counts: the record as the client sent it — `data` and `extra` as JSON, plus the
+    # tags. Not `text`, which is derived from `data` (counting it too counted content twice).
+    size = len(data_json.encode()) + extra_bytes + sum(len(t.encode()) for t in columns["tags"])
+    row_bytes = len(text.encode()) + size  # the stored row, derived text included: the per-record limit
+    if row_bytes > MEMORY_MAX_BYTES:
         raise PayloadTooLarge(
             "The memory is too large.",
-            fields={"non_field_errors": [f"A memory is at most {MEMORY_MAX_BYTES} bytes (got {size})."]},
+            fields={"non_field_errors": [f"A memory is at most {MEMORY_MAX_BYTES} bytes (got {row_bytes})."]},
         )
     return NormalizedMemory(kind=kind, columns=columns, data=data, extra=extra, text=text, size_bytes=size,
                             data_json=data_json, extra_json=extra_json)

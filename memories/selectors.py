@@ -1,4 +1,5 @@
-"""Reads of memories, checkpoints and boot config, with the rules every read shares.
+"""Reads of memories, checkpoints and boot config, with the rules every read shares, and the
+access decisions of the memories API that go beyond "may this caller reach this stack".
 
 Callers pass a stack already resolved through `stacks.selectors.stack_for_principal`.
 Rules: soft-deleted rows (sync deletes) are never returned; expired rows (`expires_at <= now`)
@@ -16,9 +17,11 @@ from typing import Literal
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
+from accounts.principal import Principal
 from memories.models import BootConfigEntry, Checkpoint, Memory
-from memoryhub.errors import InvalidInput, NotFound
+from memoryhub.errors import Forbidden, InvalidInput, NotFound
 from stacks.models import Stack
+from stacks.selectors import ensure_writable, stack_for_principal, stacks_visible_to
 
 ForgottenFilter = Literal["exclude", "include", "only"]
 
@@ -39,8 +42,13 @@ def memories_live(*, stack: Stack, now: datetime | None = None) -> QuerySet[Memo
 
 
 def memory_get(*, stack: Stack, memory_id: uuid.UUID | str) -> Memory:
-    """One memory of the stack by id (forgotten ones too: they can be inspected and recovered)."""
-    memory = memories_live(stack=stack).filter(pk=memory_id).first()
+    """One memory of the stack by id (forgotten ones too: they can be inspected and recovered).
+    An id that is not a UUID names no memory: 404 like any other."""
+    try:
+        pk = memory_id if isinstance(memory_id, uuid.UUID) else uuid.UUID(memory_id)
+    except (TypeError, ValueError):
+        raise NotFound("Memory not found.", code="memory_not_found") from None
+    memory = memories_live(stack=stack).filter(pk=pk).first()
     if memory is None:
         raise NotFound("Memory not found.", code="memory_not_found")
     return memory
@@ -111,3 +119,59 @@ def boot_config_get(*, stack: Stack, key: str) -> BootConfigEntry:
     if entry is None:
         raise NotFound("No such boot config key.", code="boot_key_not_found")
     return entry
+
+
+# --- access decisions of the memories API ---------------------------------------------------------
+# Which stacks a caller reaches, and whether it may write them, is stacks.selectors'; these add
+# what only the memories API asks.
+
+def ensure_may_search_across_stacks(principal: Principal) -> None:
+    """Searching across stacks is for school (organization-wide) keys only: not an agent's
+    stack-bound key, and not the dashboard (which searches one stack at a time)."""
+    if not (principal.is_key and principal.is_org_wide):
+        raise Forbidden("Only a school (organization) key may search across stacks.", code="school_key_required")
+
+
+def stacks_for_school_search(principal: Principal, *, slugs: list[str]) -> list[Stack]:
+    """The stacks a school key searches: those named by `slugs` (each must exist: 404 otherwise),
+    or every stack of its school."""
+    ensure_may_search_across_stacks(principal)
+    stacks = stacks_visible_to(principal)
+    if slugs:
+        stacks = stacks.filter(slug__in=slugs)
+    found = list(stacks.only("pk", "slug"))
+    if slugs and len(found) != len(set(slugs)):
+        raise NotFound("Stack not found.", code="stack_not_found")
+    return found
+
+
+def stack_for_kernle_search(principal: Principal, *, stack_id: str | None) -> Stack:
+    """The stack kernle's `POST /memories/search` searches (docs/kernle-protocol.md §5.2): the body's
+    `stack_id`, else the credential's bound stack, else the most recently pushed stack the caller
+    can see. None of them → 404 "No stack to search" (the client then falls back to its local
+    search instead of showing an empty answer)."""
+    if stack_id:
+        return stack_for_principal(principal, stack_id)
+    visible = stacks_visible_to(principal)
+    if principal.bound_stack_id is not None:
+        bound = visible.filter(pk=principal.bound_stack_id).first()
+        if bound is not None:
+            return bound
+    latest = visible.filter(last_sync_at__isnull=False).order_by("-last_sync_at", "-pk").first()
+    if latest is None:
+        raise NotFound("No stack to search", code="no_stack")
+    return latest
+
+
+def ensure_may_promote(principal: Principal, stack: Stack, *, auto: bool) -> None:
+    """Promotion suggestions only read the stack; `auto` creates beliefs, which is a write
+    (a read-only key: 403; an archived stack: 409)."""
+    if auto:
+        ensure_writable(principal, stack)
+
+
+def ensure_may_see_job_runs(principal: Principal) -> None:
+    """Job runs are service-wide: staff, and school admins signed in to the dashboard — not keys."""
+    if principal.user.is_staff or (not principal.is_key and principal.is_org_wide):
+        return
+    raise Forbidden("Only administrators can see job runs.", code="admin_only")

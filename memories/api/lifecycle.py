@@ -1,8 +1,9 @@
 """Lifecycle API: forgetting candidates, agent-reported recall, and job runs for admins.
 
 Thin views: stack-scoped routes resolve the stack through `stacks.selectors.stack_for_principal`
-(a stack the caller cannot see is a 404; a read-only key recording a recall is a 403); the work is
-in memories.lifecycle.
+(a stack the caller cannot see is a 404; a read-only key recording a recall is a 403), who may see
+job runs is `memories.selectors.ensure_may_see_job_runs`; the request serializers below read the
+query strings and bodies; the work is in memories.lifecycle.
 """
 
 from __future__ import annotations
@@ -18,15 +19,14 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from accounts.models import Membership
-from accounts.principal import Principal
+from accounts.principal import principal_of
 from memories import selectors
 from memories.lifecycle.decay import Grade
 from memories.lifecycle.decay_pass import forgetting_candidates
 from memories.lifecycle.jobs import JOB_NAMES, job_runs_recent
 from memories.lifecycle.reviews import memory_decay_view, record_review
 from memories.models import JobRun, Memory
-from memoryhub.errors import Forbidden, InvalidInput
+from memories.serializers import validated
 from stacks.models import Stack
 from stacks.selectors import stack_for_principal
 
@@ -36,20 +36,8 @@ MAX_FORECAST_DAYS = 3650
 GRADE_NAMES = {"again": Grade.AGAIN, "hard": Grade.HARD, "good": Grade.GOOD, "easy": Grade.EASY}
 
 
-def _principal(request: Request) -> Principal:
-    return request.auth  # type: ignore[return-value]  # set by our authentication classes
-
-
 def _stack(request: Request, slug: str, *, write: bool = False) -> Stack:
-    return stack_for_principal(_principal(request), slug, write=write)
-
-
-def _validated(serializer_class: type[serializers.Serializer], data: Any) -> dict[str, Any]:
-    if not hasattr(data, "get"):
-        raise InvalidInput("The body must be a JSON object.", fields={"non_field_errors": ["Expected an object."]})
-    serializer = serializer_class(data=data)
-    serializer.is_valid(raise_exception=True)
-    return dict(serializer.validated_data)
+    return stack_for_principal(principal_of(request), slug, write=write)
 
 
 # --- forgetting candidates ----------------------------------------------------------------------
@@ -100,7 +88,7 @@ class ForgettingCandidatesView(APIView):
                    summary="What the next decay pass would forget in this stack, most faded first")
     def get(self, request: Request, stack: str) -> Response:
         target = _stack(request, stack)
-        query = _validated(CandidatesQuerySerializer, request.query_params)
+        query = validated(CandidatesQuerySerializer, request.query_params)
         at = query.get("as_of") or timezone.now()
         memories = forgetting_candidates(stack=target, now=at, limit=query["limit"])
         return Response(CandidatesSerializer({
@@ -141,7 +129,7 @@ class MemoryRecallView(APIView):
                    summary="Report that a memory was recalled and used (an explicit FSRS review)")
     def post(self, request: Request, stack: str, memory_id: str) -> Response:
         target = _stack(request, stack, write=True)
-        body = _validated(RecallInSerializer, request.data)
+        body = validated(RecallInSerializer, request.data)
         memory = selectors.memory_get(stack=target, memory_id=memory_id)
         grade = _grade(body["grade"])
         result = record_review(memory=memory, grade=grade, source="recall")
@@ -167,15 +155,6 @@ class JobRunsQuerySerializer(serializers.Serializer):
     limit = serializers.IntegerField(required=False, default=50, min_value=1, max_value=500)
 
 
-def _ensure_operator(principal: Principal) -> None:
-    """Job runs are service-wide: staff and school admins signed in to the dashboard, not agent keys."""
-    if principal.user.is_staff:
-        return
-    if principal.api_key is None and principal.role == Membership.Role.ADMIN:
-        return
-    raise Forbidden("Only administrators can see job runs.", code="admin_only")
-
-
 class JobRunListView(APIView):
     @extend_schema(tags=[TAG], operation_id="job_runs_list", parameters=[JobRunsQuerySerializer],
                    responses=JobRunSerializer(many=True),
@@ -183,8 +162,8 @@ class JobRunListView(APIView):
                    description="Administrators only. Each run records its status, duration and counts; a run "
                                "that overlapped the previous one is recorded as `skipped`.")
     def get(self, request: Request) -> Response:
-        _ensure_operator(_principal(request))
-        query = _validated(JobRunsQuerySerializer, request.query_params)
+        selectors.ensure_may_see_job_runs(principal_of(request))
+        query = validated(JobRunsQuerySerializer, request.query_params)
         runs = job_runs_recent(name=query.get("name"))[: query["limit"]]
         return Response(JobRunSerializer(runs, many=True).data)
 

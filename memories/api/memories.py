@@ -1,9 +1,9 @@
 """Native memory API under /api/v1/stacks/<stack>/…: memories, checkpoint, boot config, load,
 MEMORY.md export and promotion.
 
-Thin views: resolve the stack through `stack_for_principal` (write=True for writes), call one
-service or selector, serialize. Every rule lives in memories.schemas / services / selectors /
-load / export / promotion.
+Thin views: resolve the stack through `stack_for_principal` (write=True for writes), read the body
+or query string with its request serializer (memories.serializers), call one service or selector,
+serialize. Every rule lives in memories.schemas / services / selectors / load / export / promotion.
 """
 
 from __future__ import annotations
@@ -13,19 +13,19 @@ from typing import Any
 from django.http import HttpResponse
 from django.urls import path
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
-from rest_framework import serializers, status
+from drf_spectacular.utils import OpenApiExample, OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework import status
 from rest_framework.renderers import BaseRenderer, JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from accounts.principal import principal_of
 from memories import selectors, services
 from memories.export import stack_memory_md
 from memories.lifecycle.promotion import promote_lessons
 from memories.load import MAX_ITEM_CHARS, stack_load
-from memories.models import MemoryKind
-from memories.schemas import clean_json, parse_timestamp
+from memories.schemas import clean_json
 from memories.serializers import (
     BootConfigEntrySerializer,
     BootConfigValueSerializer,
@@ -36,95 +36,56 @@ from memories.serializers import (
     LoadResultSerializer,
     MemoryBatchResultSerializer,
     MemoryBatchSerializer,
+    MemoryListQuerySerializer,
     MemorySerializer,
     MemoryUpdateSerializer,
     MemoryWriteSerializer,
     PromoteInSerializer,
     PromotionResultSerializer,
+    validated,
 )
-from memoryhub.errors import InvalidInput, NotFound
+from memoryhub.errors import NotFound
 from memoryhub.pagination import StableCursorPagination
 from stacks.models import Stack
-from stacks.selectors import ensure_writable, stack_for_principal
+from stacks.selectors import stack_for_principal
 
 TAG = "memories"
 
 
 def _stack(request: Request, slug: str, *, write: bool = False) -> Stack:
-    return stack_for_principal(request.auth, slug, write=write)  # type: ignore[arg-type]
+    return stack_for_principal(principal_of(request), slug, write=write)
 
 
-def _body(request: Request) -> dict[str, Any]:
-    try:
-        data = request.data
-    except RecursionError as exc:  # json's C parser gives up on absurd nesting: bad input, not a 500
-        raise InvalidInput("The body is nested too deeply.", code="parse_error") from exc
-    if not isinstance(data, dict):
-        raise InvalidInput("The body must be a JSON object.", fields={"non_field_errors": ["Expected an object."]})
-    return dict(data)
-
-
-def _validated(serializer_class: type[serializers.Serializer], data: Any) -> dict[str, Any]:
-    serializer = serializer_class(data=data)
-    serializer.is_valid(raise_exception=True)
-    return dict(serializer.validated_data)
-
-
-def _memory_list_filters(request: Request) -> dict[str, Any]:
-    params = request.query_params
-    errors: dict[str, list[str]] = {}
-    kinds = [k for value in params.getlist("kind") for k in value.split(",") if k]
-    bad = [k for k in kinds if k not in MemoryKind.values]
-    if bad:
-        errors["kind"] = [f"Unknown kind(s): {', '.join(bad)}."]
-    tags = [t for value in params.getlist("tags") for t in value.split(",") if t]
-    times = {}
-    for name in ("created_after", "created_before"):
-        raw = params.get(name)
-        if raw:
-            times[name] = parse_timestamp(raw)
-            if times[name] is None:
-                errors[name] = ["Must be an ISO-8601 date-time."]
-    forgotten = params.get("forgotten", "exclude")
-    if forgotten not in ("exclude", "include", "only"):
-        errors["forgotten"] = ["Must be exclude, include or only."]
-    if errors:
-        raise InvalidInput("Invalid filters.", fields=errors)
-    return {"kinds": kinds or None, "tags": tags or None, "forgotten": forgotten, **times}
-
-
-STACK_PARAM = OpenApiParameter("stack", OpenApiTypes.STR, OpenApiParameter.PATH, description="Stack slug")
-LIST_PARAMS = [
-    OpenApiParameter("kind", OpenApiTypes.STR, description="Comma-separated kinds"),
-    OpenApiParameter("tags", OpenApiTypes.STR, description="Comma-separated tags (all must match)"),
-    OpenApiParameter("created_after", OpenApiTypes.DATETIME),
-    OpenApiParameter("created_before", OpenApiTypes.DATETIME),
-    OpenApiParameter("forgotten", OpenApiTypes.STR, enum=["exclude", "include", "only"]),
-    OpenApiParameter("cursor", OpenApiTypes.STR),
-    OpenApiParameter("limit", OpenApiTypes.INT),
+PAGE_PARAMS = [
+    OpenApiParameter("cursor", OpenApiTypes.STR, description="`next` of the previous page"),
+    OpenApiParameter("limit", OpenApiTypes.INT, description="Page size"),
 ]
 
 
 class MemoryListView(APIView):
-    @extend_schema(tags=[TAG], parameters=LIST_PARAMS, responses=MemorySerializer(many=True),
-                   summary="List memories (cursor-paginated, newest first)")
+    @extend_schema(tags=[TAG], parameters=[MemoryListQuerySerializer, *PAGE_PARAMS],
+                   responses=MemorySerializer(many=True), summary="List memories (cursor-paginated, newest first)")
     def get(self, request: Request, stack: str) -> Response:
         target = _stack(request, stack)
-        queryset = selectors.memories_list(stack=target, **_memory_list_filters(request))
+        filters = validated(MemoryListQuerySerializer, request.query_params)
+        queryset = selectors.memories_list(
+            stack=target, kinds=filters.get("kind") or None, tags=filters.get("tags") or None,
+            created_after=filters.get("created_after"), created_before=filters.get("created_before"),
+            forgotten=filters["forgotten"])
         paginator = StableCursorPagination()
         page = paginator.paginate_queryset(queryset, request, view=self)
         return paginator.get_paginated_response(MemorySerializer(page, many=True).data)
 
     @extend_schema(tags=[TAG], request=MemoryWriteSerializer, responses={201: MemorySerializer},
+                   examples=[OpenApiExample("A belief", request_only=True, value={
+                       "kind": "belief", "record_id": "b-42", "statement": "Pictures help with fractions",
+                       "confidence": 0.9, "tags": ["math"]})],
                    summary="Create a memory (kind + the kind's fields, flat)")
     def post(self, request: Request, stack: str) -> Response:
         target = _stack(request, stack, write=True)
-        body = _body(request)
-        kind = body.pop("kind", None)
-        if not isinstance(kind, str):
-            raise InvalidInput("The memory kind is required.", fields={"kind": ["This field is required."]})
-        record_id = body.pop("record_id", None)
-        memory = services.memory_create(stack=target, kind=kind, payload=body, source="api", record_id=record_id)
+        data = validated(MemoryWriteSerializer, request.data)
+        memory = services.memory_create(stack=target, kind=data["kind"], payload=data["record"], source="api",
+                                        record_id=data.get("record_id"))
         return Response(MemorySerializer(memory).data, status=status.HTTP_201_CREATED)
 
 
@@ -133,8 +94,8 @@ class MemoryBatchView(APIView):
                    summary="Create many memories, all or nothing")
     def post(self, request: Request, stack: str) -> Response:
         target = _stack(request, stack, write=True)
-        items = _body(request).get("items")
-        memories = services.memory_batch_create(stack=target, items=items, source="api")  # type: ignore[arg-type]
+        items = validated(MemoryBatchSerializer, request.data)["items"]
+        memories = services.memory_batch_create(stack=target, items=items, source="api")
         return Response({"created": len(memories), "memories": MemorySerializer(memories, many=True).data},
                         status=status.HTTP_201_CREATED)
 
@@ -146,11 +107,13 @@ class MemoryDetailView(APIView):
         return Response(MemorySerializer(memory).data)
 
     @extend_schema(tags=[TAG], request=MemoryUpdateSerializer, responses=MemorySerializer,
+                   examples=[OpenApiExample("New wording and tags", request_only=True, value={
+                       "statement": "Pictures help a lot", "tags": ["math", "visual"]})],
                    summary="Update a memory (partial; null resets a field)")
     def patch(self, request: Request, stack: str, memory_id: str) -> Response:
         memory = selectors.memory_get(stack=_stack(request, stack, write=True), memory_id=memory_id)
-        body = _body(request)
-        memory = services.memory_update(memory=memory, payload=body, source="api")
+        record = validated(MemoryUpdateSerializer, request.data)["record"]
+        memory = services.memory_update(memory=memory, payload=record, source="api")
         return Response(MemorySerializer(memory).data)
 
 
@@ -159,7 +122,7 @@ class MemoryForgetView(APIView):
                    summary="Forget a memory (reversible tombstone)")
     def post(self, request: Request, stack: str, memory_id: str) -> Response:
         memory = selectors.memory_get(stack=_stack(request, stack, write=True), memory_id=memory_id)
-        reason = _validated(ForgetSerializer, clean_json(_body(request)))["reason"]
+        reason = validated(ForgetSerializer, clean_json(request.data))["reason"]  # null bytes removed, not refused
         return Response(MemorySerializer(services.memory_forget(memory=memory, reason=reason)).data)
 
 
@@ -200,7 +163,7 @@ class CheckpointView(APIView):
                    summary="Save a checkpoint")
     def post(self, request: Request, stack: str) -> Response:
         target = _stack(request, stack, write=True)
-        data = _validated(CheckpointInSerializer, clean_json(_body(request)))  # null bytes removed, not refused
+        data = validated(CheckpointInSerializer, clean_json(request.data))  # null bytes removed, not refused
         checkpoint = services.checkpoint_save(stack=target, checkpoint=services.CheckpointInput(
             task=data["task"], progress=data.get("progress") or "", next_step=data.get("next_step") or "",
             blocker=data.get("blocker") or "", context=data.get("context") or {},
@@ -209,9 +172,8 @@ class CheckpointView(APIView):
 
 
 class CheckpointHistoryView(APIView):
-    @extend_schema(tags=[TAG], parameters=[OpenApiParameter("cursor", OpenApiTypes.STR),
-                                           OpenApiParameter("limit", OpenApiTypes.INT)],
-                   responses=CheckpointSerializer(many=True), summary="Checkpoint history, newest first")
+    @extend_schema(tags=[TAG], parameters=PAGE_PARAMS, responses=CheckpointSerializer(many=True),
+                   summary="Checkpoint history, newest first")
     def get(self, request: Request, stack: str) -> Response:
         queryset = selectors.checkpoint_history(stack=_stack(request, stack))
         paginator = StableCursorPagination()
@@ -238,7 +200,7 @@ class BootConfigDetailView(APIView):
                    summary="Set one boot config key")
     def put(self, request: Request, stack: str, key: str) -> Response:
         target = _stack(request, stack, write=True)
-        value = _validated(BootConfigValueSerializer, clean_json(_body(request)))["value"]
+        value = validated(BootConfigValueSerializer, clean_json(request.data))["value"]
         entry = services.boot_config_set(stack=target, key=key, value=value)
         return Response(BootConfigEntrySerializer(entry).data)
 
@@ -255,7 +217,7 @@ class LoadView(APIView):
                    summary="Budget-aware load: checkpoint, boot config, then memories by priority")
     def get(self, request: Request, stack: str) -> Response:
         target = _stack(request, stack)
-        query = _validated(LoadQuerySerializer, request.query_params)
+        query = validated(LoadQuerySerializer, request.query_params)
         item_chars = MAX_ITEM_CHARS if query.get("no_truncate") else query.get("item_chars")
         result = stack_load(stack=target, budget=query.get("budget"), item_chars=item_chars)
         return Response({
@@ -301,9 +263,8 @@ class PromoteView(APIView):
                    summary="Promote recurring episode lessons to beliefs (suggest, or create with auto)")
     def post(self, request: Request, stack: str) -> Response:
         target = _stack(request, stack)
-        data = _validated(PromoteInSerializer, _body(request))
-        if data["auto"]:  # suggestions only read; creating beliefs is a write
-            ensure_writable(request.auth, target)  # type: ignore[arg-type]
+        data = validated(PromoteInSerializer, request.data)
+        selectors.ensure_may_promote(principal_of(request), target, auto=data["auto"])
         result = promote_lessons(stack=target, auto=data["auto"], limit=data["limit"], source="api")
         return Response(result.as_dict())
 

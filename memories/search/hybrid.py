@@ -41,7 +41,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from memories.lifecycle.decay import DecayState, memory_retrievability
-from memories.models import Memory, MemoryKind
+from memories.models import Memory
 from memories.search.embeddings import Vector, embed_query, get_embedder, vector_literal
 from memories.search.vector_indexes import stacks_with_vector_index
 
@@ -456,6 +456,3 @@ def _search(*, stack_ids: Sequence[int], query: SearchQuery, now: datetime, fetc
         embedding_model=get_embedder().model_id,
         stats=stats,
     )
-
-
-VALID_KINDS = frozenset(MemoryKind.values)
