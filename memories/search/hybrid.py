@@ -23,6 +23,10 @@ sized to the stack's share of the table (iterative scans on pgvector ≥ 0.8) [h
 the stack has its own partial HNSW index (memories.vector_indexes), through that [hnsw-stack] -
 and fall back to an exact search whenever an index yields too few rows [...+exact].
 `SearchResult.method` reports which ran.
+
+Why one module of ~460 lines: the two legs share one filter builder and one column contract
+(`_filters`, `_LEG_COLUMNS`/`_SCORE`) that the fusion reads by position; split apart, a reader
+would have to hold three files open to check that they agree.
 """
 
 from __future__ import annotations
