@@ -55,7 +55,7 @@ class Memory(models.Model):
     """One memory of any kind in one stack.
 
     Server-controlled columns (stack, version, embedding*, forgotten_*, deleted_at, change_seq,
-    server_updated_at, stability/difficulty/salience) are never taken from clients.
+    server_updated_at, stability/difficulty) are never taken from clients.
     `strength`, `times_accessed` and `last_accessed` are the client's bookkeeping (kernle);
     the decay model keeps its own state in `stability`, `difficulty` and `last_reviewed_at`, and
     writes the salience it computes to `MemorySalience` (a narrow side table), not to this row.
@@ -67,7 +67,8 @@ class Memory(models.Model):
     # The client's id for the record (kernle's record_id); for native creates, str(id).
     record_id = models.CharField(max_length=200)
 
-    # Canonical searchable text, derived from the kind's fields after redaction.
+    # Canonical searchable text, derived from the kind's fields (as the write kernel's transforms,
+    # memories.writes.hooks, left them: where redaction will plug in).
     text = models.TextField(default="", blank=True)
     data = models.JSONField(default=dict, blank=True)  # kind-specific, validated fields
     extra = models.JSONField(default=dict, blank=True)  # unknown client fields, kept verbatim
@@ -95,9 +96,6 @@ class Memory(models.Model):
     stability = models.FloatField(default=1.0)
     difficulty = models.FloatField(default=5.0)
     last_reviewed_at = models.DateTimeField(null=True, blank=True)
-    # Unused: the decay pass writes `MemorySalience` instead. Kept only until the sync COPY column
-    # list (memories/sync.py) stops naming it; then drop it with a migration.
-    salience = models.FloatField(null=True, blank=True)
 
     forgotten_at = models.DateTimeField(null=True, blank=True)
     forgotten_reason = models.CharField(max_length=64, blank=True, default="")
@@ -119,7 +117,9 @@ class Memory(models.Model):
         output_field=SearchVectorField(),
         db_persist=True,
     )
-    size_bytes = models.IntegerField(default=0)  # stored size, counted against the quota
+    # What the quota counts: the bytes of the record as the client sent it — `data` and `extra` as
+    # JSON plus the tags (memories.schemas.normalize_memory); not `text`, derived from `data`.
+    size_bytes = models.IntegerField(default=0)
 
     class Meta:
         constraints = [
@@ -156,10 +156,6 @@ class Memory(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind}:{self.record_id}"
-
-    @property
-    def is_forgotten(self) -> bool:
-        return self.forgotten_at is not None
 
 
 class MemoryRevision(models.Model):

@@ -1,44 +1,43 @@
-"""THE write path for memories, checkpoints and boot config.
+"""Memory, checkpoint and boot-config services: what the native API, smart ingest and promotion call.
 
-Every write — native API, Kernle sync, smart ingest, promotion — goes through these services, so
-validation (memories.schemas), quotas (billing.entitlements) and later gates apply everywhere.
-
-Contract shared by every memory service (all keyword-only, `@transaction.atomic`):
+The services decide; the write kernel (`memories.writes`) writes. Contract shared by every memory
+service (all keyword-only, `@transaction.atomic`):
 
 * the caller has already resolved the stack through `stacks.selectors.stack_for_principal`
   (write=True) — these functions do not check access;
-* payloads are validated by `memories.schemas.normalize_memory` (→ `InvalidInput` with field
-  errors, `PayloadTooLarge`); nothing is stored when it raises;
+* payloads become storable through `memories.writes.hooks.prepare_memory` (the schema, then the
+  registered transforms: → `InvalidInput` with field errors, `PayloadTooLarge`); nothing is stored
+  when it raises;
 * growth is checked with `billing.entitlements.ensure_can_store` before anything is written
   (→ `QuotaExceeded`);
-* every insert and every change stamps `change_seq = NextChangeSeq()` and `server_updated_at`,
-  holding the stack's change lock (`lock_stack_changes`) first, so sequence numbers of one stack
-  commit in the order they were drawn and a cursor reader never skips one;
-  a change bumps `version` by one and keeps a `MemoryRevision` of the state before it; a change
-  of text sets `embedded_version = None` ("awaiting embedding") and queues an embedding job
-  after commit;
-* `Stack.memory_count` / `bytes_used` move with `F()` after commit (`stack_usage_adjust`).
+* the write itself — stack change lock, `change_seq`, `server_updated_at`, version bump and
+  `MemoryRevision` of the state before a change, `embedded_version = None` and an embedding job
+  after commit when text changes, `Stack.memory_count` / `bytes_used`, change listeners — is the
+  kernel's (`memories.writes.rows`), identical for every writer.
 
-`source` names the writer ("api", "sync", "ingest", "promotion", …) and lands in revisions.
+The sync engine (`memories.sync`) writes through the kernel's set-based form instead of these
+services, because a kernle push needs per-operation outcomes and set-based speed.
+`source` names the writer ("api", "ingest", "promotion", …) and lands in revisions.
 """
 
 from __future__ import annotations
 
 import json
 import re
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from django.db import IntegrityError, transaction
-from django.db.models import F
 from django.utils import timezone
 
 from billing.entitlements import ensure_can_store
-from memories.models import BootConfigEntry, Checkpoint, Memory, MemoryRevision, NextChangeSeq
-from memories.schemas import NormalizedMemory, clean_json, clean_text, normalize_memory
+from memories.models import BootConfigEntry, Checkpoint, Memory
+from memories.schemas import clean_json, clean_text
+from memories.writes.columns import CONTENT_COLUMNS
+from memories.writes.hooks import prepare_memory
+from memories.writes.rows import insert_memories, locked_memory, memory_snapshot, new_memory, save_change
 from memoryhub.errors import Conflict, InvalidInput, NotFound, PayloadTooLarge
 from stacks.models import Stack
 
@@ -46,44 +45,6 @@ BATCH_MAX_ITEMS = 500
 RECORD_ID_MAX = 200
 FORGET_REASON_MAX = 64
 RECOVERED_STRENGTH = 0.2  # kernle's `recover`: back as dormant, not strong (memory-science.md §8.6)
-
-# Columns that make up a memory's state; snapshotted into revisions before each change.
-_SNAPSHOT_FIELDS = (
-    "kind", "record_id", "text", "data", "extra", "tags", "confidence", "source_type", "source_entity",
-    "derived_from", "source_episodes", "emotional_valence", "emotional_arousal", "emotional_tags",
-    "subject_ids", "access_grants", "consent_grants", "strength", "times_accessed", "last_accessed",
-    "is_protected", "forgotten_at", "forgotten_reason", "deleted_at", "expires_at", "version",
-    "client_version", "client_updated_at", "created_at", "server_updated_at", "size_bytes",
-)
-
-
-def memory_snapshot(memory: Memory) -> dict[str, Any]:
-    """The stored state of a memory as JSON (for revisions)."""
-    snapshot: dict[str, Any] = {}
-    for name in _SNAPSHOT_FIELDS:
-        value = getattr(memory, name)
-        snapshot[name] = value.isoformat() if isinstance(value, datetime) else value
-    return snapshot
-
-
-def stack_usage_adjust(*, stack_id: int, count_delta: int, bytes_delta: int) -> None:
-    """Move the stack's usage counters once the surrounding transaction commits."""
-    if not count_delta and not bytes_delta:
-        return
-
-    def apply() -> None:
-        Stack.objects.filter(pk=stack_id).update(
-            memory_count=F("memory_count") + count_delta, bytes_used=F("bytes_used") + bytes_delta
-        )
-
-    transaction.on_commit(apply)
-
-
-def _queue_embedding(ids: Sequence[uuid.UUID | str]) -> None:
-    # Imported late: memories.tasks pulls in Celery; the services must stay importable without it.
-    from memories.tasks import enqueue_embedding
-
-    enqueue_embedding(ids)
 
 
 def _clean_record_id(record_id: str | None) -> str | None:
@@ -97,46 +58,19 @@ def _clean_record_id(record_id: str | None) -> str | None:
     return cleaned
 
 
-def _new_memory(*, stack: Stack, normalized: NormalizedMemory, record_id: str | None, now: datetime) -> Memory:
-    memory_id = uuid.uuid4()
-    fields = normalized.as_model_fields()
-    fields.setdefault("created_at", now)
-    return Memory(
-        id=memory_id, stack=stack, kind=normalized.kind, record_id=record_id or str(memory_id),
-        server_updated_at=now, embedded_version=None, **fields,
-    )
-
-
-def lock_stack_changes(*stack_ids: int) -> None:
-    """Take the stack row locks (FOR NO KEY UPDATE) until commit, before drawing a change_seq.
-
-    Sequence numbers are drawn when a row is written but become visible at commit; without this,
-    a writer that drew 100 could commit after one that drew 101, and a reader paging by cursor
-    past 101 would never see 100. Sync pushes hold the same row (FOR UPDATE) for the whole push.
-    Lock order everywhere: the stack row first, then memory rows; several stacks in pk order, in
-    one statement. Caller is in a transaction.
-    """
-    list(Stack.objects.select_for_update(no_key=True).filter(pk__in=stack_ids).order_by("pk")
-         .values_list("pk", flat=True))
-
-
 @transaction.atomic
 def memory_create(*, stack: Stack, kind: str, payload: dict[str, Any], source: str,
                   record_id: str | None = None) -> Memory:
     """Validate and store one new memory. A record id already used for this kind is a 409."""
     record_id = _clean_record_id(record_id)
-    normalized = normalize_memory(kind, payload)
+    normalized = prepare_memory(kind, payload)
     ensure_can_store(stack=stack, additional_bytes=normalized.size_bytes)
-    lock_stack_changes(stack.pk)
-    memory = _new_memory(stack=stack, normalized=normalized, record_id=record_id, now=timezone.now())
+    memory = new_memory(stack=stack, normalized=normalized, record_id=record_id, now=timezone.now())
     try:
-        with transaction.atomic():  # savepoint: a duplicate must not poison the caller's transaction
-            memory.save(force_insert=True)
+        insert_memories(stack=stack, memories=[memory], source=source)
     except IntegrityError as exc:
         raise Conflict("A memory with this record id already exists.", code="duplicate_record",
                        fields={"record_id": ["Already exists for this kind."]}) from exc
-    stack_usage_adjust(stack_id=stack.pk, count_delta=1, bytes_delta=normalized.size_bytes)
-    _queue_embedding([memory.pk])
     return memory
 
 
@@ -146,8 +80,8 @@ def memory_batch_create(*, stack: Stack, items: Sequence[dict[str, Any]], source
 
     Each item is `{"kind": …, "record_id"?: …, <the kind's fields>}`. Every item is validated first;
     any error rejects the whole batch with field errors keyed `items.<index>.<field>` and nothing
-    is stored. All-or-nothing because a native client retries a batch as a unit; the Kernle
-    sync path, which needs per-operation outcomes, calls `memory_create` per operation instead.
+    is stored. All-or-nothing because a native client retries a batch as a unit; the sync engine,
+    which needs per-operation outcomes, has its own set-based path through the kernel.
     """
     if not isinstance(items, (list, tuple)) or not items:
         raise InvalidInput("A batch needs at least one item.", fields={"items": ["Must be a non-empty list."]})
@@ -166,7 +100,7 @@ def memory_batch_create(*, stack: Stack, items: Sequence[dict[str, Any]], source
             if not isinstance(kind, str):
                 raise InvalidInput("Invalid item.", fields={"kind": ["This field is required."]})
             record_id = _clean_record_id(item.get("record_id"))
-            normalized = normalize_memory(kind, {k: v for k, v in item.items() if k not in ("kind", "record_id")})
+            normalized = prepare_memory(kind, {k: v for k, v in item.items() if k not in ("kind", "record_id")})
         except (InvalidInput, PayloadTooLarge) as exc:
             for name, messages in exc.fields.items():
                 errors[f"items.{index}.{name}"] = messages
@@ -176,47 +110,16 @@ def memory_batch_create(*, stack: Stack, items: Sequence[dict[str, Any]], source
                 errors[f"items.{index}.record_id"] = ["Repeated within the batch."]
                 continue
             seen.add((kind, record_id))
-        memories.append(_new_memory(stack=stack, normalized=normalized, record_id=record_id, now=now))
+        memories.append(new_memory(stack=stack, normalized=normalized, record_id=record_id, now=now))
     if errors:
         raise InvalidInput("Some items are invalid; nothing was stored.", fields=errors)
-    total_bytes = sum(m.size_bytes for m in memories)
-    ensure_can_store(stack=stack, additional_bytes=total_bytes)
-    lock_stack_changes(stack.pk)
+    ensure_can_store(stack=stack, additional_bytes=sum(m.size_bytes for m in memories))
     try:
-        with transaction.atomic():
-            Memory.objects.bulk_create(memories)
+        insert_memories(stack=stack, memories=memories, source=source)
     except IntegrityError as exc:
         raise Conflict("A record id in the batch already exists; nothing was stored.", code="duplicate_record",
                        fields={"items": ["A record id already exists for its kind."]}) from exc
-    stack_usage_adjust(stack_id=stack.pk, count_delta=len(memories), bytes_delta=total_bytes)
-    _queue_embedding([m.pk for m in memories])
     return memories
-
-
-def _lock(memory: Memory) -> Memory:
-    """Re-read the row under a lock so concurrent changes serialise (caller is in a transaction).
-    The stack's change lock comes first (see `lock_stack_changes` for the order)."""
-    lock_stack_changes(memory.stack_id)
-    return Memory.objects.select_for_update().get(pk=memory.pk)
-
-
-def _save_change(memory: Memory, *, before: dict[str, Any], source: str, action: str, reason: str = "",
-                 extra_fields: Sequence[str] = ()) -> Memory:
-    """Record the before-state, bump version, stamp the change feed and save the given fields."""
-    MemoryRevision.objects.create(memory=memory, version=before["version"], source=source, action=action,
-                                  reason=reason, snapshot=before)
-    memory.version = F("version") + 1
-    memory.change_seq = NextChangeSeq()
-    memory.server_updated_at = timezone.now()
-    memory.save(update_fields=["version", "change_seq", "server_updated_at", *extra_fields])
-    memory.refresh_from_db(fields=["version", "change_seq"])
-    return memory
-
-
-_UPDATABLE = ("text", "data", "extra", "size_bytes", "tags", "confidence", "source_type", "source_entity",
-              "derived_from", "source_episodes", "emotional_valence", "emotional_arousal", "emotional_tags",
-              "subject_ids", "access_grants", "consent_grants", "strength", "times_accessed",
-              "last_accessed", "is_protected", "expires_at")
 
 
 @transaction.atomic
@@ -224,17 +127,17 @@ def memory_update(*, memory: Memory, payload: dict[str, Any], source: str, parti
                   client_version: int | None = None, client_updated_at: datetime | None = None) -> Memory:
     """Apply a change to a memory (PATCH semantics by default). No-op changes keep the version.
 
-    `client_version` / `client_updated_at` are the Kernle echo fields (sync only).
+    `client_version` / `client_updated_at` are the Kernle echo fields.
     """
-    memory = _lock(memory)
-    normalized = normalize_memory(memory.kind, payload, partial=partial, existing=memory)
+    memory = locked_memory(memory)
+    normalized = prepare_memory(memory.kind, payload, partial=partial, existing=memory)
     new_values = normalized.as_model_fields()
     new_values.pop("created_at", None)  # creation time is fixed once stored
     if client_updated_at is None:
         client_updated_at = new_values.pop("client_updated_at", None)
     else:
         new_values.pop("client_updated_at", None)
-    changed = [name for name in _UPDATABLE if getattr(memory, name) != new_values[name]]
+    changed = [name for name in CONTENT_COLUMNS if getattr(memory, name) != new_values[name]]
     echo_changed = []
     if client_version is not None and client_version != memory.client_version:
         echo_changed.append("client_version")
@@ -242,9 +145,9 @@ def memory_update(*, memory: Memory, payload: dict[str, Any], source: str, parti
         echo_changed.append("client_updated_at")
     if not changed and not echo_changed:
         return memory
-    ensure_can_store(stack=memory.stack, additional_bytes=normalized.size_bytes - memory.size_bytes)
-    before = memory_snapshot(memory)
     bytes_delta = normalized.size_bytes - memory.size_bytes
+    ensure_can_store(stack=memory.stack, additional_bytes=bytes_delta)
+    before = memory_snapshot(memory)
     text_changed = memory.text != normalized.text
     for name in changed:
         setattr(memory, name, new_values[name])
@@ -252,15 +155,8 @@ def memory_update(*, memory: Memory, payload: dict[str, Any], source: str, parti
         memory.client_version = client_version
     if client_updated_at is not None:
         memory.client_updated_at = client_updated_at
-    fields = [*changed, *echo_changed]
-    if text_changed:
-        memory.embedded_version = None
-        fields.append("embedded_version")
-    _save_change(memory, before=before, source=source, action="update", extra_fields=fields)
-    stack_usage_adjust(stack_id=memory.stack_id, count_delta=0, bytes_delta=bytes_delta)
-    if text_changed:
-        _queue_embedding([memory.pk])
-    return memory
+    return save_change(memory, before=before, source=source, action="update", fields=[*changed, *echo_changed],
+                       text_changed=text_changed, bytes_delta=bytes_delta)
 
 
 @transaction.atomic
@@ -270,7 +166,7 @@ def memory_forget(*, memory: Memory, reason: str, source: str = "api") -> Memory
     Refuses protected memories and memories already forgotten (409), like kernle's `forget`.
     Sets strength to 0.0 too, which is what a forgotten record looks like to a Kernle client.
     """
-    memory = _lock(memory)
+    memory = locked_memory(memory)
     if memory.deleted_at is not None:
         raise Conflict("The memory was deleted.", code="memory_deleted")
     if memory.is_protected:
@@ -282,34 +178,34 @@ def memory_forget(*, memory: Memory, reason: str, source: str = "api") -> Memory
     memory.forgotten_at = timezone.now()
     memory.forgotten_reason = reason
     memory.strength = 0.0
-    return _save_change(memory, before=before, source=source, action="forget", reason=reason,
-                        extra_fields=["forgotten_at", "forgotten_reason", "strength"])
+    return save_change(memory, before=before, source=source, action="forget", reason=reason,
+                       fields=["forgotten_at", "forgotten_reason", "strength"])
 
 
 @transaction.atomic
 def memory_recover(*, memory: Memory, source: str = "api") -> Memory:
     """Undo a tombstone. The memory comes back dormant (strength 0.2), as kernle's `recover` does."""
-    memory = _lock(memory)
+    memory = locked_memory(memory)
     if memory.forgotten_at is None:
         raise Conflict("The memory is not forgotten.", code="not_forgotten")
     before = memory_snapshot(memory)
     memory.forgotten_at = None
     memory.forgotten_reason = ""
     memory.strength = max(memory.strength, RECOVERED_STRENGTH)
-    return _save_change(memory, before=before, source=source, action="recover",
-                        extra_fields=["forgotten_at", "forgotten_reason", "strength"])
+    return save_change(memory, before=before, source=source, action="recover",
+                       fields=["forgotten_at", "forgotten_reason", "strength"])
 
 
 @transaction.atomic
 def memory_set_protected(*, memory: Memory, protected: bool, source: str = "api") -> Memory:
     """Protect (exempt from decay and forgetting) or unprotect a memory. Idempotent."""
-    memory = _lock(memory)
+    memory = locked_memory(memory)
     if memory.is_protected == protected:
         return memory
     before = memory_snapshot(memory)
     memory.is_protected = protected
-    return _save_change(memory, before=before, source=source, action="protect" if protected else "unprotect",
-                        extra_fields=["is_protected"])
+    return save_change(memory, before=before, source=source, action="protect" if protected else "unprotect",
+                       fields=["is_protected"])
 
 
 # --- checkpoints -----------------------------------------------------------------------------------

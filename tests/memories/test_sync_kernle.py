@@ -13,7 +13,7 @@ from django.db import DatabaseError
 
 from accounts.models import Organization
 from accounts.throttles import throttle_state_clear
-from memories.models import Memory, MemoryRevision, SyncWatermark
+from memories.models import Memory, MemoryRevision, MemorySalience, SyncWatermark
 from stacks.models import Stack
 from stacks.services import personal_account_register
 from tests.factories import bearer_client, make_key, make_org, make_stack
@@ -164,7 +164,8 @@ def test_push_cannot_set_server_controlled_fields(account: dict[str, Any]) -> No
     assert memory.record_id == "e1"  # record_id wins over data.id
     assert memory.version == 1 and memory.client_version == 7  # the client's version is echoed, not ours
     assert memory.embedding is None and memory.embedded_version is None
-    assert memory.stability == 1.0 and memory.difficulty == 5.0 and memory.salience is None
+    assert memory.stability == 1.0 and memory.difficulty == 5.0
+    assert "salience" not in memory.extra and not MemorySalience.objects.filter(memory=memory).exists()
     assert memory.forgotten_at is None and memory.deleted_at is None
     assert memory.server_updated_at.year == datetime.now(UTC).year
     assert memory.size_bytes > 1
@@ -244,7 +245,7 @@ def test_two_devices_last_writer_by_timestamp_wins_and_lists_are_unioned(account
 
 
 def test_list_union_is_capped(account: dict[str, Any]) -> None:
-    from memories.sync import ARRAY_CAP
+    from memories.sync.protocol import ARRAY_CAP
     push(account["client"], [episode("e1", tags=[f"a{i}" for i in range(300)])])
     push(account["client"], [episode("e1", minutes=1, tags=[f"b{i}" for i in range(300)])])
     assert len(Memory.objects.get(record_id="e1").tags) == ARRAY_CAP
@@ -474,9 +475,9 @@ def test_a_record_the_database_refuses_fails_alone(account: dict[str, Any]) -> N
 
 def test_orm_fallback_when_the_table_has_columns_copy_does_not_know(account: dict[str, Any],
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    import memories.sync
+    from memories.writes import sets
 
-    monkeypatch.setattr(memories.sync, "_COPY_OK", False)
+    monkeypatch.setattr(sets, "_COPY_OK", False)
     assert push(account["client"], [episode("e1"), value_op("v1")]).json()["synced"] == 2
     assert Memory.objects.get(record_id="e1").data["objective"] == "Deployed v2"
 
@@ -560,12 +561,12 @@ def test_nothing_is_acknowledged_or_stored_when_the_push_cannot_commit(account: 
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """Acknowledgement comes after commit: a failure after the rows were written (here: updating the
     stack's counters) rolls the whole push back, and the client gets no acknowledgement to act on."""
-    from memories import sync
+    from memories.sync import engine
 
     def refuse(*args: Any, **kwargs: Any) -> None:
         raise DatabaseError("simulated failure before commit")
 
-    monkeypatch.setattr(sync, "_update_counters", refuse)
+    monkeypatch.setattr(engine, "finish_set", refuse)
     client = account["client"]
     client.raise_request_exception = False
     response = push(client, [episode("e1"), value_op("v1")])

@@ -1,0 +1,281 @@
+"""The sync room's wire protocol: what kernle and native clients send and get back, as data.
+
+* the vocabulary (wire tables ↔ memory kinds, the keys sync interprets itself, the limits);
+* parsing one wire operation into a `SyncOp` (kernle's and the native format), validated through
+  the write kernel's `prepare_memory`, so a bad operation becomes that operation's rejection;
+* the engine's per-operation outcome (`OpResult`), the opaque native cursor, and the errors a
+  stack a key cannot reach turns into;
+* `db_now`: the one clock of a sync (the database's, read after the stack lock).
+
+Parsing is hand-written rather than DRF serializers: it runs for every operation of a push of 1,000
+on the request path (bench/sync.py), and a rejected operation must become a per-operation conflict,
+never a 400 for the whole request.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from django.db import connection
+
+from accounts.principal import Principal
+from memories.models import MemoryKind
+from memories.schemas import KIND_FOR_TABLE, LIST_ITEMS, NormalizedMemory, parse_timestamp
+from memories.writes.hooks import prepare_memory
+from memoryhub.errors import DomainError, InvalidInput, NotFound, PayloadTooLarge
+from stacks.models import Stack
+
+# --- wire vocabulary ---------------------------------------------------------------------------------
+
+# Tables a kernle push may name (§6.4 step 4); `agent_values` is an alias of `values`.
+PUSH_TABLES = {table: kind for table, kind in KIND_FOR_TABLE.items() if table != "raw_entries"}
+# Tables a 0.15.0 client can apply on pull (§7.3): never raw captures.
+PULL_TABLE_FOR_KIND = {
+    MemoryKind.EPISODE: "episodes", MemoryKind.NOTE: "notes", MemoryKind.BELIEF: "beliefs",
+    MemoryKind.VALUE: "values", MemoryKind.GOAL: "goals", MemoryKind.DRIVE: "drives",
+    MemoryKind.RELATIONSHIP: "relationships", MemoryKind.PLAYBOOK: "playbooks",
+}
+UPSERT_OPERATIONS = frozenset({"update", "insert", "upsert"})
+
+# kernle's SYNC_ARRAY_FIELDS (§7.4): merged as set unions on both sides of a sync.
+ARRAY_FIELDS: dict[str, tuple[str, ...]] = {
+    MemoryKind.EPISODE: ("lessons", "tags", "emotional_tags", "source_episodes", "derived_from", "context_tags"),
+    MemoryKind.NOTE: ("tags", "source_episodes", "derived_from", "context_tags"),
+    MemoryKind.BELIEF: ("source_episodes", "derived_from", "context_tags"),
+    MemoryKind.VALUE: ("source_episodes", "derived_from", "context_tags"),
+    MemoryKind.GOAL: ("source_episodes", "derived_from", "context_tags"),
+    MemoryKind.RELATIONSHIP: ("source_episodes", "derived_from", "context_tags"),
+    MemoryKind.DRIVE: ("focus_areas", "source_episodes", "derived_from", "context_tags"),
+    MemoryKind.PLAYBOOK: ("trigger_conditions", "failure_modes", "recovery_steps", "source_episodes", "tags"),
+    MemoryKind.RAW: (),
+}
+# kernle caps unions at 500 (MAX_SYNC_ARRAY_SIZE); our schema accepts at most LIST_ITEMS per list,
+# so a union is capped at the smaller of the two — a merge must never make a record invalid.
+ARRAY_CAP = min(500, LIST_ITEMS)
+
+# Keys the sync engine interprets itself and never hands to the schema as client data.
+_SYNC_KEYS = frozenset({"version", "deleted", "is_forgotten", "forgotten_at", "forgotten_reason",
+                        "local_updated_at", "cloud_synced_at", "id", "stack_id"})
+# Timestamp-valued keys kept inside `data`; a naive one is stored with an explicit UTC offset, because
+# we echo it on pull and the client cannot compare naive and aware datetimes (§7.3).
+_NAIVE_ISO = re.compile(r"^\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(:\d{2}(\.\d+)?)?$")
+_TIMESTAMP_KEYS = ("last_verified", "last_interaction", "updated_at", "last_used", "captured_at", "timestamp",
+                   "last_accessed", "expires_at")
+# A 0.15.0 device fails to apply these without their natural key (§6.4 step 8, §7.4).
+REQUIRED_FOR_PULL = {MemoryKind.DRIVE: "drive_type", MemoryKind.RELATIONSHIP: "entity_name",
+                     MemoryKind.PLAYBOOK: "name"}
+
+CLIENT_FORGET_REASON = "client_forget"
+NATIVE_MAX_OPERATIONS = 1000
+NATIVE_PAGE_DEFAULT = 500
+NATIVE_PAGE_MAX = 1000
+RECORD_ID_MAX = 200
+_CURSOR_PREFIX = "c1:"
+
+
+# --- the engine's input and output -------------------------------------------------------------------
+
+@dataclass
+class SyncOp:
+    """One parsed operation, wire-format independent."""
+
+    index: int
+    kind: str
+    record_id: str
+    delete: bool
+    payload: dict[str, Any] = field(default_factory=dict)  # client data minus sync/server keys
+    client_updated_at: datetime | None = None
+    client_version: int | None = None
+    created_at: datetime | None = None
+    wants_delete: bool = False  # `data.deleted == true` on an update: a soft delete
+    wants_forget: bool = False  # strength 0.0 or legacy is_forgotten
+    normalized: NormalizedMemory | None = None
+
+
+@dataclass
+class OpResult:
+    index: int
+    ok: bool
+    error: str = ""
+    code: str = ""
+    fields: dict[str, Any] = field(default_factory=dict)
+    version: int | None = None
+
+
+# --- parsing -----------------------------------------------------------------------------------------
+
+class OpRejected(Exception):
+    """One operation is refused (a per-operation conflict); the rest of the push goes on."""
+
+    def __init__(self, message: str, *, code: str = "invalid", fields: dict[str, Any] | None = None):
+        super().__init__(message)
+        self.message = message
+        self.code = code
+        self.fields = fields or {}
+
+
+def _record_id(value: Any) -> str:
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise OpRejected("missing or invalid record_id", fields={"record_id": ["Must be a string."]})
+    record_id = str(value).strip()
+    if not record_id or len(record_id) > RECORD_ID_MAX or "\x00" in record_id:
+        raise OpRejected("missing or invalid record_id",
+                         fields={"record_id": [f"1-{RECORD_ID_MAX} characters, no null bytes."]})
+    return record_id
+
+
+def _client_version(value: Any) -> int | None:
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, int) and -(2**31) <= value < 2**31:
+        return value
+    if isinstance(value, float) and value.is_integer() and -(2**31) <= value < 2**31:
+        return int(value)
+    return None
+
+
+def _prepare_upsert(op: SyncOp, data: Any, op_time: Any, now: datetime) -> None:
+    """Interpret the sync keys of `data`, strip server-controlled fields, validate through the schema."""
+    if not isinstance(data, dict):
+        raise OpRejected("Missing data for insert/update", fields={"data": ["Must be an object."]})
+    op.client_version = _client_version(data.get("version"))
+    op.wants_delete = data.get("deleted") is True
+    strength = data.get("strength")
+    op.wants_forget = data.get("is_forgotten") is True or (
+        isinstance(strength, (int, float)) and not isinstance(strength, bool) and strength == 0.0)
+    op.client_updated_at = (parse_timestamp(data.get("local_updated_at")) or parse_timestamp(op_time) or now)
+    op.created_at = parse_timestamp(data.get("created_at"))
+    op.payload = {k: v for k, v in data.items() if k not in _SYNC_KEYS}
+    for key in _TIMESTAMP_KEYS:
+        value = op.payload.get(key)
+        if isinstance(value, str) and _NAIVE_ISO.match(value):
+            # Stored with an explicit offset, so every later pull echoes an aware timestamp (§7.3).
+            op.payload[key] = value + "+00:00"
+    op.normalized = normalize_payload(op.kind, op.payload)
+
+
+def normalize_payload(kind: str, payload: dict[str, Any]) -> NormalizedMemory:
+    """A record's payload made storable (the kernel's `prepare_memory`), or the operation's rejection."""
+    try:
+        # A drive / relationship / playbook without its natural key is stored, not refused: it is
+        # the device's data. It is only kept out of kernle pulls (§6.4 step 8, `_APPLIABLE_SQL`).
+        return prepare_memory(kind, payload, natural_key_optional=True)
+    except (InvalidInput, PayloadTooLarge) as exc:
+        raise OpRejected(_describe(exc), code=exc.code, fields=exc.fields) from None
+
+
+def _describe(exc: DomainError) -> str:
+    """A conflict reason the CLI shows verbatim: the message plus the offending fields."""
+    if not exc.fields:
+        return exc.message
+    parts = []
+    for name, messages in exc.fields.items():
+        text = "; ".join(str(m) for m in messages) if isinstance(messages, list) else str(messages)
+        parts.append(f"{name}: {text}")
+    return f"{exc.message} ({', '.join(parts)})"
+
+
+def wire_key(raw_op: Any) -> tuple[Any, Any, Any]:
+    """(table, record_id, operation) of a raw kernle operation, each None when unusable: for answers."""
+    if not isinstance(raw_op, dict):
+        return None, None, None
+    table = raw_op.get("table")
+    record_id = raw_op.get("record_id")
+    operation = raw_op.get("operation")
+    return (table if isinstance(table, str) else None,
+            record_id if isinstance(record_id, (str, int)) and not isinstance(record_id, bool) else None,
+            operation if isinstance(operation, str) else None)
+
+
+def parse_kernle_op(index: int, raw: Any, now: datetime) -> SyncOp:
+    if not isinstance(raw, dict):
+        raise OpRejected("operation must be an object")
+    table = raw.get("table")
+    kind = PUSH_TABLES.get(table) if isinstance(table, str) else None
+    if kind is None:
+        raise OpRejected("unsupported table", code="unsupported_table")
+    operation = raw.get("operation")
+    operation = operation.lower() if isinstance(operation, str) else operation
+    if operation != "delete" and operation not in UPSERT_OPERATIONS:
+        raise OpRejected(f"unsupported operation {operation!r}", code="unsupported_operation")
+    op = SyncOp(index=index, kind=kind, record_id=_record_id(raw.get("record_id")), delete=operation == "delete")
+    if not op.delete:
+        if raw.get("data") is None:
+            raise OpRejected("Missing data for insert/update", code="missing_data")
+        _prepare_upsert(op, raw.get("data"), raw.get("local_updated_at"), now)
+    return op
+
+
+def parse_native_op(index: int, raw: Any, now: datetime) -> SyncOp:
+    if not isinstance(raw, dict):
+        raise OpRejected("An operation must be an object.")
+    kind = raw.get("kind")
+    if kind not in MemoryKind.values:
+        raise OpRejected("Unknown memory kind.", code="unsupported_kind",
+                         fields={"kind": [f"One of: {', '.join(MemoryKind.values)}."]})
+    action = raw.get("op", "upsert")
+    if action not in ("upsert", "delete"):
+        raise OpRejected("Unknown operation.", code="unsupported_operation", fields={"op": ["upsert or delete."]})
+    op = SyncOp(index=index, kind=kind, record_id=_record_id(raw.get("record_id")), delete=action == "delete")
+    if not op.delete:
+        if raw.get("data") is None:
+            raise OpRejected("An upsert needs data.", code="missing_data", fields={"data": ["Required."]})
+        _prepare_upsert(op, raw.get("data"), raw.get("updated_at"), now)
+    return op
+
+
+# --- the native cursor -----------------------------------------------------------------------------------
+
+def cursor_encode(change_seq: int) -> str:
+    return base64.urlsafe_b64encode(f"{_CURSOR_PREFIX}{change_seq}".encode()).decode().rstrip("=")
+
+
+def cursor_decode(cursor: str | None) -> int:
+    """0 for "from the beginning"; InvalidInput for anything we did not issue."""
+    if not cursor:
+        return 0
+    try:
+        padded = cursor + "=" * (-len(cursor) % 4)
+        text = base64.urlsafe_b64decode(padded.encode("ascii")).decode("ascii")
+        if not text.startswith(_CURSOR_PREFIX):
+            raise ValueError(text)
+        value = int(text[len(_CURSOR_PREFIX):])
+        if value < 0:
+            raise ValueError(text)
+        return value
+    except (ValueError, UnicodeError, binascii.Error):
+        raise InvalidInput("Invalid cursor.", code="invalid_cursor",
+                           fields={"cursor": ["Pass back a next_cursor this API returned."]}) from None
+
+
+
+# --- stacks a key cannot reach, and the clock ---------------------------------------------------------------
+
+def bound_slug(principal: Principal) -> str | None:
+    """The slug of the stack a stack-bound key is bound to (None for an unbound credential)."""
+    if principal.bound_stack_id is None:
+        return None
+    return Stack.objects.filter(pk=principal.bound_stack_id).values_list("slug", flat=True).first()
+
+
+def not_reachable(principal: Principal, slug: str) -> NotFound:
+    """The 404 for a stack this credential cannot reach, naming the bound stack when that is why."""
+    bound = bound_slug(principal)
+    if bound is not None and bound != slug:
+        return NotFound(f"This key is bound to stack '{bound}' and cannot reach stack '{slug}'.",
+                        code="stack_not_reachable", fields={"stack_id": ["Not reachable with this key."]})
+    return NotFound(f"Stack '{slug}' not found.", code="stack_not_found", fields={"stack_id": ["Not found."]})
+
+
+def db_now() -> datetime:
+    """The database clock: one clock for every web process, read after the stack lock."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT clock_timestamp()")
+        value: datetime = cursor.fetchone()[0]
+    return value
+

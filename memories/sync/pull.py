@@ -1,0 +1,223 @@
+"""Pull: the two entry points that read (kernle's `POST /sync/pull`, the native cursor pull).
+
+Pulls wait for an in-flight push to the stack to commit (FOR SHARE on the stack row) and render
+JSON without decoding records (see `_record_json`): a complete kernle change set of 10,000 records
+is one query and string joins.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.db import connection, transaction
+from django.utils import timezone
+
+from accounts.principal import Principal
+from memories.models import SyncWatermark
+from memories.schemas import parse_timestamp
+from memories.sync.protocol import (
+    NATIVE_PAGE_DEFAULT,
+    NATIVE_PAGE_MAX,
+    PULL_TABLE_FOR_KIND,
+    REQUIRED_FOR_PULL,
+    bound_slug,
+    cursor_decode,
+    cursor_encode,
+    db_now,
+    not_reachable,
+)
+from memories.writes.columns import PAYLOAD_COLUMNS
+from memoryhub.errors import InvalidInput
+from stacks.models import Stack
+from stacks.selectors import stack_for_principal, stacks_visible_to
+from stacks.services import stack_id_validated
+
+# --- the stack a pull reads ------------------------------------------------------------------------------
+
+def sync_stack_for_read(principal: Principal, raw_slug: Any) -> Stack | None:
+    """The stack a kernle pull names, or None when it does not exist yet (an empty change set,
+    §7.3). A stack-bound key naming another stack is a 404."""
+    slug = stack_id_validated(raw_slug)
+    stack = stacks_visible_to(principal).filter(slug=slug).select_related("organization").first()
+    if stack is None:
+        bound = bound_slug(principal)
+        if bound is not None and bound != slug:
+            raise not_reachable(principal, slug)
+    return stack
+
+
+def _lock_stack_shared(stack: Stack) -> None:
+    """FOR SHARE on the stack row: waits for an in-flight push to commit, lets pulls run together."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1 FROM stacks_stack WHERE id = %s FOR SHARE", [stack.pk])
+
+
+# --- kernle pull ---------------------------------------------------------------------------------------
+
+# Pulls are rendered without decoding records: Postgres hands over each record's `extra` and
+# `data` as JSON text and the modelled columns as one json_build_object, and `_record_json` splices
+# them into one object. A 10,000-record change set thus costs string joins, not 10,000
+# decode/convert/encode round trips (nor jsonb concatenations in the database).
+#
+# Later keys override earlier ones for JSON readers (Python's json, httpx): extra < data < columns
+# < sync block. By construction of memories.schemas the three sets are disjoint anyway.
+
+# The Memory columns a client payload carries (memories.schemas.memory_payload_view's set).
+_COLUMNS_JSON = "json_build_object(" + ", ".join(f"'{c}', m.{c}" for c in PAYLOAD_COLUMNS) + ")::text"
+_TABLE_SQL = "CASE m.kind " + " ".join(f"WHEN '{k}' THEN '{t}'" for k, t in PULL_TABLE_FOR_KIND.items()) + " END"
+# A 0.15.0 device cannot apply these without their natural key (§6.4 step 8); stored, never pulled.
+_APPLIABLE_SQL = " AND ".join(
+    f"NOT (m.kind = '{kind}' AND btrim(COALESCE(m.data ->> '{key}', '')) = '')"
+    for kind, key in REQUIRED_FOR_PULL.items()
+)
+# Built from module constants only; every value is a bound parameter.
+_KERNLE_PULL_SQL = f"""
+SELECT {_TABLE_SQL}, to_json(m.record_id)::text,
+       CASE WHEN m.kind = 'episode' THEN COALESCE(m.data -> 'lessons', '[]'::jsonb)::text END,
+       m.extra::text, m.data::text, {_COLUMNS_JSON},
+       json_build_object('id', m.record_id, 'created_at', m.created_at,
+                         'local_updated_at', COALESCE(m.client_updated_at, m.server_updated_at),
+                         'cloud_synced_at', m.server_updated_at,
+                         'version', COALESCE(m.client_version, 1))::text,
+       to_json(COALESCE(m.client_updated_at, m.server_updated_at))::text,
+       COALESCE(m.client_version, 1)
+FROM memories_memory m
+WHERE m.stack_id = %(stack)s AND m.deleted_at IS NULL AND m.forgotten_at IS NULL
+  AND m.kind IN ({", ".join(f"'{k}'" for k in PULL_TABLE_FOR_KIND)})
+  AND (%(since)s::timestamptz IS NULL OR m.server_updated_at > %(since)s::timestamptz)
+  AND {_APPLIABLE_SQL}
+ORDER BY m.change_seq
+"""  # noqa: S608
+
+
+def _record_json(*objects: str | None) -> str:
+    """Splice JSON object texts into one object (later keys win for JSON readers)."""
+    inner = [obj[1:-1] for obj in objects if obj and len(obj) > 2]
+    return "{" + ", ".join(inner) + "}"
+
+
+def _kernle_operation_json(row: tuple[Any, ...]) -> str:
+    table, record_id, lessons, extra, data, columns, sync_block, local_updated_at, version = row
+    head = '{"lessons_learned": ' + lessons + "}" if lessons is not None else None
+    return (f'{{"operation": "update", "table": "{table}", "record_id": {record_id}, '
+            f'"local_updated_at": {local_updated_at}, "version": {version}, '
+            f'"data": {_record_json(head, extra, data, columns, sync_block)}}}')
+
+
+@dataclass
+class KernlePullResult:
+    operations_json: str  # a JSON array of pull operations, rendered without decoding records
+    count: int
+    server_time: datetime
+
+    @property
+    def operations(self) -> list[dict[str, Any]]:
+        parsed: list[dict[str, Any]] = json.loads(self.operations_json)
+        return parsed
+
+
+@transaction.atomic
+def kernle_pull(*, principal: Principal, stack_id: Any, since: Any) -> KernlePullResult:
+    """The complete change set since the client's clock (§7.3, §7.6). `since` absent or null: all."""
+    # An unreadable `since` is treated as absent: re-sending everything is harmless, skipping is not.
+    since_time = parse_timestamp(since) if since is not None else None
+    stack = sync_stack_for_read(principal, stack_id)
+    if stack is None:
+        return KernlePullResult(operations_json="[]", count=0, server_time=timezone.now())
+    _lock_stack_shared(stack)
+    now = db_now()
+    effective = since_time
+    if since_time is not None:
+        watermark = (SyncWatermark.objects.filter(stack=stack, credential_id=principal.credential_id)
+                     .values_list("pulled_at", flat=True).first())
+        # The client's clock may be ahead of ours, and a commit may have raced its last pull; the
+        # earlier of its clock and our record of its last read never skips a change (§7.6).
+        effective = min(since_time, watermark) if watermark is not None else since_time
+    with connection.cursor() as cursor:
+        cursor.execute(_KERNLE_PULL_SQL, {"stack": stack.pk, "since": effective})
+        rows = [_kernle_operation_json(row) for row in cursor.fetchall()]
+    SyncWatermark.objects.update_or_create(stack=stack, credential_id=principal.credential_id,
+                                           defaults={"pulled_at": now})
+    return KernlePullResult(operations_json="[" + ",".join(rows) + "]", count=len(rows), server_time=now)
+
+
+
+# --- native pull ---------------------------------------------------------------------------------------
+
+# Built from module constants only; every value is a bound parameter. The page is cut first (the
+# inner query walks the (stack, change_seq) index), then rendered. The inner query carries only the
+# columns rendered: not the embedding (1.5 kB) nor the tsvector, which a page would otherwise copy
+# through its Limit (and, on a small table where the planner prefers a sort, through the sort).
+_NATIVE_PULL_COLUMNS = ", ".join((
+    "change_seq", "deleted_at", "id", "kind", "record_id", "version", "client_version", "created_at",
+    "client_updated_at", "server_updated_at", "forgotten_at", "extra", "data", *PAYLOAD_COLUMNS))
+_NATIVE_PULL_SQL = f"""
+SELECT m.change_seq,
+       json_build_object(
+           'op', CASE WHEN m.deleted_at IS NULL THEN 'upsert' ELSE 'delete' END,
+           'id', m.id, 'kind', m.kind, 'record_id', m.record_id, 'version', m.version,
+           'client_version', m.client_version, 'created_at', m.created_at, 'updated_at', m.client_updated_at,
+           'server_updated_at', m.server_updated_at, 'forgotten', m.forgotten_at IS NOT NULL,
+           'forgotten_at', m.forgotten_at)::text,
+       CASE WHEN m.deleted_at IS NULL THEN m.extra::text END,
+       CASE WHEN m.deleted_at IS NULL THEN m.data::text END,
+       CASE WHEN m.deleted_at IS NULL THEN {_COLUMNS_JSON} END
+FROM (SELECT {_NATIVE_PULL_COLUMNS} FROM memories_memory
+      WHERE stack_id = %(stack)s AND change_seq > %(after)s
+      ORDER BY stack_id, change_seq LIMIT %(limit)s) m
+ORDER BY m.change_seq
+"""  # noqa: S608
+
+
+def _native_change_json(row: tuple[Any, ...]) -> str:
+    _, envelope, extra, data, columns = row
+    return envelope[:-1] + ', "data": ' + _record_json(extra, data, columns) + "}"
+
+
+@dataclass
+class NativePullResult:
+    changes_json: str  # a JSON array of changes, rendered without decoding records
+    count: int
+    next_cursor: str
+    has_more: bool
+
+    @property
+    def changes(self) -> list[dict[str, Any]]:
+        parsed: list[dict[str, Any]] = json.loads(self.changes_json)
+        return parsed
+
+
+@transaction.atomic
+def native_pull(*, principal: Principal, stack_slug: str, cursor: str | None, limit: Any) -> NativePullResult:
+    """One page of a stack's changes after `cursor`, oldest first; deletions come as tombstones.
+
+    Resuming with the returned `next_cursor` continues exactly after the last change delivered:
+    the cursor is the `change_seq` of that change, and pushes stamp sequence numbers under the
+    stack lock, which this read waits for (FOR SHARE), so no earlier number can commit later.
+    """
+    after = cursor_decode(cursor)
+    page_size = _page_size(limit)
+    stack = stack_for_principal(principal, stack_slug)
+    _lock_stack_shared(stack)
+    with connection.cursor() as db:
+        db.execute(_NATIVE_PULL_SQL, {"stack": stack.pk, "after": after, "limit": page_size + 1})
+        rows = db.fetchall()
+    has_more = len(rows) > page_size
+    rows = rows[:page_size]
+    last = rows[-1][0] if rows else after
+    return NativePullResult(changes_json="[" + ",".join(_native_change_json(r) for r in rows) + "]", count=len(rows),
+                            next_cursor=cursor_encode(last), has_more=has_more)
+
+
+def _page_size(limit: Any) -> int:
+    if limit in (None, ""):
+        return NATIVE_PAGE_DEFAULT
+    try:
+        value = int(limit)
+    except (TypeError, ValueError):
+        raise InvalidInput("limit must be an integer.", fields={"limit": ["Must be an integer."]}) from None
+    return max(1, min(NATIVE_PAGE_MAX, value))
+

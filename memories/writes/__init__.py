@@ -1,0 +1,31 @@
+"""The memory-write kernel: the one place that knows how a `Memory` row is written.
+
+Every writer of memories — the native services (`memories.services`), the sync engine
+(`memories.sync.engine`), smart ingest and promotion (through the services), the lifecycle jobs —
+leaves the same traces, and they are made here, not re-implemented per writer:
+
+* **the stack change lock first** (`rows.lock_stack_changes`; a sync push holds the stack row FOR
+  UPDATE instead), then memory rows; `change_seq` is drawn only under it, so sequence numbers of
+  one stack commit in the order they were drawn and a cursor reader never skips one;
+* **a change** bumps `version` by one, stamps `change_seq` and `server_updated_at`, keeps a
+  `MemoryRevision` of the state before it, and sets `embedded_version = NULL` when the text changed;
+* **usage counters** (`Stack.memory_count`, `Stack.bytes_used`) move once per write by a relative
+  UPDATE, in the writing transaction, under the stack lock the writer already holds — atomic with
+  the rows (a rollback undoes both) and without a second commit;
+* **after commit**, once per write (`hooks.after_commit`): the one embedding enqueuer (broker
+  messages of up to 500 ids; a broker that is down is logged, the periodic sweep embeds the rows)
+  and the registered change listeners (where live events plug in);
+* **before anything is stored**, every payload goes through `hooks.prepare_memory`: the schema
+  (`memories.schemas.normalize_memory`) and then the registered transforms (where redaction plugs in).
+
+The package, by data flow:
+
+* `columns` — the Memory column sets every writer uses, derived from the model's metadata;
+* `hooks`   — the extension points (transforms, listeners) and the embedding enqueuer; a leaf;
+* `rows`    — the single-row form (lock, insert, change with revision, counters);
+* `sets`    — the set-based form the sync bulk engine uses (COPY of new rows, one bulk UPDATE,
+  bulk revisions, one counter update).
+
+It imports nothing from memories' rooms (`sync`, `lifecycle`, `search`, `api`) nor `memories.tasks`
+(the embedding task is sent by name), so any room can import it at module top.
+"""

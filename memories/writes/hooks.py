@@ -1,0 +1,139 @@
+"""The write kernel's extension points and its after-commit side effects. A leaf: of memories it
+imports only the model and the schema, so every writer can use it.
+
+* **Transforms** (`register_transform`) run on every payload after the schema has validated it and
+  before anything is stored or derived from it (`prepare_memory`, used by the single-row and the
+  set-based form alike). Redaction plugs in here. A transform returns a self-consistent
+  `NormalizedMemory` (`text` the canonical text of its `data`, `size_bytes` recomputed, `data_json` /
+  `extra_json` None or matching) and must be idempotent: sync normalises a stored, already
+  transformed record again when it merges list fields into it.
+* **Listeners** (`register_listener`) hear about every committed write: one `MemoryChange` (stack,
+  action, memory ids, source) per write and action, after commit, never for a rolled-back write.
+  Live events plug in here. A listener that raises is logged; the write has already committed.
+* **The embedding enqueuer**: ids of memories whose text changed go to the `memories.embed_memories`
+  task after commit, up to 500 ids per broker message (one message per push of 500: each publish
+  costs a few milliseconds on the request path). A broker that cannot be reached is logged, never
+  raised into a committed write: the rows keep `embedded_version IS NULL` and the periodic
+  embedding sweep embeds them. The task is sent by name, so this module does not import
+  `memories.tasks` (and through it the search and lifecycle rooms).
+
+Today nothing registers a transform or a listener; both lists are empty and cost one loop each.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from celery import current_app
+from django.db import transaction
+
+from memories.models import Memory
+from memories.schemas import NormalizedMemory, normalize_memory
+
+logger = logging.getLogger(__name__)
+
+EMBED_TASK = "memories.embed_memories"  # memories.tasks.embed_memories
+EMBED_MESSAGE_IDS = 500
+# Native batch creates (up to 500 items) are split finer, as before the kernel: a client's batch is then
+# embedded by every worker process at once instead of by one.
+SMALL_EMBED_MESSAGE_IDS = 64
+
+Transform = Callable[[NormalizedMemory], NormalizedMemory]
+
+
+@dataclass(frozen=True)
+class MemoryChange:
+    """What one committed write did to one stack's memories."""
+
+    stack_id: int
+    action: str  # create | update | forget | recover | protect | unprotect | delete | …
+    memory_ids: tuple[str, ...]
+    source: str  # api | sync | ingest | promotion | decay | recall | …
+
+
+Listener = Callable[[MemoryChange], None]
+
+_transforms: list[Transform] = []
+_listeners: list[Listener] = []
+
+
+def register_transform(transform: Transform) -> None:
+    """Apply `transform` to every payload from now on (after those registered before it)."""
+    if transform not in _transforms:
+        _transforms.append(transform)
+
+
+def unregister_transform(transform: Transform) -> None:
+    if transform in _transforms:
+        _transforms.remove(transform)
+
+
+def register_listener(listener: Listener) -> None:
+    """Call `listener` after every committed write from now on."""
+    if listener not in _listeners:
+        _listeners.append(listener)
+
+
+def unregister_listener(listener: Listener) -> None:
+    if listener in _listeners:
+        _listeners.remove(listener)
+
+
+def prepare_memory(kind: str, payload: Any, *, partial: bool = False, existing: Memory | None = None,
+                   natural_key_optional: bool = False) -> NormalizedMemory:
+    """THE way a payload becomes storable: `memories.schemas.normalize_memory` (its contract, its
+    errors), then every registered transform."""
+    normalized = normalize_memory(kind, payload, partial=partial, existing=existing,
+                                  natural_key_optional=natural_key_optional)
+    for transform in _transforms:
+        normalized = transform(normalized)
+    return normalized
+
+
+def after_commit(*, stack_id: int, source: str, changes: Iterable[tuple[str, Sequence[Any]]] = (),
+                 embed_ids: Sequence[Any] = (), embed_message_ids: int = EMBED_MESSAGE_IDS) -> None:
+    """Register one write's after-commit effects: embedding of `embed_ids`, then one `MemoryChange`
+    per (action, memory ids) for the listeners. Nothing happens if the transaction rolls back;
+    outside a transaction it happens at once."""
+    changed = [(action, ids) for action, ids in changes if ids]
+    if not embed_ids and not changed:
+        return
+    embed = list(embed_ids)
+
+    def run() -> None:
+        if embed:
+            _send_embedding([str(i) for i in embed], embed_message_ids)
+        if _listeners:
+            for action, ids in changed:
+                _notify(MemoryChange(stack_id=stack_id, action=action, memory_ids=tuple(str(i) for i in ids),
+                                     source=source))
+
+    transaction.on_commit(run)
+
+
+def _send_embedding(ids: list[str], message_ids: int) -> None:
+    app = current_app
+    try:
+        for start in range(0, len(ids), message_ids):
+            chunk = ids[start:start + message_ids]
+            if app.conf.task_always_eager:  # send_task ignores eager mode; run it here as .delay() would
+                if EMBED_TASK not in app.tasks:  # task modules are imported when a worker starts
+                    app.loader.import_default_modules()
+                app.tasks[EMBED_TASK].apply(args=(chunk,))
+            else:
+                # ignore_result: the result is never read; without it the producer also subscribes
+                # to the task's result channel.
+                app.send_task(EMBED_TASK, args=(chunk,), ignore_result=True)
+    except Exception as exc:  # broker down: the sweep is the safety net
+        logger.warning("could not queue embedding (%s); the sweep will pick it up", type(exc).__name__)
+
+
+def _notify(change: MemoryChange) -> None:
+    for listener in list(_listeners):
+        try:
+            listener(change)
+        except Exception:  # the write has committed; a listener must not turn it into an error
+            logger.exception("memory change listener %r failed", listener)

@@ -1,0 +1,154 @@
+"""The write kernel's single-row form: one memory (or one all-or-nothing batch of new ones) at a time.
+
+`memories.services` is built on it: the services validate, check quotas and decide what changes;
+these functions write it the one way every memory is written (see the package docstring). All of
+them expect to run inside a transaction.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from django.db import connection, transaction
+from django.db.models import F
+from django.utils import timezone
+
+from memories.models import Memory, MemoryRevision, NextChangeSeq
+from memories.schemas import NormalizedMemory
+from memories.writes.columns import SNAPSHOT_COLUMNS
+from memories.writes.hooks import SMALL_EMBED_MESSAGE_IDS, after_commit
+from stacks.models import Stack
+
+_STACK_TABLE = Stack._meta.db_table
+_COUNTERS_SQL = (f"UPDATE {_STACK_TABLE} SET memory_count = memory_count + %s, "  # noqa: S608 - constants only
+                 "bytes_used = bytes_used + %s WHERE id = %s")
+_SYNC_COUNTERS_SQL = (f"UPDATE {_STACK_TABLE} SET memory_count = memory_count + %s, "  # noqa: S608 - constants only
+                      "bytes_used = bytes_used + %s, last_sync_at = %s WHERE id = %s")
+
+
+def lock_stack_changes(*stack_ids: int) -> None:
+    """Take the stack row locks (FOR NO KEY UPDATE) until commit, before drawing a change_seq.
+
+    Sequence numbers are drawn when a row is written but become visible at commit; without this,
+    a writer that drew 100 could commit after one that drew 101, and a reader paging by cursor
+    past 101 would never see 100. Sync pushes hold the same row (FOR UPDATE) for the whole push.
+    Lock order everywhere: the stack row first, then memory rows; several stacks in pk order, in
+    one statement. Caller is in a transaction.
+    """
+    list(Stack.objects.select_for_update(no_key=True).filter(pk__in=stack_ids).order_by("pk")
+         .values_list("pk", flat=True))
+
+
+def locked_memory(memory: Memory) -> Memory:
+    """Re-read the row under a lock so concurrent changes serialise (caller is in a transaction).
+    The stack's change lock comes first (see `lock_stack_changes` for the order)."""
+    lock_stack_changes(memory.stack_id)
+    return Memory.objects.select_for_update().get(pk=memory.pk)
+
+
+def memory_snapshot(memory: Any) -> dict[str, Any]:
+    """The stored state of a memory as JSON: the before-image a revision keeps."""
+    snapshot: dict[str, Any] = {}
+    for name in SNAPSHOT_COLUMNS:
+        value = getattr(memory, name)
+        snapshot[name] = value.isoformat() if isinstance(value, datetime) else value
+    return snapshot
+
+
+def move_counters(*, stack_id: int, count_delta: int, bytes_delta: int, sync_at: datetime | None = None) -> None:
+    """Move the stack's usage counters by one relative UPDATE, in the caller's transaction.
+
+    The caller holds the stack's lock (`lock_stack_changes`, or a push's FOR UPDATE), so this
+    waits for nobody, and the counters commit (or roll back) with the rows they count.
+    `sync_at` also records the stack's last sync (the set-based form, for pushes).
+    """
+    with connection.cursor() as cursor:
+        if sync_at is not None:
+            cursor.execute(_SYNC_COUNTERS_SQL, [count_delta, bytes_delta, sync_at, stack_id])
+        elif count_delta or bytes_delta:
+            cursor.execute(_COUNTERS_SQL, [count_delta, bytes_delta, stack_id])
+
+
+def stack_usage_adjust(*, stack_id: int, count_delta: int, bytes_delta: int) -> None:
+    """Move the stack's usage counters once the surrounding transaction commits.
+
+    Only for writers that cannot take the stack lock before their memory rows — the TTL purge picks
+    its rows with SKIP LOCKED, and locking the stack afterwards would invert the lock order. Every
+    other writer uses `move_counters` under the stack lock it holds.
+    """
+    if not count_delta and not bytes_delta:
+        return
+
+    def apply() -> None:
+        Stack.objects.filter(pk=stack_id).update(
+            memory_count=F("memory_count") + count_delta, bytes_used=F("bytes_used") + bytes_delta
+        )
+
+    transaction.on_commit(apply)
+
+
+def new_memory(*, stack: Stack, normalized: NormalizedMemory, record_id: str | None, now: datetime) -> Memory:
+    """An unsaved memory holding `normalized` (its record id: `record_id`, or its own id)."""
+    memory_id = uuid.uuid4()
+    fields = normalized.as_model_fields()
+    fields.setdefault("created_at", now)
+    return Memory(
+        id=memory_id, stack=stack, kind=normalized.kind, record_id=record_id or str(memory_id),
+        server_updated_at=now, embedded_version=None, **fields,
+    )
+
+
+def insert_memories(*, stack: Stack, memories: Sequence[Memory], source: str) -> None:
+    """Store new memories (built with `new_memory`), all or nothing.
+
+    Takes the stack's change lock, stamps `server_updated_at` under it, inserts in a savepoint (an
+    `IntegrityError`, e.g. a record id already used for its kind, is re-raised and nothing of the
+    insert is kept, while the caller's transaction stays usable), counts them and, after commit,
+    queues their embedding and tells the listeners ("create").
+    """
+    if not memories:
+        return
+    lock_stack_changes(stack.pk)
+    now = timezone.now()
+    for memory in memories:
+        memory.server_updated_at = now
+    with transaction.atomic():  # savepoint: a duplicate must not poison the caller's transaction
+        if len(memories) == 1:
+            memories[0].save(force_insert=True)
+        else:
+            Memory.objects.bulk_create(memories)
+    move_counters(stack_id=stack.pk, count_delta=len(memories), bytes_delta=sum(m.size_bytes for m in memories))
+    ids = [m.pk for m in memories]
+    after_commit(stack_id=stack.pk, source=source, changes=[("create", ids)], embed_ids=ids,
+                 embed_message_ids=SMALL_EMBED_MESSAGE_IDS)
+
+
+def save_change(memory: Memory, *, before: dict[str, Any], source: str, action: str, fields: Sequence[str],
+                reason: str = "", text_changed: bool = False, count_delta: int = 0, bytes_delta: int = 0) -> Memory:
+    """Write a change already made to `memory` in memory (attributes set by the caller).
+
+    `memory` was read with `locked_memory` (stack lock, then row lock); `before` is its
+    `memory_snapshot` from before the caller changed it; `fields` are the attributes changed.
+    Keeps the revision, bumps `version`, stamps `change_seq` and `server_updated_at` (and
+    `embedded_version = NULL` when `text_changed`), moves the counters by the deltas and, after
+    commit, queues embedding (text changed) and tells the listeners (`action`).
+    Returns the memory with its new `version` and `change_seq`.
+    """
+    MemoryRevision.objects.create(memory=memory, version=before["version"], source=source, action=action,
+                                  reason=reason, snapshot=before)
+    memory.version = F("version") + 1
+    memory.change_seq = NextChangeSeq()
+    memory.server_updated_at = timezone.now()
+    update_fields = ["version", "change_seq", "server_updated_at", *fields]
+    if text_changed:
+        memory.embedded_version = None
+        update_fields.append("embedded_version")
+    memory.save(update_fields=update_fields)
+    memory.refresh_from_db(fields=["version", "change_seq"])
+    move_counters(stack_id=memory.stack_id, count_delta=count_delta, bytes_delta=bytes_delta)
+    after_commit(stack_id=memory.stack_id, source=source, changes=[(action, [memory.pk])],
+                 embed_ids=[memory.pk] if text_changed else ())
+    return memory

@@ -1,0 +1,186 @@
+"""The write kernel's set-based form: a whole batch of records written in a few statements.
+
+The sync engine decides, record by record in memory, what a push does (`memories.sync.engine`);
+then `write_set` stores the outcome set-based — one COPY for the new rows, one bulk UPDATE for the
+changed ones, one INSERT of their revisions — and `finish_set` moves the counters once and
+registers the after-commit effects. The rules are the single-row form's (package docstring); only
+the statements differ, because a push of 500 records must cost a handful of round trips, not 500.
+
+New rows are `NewRow`s, not model instances: Django's model constructor (defaults, descriptors)
+costs more than everything else done per record, and a new row never needs to be a model.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import operator
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.db import connection
+
+from memories.models import Memory, MemoryRevision, NextChangeSeq
+from memories.schemas import NormalizedMemory
+from memories.writes.columns import ARRAY_COLUMNS, COPY_COLUMNS, COPY_TYPES, JSON_COLUMNS, SET_UPDATE_COLUMNS
+from memories.writes.hooks import after_commit
+from memories.writes.rows import move_counters
+
+logger = logging.getLogger(__name__)
+
+
+class NewRow:
+    """A memory that does not exist yet, as plain attributes named like Memory's (attnames)."""
+
+    def __init__(self, values: dict[str, Any]) -> None:
+        self.__dict__ = values  # the caller's fresh dict becomes the row: no copy
+
+    @property
+    def pk(self) -> Any:
+        return self.__dict__["id"]
+
+
+_DEFAULTS: dict[str, Any] | None = None
+_MUTABLE_DEFAULTS: list[str] = []
+
+
+def blank_row(*, stack_id: int, kind: str, record_id: str, now: datetime) -> NewRow:
+    """A new memory with every model default (mutable ones fresh), a new id and its keys."""
+    global _DEFAULTS
+    if _DEFAULTS is None:
+        fresh = Memory()
+        # __dict__, not getattr: the generated search_vector is deferred and would hit the database.
+        _DEFAULTS = {f.attname: fresh.__dict__.get(f.attname) for f in Memory._meta.concrete_fields
+                     if f.attname != "search_vector"}
+        _MUTABLE_DEFAULTS.extend(name for name, v in _DEFAULTS.items() if isinstance(v, (list, dict)))
+    values = _DEFAULTS.copy()
+    for name in _MUTABLE_DEFAULTS:
+        values[name] = type(values[name])()  # every mutable default of Memory is empty
+    # The id as text: what COPY sends and the embedding job takes.
+    values.update(id=str(uuid.uuid4()), stack_id=stack_id, kind=kind, record_id=record_id, server_updated_at=now)
+    return NewRow(values)
+
+
+@dataclass(eq=False)
+class RecordWrite:
+    """One record of a set write: its row (stored `Memory` or `NewRow`) and what happened to it."""
+
+    row: Any  # Memory | NewRow
+    is_new: bool
+    original_size: int  # bytes it counted in Stack.bytes_used before (0: new or deleted)
+    original_live: bool  # counted in Stack.memory_count before
+    snapshot: dict[str, Any] | None  # before-image for the revision (stored rows)
+    snapshot_version: int
+    changed: bool = False  # content or lifecycle changed: a new version and a revision
+    touched: bool = False  # only change_seq / server_updated_at move (a stale write's echo)
+    text_changed: bool = False
+    action: str = "update"  # the revision's action: update | forget | recover | delete
+    # The normalised record a new row was filled from: COPY reuses its pre-rendered JSON while the row
+    # still holds that very `data` / `extra` (checked by identity).
+    normalized: NormalizedMemory | None = None
+
+
+def write_set(records: Sequence[RecordWrite], *, source: str, now: datetime) -> None:
+    """Stamp and store `records` (each changed or touched). The caller holds the stack lock.
+
+    Stamps: `version` + 1 for a changed stored row, `embedded_version = NULL` when text changed,
+    `server_updated_at = now`, a fresh `change_seq` for stored rows (new rows draw theirs as the
+    column default). Writes: COPY of the new rows, one bulk UPDATE of the others, one INSERT of the
+    revisions of the changed ones. A database error is raised as is (nothing is caught here).
+    """
+    new_rows: list[RecordWrite] = []
+    stored: list[RecordWrite] = []
+    for record in records:
+        row = record.row
+        if record.is_new:
+            new_rows.append(record)
+        else:
+            if record.changed:
+                row.version = record.snapshot_version + 1
+            row.change_seq = NextChangeSeq()
+            stored.append(record)
+        if record.text_changed:
+            row.embedded_version = None  # awaiting (re-)embedding
+        row.server_updated_at = now
+    if new_rows:
+        _insert_new(new_rows)
+    if stored:
+        Memory.objects.bulk_update([r.row for r in stored], SET_UPDATE_COLUMNS)
+        revisions = [
+            MemoryRevision(memory_id=r.row.pk, version=r.snapshot_version, source=source, action=r.action,
+                           snapshot=r.snapshot or {})
+            for r in stored if r.changed
+        ]
+        if revisions:
+            MemoryRevision.objects.bulk_create(revisions)
+
+
+def finish_set(*, stack_id: int, records: Sequence[RecordWrite], source: str, sync_at: datetime | None = None) -> None:
+    """After `write_set` (once per batch, however many `write_set` calls it took): move the counters
+    by one UPDATE (and record `sync_at` as the stack's last sync), then register the after-commit
+    effects — embedding of live rows whose text changed, one `MemoryChange` per action (a new row
+    that is not deleted is a "create"). Only-touched records are no change for the listeners."""
+    count_delta = 0
+    bytes_delta = 0
+    embed: list[Any] = []
+    by_action: dict[str, list[Any]] = {}
+    for record in records:
+        row = record.row
+        live = row.deleted_at is None
+        count_delta += int(live) - int(record.original_live)
+        bytes_delta += (row.size_bytes if live else 0) - record.original_size
+        if record.text_changed and live:
+            embed.append(row.pk)
+        if record.changed:
+            by_action.setdefault("create" if record.is_new and live else record.action, []).append(row.pk)
+    move_counters(stack_id=stack_id, count_delta=count_delta, bytes_delta=bytes_delta, sync_at=sync_at)
+    after_commit(stack_id=stack_id, source=source, changes=by_action.items(), embed_ids=embed)
+
+
+# --- COPY of new rows ----------------------------------------------------------------------------
+# Django's bulk_create spends ~1 ms per row building one giant parameterised INSERT, several times
+# what Postgres needs to store it. Columns and their types come from the model (`columns`).
+
+_COPY_OK = None not in COPY_TYPES  # a column psycopg cannot dump: the ORM writes new rows instead
+_copy_values = operator.itemgetter(*COPY_COLUMNS)
+_JSON_POSITIONS = [i for i, c in enumerate(COPY_COLUMNS) if c in JSON_COLUMNS]
+_ARRAY_POSITIONS = [i for i, c in enumerate(COPY_COLUMNS) if c in ARRAY_COLUMNS]
+_COPY_SQL = f"COPY {Memory._meta.db_table} ({', '.join(COPY_COLUMNS)}) FROM STDIN"
+
+
+def _insert_new(records: list[RecordWrite]) -> None:
+    if not _COPY_OK:
+        logger.warning("memories_memory has a column the COPY cannot type; using bulk_create")
+        Memory.objects.bulk_create([Memory(**vars(r.row)) for r in records])
+        return
+    with connection.cursor() as django_cursor:
+        raw_cursor = django_cursor.cursor  # the psycopg cursor, inside Django's transaction
+        with raw_cursor.copy(_COPY_SQL) as copy:
+            copy.set_types(list(COPY_TYPES))
+            for record in records:
+                values = list(_copy_values(record.row.__dict__))  # attribute names == columns here
+                filled_from = record.normalized
+                for i in _JSON_POSITIONS:
+                    value = values[i]
+                    # The JSON rendered while validating, while the row still holds that very object.
+                    if filled_from is not None and value is filled_from.data and filled_from.data_json is not None:
+                        values[i] = filled_from.data_json
+                    elif (filled_from is not None and value is filled_from.extra
+                          and filled_from.extra_json is not None):
+                        values[i] = filled_from.extra_json
+                    else:
+                        values[i] = json.dumps(value, ensure_ascii=False)
+                for i in _ARRAY_POSITIONS:
+                    values[i] = array_literal(values[i])
+                copy.write_row(values)
+
+
+def array_literal(items: Sequence[str]) -> str:
+    """A Postgres text[] literal; every element quoted, so commas, braces and NULL stay text."""
+    if not items:
+        return "{}"
+    quoted = ('"' + item.replace("\\", "\\\\").replace('"', '\\"') + '"' for item in items)
+    return "{" + ",".join(quoted) + "}"
