@@ -40,9 +40,10 @@ crossed the threshold since the previous run, like the next-day figure. Figures 
   moved are not rewritten; what the hourly/daily beat run costs in steady state.
 * **per-row Python loop** — fetch a memory, compute salience in Python, upsert its side row by id,
   for a 10,000-row sample (what the house style forbids), extrapolated to N.
-* **bare UPDATE, wide row (reference)** — `UPDATE memories_memory SET salience = 0.5` over the
-  same live rows: what writing salience into the wide row (the design before the side table)
-  costs at the least. Measured last, so its dead tuples do not slow the other figures.
+* **bare UPDATE, wide row (reference)** — `UPDATE memories_memory SET stability = stability` over
+  the same live rows: what writing one float per row into the wide row (the design before the side
+  table, which also had a salience column there) costs at the least. Measured last, so its dead
+  tuples do not slow the other figures.
 
 Goals (issue 7): a full pass under 60 s, and within 3x of a bare set-based UPDATE of the same rows.
 Checked for the first pass (vs both bare UPDATEs above), the pass rewriting every side row and the
@@ -211,7 +212,8 @@ def main() -> None:
 
         # 6. Reference: writing salience into the wide row instead (the previous design's floor).
         t0 = time.monotonic()
-        wide_rows = sql("UPDATE memories_memory SET salience = 0.5 WHERE forgotten_at IS NULL AND deleted_at IS NULL")
+        wide_rows = sql("UPDATE memories_memory SET stability = stability "
+                        "WHERE forgotten_at IS NULL AND deleted_at IS NULL")
         wide = time.monotonic() - t0
         log(f"bare UPDATE of the wide row: {wide:.1f}s ({wide_rows:,} rows)")
 

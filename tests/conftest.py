@@ -1,4 +1,5 @@
-"""Shared fixtures: a real Celery worker process against the test database, API clients."""
+"""Shared fixtures: the typed cast (`school`, `other_school`), a pinned throttle clock, a real
+Celery worker process against the test database."""
 
 from __future__ import annotations
 
@@ -8,12 +9,16 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from django.conf import settings
 from django.test import override_settings
 
 from memoryhub.embedded import ManagedProcess
+
+if TYPE_CHECKING:
+    from tests.actors import FrozenClock, School
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -74,6 +79,40 @@ def _fresh_throttle_counters() -> None:
     from accounts.throttles import throttle_state_clear
 
     throttle_state_clear()
+
+
+@pytest.fixture
+def school(db: None) -> School:
+    """A school with an admin, a teacher of `stack`, stacks "alice" and "bob", a school key and an
+    agent key bound to "alice" (tests/actors.py)."""
+    from tests.actors import school_cast
+
+    return school_cast()
+
+
+@pytest.fixture
+def other_school(db: None) -> School:
+    """A second school, for isolation tests. Its stacks are "carol" and "dave", so its keys naming
+    "alice" must find nothing (a same-named stack of its own would answer instead)."""
+    from tests.actors import school_cast
+
+    return school_cast("Other School", stack_slug="carol", other_stack_slug="dave")
+
+
+# Half-way through a minute (and through an hour: 1_800_000_000 is a multiple of 3600), so a
+# burst stays in one rate-limit window however slowly the machine runs it.
+THROTTLE_CLOCK_START = 1_800_000_030.0
+
+
+@pytest.fixture
+def throttle_clock(monkeypatch: pytest.MonkeyPatch) -> FrozenClock:
+    """Pin the rate limiter's clock (accounts.throttles.clock); the Redis counters stay real."""
+    from accounts import throttles
+    from tests.actors import FrozenClock
+
+    clock = FrozenClock(THROTTLE_CLOCK_START)
+    monkeypatch.setattr(throttles, "clock", clock)
+    return clock
 
 
 @pytest.fixture

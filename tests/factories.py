@@ -6,6 +6,8 @@ These write through the real services and the real database; nothing is mocked.
 from __future__ import annotations
 
 import itertools
+from collections import namedtuple
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import psycopg
@@ -14,37 +16,57 @@ from django.db import connection
 from rest_framework.test import APIClient
 
 from accounts.models import ApiKey, Membership, Organization, User
-from accounts.services import api_key_issue
-from stacks.models import Stack, TeacherAssignment
+from accounts.services import api_key_issue, membership_add, organization_create, user_create
+from stacks.models import Stack
+from stacks.services import stack_archive, stack_create, teacher_assign
 
 _counter = itertools.count(1)
 
+# The tier `make_org` gives a school unless a test names one. Many tests give a school several
+# stacks; on the free tier (one active stack) `stack_create` would refuse the second, which is not
+# what they test. "pro" has room for ten and still a storage limit, so writes still run the storage
+# check. Quota tests name the tier they test: make_org(tier="free").
+TEST_TIER = "pro"
 
-def make_org(name: str | None = None, *, kind: str = Organization.Kind.SCHOOL) -> Organization:
+
+def make_org(name: str | None = None, *, kind: str = Organization.Kind.SCHOOL, tier: str = TEST_TIER) -> Organization:
     n = next(_counter)
-    name = name or f"School {n}"
-    return Organization.objects.create(name=name, slug=f"school-{n}", kind=kind)
+    return organization_create(name=name or f"School {n}", slug=f"school-{n}", kind=kind, tier=tier)
 
 
 def make_user(org: Organization | None = None, *, role: str = Membership.Role.ADMIN, **fields: Any) -> User:
     n = next(_counter)
-    user = User.objects.create_user(
+    user = user_create(
         username=fields.pop("username", f"user{n}"),
         email=fields.pop("email", f"user{n}@example.test"),
         password=fields.pop("password", "correct horse battery staple"),
         **fields,
     )
     if org is not None:
-        Membership.objects.create(user=user, organization=org, role=role)
+        membership_add(organization=org, user=user, role=role)
     return user
 
 
-def make_stack(org: Organization, slug: str | None = None, **fields: Any) -> Stack:
-    return Stack.objects.create(organization=org, slug=slug or f"student-{next(_counter)}", **fields)
+def make_stack(org: Organization, slug: str | None = None, *, status: str = Stack.Status.ACTIVE,
+               **fields: Any) -> Stack:
+    """A stack made by `stack_create` (so under its quota), archived through `stack_archive` if
+    `status` says so. Other `fields` are counters no service sets directly (e.g. `bytes_used`, to
+    stand for memories stored): they are written straight after. The stack keeps `org` as its
+    `organization` object, so a test that changes `org.tier` afterwards is seen through the stack."""
+    descriptive = {name: fields.pop(name) for name in ("display_name", "kind") if name in fields}
+    stack = stack_create(organization=org, slug=slug or f"student-{next(_counter)}", **descriptive)
+    if status == Stack.Status.ARCHIVED:
+        stack_archive(stack=stack)
+        stack.refresh_from_db(fields=["status", "archived_at", "updated_at"])
+    if fields:
+        Stack.objects.filter(pk=stack.pk).update(**fields)
+        for name, value in fields.items():
+            setattr(stack, name, value)
+    return stack
 
 
 def assign_teacher(teacher: User, stack: Stack) -> None:
-    TeacherAssignment.objects.create(user=teacher, stack=stack)
+    teacher_assign(stack=stack, teacher=teacher)
 
 
 def make_key(org: Organization, *, stack: Stack | None = None, user: User | None = None,
@@ -75,8 +97,33 @@ def other_connection(*, autocommit: bool = False) -> psycopg.Connection:
                            password=db.get("PASSWORD") or None, autocommit=autocommit)
 
 
+SqlParams = Sequence[Any] | Mapping[str, Any] | None
+
+
+def sql_rows(sql: str, params: SqlParams = None) -> list[Any]:
+    """Run `sql` on the test's connection. Each row is a namedtuple whose fields are the result's
+    column names, so tests read `row.page`, never `row[1]`; name computed columns (`... AS page`)."""
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        row_type = namedtuple("Row", [column.name for column in cursor.description])  # type: ignore[misc]
+        return [row_type._make(values) for values in cursor.fetchall()]
+
+
+def sql_values(sql: str, params: SqlParams = None) -> list[Any]:
+    """The values of a one-column result (ids, EXPLAIN's plan lines), in order."""
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        assert len(cursor.description) == 1, f"one column expected: {sql}"
+        return [value for (value,) in cursor.fetchall()]
+
+
+def sql_value(sql: str, params: SqlParams = None) -> Any:
+    """The value of a one-row, one-column result (`SHOW x`, `SELECT count(*)`)."""
+    (value,) = sql_values(sql, params)
+    return value
+
+
 def index_definitions(table: str = "memories_memory") -> dict[str, str]:
     """Index name -> definition (pg_get_indexdef) of every index of the table."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT indexname, indexdef FROM pg_indexes WHERE tablename = %s", [table])
-        return dict(cursor.fetchall())
+    rows = sql_rows("SELECT indexname, indexdef FROM pg_indexes WHERE tablename = %s", [table])
+    return {row.indexname: row.indexdef for row in rows}

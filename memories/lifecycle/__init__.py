@@ -7,5 +7,5 @@
 * `promotion`   — recurring episode lessons promoted to beliefs.
 * `jobs`        — the bookkeeping every job shares: one run at a time (advisory lock), each run recorded.
 
-Writes to memories go through the write kernel (`memories.services`); see docs/architecture.md.
+Writes to memories go through the write kernel (`memories.writes`); see docs/architecture.md.
 """

@@ -36,6 +36,9 @@ from memories.lifecycle.decay import (
 )
 from memories.lifecycle.jobs import DEADLOCK_RETRIES, JOB_DECAY, Progress, is_retryable_conflict, run_job
 from memories.models import JobRun, Memory
+from memories.writes.columns import DECAY_STATE, LIFECYCLE
+from memories.writes.hooks import after_commit
+from memories.writes.rows import lock_stack_changes
 from memoryhub.errors import InvalidInput
 from stacks.models import Stack
 
@@ -49,6 +52,8 @@ DECAY_WORKERS = 2
 # by less than this per day, so most rows are not rewritten by a daily pass (no dead tuples, no
 # WAL). Rows crossing the forget threshold are always written.
 SALIENCE_WRITE_TOLERANCE = 0.005
+# The writer named in a tombstone's revision and in the change listeners' `MemoryChange.source`.
+DECAY_SOURCE = "decay"
 
 
 # --- decay pass -------------------------------------------------------------------------------
@@ -79,7 +84,7 @@ def _recovered_since_baseline_sql(m: str, now: str, threshold: str) -> str:
 
 
 # A batch is three statements in one transaction, so that the stacks whose memories it tombstones
-# are locked (`services.lock_stack_changes`, the single write path's change lock) after the batch
+# are locked (`memories.writes.rows.lock_stack_changes`, the write kernel's change lock) after the batch
 # knows which stacks those are and before anything is written: (1) read the batch's pages, compute
 # salience, keep the rows to write in a temporary table and return the stacks to lock; (2) lock
 # them, in pk order; (3) write: tombstones + their revisions, then the side-table salience. Every
@@ -91,7 +96,7 @@ _DECAY_BATCH_TABLE = "memories_decay_batch"
 _DECAY_BATCH_TABLE_SQL = f"""
 CREATE TEMPORARY TABLE {_DECAY_BATCH_TABLE} (
     row_ctid tid, heap_block integer, id uuid, stack_id bigint, version integer, last_reviewed_at timestamptz,
-    stability float8, strength float8, side_ctid tid, old_salience float8, new_salience float8, forget boolean
+    side_ctid tid, old_salience float8, new_salience float8, forget boolean
 ) ON COMMIT DROP
 """
 
@@ -103,7 +108,7 @@ WITH page_rows AS MATERIALIZED (
     SELECT m.ctid AS row_ctid, (m.ctid::text::point)[0]::integer AS heap_block, m.id, m.stack_id, m.kind,
            m.confidence, m.times_accessed,
            m.emotional_valence, m.emotional_arousal, m.stability, m.last_reviewed_at, m.created_at,
-           m.is_protected, m.version, m.strength,
+           m.is_protected, m.version,
            {salience_sql("m", "%(now)s")} AS new_salience
     FROM memories_memory m
     WHERE m.ctid >= %(low)s::tid AND m.ctid < %(high)s::tid
@@ -118,8 +123,8 @@ stored AS MATERIALIZED (
     WHERE ms.heap_block >= %(low_block)s AND ms.heap_block < %(high_block)s
 ),
 candidates AS (
-    SELECT m.row_ctid, m.heap_block, m.id, m.stack_id, m.version, m.last_reviewed_at, m.stability,
-           m.strength, s.side_ctid, m.new_salience, s.salience AS old_salience,
+    SELECT m.row_ctid, m.heap_block, m.id, m.stack_id, m.version, m.last_reviewed_at,
+           s.side_ctid, m.new_salience, s.salience AS old_salience,
            CASE WHEN NOT {never_fades_sql("m")} AND m.new_salience < o.forget_threshold
                 THEN NOT {_recovered_since_baseline_sql("m", "%(now)s", "o.forget_threshold")}
                 ELSE false END AS forget
@@ -133,8 +138,8 @@ kept AS (
     -- Only what the write step needs: rows crossing the threshold and rows whose salience moved
     -- by at least the tolerance (or was never stored). The rest is not written at all.
     INSERT INTO {_DECAY_BATCH_TABLE}
-    SELECT c.row_ctid, c.heap_block, c.id, c.stack_id, c.version, c.last_reviewed_at, c.stability,
-           c.strength, c.side_ctid, c.old_salience, c.new_salience, c.forget
+    SELECT c.row_ctid, c.heap_block, c.id, c.stack_id, c.version, c.last_reviewed_at,
+           c.side_ctid, c.old_salience, c.new_salience, c.forget
     FROM candidates c
     WHERE c.forget OR c.old_salience IS NULL OR ABS(c.old_salience - c.new_salience) >= %(tolerance)s
     RETURNING stack_id, forget
@@ -143,13 +148,37 @@ SELECT (SELECT count(*) FROM candidates),
        ARRAY(SELECT DISTINCT k.stack_id FROM kept k WHERE k.forget ORDER BY k.stack_id)
 """  # noqa: S608 - only module constants are interpolated; values are bound parameters
 
+
+# Besides its own before-state, a tombstone's revision keeps what explains it: the decay state
+# that faded and the client's strength. The tombstone writes none of them, so the updated row
+# returns their values as they were.
+_TOMBSTONE_CONTEXT = (*sorted(DECAY_STATE), "strength")
+
+
+def _tombstone_snapshot_sql() -> str:
+    """SQL: the before-state a decay tombstone's revision keeps, over the `forgotten` rows `f`,
+    from the write kernel's column groups (`memories.writes.columns`).
+
+    Only the tombstone's own columns, not `SNAPSHOT_COLUMNS`: content is unchanged by a decay
+    tombstone (the row stays), and a full snapshot would copy every forgotten row's text and data.
+    The lifecycle columns held their live values (the pass tombstones only rows neither forgotten
+    nor deleted); `salience` is the side table's last value.
+    """
+    fields = {f.attname: f for f in Memory._meta.concrete_fields}
+    pairs = [("version", "f.old_version")]
+    pairs += [(name, "NULL" if fields[name].null else "''") for name in sorted(LIFECYCLE)]
+    pairs += [("salience", "f.old_salience")]
+    pairs += [(name, f"f.{name}") for name in _TOMBSTONE_CONTEXT]
+    return "jsonb_build_object(" + ", ".join(f"'{name}', {value}" for name, value in pairs) + ")"
+
+
 _DECAY_FORGET_SQL = f"""
 WITH forgotten AS (
     -- The only write to memories_memory: the rows that crossed the threshold (their stacks' change
     -- locks are held). Rows are found again by their physical address (no index lookups). A row a
     -- concurrent writer changed meanwhile has moved or fails these re-checks (READ COMMITTED
     -- re-evaluates them on the new row version): it is left for the next pass, never forgotten on
-    -- stale state.
+    -- stale state. The kernel's stamps for a change: version + 1, change_seq, server_updated_at.
     UPDATE memories_memory m SET
         forgotten_at = %(now)s,
         forgotten_reason = '{FORGOTTEN_REASON_DECAY}',
@@ -160,22 +189,20 @@ WITH forgotten AS (
     WHERE d.forget AND m.ctid = d.row_ctid AND m.id = d.id AND m.version = d.version
       AND m.forgotten_at IS NULL AND m.deleted_at IS NULL
       AND m.last_reviewed_at IS NOT DISTINCT FROM d.last_reviewed_at
-    RETURNING m.id, d.version AS old_version, d.old_salience, d.stability, d.last_reviewed_at, d.strength
+    RETURNING m.id, m.stack_id, d.version AS old_version, d.old_salience,
+              {", ".join(f"m.{name}" for name in _TOMBSTONE_CONTEXT)}
 ),
 revisions AS (
-    -- The before-state of every tombstone, like every other forget. Content is unchanged by a
-    -- decay tombstone (the row stays), so the snapshot holds the lifecycle fields only: a full
-    -- snapshot would copy every forgotten row.
+    -- The before-state of every tombstone, like every other forget (`_tombstone_snapshot_sql`).
     INSERT INTO memories_memoryrevision (memory_id, version, source, action, reason, snapshot, created_at)
-    SELECT f.id, f.old_version, 'decay', 'forget', '{FORGOTTEN_REASON_DECAY}',
-           jsonb_build_object('version', f.old_version, 'forgotten_at', NULL, 'forgotten_reason', '',
-                              'salience', f.old_salience, 'stability', f.stability,
-                              'last_reviewed_at', f.last_reviewed_at, 'strength', f.strength), %(now)s
+    SELECT f.id, f.old_version, '{DECAY_SOURCE}', 'forget', '{FORGOTTEN_REASON_DECAY}',
+           {_tombstone_snapshot_sql()}, %(now)s
     FROM forgotten f
     RETURNING 1
 )
-SELECT count(*) FROM forgotten
-"""  # noqa: S608 - only module constants are interpolated; values are bound parameters
+-- The tombstoned ids per stack, for the after-commit effects (change listeners).
+SELECT f.stack_id, array_agg(f.id) FROM forgotten f GROUP BY f.stack_id
+"""  # noqa: S608 - only module constants and model column names are interpolated; values are bound parameters
 
 _DECAY_SALIENCE_SQL = f"""
 -- Salience goes to the narrow side table, never to memories_memory. A value computed at a later
@@ -213,9 +240,6 @@ class DecayBatch:
 
 
 def _decay_batch(*, low_page: int, high_page: int, now: datetime, tolerance: float) -> DecayBatch:
-    # Late import: services pulls in billing and Celery plumbing (and imports this module's callers).
-    from memories.services import lock_stack_changes
-
     params: dict[str, Any] = {"low": f"({low_page},0)", "high": f"({high_page},0)", "low_block": low_page,
                               "high_block": high_page, "now": now, "tolerance": tolerance}
     for attempt in range(DEADLOCK_RETRIES):
@@ -228,7 +252,11 @@ def _decay_batch(*, low_page: int, high_page: int, now: datetime, tolerance: flo
                 if stacks_to_lock:
                     lock_stack_changes(*stacks_to_lock)  # one statement, pk order
                     cursor.execute(_DECAY_FORGET_SQL, params)
-                    forgotten = int(cursor.fetchone()[0])
+                    for stack_id, ids in cursor.fetchall():
+                        # Once per stack, with the ids the tombstone returned: a listener (live
+                        # events) hears of them after commit, never of a batch that rolled back.
+                        after_commit(stack_id=stack_id, source=DECAY_SOURCE, changes=[("forget", ids)])
+                        forgotten += len(ids)
                 cursor.execute(_DECAY_SALIENCE_SQL, params)
                 updated = int(cursor.fetchone()[0])
                 # ON COMMIT DROP covers the normal case; dropping here also covers a batch that
@@ -348,11 +376,12 @@ def decay_pass(*, now: datetime | None = None, batch_size: int = DECAY_BATCH_SIZ
     Skipped: forgotten, deleted and expired rows, and archived stacks (frozen: they refuse writes).
     The client's `strength`, `times_accessed` and `last_accessed` are never written.
 
-    The salience goes to `MemorySalience` (read it with `stored_salience`); `memories_memory` is
-    written only for tombstones. Salience changes do not stamp the change feed: salience is
-    server-side ranking state, not part of a synced record, and re-sending every record to every
-    client daily would be the cost. Tombstones take their stacks' change locks
-    (`services.lock_stack_changes`) before drawing a change_seq. Batches run on `workers`
+    The salience goes to `MemorySalience`; `memories_memory` is written only for tombstones.
+    Salience changes do not stamp the change feed: salience is server-side ranking state, not part
+    of a synced record, and re-sending every record to every client daily would be the cost.
+    Tombstones follow the write kernel's rules (`memories.writes`): their stacks' change locks
+    (`lock_stack_changes`) before a change_seq is drawn, and after commit one
+    `MemoryChange("forget", source="decay")` per stack and batch. Batches run on `workers`
     connections at once. Counts: scanned, updated (salience rows written), forgotten, batches
     (, workers).
     """

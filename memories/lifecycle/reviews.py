@@ -4,7 +4,6 @@ the decay pass share; the decay maths is `memories.lifecycle.decay`."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -21,7 +20,10 @@ from memories.lifecycle.decay import (
     review,
     salience,
 )
-from memories.models import Memory, MemorySalience
+from memories.models import Memory
+from memories.services import memory_recover
+from memories.writes.hooks import after_commit
+from memories.writes.rows import locked_memory
 from memoryhub.errors import Conflict, InvalidInput, NotFound
 
 logger = logging.getLogger(__name__)
@@ -49,13 +51,17 @@ def record_review(*, memory: Memory, grade: Grade | int, now: datetime | None = 
     Effects, under a row lock: `stability` and `difficulty` move per FSRS-6 (prior stability: the
     stored one, or the kind's initial stability if never reviewed; R read at `now`);
     `last_reviewed_at = now` restarts the decay clock; the stored salience (`MemorySalience`) is
-    refreshed. Decay state is
-    server-side ranking state, so a review neither bumps `version` nor stamps the change feed.
+    refreshed. Decay state is server-side ranking state, so a review neither bumps `version` nor
+    stamps the change feed.
 
     A successful recall (grade ≥ HARD) of a memory the decay pass tombstoned brings it back through
     `memories.services.memory_recover` (revision, version, change feed); a memory forgotten on
     purpose stays forgotten (409). Deleted or expired memories: 404. The caller resolved the stack
     through `stacks.selectors` with write access.
+
+    Locks as the write kernel does (`locked_memory`: stack row, then memory row); after commit the
+    change listeners hear `MemoryChange("review", source=source)` (and "recover" first, from the
+    recovery).
     """
     at = now or timezone.now()
     try:
@@ -63,19 +69,16 @@ def record_review(*, memory: Memory, grade: Grade | int, now: datetime | None = 
     except (TypeError, ValueError) as exc:
         raise InvalidInput("Invalid grade.", fields={"grade": ["One of 1 (again), 2 (hard), 3 (good), 4 (easy)."]}) \
             from exc
-    from memories.services import lock_stack_changes  # services imports this module's callers
-
-    lock_stack_changes(memory.stack_id)  # stack row before memory row, as every writer does
-    locked = Memory.objects.select_for_update().filter(pk=memory.pk).first()
+    try:
+        locked = locked_memory(memory)
+    except Memory.DoesNotExist:  # purged since the caller read it
+        locked = None
     if locked is None or locked.deleted_at is not None or (locked.expires_at is not None and locked.expires_at <= at):
         raise NotFound("Memory not found.", code="memory_not_found")
     recovered = False
     if locked.forgotten_at is not None:
         if locked.forgotten_reason != FORGOTTEN_REASON_DECAY or grade == Grade.AGAIN:
             raise Conflict("The memory is forgotten; recover it first.", code="memory_forgotten")
-        # Late import: services pulls in billing and Celery plumbing this module does not need.
-        from memories.services import memory_recover
-
         locked = memory_recover(memory=locked, source=source)
         recovered = True
     outcome = review(DecayState.of(locked), locked.difficulty, grade, at)
@@ -86,6 +89,7 @@ def record_review(*, memory: Memory, grade: Grade | int, now: datetime | None = 
         stability=locked.stability, difficulty=locked.difficulty, last_reviewed_at=at)
     current = salience(DecayState.of(locked), at)
     _store_salience(memory_id=locked.pk, value=current, at=at)
+    after_commit(stack_id=locked.stack_id, source=source, changes=[("review", [locked.pk])])
     return ReviewResult(memory=locked, outcome=outcome, salience=current, recovered=recovered)
 
 
@@ -101,19 +105,6 @@ def _store_salience(*, memory_id: Any, value: float, at: datetime) -> None:
     # review and a pass that race each other leave the later computation in place.
     with connection.cursor() as cursor:
         cursor.execute(_STORE_SALIENCE_SQL, [memory_id, value, at])
-
-
-def stored_salience(*, memory_id: Any) -> float | None:
-    """The salience last stored for a memory by the decay pass or a review; None if never computed.
-
-    Reads `MemorySalience` (the side table); for the salience *now*, use `memory_decay_view`.
-    """
-    return MemorySalience.objects.filter(memory_id=memory_id).values_list("salience", flat=True).first()
-
-
-def stored_saliences(*, memory_ids: Iterable[Any]) -> dict[Any, float]:
-    """`stored_salience` for many memories at once: {memory id: salience}, missing ids left out."""
-    return dict(MemorySalience.objects.filter(memory_id__in=list(memory_ids)).values_list("memory_id", "salience"))
 
 
 def memory_decay_view(memory: Memory, now: datetime | None = None) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """Embedding work: which memories await a vector, claiming them, embedding and storing in bulk.
 
-"Awaiting" means `embedded_version IS NULL` (the ingest service clears it whenever text changes;
-`embeddings_invalidate_stale_model` clears it for vectors of another model). A partial index
+"Awaiting" means `embedded_version IS NULL` (the write kernel, `memories.writes`, clears it
+whenever text changes and queues the row after commit; `embeddings_invalidate_stale_model` and
+`embeddings_invalidate_all` clear it for re-embedding, left to the sweep). A partial index
 covers exactly those rows, so the backlog count and the sweep stay cheap at any table size.
 
 Concurrency: a row is claimed with a short-lived Redis lock (`SET NX EX`) before it is embedded,
@@ -154,7 +155,6 @@ class SweepResult:
     embedded: int = 0
     skipped: int = 0
     batches: int = 0
-    seconds: float = 0.0
 
 
 def embedding_sweep(*, max_rows: int = 5000, time_budget_seconds: float = 240.0) -> SweepResult:
@@ -175,7 +175,6 @@ def embedding_sweep(*, max_rows: int = 5000, time_budget_seconds: float = 240.0)
         result.batches += 1
         result.embedded += batch.embedded
         result.skipped += batch.skipped_claimed + batch.skipped_stale
-    result.seconds = time.monotonic() - started
     return result
 
 
@@ -191,6 +190,13 @@ def embeddings_invalidate_stale_model(*, model_id: str | None = None) -> int:
         .exclude(embedding_model=model_id)
         .update(embedded_version=None)
     )
+
+
+def embeddings_invalidate_all() -> int:
+    """Mark every stored vector as awaiting re-embedding (one UPDATE), e.g. after the model's
+    weights changed under the same model id. Like `embeddings_invalidate_stale_model`, the old
+    vectors stay until the new ones replace them."""
+    return Memory.objects.filter(embedded_version__isnull=False, deleted_at__isnull=True).update(embedded_version=None)
 
 
 def embedding_sweep_run(*, max_rows: int = 5000, progress: Progress | None = None) -> JobRun:

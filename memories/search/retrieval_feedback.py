@@ -8,7 +8,9 @@ a demote at most halves it. The clock restarts (`last_reviewed_at`), as for any 
 Feedback is per stack, i.e. per student/agent (§3 rule 4: never global). It is server-owned decay
 state, not content, so it neither bumps `version` nor enters the sync change feed; each feedback
 leaves a `MemoryRevision(source="feedback")` with the state before it, which is also how smart
-ingest knows a memory "was demoted" or "was promoted" (the latest feedback wins).
+ingest knows a memory "was demoted" or "was promoted" (the latest feedback wins). It locks as the
+write kernel does (`memories.writes.rows.locked_memory`) and, after commit, the change listeners
+hear `MemoryChange("promote" | "demote", source="feedback")`.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from django.utils import timezone
 
 from memories.lifecycle.decay import DecayState, Grade, base_stability, memory_retrievability, review
 from memories.models import Memory, MemoryRevision
+from memories.writes.rows import locked_memory, note_revision
 from memoryhub.errors import Conflict
 
 PROMOTE = "promote"
@@ -43,7 +46,7 @@ class FeedbackOutcome:
 def memory_feedback(*, memory: Memory, action: str, reason: str = "", now: datetime | None = None) -> FeedbackOutcome:
     """Apply promote or demote to a memory the caller may write (resolved by stacks.selectors)."""
     now = now or timezone.now()
-    memory = Memory.objects.select_for_update().get(pk=memory.pk)
+    memory = locked_memory(memory)
     if memory.deleted_at is not None or memory.forgotten_at is not None:
         raise Conflict("Feedback needs a live memory; this one is deleted or forgotten.", code="memory_not_live")
     state = DecayState.of(memory)
@@ -55,8 +58,8 @@ def memory_feedback(*, memory: Memory, action: str, reason: str = "", now: datet
     else:
         outcome = review(state, memory.difficulty, Grade.AGAIN, now)
         stability = min(outcome.stability, prior * DEMOTE_STABILITY_FACTOR)
-    MemoryRevision.objects.create(
-        memory=memory, version=memory.version, source=FEEDBACK_SOURCE, action=action, reason=reason[:2000],
+    note_revision(
+        memory, source=FEEDBACK_SOURCE, action=action, reason=reason[:2000],
         snapshot={
             "stability": memory.stability, "difficulty": memory.difficulty,
             "last_reviewed_at": memory.last_reviewed_at.isoformat() if memory.last_reviewed_at else None,

@@ -2,8 +2,8 @@
 
 memory-science.md §5.4 (the rules MemoryHub adopts), in the order they are applied:
 
-1. The payload is validated and normalised first (memories.schemas), so similarity is only ever
-   computed on the stored (clean) text.
+1. The payload is validated and normalised first (`memories.writes.hooks.prepare_memory`: the
+   schema, then the kernel's transforms), so similarity is only ever computed on the stored text.
 2. `force_create` bypasses the gate and is recorded as such.
 3. `supersedes` (an explicit request) creates the new memory and tombstones the named one.
    Nothing is ever superseded automatically.
@@ -23,12 +23,18 @@ memory-science.md §5.4 (the rules MemoryHub adopts), in the order they are appl
 Every decision is written down: in the response (`decision, similarity, measure,
 prediction_error, target_id, reason`) and as a `MemoryRevision(source="ingest")` on the memory it
 touched (the reinforced, merged, linked or superseded one).
+
+Writes go through the write kernel (`memories.writes`): new, merged and superseded memories through
+the services built on it; a reinforcement (decay state, not a change: no version bump) locks the
+row as the kernel does. After commit the change listeners hear every one of them, and each decision
+note ("reinforce", "contradicted", "linked", "superseded", "merge"), as `source="ingest"`.
 """
 
 from __future__ import annotations
 
 import difflib
 import re
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,12 +42,13 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from memories.lifecycle.decay import DecayState, Grade, base_stability, review
-from memories.models import Memory, MemoryRevision
-from memories.schemas import normalize_memory
+from memories.models import Memory
 from memories.search.embedding_jobs import store_vectors
 from memories.search.embeddings import get_embedder, vector_literal
 from memories.search.retrieval_feedback import DEMOTE, PROMOTE, latest_feedback
 from memories.services import memory_create, memory_forget, memory_update
+from memories.writes.hooks import prepare_memory
+from memories.writes.rows import locked_memory, note_revision
 from memoryhub.errors import InvalidInput, NotFound
 from stacks.models import Stack
 
@@ -136,8 +143,7 @@ def _is_strong(memory: Memory, feedback: str | None) -> bool:
 
 
 def _note(memory: Memory, action: str, reason: str, snapshot: dict[str, Any]) -> None:
-    MemoryRevision.objects.create(memory=memory, version=memory.version, source=INGEST_SOURCE, action=action,
-                                  reason=reason, snapshot=snapshot)
+    note_revision(memory, source=INGEST_SOURCE, action=action, reason=reason, snapshot=snapshot)
 
 
 @transaction.atomic
@@ -148,7 +154,9 @@ def smart_ingest(*, stack: Stack, kind: str, payload: dict[str, Any], force_crea
     Precondition: the caller resolved `stack` with write access (stacks.selectors).
     """
     thresholds = thresholds or Thresholds()
-    normalized = normalize_memory(kind, payload)  # InvalidInput / PayloadTooLarge before anything else
+    # The payload as it would be stored (schema + the kernel's transforms), so similarity is computed
+    # on the stored text; InvalidInput / PayloadTooLarge before anything else.
+    normalized = prepare_memory(kind, payload)
     measure = "none"
 
     if supersedes is not None:
@@ -201,7 +209,7 @@ def smart_ingest(*, stack: Stack, kind: str, payload: dict[str, Any], force_crea
 
     if similarity >= thresholds.near_identical:
         now = timezone.now()
-        locked = Memory.objects.select_for_update().get(pk=best.pk)
+        locked = locked_memory(best)
         outcome = review(DecayState.of(locked), locked.difficulty, Grade.GOOD, now)
         reason = f"near-identical to {best.pk} (similarity {similarity:.3f}): reinforced, content unchanged"
         _note(locked, "reinforce", reason, {"stability": locked.stability, "difficulty": locked.difficulty,
@@ -252,8 +260,6 @@ def _merge(target: Memory, field_name: str, incoming: str, incoming_text: str, s
 
 
 def _uuid(value: str) -> str:
-    import uuid
-
     try:
         return str(uuid.UUID(str(value)))
     except ValueError as exc:

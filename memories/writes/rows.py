@@ -152,3 +152,13 @@ def save_change(memory: Memory, *, before: dict[str, Any], source: str, action: 
     after_commit(stack_id=memory.stack_id, source=source, changes=[(action, [memory.pk])],
                  embed_ids=[memory.pk] if text_changed else ())
     return memory
+
+
+def note_revision(memory: Memory, *, source: str, action: str, snapshot: dict[str, Any], reason: str = "") -> None:
+    """Write a decision about `memory` down without changing it (a feedback review, a smart-ingest
+    reinforce / link / supersede note): a revision at its current version — no version bump, no
+    change_seq, so clients do not pull anything — and, after commit, `MemoryChange(action)` to the
+    listeners. The caller holds the row through `locked_memory` when it also writes decay state."""
+    MemoryRevision.objects.create(memory=memory, version=memory.version, source=source, action=action,
+                                  reason=reason, snapshot=snapshot)
+    after_commit(stack_id=memory.stack_id, source=source, changes=[(action, [memory.pk])])

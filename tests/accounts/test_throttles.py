@@ -1,4 +1,7 @@
-"""Redis-backed rate limits per IP and per credential, and failing closed when Redis is gone."""
+"""Redis-backed rate limits per IP and per credential, and failing closed when Redis is gone.
+
+Every test runs on a pinned throttle clock (conftest `throttle_clock`): the counters are real Redis,
+but the window a request falls in is the test's to choose, never the wall clock's minute."""
 
 from __future__ import annotations
 
@@ -16,9 +19,10 @@ from accounts.network import client_ip
 from accounts.throttles import SYNC_PULL_THROTTLES, SYNC_PUSH_THROTTLES, parse_rate
 from memoryhub.embedded import EmbeddedRedis, free_port
 from stacks.models import Stack
+from tests.actors import FrozenClock
 from tests.factories import bearer_client, make_key, make_org, make_stack
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("throttle_clock")]
 
 
 def register(n: int, **meta: Any):
@@ -30,9 +34,18 @@ def test_register_allows_5_per_minute_per_ip_then_429_with_retry_after() -> None
         assert register(n).status_code == 201
     response = register(99)
     assert response.status_code == 429
-    assert 1 <= int(response["Retry-After"]) <= 61
+    assert int(response["Retry-After"]) == 30  # the pinned clock is half-way through its minute
     assert response.json()["detail"] and response.json()["error"]["code"] == "throttled"
     assert User.objects.count() == 5 and not Stack.objects.filter(slug="agent-99").exists()
+
+
+def test_the_next_window_starts_a_fresh_count(throttle_clock: FrozenClock) -> None:
+    for n in range(5):
+        assert register(n).status_code == 201
+    throttle_clock.advance(29)  # still the same minute
+    assert register(5).status_code == 429
+    throttle_clock.advance(1)  # the next minute's window
+    assert register(6).status_code == 201
 
 
 def test_forwarded_for_from_a_trusted_proxy_separates_clients() -> None:

@@ -143,7 +143,7 @@ def test_promotion_with_auto_is_a_write(school: School) -> None:
     assert refused.status_code == 403
     assert refused.json()["error"]["code"] == "read_only_key"
     archived = make_stack(school.org, "archived-one", status=Stack.Status.ARCHIVED)
-    archived_url = school.stack_url("promote", stack=archived)
+    archived_url = f"/api/v1/stacks/{archived.slug}/promote"
     assert school.admin_api.post(archived_url, {}, format="json").status_code == 200
     conflict = school.admin_api.post(archived_url, {"auto": True}, format="json")
     assert conflict.status_code == 409
@@ -167,7 +167,7 @@ def test_job_runs_are_for_staff_and_dashboard_admins(school: School) -> None:
     User.objects.filter(pk=staff.pk).update(is_staff=True)
     staff.refresh_from_db()
     assert session_client(staff).get("/api/v1/jobs/").status_code == 200
-    for client in (school.agent, school.admin_api, school.teacher_session):
+    for client in (school.agent, school.admin_api, session_client(school.teacher)):
         response = client.get("/api/v1/jobs/")
         assert response.status_code == 403
         assert response.json()["error"]["code"] == "admin_only"

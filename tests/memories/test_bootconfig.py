@@ -7,22 +7,19 @@ from typing import Any
 import pytest
 
 from memories.models import BootConfigEntry
-from tests.factories import bearer_client, make_key, make_org, make_stack
+from tests.actors import School
 
 pytestmark = pytest.mark.django_db
 
 
 
 @pytest.fixture
-def env() -> dict[str, Any]:
-    org = make_org()
-    stack = make_stack(org, "boot")
-    _, secret = make_key(org, stack=stack)
-    return {"stack": stack, "client": bearer_client(secret), "url": f"/api/v1/stacks/{stack.slug}/boot-config"}
+def url(school: School) -> str:
+    return school.stack_url("boot-config")
 
 
-def test_set_get_list_overwrite_delete(env: dict[str, Any]) -> None:
-    client, url = env["client"], env["url"]
+def test_set_get_list_overwrite_delete(school: School, url: str) -> None:
+    client = school.agent
     assert client.put(f"{url}/tutor.name", {"value": "Ada"}, format="json").status_code == 200
     assert client.put(f"{url}/grade", {"value": "5"}, format="json").status_code == 200
     assert client.get(f"{url}/tutor.name").json()["value"] == "Ada"
@@ -41,20 +38,20 @@ def test_set_get_list_overwrite_delete(env: dict[str, Any]) -> None:
     ("ok", {}, "value"),
     ("ok", {"value": {"nested": 1}}, "value"),
 ])
-def test_invalid_boot_config_is_400_and_nothing_stored(env: dict[str, Any], key: str, body: dict[str, Any],
+def test_invalid_boot_config_is_400_and_nothing_stored(school: School, url: str, key: str, body: dict[str, Any],
                                                        field: str) -> None:
-    response = env["client"].put(f"{env['url']}/{key}", body, format="json")
+    response = school.agent.put(f"{url}/{key}", body, format="json")
     assert response.status_code == 400, response.content
     assert field in response.json()["error"]["fields"]
     assert not BootConfigEntry.objects.exists()
 
 
-def test_first_in_export_and_load(env: dict[str, Any]) -> None:
-    env["client"].put(f"{env['url']}/tone", {"value": "warm"}, format="json")
-    env["client"].post(f"/api/v1/stacks/{env['stack'].slug}/memories",
-                       {"kind": "value", "name": "care", "statement": "be kind"}, format="json")
-    md = env["client"].get(f"/api/v1/stacks/{env['stack'].slug}/export/memory.md").content.decode()
+def test_first_in_export_and_load(school: School, url: str) -> None:
+    school.agent.put(f"{url}/tone", {"value": "warm"}, format="json")
+    school.agent.post(f"/api/v1/stacks/{school.stack.slug}/memories",
+                      {"kind": "value", "name": "care", "statement": "be kind"}, format="json")
+    md = school.agent.get(f"/api/v1/stacks/{school.stack.slug}/export/memory.md").content.decode()
     assert md.index("## Boot Config") < md.index("## Values")
     assert "- **tone**: warm" in md
-    loaded = env["client"].get(f"/api/v1/stacks/{env['stack'].slug}/load").json()
+    loaded = school.agent.get(f"/api/v1/stacks/{school.stack.slug}/load").json()
     assert loaded["boot_config"] == {"tone": "warm"}

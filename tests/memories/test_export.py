@@ -10,26 +10,23 @@ import pytest
 from django.utils import timezone
 
 from memories.services import CheckpointInput, boot_config_set, checkpoint_save, memory_create, memory_forget
-from tests.factories import bearer_client, make_key, make_org, make_stack
+from tests.actors import School
 
 pytestmark = pytest.mark.django_db
 
 
 
 @pytest.fixture
-def env() -> dict[str, Any]:
-    org = make_org()
-    stack = make_stack(org, "exp")
-    _, secret = make_key(org, stack=stack)
-    return {"stack": stack, "client": bearer_client(secret), "url": f"/api/v1/stacks/{stack.slug}/export/memory.md"}
+def url(school: School) -> str:
+    return school.stack_url("export/memory.md")
 
 
 def _create(stack: Any, kind: str, **payload: Any) -> Any:
     return memory_create(stack=stack, kind=kind, payload=payload, source="test")
 
 
-def test_memory_md_sections_and_filters(env: dict[str, Any]) -> None:
-    stack = env["stack"]
+def test_memory_md_sections_and_filters(school: School, url: str) -> None:
+    stack = school.stack
     boot_config_set(stack=stack, key="student", value="Ada")
     _create(stack, "value", name="curiosity", statement="Ask why", priority=60)
     _create(stack, "value", name="honesty", statement="Say what you know", priority=90)
@@ -46,7 +43,7 @@ def test_memory_md_sections_and_filters(env: dict[str, Any]) -> None:
             interaction_count=5, notes="n" * 200)
     checkpoint_save(stack=stack, checkpoint=CheckpointInput(task="Fractions unit", next_step="decimals"))
 
-    response = env["client"].get(env["url"])
+    response = school.agent.get(url)
     assert response.status_code == 200
     assert response["Content-Type"].startswith("text/markdown")
     md = response.content.decode()
@@ -65,17 +62,17 @@ def test_memory_md_sections_and_filters(env: dict[str, Any]) -> None:
     assert "- **Next step**: decimals" in md
 
 
-def test_text_cannot_inject_markdown_structure(env: dict[str, Any]) -> None:
-    _create(env["stack"], "belief", statement="fine\n# Injected heading\n- injected item", confidence=0.9)
-    md = env["client"].get(env["url"]).content.decode()
+def test_text_cannot_inject_markdown_structure(school: School, url: str) -> None:
+    _create(school.stack, "belief", statement="fine\n# Injected heading\n- injected item", confidence=0.9)
+    md = school.agent.get(url).content.decode()
     assert "\n# Injected" not in md
     assert "\n- injected" not in md
     assert "- [90%] fine # Injected heading - injected item" in md
 
 
-def test_accept_markdown_header_and_empty_stack(env: dict[str, Any]) -> None:
-    response = env["client"].get(env["url"], HTTP_ACCEPT="text/markdown")
+def test_accept_markdown_header_and_empty_stack(school: School, url: str) -> None:
+    response = school.agent.get(url, HTTP_ACCEPT="text/markdown")
     assert response.status_code == 200
     assert response.content.decode().startswith("# MEMORY.md")
-    missing = env["client"].get("/api/v1/stacks/nope/export/memory.md", HTTP_ACCEPT="text/markdown")
+    missing = school.agent.get("/api/v1/stacks/nope/export/memory.md", HTTP_ACCEPT="text/markdown")
     assert missing.status_code == 404

@@ -12,7 +12,6 @@ from django.db import OperationalError, connection, transaction
 from django.utils import timezone
 
 from memories.lifecycle.decay_pass import decay_pass
-from memories.lifecycle.reviews import stored_saliences
 from memories.models import JobRun, Memory, MemoryRevision, MemorySalience
 from memories.search.embedding_jobs import memories_embed
 from memories.search.embeddings import get_embedder
@@ -20,7 +19,7 @@ from memories.search.hybrid import SearchQuery, _vector_sql, search_memories
 from memories.search.vector_indexes import stack_index_name, stack_vector_index_ensure
 from memories.services import memory_create, memory_recover
 from stacks.models import Stack
-from tests.factories import index_definitions, make_org, make_stack, other_connection
+from tests.factories import index_definitions, make_org, make_stack, other_connection, sql_rows, sql_values
 
 NOW = timezone.now().replace(microsecond=0)
 _ids = itertools.count(1)
@@ -68,10 +67,8 @@ def plan_and_rows(sql: str, params: Any, *, without: tuple[str, ...], sort: bool
             cursor.execute("SET LOCAL enable_indexscan = off")
         else:  # ORDER BY distance: only a vector index can produce the order
             cursor.execute("SET LOCAL enable_sort = off")
-        cursor.execute("EXPLAIN " + sql, params)
-        plan = "\n".join(row[0] for row in cursor.fetchall())
-        cursor.execute(sql, params)
-        rows = [row[0] for row in cursor.fetchall()]
+        plan = "\n".join(sql_values("EXPLAIN " + sql, params))
+        rows = [row.id for row in sql_rows(sql, params)]
         transaction.set_rollback(True)
     return plan, rows
 
@@ -185,8 +182,8 @@ def test_batches_on_several_connections_give_the_same_result_as_one():
     assert forgotten == {m.pk for m in memories if (NOW - m.created_at).days >= 200}
     assert run.counts["forgotten"] == len(forgotten) == 9
     assert MemoryRevision.objects.filter(action="forget", source="decay").count() == 9
-    saliences = stored_saliences(memory_ids=[m.pk for m in [*memories, protected]])
-    assert len(saliences) == 16
+    saliences = MemorySalience.objects.filter(memory_id__in=[m.pk for m in [*memories, protected]])
+    assert saliences.count() == 16
     # A second pass at the same time changes nothing, wherever its batches run.
     again = decay_pass(now=NOW, batch_size=1, workers=2)
     assert (again.counts["updated"], again.counts["forgotten"]) == (0, 0)
@@ -200,10 +197,9 @@ def test_a_stale_page_hint_only_costs_a_rewrite():
     stack = make_stack(make_org())
     moved, reviewed, settled = _old(stack, days_old=10), _old(stack, days_old=10), _old(stack, days_old=10)
     decay_pass(now=NOW)
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT m.id, (m.ctid::text::point)[0]::integer FROM memories_memory m WHERE m.stack_id = %s",
-                       [stack.pk])
-        pages = dict(cursor.fetchall())
+    pages = {row.id: row.page for row in sql_rows(
+        "SELECT m.id, (m.ctid::text::point)[0]::integer AS page FROM memories_memory m WHERE m.stack_id = %s",
+        [stack.pk])}
     assert MemorySalience.objects.get(memory_id=settled.pk).heap_block == pages[settled.pk]
     MemorySalience.objects.filter(memory_id=moved.pk).update(heap_block=2_000_000_000)  # as if it had moved
     MemorySalience.objects.filter(memory_id=reviewed.pk).update(heap_block=None)

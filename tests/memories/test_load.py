@@ -16,7 +16,8 @@ from accounts.throttles import throttle_state_clear
 from memories import load
 from memories.models import Memory
 from memories.services import CheckpointInput, boot_config_set, checkpoint_save, memory_create, memory_forget
-from tests.factories import bearer_client, make_key, make_org, make_stack
+from tests.actors import School
+from tests.factories import make_org, make_stack, sql_value
 
 pytestmark = pytest.mark.django_db
 
@@ -31,11 +32,8 @@ def _fresh_throttles() -> Iterator[None]:
 
 
 @pytest.fixture
-def env() -> dict[str, Any]:
-    org = make_org()
-    stack = make_stack(org, "loader")
-    _, secret = make_key(org, stack=stack)
-    return {"stack": stack, "client": bearer_client(secret), "url": f"/api/v1/stacks/{stack.slug}/load"}
+def url(school: School) -> str:
+    return school.stack_url("load")
 
 
 def _sentence(n_words: int, seed: int = 0) -> str:
@@ -71,8 +69,8 @@ def test_pinned_formula_matches_published_vectors() -> None:
     assert load.priority_score("value", factor=0.8, strength=0.6) == pytest.approx(0.43)
 
 
-def test_sql_scores_equal_the_formula(env: dict[str, Any]) -> None:
-    stack = env["stack"]
+def test_sql_scores_equal_the_formula(school: School) -> None:
+    stack = school.stack
     memory_create(stack=stack, kind="value", source="t", payload={"name": "n", "statement": "s", "priority": 80})
     memory_create(stack=stack, kind="belief", source="t", payload={"statement": "s", "confidence": 0.9})
     memory_create(stack=stack, kind="drive", source="t", payload={"drive_type": "d", "intensity": 0.7})
@@ -94,11 +92,11 @@ def test_sql_scores_equal_the_formula(env: dict[str, Any]) -> None:
 
 
 @pytest.mark.parametrize("budget", [100, 300, 1000, 2500, 8000])
-def test_budget_never_exceeded_and_priority_order_holds(env: dict[str, Any], budget: int) -> None:
-    _mixed_stack(env["stack"])
-    checkpoint_save(stack=env["stack"], checkpoint=CheckpointInput(task="Fractions unit", progress=_sentence(60)))
-    boot_config_set(stack=env["stack"], key="tone", value="warm and patient")
-    body = env["client"].get(env["url"], {"budget": budget}).json()
+def test_budget_never_exceeded_and_priority_order_holds(school: School, url: str, budget: int) -> None:
+    _mixed_stack(school.stack)
+    checkpoint_save(stack=school.stack, checkpoint=CheckpointInput(task="Fractions unit", progress=_sentence(60)))
+    boot_config_set(stack=school.stack, key="tone", value="warm and patient")
+    body = school.agent.get(url, {"budget": budget}).json()
     meta = body["meta"]
     assert meta["budget_total"] == budget
     texts = [body["checkpoint"]["text"]] if body["checkpoint"] else []
@@ -112,8 +110,8 @@ def test_budget_never_exceeded_and_priority_order_holds(env: dict[str, Any], bud
     assert len(body["echoes"]) == min(20, meta["excluded_count"])
 
 
-def test_greedy_walk_skips_what_does_not_fit_but_takes_smaller_later_items(env: dict[str, Any]) -> None:
-    stack = env["stack"]
+def test_greedy_walk_skips_what_does_not_fit_but_takes_smaller_later_items(school: School) -> None:
+    stack = school.stack
     memory_create(stack=stack, kind="value", source="t",
                   payload={"name": "big", "statement": _sentence(80), "priority": 100})
     memory_create(stack=stack, kind="note", source="t", payload={"content": "tiny note"})
@@ -123,18 +121,18 @@ def test_greedy_walk_skips_what_does_not_fit_but_takes_smaller_later_items(env: 
     assert result.echoes[0]["hint"].startswith("big the quick")
 
 
-def test_budget_is_clamped_not_rejected(env: dict[str, Any]) -> None:
-    client, url = env["client"], env["url"]
+def test_budget_is_clamped_not_rejected(school: School, url: str) -> None:
+    client = school.agent
     assert client.get(url).json()["meta"]["budget_total"] == 8000
     assert client.get(url, {"budget": 10}).json()["meta"]["budget_total"] == 100
     assert client.get(url, {"budget": 10**6}).json()["meta"]["budget_total"] == 50000
     assert client.get(url, {"budget": "lots"}).status_code == 400
 
 
-def test_long_items_truncated_at_word_boundaries(env: dict[str, Any]) -> None:
+def test_long_items_truncated_at_word_boundaries(school: School, url: str) -> None:
     text = _sentence(200)
-    memory = memory_create(stack=env["stack"], kind="note", source="t", payload={"content": text})
-    body = env["client"].get(env["url"], {"item_chars": 120}).json()
+    memory = memory_create(stack=school.stack, kind="note", source="t", payload={"content": text})
+    body = school.agent.get(url, {"item_chars": 120}).json()
     item = body["memories"][0]
     assert item["id"] == str(memory.pk)
     assert item["truncated"] is True
@@ -143,7 +141,7 @@ def test_long_items_truncated_at_word_boundaries(env: dict[str, Any]) -> None:
     kept = item["text"][:-3]
     assert text.startswith(kept)
     assert text[len(kept)] == " "  # cut exactly before a space: no word is split
-    full = env["client"].get(env["url"], {"no_truncate": "true"}).json()["memories"][0]
+    full = school.agent.get(url, {"no_truncate": "true"}).json()["memories"][0]
     assert full["text"] == text and full["truncated"] is False
 
 
@@ -154,23 +152,23 @@ def test_truncate_at_word_rules() -> None:
     assert load.truncate_at_word("a " + "x" * 40, 20) == "a " + "x" * 15 + "..."
 
 
-def test_checkpoint_always_first_even_with_a_tiny_budget(env: dict[str, Any]) -> None:
-    _mixed_stack(env["stack"], per_kind=3)
-    checkpoint_save(stack=env["stack"], checkpoint=CheckpointInput(task="old", progress="x"))
-    latest = checkpoint_save(stack=env["stack"], checkpoint=CheckpointInput(
+def test_checkpoint_always_first_even_with_a_tiny_budget(school: School, url: str) -> None:
+    _mixed_stack(school.stack, per_kind=3)
+    checkpoint_save(stack=school.stack, checkpoint=CheckpointInput(task="old", progress="x"))
+    latest = checkpoint_save(stack=school.stack, checkpoint=CheckpointInput(
         task="Long division practice", progress=_sentence(400), next_step="check remainders"))
-    body = env["client"].get(env["url"], {"budget": 100}).json()
+    body = school.agent.get(url, {"budget": 100}).json()
     assert body["checkpoint"]["id"] == latest.pk
     assert body["checkpoint"]["text"].startswith("Task: Long division practice")
     assert body["checkpoint"]["truncated"] is True
     assert body["meta"]["budget_used"] <= 100
-    roomy = env["client"].get(env["url"], {"budget": 50000}).json()
+    roomy = school.agent.get(url, {"budget": 50000}).json()
     assert roomy["checkpoint"]["truncated"] is False
     assert "Next: check remainders" in roomy["checkpoint"]["text"]
 
 
-def test_excluded_memories(env: dict[str, Any]) -> None:
-    stack = env["stack"]
+def test_excluded_memories(school: School, url: str) -> None:
+    stack = school.stack
     keep = memory_create(stack=stack, kind="note", source="t", payload={"content": "keep me"})
     forgotten = memory_create(stack=stack, kind="note", source="t", payload={"content": "forget me"})
     memory_forget(memory=forgotten, reason="test")
@@ -185,41 +183,41 @@ def test_excluded_memories(env: dict[str, Any]) -> None:
     Memory.objects.filter(pk=deleted.pk).update(deleted_at=timezone.now())
     other = make_stack(stack.organization, "other")
     memory_create(stack=other, kind="note", source="t", payload={"content": "another stack"})
-    body = env["client"].get(env["url"]).json()
+    body = school.agent.get(url).json()
     assert [m["id"] for m in body["memories"]] == [str(keep.pk)]
     assert body["meta"]["excluded_count"] == 0
 
 
-def test_access_counted_in_one_update(env: dict[str, Any]) -> None:
-    _mixed_stack(env["stack"], per_kind=2)
+def test_access_counted_in_one_update(school: School) -> None:
+    _mixed_stack(school.stack, per_kind=2)
     with CaptureQueriesContext(connection) as queries:
-        result = load.stack_load(stack=env["stack"], budget=8000)
+        result = load.stack_load(stack=school.stack, budget=8000)
     # One UPDATE statement (sent in the same round trip as the read of the returned rows).
     assert sum(q["sql"].upper().count("UPDATE MEMORIES_MEMORY") for q in queries.captured_queries) == 1
     loaded = {m.id for m in result.memories}
     assert len(loaded) == 14
-    rows = Memory.objects.filter(stack=env["stack"])
+    rows = Memory.objects.filter(stack=school.stack)
     assert {str(m.pk) for m in rows if m.times_accessed == 1 and m.last_accessed is not None} == loaded
     before = {m.pk: (m.version, m.change_seq) for m in rows}
-    load.stack_load(stack=env["stack"], budget=8000)
-    after = {m.pk: (m.version, m.change_seq, m.times_accessed) for m in Memory.objects.filter(stack=env["stack"])}
+    load.stack_load(stack=school.stack, budget=8000)
+    after = {m.pk: (m.version, m.change_seq, m.times_accessed) for m in Memory.objects.filter(stack=school.stack)}
     assert all(after[pk][:2] == before[pk] and after[pk][2] == 2 for pk in before)  # bookkeeping, not an edit
 
 
-def test_boot_config_included_in_load(env: dict[str, Any]) -> None:
-    boot_config_set(stack=env["stack"], key="name", value="Ada")
-    boot_config_set(stack=env["stack"], key="grade", value="5")
-    body = env["client"].get(env["url"]).json()
+def test_boot_config_included_in_load(school: School, url: str) -> None:
+    boot_config_set(stack=school.stack, key="name", value="Ada")
+    boot_config_set(stack=school.stack, key="grade", value="5")
+    body = school.agent.get(url).json()
     assert body["boot_config"] == {"grade": "5", "name": "Ada"}
     assert body["checkpoint"] is None
 
 
-def test_item_details_are_the_kind_fields(env: dict[str, Any]) -> None:
-    value = memory_create(stack=env["stack"], kind="value", source="test",
+def test_item_details_are_the_kind_fields(school: School) -> None:
+    value = memory_create(stack=school.stack, kind="value", source="test",
                           payload={"name": "honesty", "statement": "tell the truth", "priority": 80})
-    person = memory_create(stack=env["stack"], kind="relationship", source="test", payload={
+    person = memory_create(stack=school.stack, kind="relationship", source="test", payload={
         "entity_name": "Ada", "entity_type": "person", "relationship_type": "peer", "sentiment": 0.5})
-    result = load.stack_load(stack=env["stack"], budget=8000)
+    result = load.stack_load(stack=school.stack, budget=8000)
     details = {item.id: (item.kind, item.details) for item in result.memories}
     assert details[str(value.pk)] == ("value", {"name": "honesty", "priority": 80})
     assert details[str(person.pk)] == ("relationship", {"entity_name": "Ada", "entity_type": "person",
@@ -230,18 +228,12 @@ def test_item_details_are_the_kind_fields(env: dict[str, Any]) -> None:
 def test_load_in_its_own_transaction_commits_counts_and_scopes_its_settings() -> None:
     stack = make_stack(make_org(), "own-tx")
     note = memory_create(stack=stack, kind="note", source="test", payload={"content": "remember fractions"})
-    with connection.cursor() as cursor:
-        cursor.execute("SHOW synchronous_commit")
-        sync_before = cursor.fetchone()[0]
-        cursor.execute("SHOW random_page_cost")
-        cost_before = cursor.fetchone()[0]
+    sync_before, cost_before = sql_value("SHOW synchronous_commit"), sql_value("SHOW random_page_cost")
     assert not connection.in_atomic_block
     result = load.stack_load(stack=stack, budget=8000)
     assert [item.id for item in result.memories] == [str(note.pk)]
-    with connection.cursor() as cursor:  # SET LOCAL ended with the load's own transaction
-        cursor.execute("SHOW synchronous_commit")
-        assert cursor.fetchone()[0] == sync_before
-        cursor.execute("SHOW random_page_cost")
-        assert cursor.fetchone()[0] == cost_before
+    # SET LOCAL ended with the load's own transaction.
+    assert sql_value("SHOW synchronous_commit") == sync_before
+    assert sql_value("SHOW random_page_cost") == cost_before
     note.refresh_from_db()
     assert note.times_accessed == 1 and note.last_accessed is not None

@@ -11,19 +11,15 @@ from django.utils import timezone
 
 from memories.models import Memory, MemoryRevision
 from stacks.models import Stack
-from tests.factories import bearer_client, make_key, make_org, make_stack
+from tests.actors import School
 
 pytestmark = pytest.mark.django_db
 
 
 
 @pytest.fixture
-def env() -> dict[str, Any]:
-    org = make_org()
-    stack = make_stack(org, "student-1")
-    _, secret = make_key(org, stack=stack)
-    return {"org": org, "stack": stack, "client": bearer_client(secret),
-            "url": f"/api/v1/stacks/{stack.slug}/memories"}
+def url(school: School) -> str:
+    return school.stack_url("memories")
 
 
 VALID: dict[str, dict[str, Any]] = {
@@ -85,11 +81,11 @@ def _stored(stack: Stack) -> int:
 
 
 @pytest.mark.parametrize("kind", list(VALID))
-def test_create_each_kind_and_read_back(env: dict[str, Any], kind: str,
+def test_create_each_kind_and_read_back(school: School, url: str, kind: str,
                                        django_capture_on_commit_callbacks: Any) -> None:
     with django_capture_on_commit_callbacks(execute=True):
-        response = env["client"].post(env["url"], {"kind": kind, **VALID[kind], "mystery_field": {"keep": [1, 2]}},
-                                      format="json")
+        response = school.agent.post(url, {"kind": kind, **VALID[kind], "mystery_field": {"keep": [1, 2]}},
+                                     format="json")
     assert response.status_code == 201, response.json()
     body = response.json()
     assert body["kind"] == kind
@@ -98,20 +94,20 @@ def test_create_each_kind_and_read_back(env: dict[str, Any], kind: str,
     assert body["awaiting_embedding"] is True
     assert body["is_protected"] is (kind in ("value", "drive"))
     memory = Memory.objects.get(pk=body["id"])
-    assert memory.stack_id == env["stack"].pk
+    assert memory.stack_id == school.stack.pk
     assert memory.record_id == body["id"]
     assert memory.text  # canonical text derived from the kind's fields
     assert memory.size_bytes > 0
     assert memory.change_seq > 0
-    read = env["client"].get(f"{env['url']}/{body['id']}")
+    read = school.agent.get(f"{url}/{body['id']}")
     assert read.status_code == 200
     assert read.json()["data"] == body["data"]
-    env["stack"].refresh_from_db()
-    assert env["stack"].memory_count == 1
-    assert env["stack"].bytes_used == memory.size_bytes
+    school.stack.refresh_from_db()
+    assert school.stack.memory_count == 1
+    assert school.stack.bytes_used == memory.size_bytes
 
 
-def test_canonical_text_per_kind(env: dict[str, Any]) -> None:
+def test_canonical_text_per_kind(school: School, url: str) -> None:
     expected = {
         "episode": "Practise fractions\nSolved 8 of 10\nDraw the pie first",
         "value": "curiosity\nAsk why before how",
@@ -121,60 +117,60 @@ def test_canonical_text_per_kind(env: dict[str, Any]) -> None:
         "playbook": "Fraction warm-up\nStart every session\ndraw a pie\nsplit it",
     }
     for kind, text in expected.items():
-        response = env["client"].post(env["url"], {"kind": kind, **VALID[kind]}, format="json")
+        response = school.agent.post(url, {"kind": kind, **VALID[kind]}, format="json")
         assert Memory.objects.get(pk=response.json()["id"]).text == text
 
 
 @pytest.mark.parametrize(("kind", "payload", "field"), INVALID)
-def test_each_invalid_field_is_named_and_nothing_stored(env: dict[str, Any], kind: str, payload: dict[str, Any],
+def test_each_invalid_field_is_named_and_nothing_stored(school: School, url: str, kind: str, payload: dict[str, Any],
                                                        field: str) -> None:
-    response = env["client"].post(env["url"], {"kind": kind, **payload}, format="json")
+    response = school.agent.post(url, {"kind": kind, **payload}, format="json")
     assert response.status_code == 400, response.json()
     body = response.json()
     assert body["error"]["code"] == "invalid"
     assert field in body["error"]["fields"], body
-    assert _stored(env["stack"]) == 0
-    env["stack"].refresh_from_db()
-    assert env["stack"].memory_count == 0
+    assert _stored(school.stack) == 0
+    school.stack.refresh_from_db()
+    assert school.stack.memory_count == 0
 
 
 @pytest.mark.parametrize("body", [[1, 2], "text", {"statement": "no kind"}, {"kind": "dream", "content": "x"}])
-def test_malformed_bodies_are_400(env: dict[str, Any], body: Any) -> None:
-    response = env["client"].post(env["url"], body, format="json")
+def test_malformed_bodies_are_400(school: School, url: str, body: Any) -> None:
+    response = school.agent.post(url, body, format="json")
     assert response.status_code == 400
-    assert _stored(env["stack"]) == 0
+    assert _stored(school.stack) == 0
 
 
-def test_broken_json_is_400(env: dict[str, Any]) -> None:
-    response = env["client"].post(env["url"], data="{not json", content_type="application/json")
+def test_broken_json_is_400(school: School, url: str) -> None:
+    response = school.agent.post(url, data="{not json", content_type="application/json")
     assert response.status_code == 400
-    assert _stored(env["stack"]) == 0
+    assert _stored(school.stack) == 0
 
 
-def test_absurdly_nested_body_is_400(env: dict[str, Any]) -> None:
+def test_absurdly_nested_body_is_400(school: School, url: str) -> None:
     deep = '{"kind": "note", "content": "x", "deep": ' + "[" * 100_000 + "]" * 100_000 + "}"
-    response = env["client"].post(env["url"], data=deep, content_type="application/json")
+    response = school.agent.post(url, data=deep, content_type="application/json")
     assert response.status_code == 400
     nested = '{"kind": "note", "content": "x", "deep": ' + "[" * 50 + "]" * 50 + "}"
-    response = env["client"].post(env["url"], data=nested, content_type="application/json")
+    response = school.agent.post(url, data=nested, content_type="application/json")
     assert response.status_code == 400
-    assert _stored(env["stack"]) == 0
+    assert _stored(school.stack) == 0
 
 
-def test_oversized_memory_is_refused_and_nothing_stored(env: dict[str, Any]) -> None:
-    response = env["client"].post(env["url"], {"kind": "note", "content": "x" * 20_001}, format="json")
+def test_oversized_memory_is_refused_and_nothing_stored(school: School, url: str) -> None:
+    response = school.agent.post(url, {"kind": "note", "content": "x" * 20_001}, format="json")
     assert response.status_code == 400
     assert "content" in response.json()["error"]["fields"]
     huge_extra = {f"k{i}": "y" * 1000 for i in range(100)}
-    response = env["client"].post(env["url"], {"kind": "note", "content": "hi", **huge_extra}, format="json")
+    response = school.agent.post(url, {"kind": "note", "content": "hi", **huge_extra}, format="json")
     assert response.status_code == 413
-    big_raw = env["client"].post(env["url"], {"kind": "raw", "blob": "z" * 100_001}, format="json")
+    big_raw = school.agent.post(url, {"kind": "raw", "blob": "z" * 100_001}, format="json")
     assert big_raw.status_code == 400
-    assert _stored(env["stack"]) == 0
+    assert _stored(school.stack) == 0
 
 
-def test_control_characters_removed_and_nulls_accepted(env: dict[str, Any]) -> None:
-    response = env["client"].post(env["url"], {
+def test_control_characters_removed_and_nulls_accepted(school: School, url: str) -> None:
+    response = school.agent.post(url, {
         "kind": "note", "content": "line\x00one\x07\nline two\ttab", "speaker": None, "tags": None,
         "weird\x00key": "v\x00al", "confidence": None,
     }, format="json")
@@ -187,8 +183,8 @@ def test_control_characters_removed_and_nulls_accepted(env: dict[str, Any]) -> N
     assert body["extra"] == {"weirdkey": "val"}
 
 
-def test_server_controlled_fields_are_ignored(env: dict[str, Any]) -> None:
-    response = env["client"].post(env["url"], {
+def test_server_controlled_fields_are_ignored(school: School, url: str) -> None:
+    response = school.agent.post(url, {
         "kind": "belief", "statement": "x", "version": 99, "forgotten_at": "2020-01-01T00:00:00Z",
         "embedding": [0.1], "stack_id": "other", "id": "abc", "deleted": True,
     }, format="json")
@@ -200,27 +196,27 @@ def test_server_controlled_fields_are_ignored(env: dict[str, Any]) -> None:
     assert Memory.objects.get(pk=body["id"]).deleted_at is None
 
 
-def test_duplicate_record_id_is_409_and_first_kept(env: dict[str, Any],
+def test_duplicate_record_id_is_409_and_first_kept(school: School, url: str,
                                                   django_capture_on_commit_callbacks: Any) -> None:
     with django_capture_on_commit_callbacks(execute=True):
-        first = env["client"].post(env["url"], {"kind": "note", "record_id": "n-1", "content": "first"},
-                                   format="json")
+        first = school.agent.post(url, {"kind": "note", "record_id": "n-1", "content": "first"},
+                                  format="json")
         assert first.status_code == 201
-        again = env["client"].post(env["url"], {"kind": "note", "record_id": "n-1", "content": "second"},
-                                   format="json")
+        again = school.agent.post(url, {"kind": "note", "record_id": "n-1", "content": "second"},
+                                  format="json")
     assert again.status_code == 409
-    assert Memory.objects.get(stack=env["stack"]).data["content"] == "first"
-    env["stack"].refresh_from_db()
-    assert env["stack"].memory_count == 1
+    assert Memory.objects.get(stack=school.stack).data["content"] == "first"
+    school.stack.refresh_from_db()
+    assert school.stack.memory_count == 1
 
 
-def test_update_bumps_version_keeps_revision_and_resets_embedding(env: dict[str, Any]) -> None:
-    created = env["client"].post(env["url"], {"kind": "belief", **VALID["belief"], "custom": 1}, format="json").json()
+def test_update_bumps_version_keeps_revision_and_resets_embedding(school: School, url: str) -> None:
+    created = school.agent.post(url, {"kind": "belief", **VALID["belief"], "custom": 1}, format="json").json()
     memory = Memory.objects.get(pk=created["id"])
     Memory.objects.filter(pk=memory.pk).update(embedded_version=1)
     seq_before = memory.change_seq
-    response = env["client"].patch(f"{env['url']}/{created['id']}", {"statement": "Pictures help a lot"},
-                                   format="json")
+    response = school.agent.patch(f"{url}/{created['id']}", {"statement": "Pictures help a lot"},
+                                  format="json")
     assert response.status_code == 200, response.json()
     body = response.json()
     assert body["version"] == 2
@@ -235,13 +231,13 @@ def test_update_bumps_version_keeps_revision_and_resets_embedding(env: dict[str,
     assert revision.version == 1
     assert revision.snapshot["data"]["statement"] == VALID["belief"]["statement"]
     # A no-op change keeps the version.
-    same = env["client"].patch(f"{env['url']}/{created['id']}", {"statement": "Pictures help a lot"}, format="json")
+    same = school.agent.patch(f"{url}/{created['id']}", {"statement": "Pictures help a lot"}, format="json")
     assert same.json()["version"] == 2
 
 
-def test_invalid_update_changes_nothing(env: dict[str, Any]) -> None:
-    created = env["client"].post(env["url"], {"kind": "belief", **VALID["belief"]}, format="json").json()
-    response = env["client"].patch(f"{env['url']}/{created['id']}", {"confidence": 7}, format="json")
+def test_invalid_update_changes_nothing(school: School, url: str) -> None:
+    created = school.agent.post(url, {"kind": "belief", **VALID["belief"]}, format="json").json()
+    response = school.agent.patch(f"{url}/{created['id']}", {"confidence": 7}, format="json")
     assert response.status_code == 400
     assert "confidence" in response.json()["error"]["fields"]
     memory = Memory.objects.get(pk=created["id"])
@@ -250,8 +246,8 @@ def test_invalid_update_changes_nothing(env: dict[str, Any]) -> None:
     assert not MemoryRevision.objects.exists()
 
 
-def test_list_filters_and_cursor_pagination(env: dict[str, Any]) -> None:
-    client, url = env["client"], env["url"]
+def test_list_filters_and_cursor_pagination(school: School, url: str) -> None:
+    client = school.agent
     for i in range(5):
         client.post(url, {"kind": "note", "content": f"note {i}", "tags": ["math"] if i % 2 else ["art"]},
                     format="json")
@@ -275,8 +271,8 @@ def test_list_filters_and_cursor_pagination(env: dict[str, Any]) -> None:
     assert set(bad.json()["error"]["fields"]) == {"kind", "created_after", "forgotten"}
 
 
-def test_expired_memories_vanish_from_reads(env: dict[str, Any]) -> None:
-    client, url = env["client"], env["url"]
+def test_expired_memories_vanish_from_reads(school: School, url: str) -> None:
+    client = school.agent
     past = (timezone.now() - timedelta(seconds=1)).isoformat()
     expired = client.post(url, {"kind": "note", "content": "gone", "expires_at": past}, format="json").json()
     live = client.post(url, {"kind": "note", "content": "here",
@@ -286,8 +282,8 @@ def test_expired_memories_vanish_from_reads(env: dict[str, Any]) -> None:
     assert client.get(f"{url}/{expired['id']}").status_code == 404
 
 
-def test_forget_recover_protect_cycle(env: dict[str, Any]) -> None:
-    client, url = env["client"], env["url"]
+def test_forget_recover_protect_cycle(school: School, url: str) -> None:
+    client = school.agent
     note = client.post(url, {"kind": "note", "content": "temporary"}, format="json").json()
     forgotten = client.post(f"{url}/{note['id']}/forget", {"reason": "outdated"}, format="json")
     assert forgotten.status_code == 200
@@ -315,50 +311,50 @@ def test_forget_recover_protect_cycle(env: dict[str, Any]) -> None:
     assert actions == ["forget", "recover", "protect", "unprotect"]
 
 
-def test_values_are_protected_by_default(env: dict[str, Any]) -> None:
-    value = env["client"].post(env["url"], {"kind": "value", **VALID["value"]}, format="json").json()
-    response = env["client"].post(f"{env['url']}/{value['id']}/forget", {"reason": "x"}, format="json")
+def test_values_are_protected_by_default(school: School, url: str) -> None:
+    value = school.agent.post(url, {"kind": "value", **VALID["value"]}, format="json").json()
+    response = school.agent.post(f"{url}/{value['id']}/forget", {"reason": "x"}, format="json")
     assert response.status_code == 409
 
 
-def test_unknown_memory_is_404(env: dict[str, Any]) -> None:
-    assert env["client"].get(f"{env['url']}/00000000-0000-0000-0000-000000000000").status_code == 404
-    assert env["client"].get(f"{env['url']}/not-a-uuid").status_code == 404
+def test_unknown_memory_is_404(school: School, url: str) -> None:
+    assert school.agent.get(f"{url}/00000000-0000-0000-0000-000000000000").status_code == 404
+    assert school.agent.get(f"{url}/not-a-uuid").status_code == 404
 
 
-def test_batch_create_all_or_nothing(env: dict[str, Any], django_capture_on_commit_callbacks: Any) -> None:
-    client, url = env["client"], env["url"] + "/batch"
+def test_batch_create_all_or_nothing(school: School, url: str, django_capture_on_commit_callbacks: Any) -> None:
+    client, url = school.agent, url + "/batch"
     good = [{"kind": kind, **payload} for kind, payload in VALID.items()]
     with django_capture_on_commit_callbacks(execute=True):
         response = client.post(url, {"items": good}, format="json")
     assert response.status_code == 201, response.json()
     assert response.json()["created"] == len(VALID)
-    assert _stored(env["stack"]) == len(VALID)
-    env["stack"].refresh_from_db()
-    assert env["stack"].memory_count == len(VALID)
+    assert _stored(school.stack) == len(VALID)
+    school.stack.refresh_from_db()
+    assert school.stack.memory_count == len(VALID)
 
     bad = [{"kind": "note", "content": "fine"}, {"kind": "belief", "confidence": 3}]
     response = client.post(url, {"items": bad}, format="json")
     assert response.status_code == 400
     fields = response.json()["error"]["fields"]
     assert "items.1.statement" in fields and "items.1.confidence" in fields
-    assert _stored(env["stack"]) == len(VALID)
+    assert _stored(school.stack) == len(VALID)
 
     assert client.post(url, {"items": []}, format="json").status_code == 400
     assert client.post(url, {"items": "x"}, format="json").status_code == 400
     assert client.post(url, {"items": [{"kind": "note", "content": "x"}] * 501}, format="json").status_code == 413
     dup = [{"kind": "note", "record_id": "a", "content": "1"}, {"kind": "note", "record_id": "a", "content": "2"}]
     assert client.post(url, {"items": dup}, format="json").status_code == 400
-    assert _stored(env["stack"]) == len(VALID)
+    assert _stored(school.stack) == len(VALID)
 
 
-def test_quota_exceeded_stores_nothing(env: dict[str, Any]) -> None:
+def test_quota_exceeded_stores_nothing(school: School, url: str) -> None:
     from billing.entitlements import tier_for
 
-    limit = tier_for(env["org"]).storage_bytes
+    limit = tier_for(school.org).storage_bytes
     if limit is None:
         pytest.skip("the default tier has no storage limit")
-    Stack.objects.filter(pk=env["stack"].pk).update(bytes_used=limit)
-    response = env["client"].post(env["url"], {"kind": "note", "content": "one more"}, format="json")
+    Stack.objects.filter(pk=school.stack.pk).update(bytes_used=limit)
+    response = school.agent.post(url, {"kind": "note", "content": "one more"}, format="json")
     assert response.status_code == 402
-    assert _stored(env["stack"]) == 0
+    assert _stored(school.stack) == 0

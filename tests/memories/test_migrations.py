@@ -10,7 +10,7 @@ from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 
 from memoryhub.index_swap import index_replace_concurrently, temporary_index_name
-from tests.factories import index_definitions, make_org, make_stack, other_connection
+from tests.factories import index_definitions, make_org, make_stack, other_connection, sql_value
 
 LIVE_ONLY = ("memories_stack_kind_created", "memories_search_vector_gin", "memories_tags_gin",
              "memories_embedding_hnsw")
@@ -40,9 +40,8 @@ def test_live_only_index_migration_runs_both_ways_and_leaves_no_temporary_index(
     after = index_definitions()
     assert all(after[name].endswith("WHERE (forgotten_at IS NULL)") for name in LIVE_ONLY), after
     assert not any(name.endswith("_swap") for name in after)
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT count(*) FROM pg_index WHERE indrelid = 'memories_memory'::regclass AND NOT indisvalid")
-        assert cursor.fetchone()[0] == 0
+    invalid = sql_value("SELECT count(*) FROM pg_index WHERE indrelid = 'memories_memory'::regclass AND NOT indisvalid")
+    assert invalid == 0
 
 
 @pytest.mark.django_db(transaction=True)

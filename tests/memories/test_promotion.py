@@ -10,18 +10,15 @@ import pytest
 from memories.lifecycle.promotion import normalize_lesson, promote_lessons
 from memories.models import Memory
 from memories.services import memory_create, memory_forget
-from tests.factories import bearer_client, make_key, make_org, make_stack
+from tests.actors import School
 
 pytestmark = pytest.mark.django_db
 
 
 
 @pytest.fixture
-def env() -> dict[str, Any]:
-    org = make_org()
-    stack = make_stack(org, "promo")
-    _, secret = make_key(org, stack=stack)
-    return {"stack": stack, "client": bearer_client(secret), "url": f"/api/v1/stacks/{stack.slug}/promote"}
+def url(school: School) -> str:
+    return school.stack_url("promote")
 
 
 def _episode(stack: Any, record_id: str, lessons: list[str]) -> Memory:
@@ -34,17 +31,17 @@ def test_normalize_lesson() -> None:
     assert normalize_lesson("Draw it!?") == "draw it"
 
 
-def test_needs_three_episodes(env: dict[str, Any]) -> None:
-    _episode(env["stack"], "e1", ["Test first"])
-    _episode(env["stack"], "e2", ["Test first"])
-    result = promote_lessons(stack=env["stack"], auto=True)
+def test_needs_three_episodes(school: School) -> None:
+    _episode(school.stack, "e1", ["Test first"])
+    _episode(school.stack, "e2", ["Test first"])
+    result = promote_lessons(stack=school.stack, auto=True)
     assert result.reason == "not_enough_episodes"
     assert result.created == 0
     assert not Memory.objects.filter(kind="belief").exists()
 
 
-def test_suggest_then_auto_creates_beliefs_with_provenance(env: dict[str, Any]) -> None:
-    stack = env["stack"]
+def test_suggest_then_auto_creates_beliefs_with_provenance(school: School, url: str) -> None:
+    stack = school.stack
     _episode(stack, "e1", ["Test first", "Draw the pie"])
     _episode(stack, "e2", ["test  first.", "Once only"])
     _episode(stack, "e3", ["TEST FIRST", "Draw the pie!"])
@@ -52,7 +49,7 @@ def test_suggest_then_auto_creates_beliefs_with_provenance(env: dict[str, Any]) 
     _episode(stack, "e5", ["Forgotten lesson"])
     memory_forget(memory=forgotten, reason="test")
 
-    suggested = env["client"].post(env["url"], {}, format="json")
+    suggested = school.agent.post(url, {}, format="json")
     assert suggested.status_code == 200
     body = suggested.json()
     assert body["episodes_scanned"] == 4
@@ -61,7 +58,7 @@ def test_suggest_then_auto_creates_beliefs_with_provenance(env: dict[str, Any]) 
     assert body["created"] == 0
     assert not Memory.objects.filter(kind="belief").exists()
 
-    created = env["client"].post(env["url"], {"auto": True}, format="json").json()
+    created = school.agent.post(url, {"auto": True}, format="json").json()
     assert created["created"] == 2
     belief = Memory.objects.get(kind="belief", data__statement="TEST FIRST")
     assert belief.data["belief_type"] == "pattern"
@@ -71,12 +68,12 @@ def test_suggest_then_auto_creates_beliefs_with_provenance(env: dict[str, Any]) 
     assert belief.derived_from == ["episode:e3", "episode:e2", "episode:e1"]
     assert belief.source_episodes == ["e3", "e2", "e1"]
 
-    again = env["client"].post(env["url"], {"auto": True}, format="json").json()
+    again = school.agent.post(url, {"auto": True}, format="json").json()
     assert again["created"] == 0
     assert again["skipped_existing"] == 2
     assert Memory.objects.filter(kind="belief").count() == 2
 
 
-def test_invalid_promote_body(env: dict[str, Any]) -> None:
-    assert env["client"].post(env["url"], {"limit": 0}, format="json").status_code == 400
-    assert env["client"].post(env["url"], {"auto": "perhaps"}, format="json").status_code == 400
+def test_invalid_promote_body(school: School, url: str) -> None:
+    assert school.agent.post(url, {"limit": 0}, format="json").status_code == 400
+    assert school.agent.post(url, {"auto": "perhaps"}, format="json").status_code == 400

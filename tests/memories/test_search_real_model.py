@@ -17,7 +17,7 @@ from memories.search.embedding_jobs import memories_embed
 from memories.search.embeddings import get_embedder
 from memories.search.hybrid import SearchQuery, search_memories
 from memories.services import memory_create
-from tests.factories import bearer_client, index_definitions, make_key, make_org, make_stack
+from tests.factories import bearer_client, index_definitions, make_key, make_org, make_stack, sql_rows
 
 pytestmark = pytest.mark.django_db
 
@@ -166,7 +166,7 @@ def _assert_k_hits(stack: Any, size: int, *, large: bool, methods: tuple[str, ..
 
 def test_large_stack_with_its_own_partial_index_gets_full_recall(minilm: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """A stack with its own partial HNSW index is walked alone: k hits, matching an exact ranking."""
-    from memories.search.hybrid import _vector_leg, _vector_sql, over_fetch
+    from memories.search.hybrid import _SCORE, _vector_leg, _vector_sql, over_fetch
     from memories.search.vector_indexes import stack_vector_index_ensure, stacks_with_vector_index
 
     monkeypatch.setattr("memories.search.hybrid.EXACT_SEARCH_MAX_ROWS", 500)
@@ -181,10 +181,9 @@ def test_large_stack_with_its_own_partial_index_gets_full_recall(minilm: Any, mo
     rows, method = _vector_leg(query, [target.pk], vector, over_fetch(10), {})
     assert method == "hnsw-stack"
     sql, params = _vector_sql(query, [target.pk], vector, 10, exact=True)
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        truth = {row[0] for row in cursor.fetchall()}
-    top = {row[0] for row in sorted(rows, key=lambda r: -float(r[9]))[:10]}
+    truth = {row.id for row in sql_rows(sql, params)}
+    # The leg's rows are the search's own tuples: id first, then its columns up to the score.
+    top = {row[0] for row in sorted(rows, key=lambda r: -float(r[_SCORE]))[:10]}
     # Uniform random 384-d vectors are the hardest case for HNSW; bench/search.py measures realistic ones.
     assert len(top & truth) >= 8
 

@@ -9,7 +9,8 @@ import pytest
 from accounts.models import Membership
 from memories.models import Memory, MemoryRevision
 from memories.search.smart_ingest import appears_contradictory
-from tests.factories import assign_teacher, bearer_client, make_key, make_org, make_stack, make_user
+from tests.actors import School
+from tests.factories import assign_teacher, bearer_client, make_key, make_user
 from tests.memories.test_search import session_client
 
 pytestmark = pytest.mark.django_db
@@ -17,22 +18,14 @@ pytestmark = pytest.mark.django_db
 BASE = "Alice learns fractions best when the teacher uses pizza slices and paper strips in class"
 
 
-@pytest.fixture
-def env() -> dict[str, Any]:
-    org = make_org()
-    stack = make_stack(org, "alice")
-    _, secret = make_key(org, stack=stack)
-    return {"org": org, "stack": stack, "client": bearer_client(secret)}
-
-
-def ingest(env: dict[str, Any], content: str, kind: str = "note", **extra: Any) -> Any:
+def ingest(school: School, content: str, kind: str = "note", **extra: Any) -> Any:
     field = {"note": "content", "belief": "statement"}[kind]
-    return env["client"].post("/api/v1/stacks/alice/ingest",
-                              {"kind": kind, "data": {field: content}, **extra}, format="json")
+    return school.agent.post("/api/v1/stacks/alice/ingest",
+                             {"kind": kind, "data": {field: content}, **extra}, format="json")
 
 
-def test_first_memory_is_created_with_full_prediction_error(env: dict[str, Any]) -> None:
-    response = ingest(env, BASE)
+def test_first_memory_is_created_with_full_prediction_error(school: School) -> None:
+    response = ingest(school, BASE)
     assert response.status_code == 201, response.content
     body = response.json()
     assert body["decision"] == "create"
@@ -45,25 +38,25 @@ def test_first_memory_is_created_with_full_prediction_error(env: dict[str, Any])
     assert memory.embedded_version == memory.version
 
 
-def test_near_identical_reinforces_without_changing_content(env: dict[str, Any]) -> None:
-    first = ingest(env, BASE).json()["memory"]["id"]
+def test_near_identical_reinforces_without_changing_content(school: School) -> None:
+    first = ingest(school, BASE).json()["memory"]["id"]
     before = Memory.objects.get(pk=first)
-    body = ingest(env, BASE).json()
+    body = ingest(school, BASE).json()
     assert body["decision"] == "reinforce"
     assert body["target_id"] == first
     assert body["similarity"] == pytest.approx(1.0)
     assert body["measure"] == "cosine:hash-v1/384"
     after = Memory.objects.get(pk=first)
-    assert Memory.objects.filter(stack=env["stack"]).count() == 1
+    assert Memory.objects.filter(stack=school.stack).count() == 1
     assert (after.text, after.version) == (before.text, before.version)
     assert after.last_reviewed_at is not None
     revision = MemoryRevision.objects.get(memory_id=first, action="reinforce")
     assert revision.source == "ingest"
 
 
-def test_contradiction_is_never_reinforced_or_merged_but_linked(env: dict[str, Any]) -> None:
-    first = ingest(env, "Always use the calculator for fractions homework").json()["memory"]["id"]
-    body = ingest(env, "Never use the calculator for fractions homework").json()
+def test_contradiction_is_never_reinforced_or_merged_but_linked(school: School) -> None:
+    first = ingest(school, "Always use the calculator for fractions homework").json()["memory"]["id"]
+    body = ingest(school, "Never use the calculator for fractions homework").json()
     assert body["decision"] == "create"
     assert body["contradiction"] is True
     assert body["target_id"] == first
@@ -76,10 +69,10 @@ def test_contradiction_is_never_reinforced_or_merged_but_linked(env: dict[str, A
     assert link.snapshot["linked_memory"] == body["memory"]["id"]
 
 
-def test_update_band_merges_and_keeps_the_merge_inspectable(env: dict[str, Any]) -> None:
-    first = ingest(env, BASE).json()["memory"]["id"]
+def test_update_band_merges_and_keeps_the_merge_inspectable(school: School) -> None:
+    first = ingest(school, BASE).json()["memory"]["id"]
     incoming = BASE + " on Mondays"
-    body = ingest(env, incoming, thresholds={"near_identical": 0.99, "update": 0.5}).json()
+    body = ingest(school, incoming, thresholds={"near_identical": 0.99, "update": 0.5}).json()
     assert body["decision"] == "update", body
     assert body["target_id"] == first == body["memory"]["id"]
     merged = Memory.objects.get(pk=first)
@@ -95,19 +88,19 @@ def test_update_band_merges_and_keeps_the_merge_inspectable(env: dict[str, Any])
     assert MemoryRevision.objects.get(memory_id=first, action="update").snapshot["text"] == BASE
 
 
-def test_no_merge_into_strong_or_demoted_memories(env: dict[str, Any]) -> None:
-    first = ingest(env, BASE).json()["memory"]["id"]
-    promote = env["client"].post(f"/api/v1/stacks/alice/memories/{first}/feedback", {"action": "promote"},
-                                 format="json")
+def test_no_merge_into_strong_or_demoted_memories(school: School) -> None:
+    first = ingest(school, BASE).json()["memory"]["id"]
+    promote = school.agent.post(f"/api/v1/stacks/alice/memories/{first}/feedback", {"action": "promote"},
+                                format="json")
     assert promote.status_code == 200
-    body = ingest(env, BASE + " on Mondays", thresholds={"near_identical": 0.99, "update": 0.5}).json()
+    body = ingest(school, BASE + " on Mondays", thresholds={"near_identical": 0.99, "update": 0.5}).json()
     assert body["decision"] == "create"
     assert "strong" in body["reason"]
     assert Memory.objects.get(pk=first).text == BASE
 
-    second = ingest(env, "Bob finds long division hard without squared paper", "belief").json()["memory"]["id"]
-    env["client"].post(f"/api/v1/stacks/alice/memories/{second}/feedback", {"action": "demote"}, format="json")
-    body = ingest(env, "Bob finds long division hard without squared paper at home", "belief",
+    second = ingest(school, "Bob finds long division hard without squared paper", "belief").json()["memory"]["id"]
+    school.agent.post(f"/api/v1/stacks/alice/memories/{second}/feedback", {"action": "demote"}, format="json")
+    body = ingest(school, "Bob finds long division hard without squared paper at home", "belief",
                   thresholds={"near_identical": 0.99, "update": 0.5}).json()
     assert body["decision"] == "create"
     assert "demoted" in body["reason"]
@@ -115,12 +108,12 @@ def test_no_merge_into_strong_or_demoted_memories(env: dict[str, Any]) -> None:
     assert demoted.forgotten_at is None and demoted.version == 1
 
 
-def test_force_create_and_explicit_supersede(env: dict[str, Any]) -> None:
-    first = ingest(env, BASE).json()["memory"]["id"]
-    forced = ingest(env, BASE, force_create=True).json()
+def test_force_create_and_explicit_supersede(school: School) -> None:
+    first = ingest(school, BASE).json()["memory"]["id"]
+    forced = ingest(school, BASE, force_create=True).json()
     assert forced["decision"] == "create" and forced["forced"] is True
     assert "force_create" in forced["reason"]
-    superseding = ingest(env, "Alice now prefers number lines for fractions", supersedes=first)
+    superseding = ingest(school, "Alice now prefers number lines for fractions", supersedes=first)
     assert superseding.status_code == 201
     body = superseding.json()
     assert body["decision"] == "supersede"
@@ -129,9 +122,9 @@ def test_force_create_and_explicit_supersede(env: dict[str, Any]) -> None:
     assert old.forgotten_at is not None and old.forgotten_reason == "superseded"
 
 
-def test_unrelated_text_is_created(env: dict[str, Any]) -> None:
-    ingest(env, BASE)
-    body = ingest(env, "The school trip to the aquarium is on Friday").json()
+def test_unrelated_text_is_created(school: School) -> None:
+    ingest(school, BASE)
+    body = ingest(school, "The school trip to the aquarium is on Friday").json()
     assert body["decision"] == "create"
     assert body["target_id"] is None
     assert body["prediction_error"] > 0.25
@@ -145,21 +138,19 @@ def test_unrelated_text_is_created(env: dict[str, Any]) -> None:
     ({"kind": "note", "data": {"content": "x"}, "supersedes": "not-a-uuid"}, "supersedes"),
     ({"kind": "note", "data": {"content": "x"}, "thresholds": {"update": "high"}}, "thresholds.update"),
 ])
-def test_bad_ingest_input_is_400_and_stores_nothing(env: dict[str, Any], body: dict[str, Any], field: str) -> None:
-    response = env["client"].post("/api/v1/stacks/alice/ingest", body, format="json")
+def test_bad_ingest_input_is_400_and_stores_nothing(school: School, body: dict[str, Any], field: str) -> None:
+    response = school.agent.post("/api/v1/stacks/alice/ingest", body, format="json")
     assert response.status_code == 400, response.content
     assert field in response.json()["error"]["fields"]
     assert not Memory.objects.exists()
 
 
-def test_ingest_and_feedback_isolation(env: dict[str, Any]) -> None:
-    memory_id = ingest(env, BASE).json()["memory"]["id"]
-    other = make_stack(env["org"], "bob")
-    _, bound_other = make_key(env["org"], stack=other)
-    _, foreign = make_key(make_org())
-    teacher = make_user(env["org"], role=Membership.Role.TEACHER)
-    assign_teacher(teacher, other)
-    clients = [bearer_client(bound_other), bearer_client(foreign), session_client(teacher)]
+def test_ingest_and_feedback_isolation(school: School, other_school: School) -> None:
+    memory_id = ingest(school, BASE).json()["memory"]["id"]
+    _, bound_other = make_key(school.org, stack=school.other_stack)  # "bob"
+    teacher = make_user(school.org, role=Membership.Role.TEACHER)
+    assign_teacher(teacher, school.other_stack)
+    clients = [bearer_client(bound_other), other_school.admin_api, session_client(teacher)]
     for client in clients:
         assert client.post("/api/v1/stacks/alice/ingest", {"kind": "note", "data": {"content": "sneaky"}},
                            format="json").status_code == 404
@@ -168,7 +159,7 @@ def test_ingest_and_feedback_isolation(env: dict[str, Any]) -> None:
     # A memory id from another stack, addressed through the caller's own stack, is not found either.
     assert bearer_client(bound_other).post(f"/api/v1/stacks/bob/memories/{memory_id}/feedback",
                                            {"action": "demote"}, format="json").status_code == 404
-    _, read_only = make_key(env["org"], stack=env["stack"], read_only=True)
+    _, read_only = make_key(school.org, stack=school.stack, read_only=True)
     assert bearer_client(read_only).post("/api/v1/stacks/alice/ingest", {"kind": "note", "data": {"content": "ro"}},
                                          format="json").status_code == 403
     assert bearer_client(read_only).post(f"/api/v1/stacks/alice/memories/{memory_id}/feedback",
@@ -178,26 +169,26 @@ def test_ingest_and_feedback_isolation(env: dict[str, Any]) -> None:
     assert Memory.objects.get(pk=memory_id).last_reviewed_at is None
 
 
-def test_feedback_bounds_and_bad_input(env: dict[str, Any]) -> None:
-    memory_id = ingest(env, BASE).json()["memory"]["id"]
+def test_feedback_bounds_and_bad_input(school: School) -> None:
+    memory_id = ingest(school, BASE).json()["memory"]["id"]
     url = f"/api/v1/stacks/alice/memories/{memory_id}/feedback"
-    promoted = env["client"].post(url, {"action": "promote"}, format="json").json()
+    promoted = school.agent.post(url, {"action": "promote"}, format="json").json()
     assert promoted["stability_after"] >= 1.5 * promoted["stability_before"]
-    demoted = env["client"].post(url, {"action": "demote"}, format="json").json()
+    demoted = school.agent.post(url, {"action": "demote"}, format="json").json()
     assert demoted["stability_after"] <= 0.5 * demoted["stability_before"]
     assert Memory.objects.get(pk=memory_id).stability == pytest.approx(demoted["stability_after"])
     assert Memory.objects.get(pk=memory_id).version == 1  # feedback is decay state, not content
-    assert env["client"].post(url, {"action": "love"}, format="json").status_code == 400
-    assert env["client"].post("/api/v1/stacks/alice/memories/nope/feedback", {"action": "promote"},
-                              format="json").status_code == 404
+    assert school.agent.post(url, {"action": "love"}, format="json").status_code == 400
+    assert school.agent.post("/api/v1/stacks/alice/memories/nope/feedback", {"action": "promote"},
+                             format="json").status_code == 404
 
 
-def test_search_does_not_reinforce(env: dict[str, Any]) -> None:
-    memory_id = ingest(env, BASE).json()["memory"]["id"]
+def test_search_does_not_reinforce(school: School) -> None:
+    memory_id = ingest(school, BASE).json()["memory"]["id"]
     before = Memory.objects.values("stability", "last_reviewed_at", "version").get(pk=memory_id)
     for _ in range(5):
-        assert env["client"].post("/api/v1/stacks/alice/search", {"query": "fractions pizza"},
-                                  format="json").json()["total"] == 1
+        assert school.agent.post("/api/v1/stacks/alice/search", {"query": "fractions pizza"},
+                                 format="json").json()["total"] == 1
     assert Memory.objects.values("stability", "last_reviewed_at", "version").get(pk=memory_id) == before
 
 

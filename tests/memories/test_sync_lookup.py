@@ -8,20 +8,23 @@ same: these tests run the same pushes through every path and compare what is sto
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 from django.core.cache import cache
+from django.db import connection
 
 from accounts.throttles import throttle_state_clear
-from memories import sync
 from memories.models import Memory, MemoryRevision
+from memories.sync import lookup as sync
+from memories.writes.sets import array_literal
 from stacks.models import Stack
 from stacks.services import personal_account_register
-from tests.factories import bearer_client
+from tests.factories import bearer_client, other_connection
 
 pytestmark = pytest.mark.django_db
 
@@ -42,6 +45,13 @@ def note(record_id: str, minutes: float, content: str, tags: list[str]) -> dict[
     return {"operation": "update", "table": "notes", "record_id": record_id, "local_updated_at": stamp,
             "version": 1, "data": {"id": record_id, "content": content, "tags": tags, "local_updated_at": stamp,
                                    "created_at": stamp, "version": 1}}
+
+
+class Stored(NamedTuple):
+    content: str
+    tags: list[str]
+    version: int
+    deleted: bool
 
 
 def run_pushes(*, large: bool) -> dict[str, Any]:
@@ -65,7 +75,7 @@ def run_pushes(*, large: bool) -> dict[str, Any]:
     push([note("n1", 10, "edited", ["b"]), note("n2", -5, "stale", ["c"]), note("n9", 1, "new", []),
           {"operation": "delete", "table": "notes", "record_id": "n3", "local_updated_at": T0.isoformat()}])
     last = push([note("n3", 20, "after delete", ["d"])])  # a tombstone is not resurrected
-    rows = {m.record_id: (m.data["content"], sorted(m.tags), m.version, m.deleted_at is not None)
+    rows = {m.record_id: Stored(m.data["content"], sorted(m.tags), m.version, m.deleted_at is not None)
             for m in Memory.objects.filter(stack=reg.stack)}
     return {"rows": rows, "revisions": MemoryRevision.objects.filter(memory__stack=reg.stack).count(),
             "last": {k: v for k, v in last.items() if k != "server_time"}}
@@ -77,7 +87,7 @@ def test_a_push_to_a_large_stack_stores_exactly_what_one_to_a_small_stack_does()
     assert small == large
     assert small["rows"]["n1"] == ("edited", ["a", "b"], 2, False)
     assert small["rows"]["n2"] == ("note 2", ["a", "c"], 2, False)  # the newer copy kept, lists unioned
-    assert small["rows"]["n3"][3] is True and small["rows"]["n9"] == ("new", [], 1, False)
+    assert small["rows"]["n3"].deleted is True and small["rows"]["n9"] == ("new", [], 1, False)
 
 
 @pytest.mark.parametrize("probe", [True, False])
@@ -87,10 +97,23 @@ def test_both_lookup_queries_find_the_same_rows(probe: bool, monkeypatch: pytest
     assert run_pushes(large=True) == expected
 
 
+def _hold_the_statistics_lock() -> None:
+    """Take the lock ANALYZE needs (SHARE UPDATE EXCLUSIVE) in the test's own transaction, waiting
+    for whoever holds it now. The refresh gives up after 50 ms behind another holder — on a busy
+    machine, autovacuum analysing the same table, which is what made the test below flaky — but a
+    lock the transaction already holds never blocks its own ANALYZE, and nobody else can take it
+    until the test ends. Taken before the test writes, so a concurrent index build cannot deadlock
+    with it."""
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL lock_timeout = '60s'")
+        cursor.execute("LOCK TABLE memories_memory IN SHARE UPDATE EXCLUSIVE MODE")
+
+
 def test_the_probe_check_gives_the_table_statistics_and_trusts_only_a_safe_plan() -> None:
+    _hold_the_statistics_lock()
     reg = personal_account_register(stack_id="acceptance", email=f"{uuid.uuid4().hex[:8]}@example.test")
     stack = Stack.objects.get(pk=reg.stack.pk)
-    params = [sync._array_literal(["note"]), sync._array_literal(["n1"]), stack.pk]
+    params = [array_literal(["note"]), array_literal(["n1"]), stack.pk]
     Memory.objects.bulk_create([Memory(stack=stack, kind="note", record_id=f"x{i}", created_at=T0,
                                        server_updated_at=T0, data={"content": "x"}) for i in range(50)])
     safe = sync._probe_is_safe(stack, params)
@@ -99,6 +122,20 @@ def test_the_probe_check_gives_the_table_statistics_and_trusts_only_a_safe_plan(
     assert sync._has_statistics()
     assert (stack.pk in sync._probe_trusted_until) == safe
     assert sync._probe_is_safe(stack, params) == safe
+
+
+def test_a_statistics_refresh_never_waits_behind_another_holder_of_the_lock() -> None:
+    """Another session analysing the table (autovacuum, say): the refresh gives up at once and
+    reports "not refreshed", and a push still stores what it is sent (the lookup joins)."""
+    other = other_connection()
+    try:
+        other.execute("LOCK TABLE memories_memory IN SHARE UPDATE EXCLUSIVE MODE")
+        started = time.monotonic()
+        assert sync._refresh_statistics() is False
+        assert time.monotonic() - started < 5  # 50 ms lock timeout, not a wait for the other session
+    finally:
+        other.rollback()
+        other.close()
 
 
 @pytest.mark.parametrize(("has_statistics", "plans_well", "refresh_fixes", "safe", "trusted"), [

@@ -15,11 +15,11 @@ from typing import Any
 from django.core.management.base import BaseCommand
 from tqdm import tqdm
 
-from memories.models import Memory
 from memories.search.embedding_jobs import (
     EMBED_BATCH_SIZE,
     embedding_backlog_count,
     embedding_backlog_ids,
+    embeddings_invalidate_all,
     embeddings_invalidate_stale_model,
     memories_embed,
 )
@@ -37,8 +37,7 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         embedder = get_embedder()
         if options["all"]:
-            marked = Memory.objects.filter(deleted_at__isnull=True, embedded_version__isnull=False).update(
-                embedded_version=None)
+            marked = embeddings_invalidate_all()
         else:
             marked = embeddings_invalidate_stale_model(model_id=embedder.model_id)
         total = embedding_backlog_count()
