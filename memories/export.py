@@ -1,4 +1,4 @@
-"""MEMORY.md: a read-only bootstrap file for an agent's workspace (memory-science.md §8.4).
+"""MEMORY.md: a read-only bootstrap file for an agent's workspace (docs/algorithms.md §9).
 
 Sections, in order: header, boot config, values (≤ 20 by priority), active goals (≤ 20 by
 priority), beliefs with confidence ≥ 0.4 (≤ 50 by confidence), key relationships (top 10 by

@@ -1,6 +1,6 @@
 """Budget-aware load: what matters most in a stack, within a token budget.
 
-Pinned algorithm (memory-science.md §8, Kernle's original 60/40 formula plus the 0.15 strength
+Pinned algorithm (docs/algorithms.md §8, Kernle's original 60/40 formula plus the 0.15 strength
 tiers — chosen because its test vectors are published and it needs no clock):
 
 * budget: default 8000 tokens, clamped to 100-50000 (never rejected);

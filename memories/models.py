@@ -1,7 +1,8 @@
 """Every memory kind in one table, plus checkpoints, boot config, revisions and job runs.
 
 One table means one HNSW index, one GIN index, one decay UPDATE and one change feed
-(DESIGN.md §3). Type-specific fields live in `data` (validated per kind by the ingest service);
+(docs/architecture.md §4.1). Type-specific fields live in `data` (validated per kind by memories/schemas.py, through
+memories.writes.hooks.prepare_memory);
 fields a client sends that we do not model are kept verbatim in `extra`.
 """
 
@@ -92,7 +93,7 @@ class Memory(models.Model):
     last_accessed = models.DateTimeField(null=True, blank=True)
     is_protected = models.BooleanField(default=False)
 
-    # Server-owned decay state (memory-science.md §1, §8.6).
+    # Server-owned decay state (docs/algorithms.md §2.1, §2.5).
     stability = models.FloatField(default=1.0)
     difficulty = models.FloatField(default=5.0)
     last_reviewed_at = models.DateTimeField(null=True, blank=True)
@@ -226,7 +227,7 @@ class JobRun(models.Model):
 
 
 class SyncWatermark(models.Model):
-    """When a credential last read a stack's change set (kernle-protocol.md §7.6).
+    """When a credential last read a stack's change set (docs/kernle-protocol.md §4.4).
 
     A kernle client's `since` is its own clock; the pull uses min(since, this watermark) so a
     fast device clock or a commit racing the previous pull never makes it skip a change.

@@ -6,8 +6,8 @@ Contract (used by the native API, the Kernle sync engine and smart ingest):
 
 * `kind` is a `MemoryKind` value ("episode", "value", …). Wire table names are the caller's
   business (`agent_values` → "value" etc.; see `KIND_FOR_TABLE`).
-* `payload` is the client's record as a dict: kernle field names and types (kernle-protocol.md
-  §6.3). Nulls are accepted for every optional field (they mean "default"). Strings lose null bytes
+* `payload` is the client's record as a dict: kernle field names and types (docs/kernle-protocol.md
+  §3.3). Nulls are accepted for every optional field (they mean "default"). Strings lose null bytes
   and control characters (tab/newline/CR are kept); too-long strings, out-of-range numbers, wrong
   types and bad enum values raise `InvalidInput(fields={field: [message, …]})` — never truncated
   silently, never a 500.
@@ -19,7 +19,7 @@ Contract (used by the native API, the Kernle sync engine and smart ingest):
   result as a whole (PATCH semantics); keys set to null reset to the default.
 * The result carries the Memory column values (`columns`: tags, confidence, provenance, emotion,
   privacy, client bookkeeping, is_protected, expires_at, optionally created_at / client_updated_at),
-  the kind-specific `data`, `extra`, the canonical `text` (kernle-protocol.md §10 "Indexed text")
+  the kind-specific `data`, `extra`, the canonical `text` (docs/kernle-protocol.md §3.3)
   and `size_bytes` (what the quota counts). Values and drives are protected by default; values
   default to confidence 0.9, every other kind to 0.8.
 
@@ -54,7 +54,7 @@ if TYPE_CHECKING:
 # Kinds are spelled here as plain strings so this module imports nothing from Django models.
 KINDS = ("raw", "episode", "note", "belief", "value", "goal", "drive", "relationship", "playbook")
 
-# Wire tables (kernle-protocol.md §5) → kind.
+# Wire tables (docs/kernle-protocol.md §3.3) → kind.
 KIND_FOR_TABLE = {
     "episodes": "episode", "notes": "note", "beliefs": "belief", "values": "value",
     "agent_values": "value", "goals": "goal", "drives": "drive", "relationships": "relationship",
@@ -80,7 +80,7 @@ GOAL_STATUSES = frozenset({
 })
 GOAL_PRIORITY_LABELS = {"low": 25, "medium": 50, "high": 75, "urgent": 90, "critical": 100}
 
-# Keys a client can never set; dropped, not kept in `extra` (kernle-protocol.md §12.1).
+# Keys a client can never set; dropped, not kept in `extra` (docs/kernle-protocol.md §3.7).
 SERVER_CONTROLLED = frozenset({
     "id", "stack_id", "agent_ref", "agent_id", "deleted", "version", "embedding", "synced_at",
     "server_updated_at", "cloud_synced_at", "is_forgotten", "forgotten_at", "forgotten_reason",
@@ -287,7 +287,7 @@ def _as_number(value: Any) -> float | None:
 
 
 def parse_timestamp(value: Any) -> datetime | None:
-    """ISO-8601 → aware datetime; a naive value counts as UTC (kernle-protocol.md §6.4)."""
+    """ISO-8601 → aware datetime; a naive value counts as UTC (docs/kernle-protocol.md §3.7)."""
     if isinstance(value, datetime):
         parsed: datetime | None = value
     elif isinstance(value, str):
@@ -490,7 +490,7 @@ _SCHEMAS = {
 }
 
 
-# --- canonical text (kernle-protocol.md §10 "Indexed text") ----------------------------------------
+# --- canonical text (docs/kernle-protocol.md §3.3) ----------------------------------------
 
 def _step_text(step: Any) -> str:
     if isinstance(step, str):
@@ -550,7 +550,7 @@ def normalize_memory(kind: str, payload: Any, *, partial: bool = False,
 
     `natural_key_optional` (sync only): a drive without `drive_type`, a relationship without
     `entity_name` or a playbook without `name` is accepted with that field "" instead of refused
-    (kernle-protocol.md §6.4 step 8: stored, but never sent to a kernle device that cannot apply it).
+    (docs/kernle-protocol.md §3.9: stored, but never sent to a kernle device that cannot apply it).
     """
     if kind not in _SCHEMAS:
         raise InvalidInput(f"Unknown memory kind {kind!r}.", fields={"kind": [f"Must be one of: {', '.join(KINDS)}."]})

@@ -44,7 +44,7 @@ from stacks.models import Stack
 BATCH_MAX_ITEMS = 500
 RECORD_ID_MAX = 200
 FORGET_REASON_MAX = 64
-RECOVERED_STRENGTH = 0.2  # kernle's `recover`: back as dormant, not strong (memory-science.md §8.6)
+RECOVERED_STRENGTH = 0.2  # kernle's `recover`: back as dormant, not strong (docs/algorithms.md §2.7)
 
 
 def _clean_record_id(record_id: str | None) -> str | None:

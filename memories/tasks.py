@@ -39,5 +39,5 @@ def embedding_sweep_task(max_rows: int = 5000) -> dict[str, Any]:
 @shared_task(name="memories.stack_vector_indexes", acks_late=True, ignore_result=True)
 def stack_vector_indexes_task() -> dict[str, Any]:
     """Periodic: give large stacks their own partial HNSW index, or rebuild an outdated one
-    (memories.vector_indexes), recorded as a JobRun; an overlapping run is recorded `skipped`."""
+    (memories.search.vector_indexes), recorded as a JobRun; an overlapping run is recorded `skipped`."""
     return stack_vector_indexes_run().summary()

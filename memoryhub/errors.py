@@ -5,7 +5,7 @@ them, DRF's own exceptions and infrastructure failures into
 
     {"error": {"code": "...", "message": "...", "fields": {...}}, "detail": "..."}
 
-`detail` repeats the message because the kernle CLI prints `detail` (kernle-protocol.md §2).
+`detail` repeats the message because the kernle CLI prints `detail` (docs/kernle-protocol.md §1.4).
 An unreachable database or Redis is a 503 with Retry-After (fail closed), never a 500.
 """
 
@@ -26,7 +26,7 @@ from rest_framework.response import Response
 
 logger = logging.getLogger(__name__)
 
-RETRY_AFTER_SECONDS = 60  # kernle-protocol.md §12.5: fail-closed 503s say "retry in a minute"
+RETRY_AFTER_SECONDS = 60  # docs/kernle-protocol.md §7.2: fail-closed 503s say "retry in a minute"
 
 
 class DomainError(Exception):

@@ -37,7 +37,7 @@ BEAT_SCHEDULE["memories-promotion-run"] = {
     "schedule": crontab(minute=47),
     "options": {"expires": 50 * 60},
 }
-# Large stacks get their own partial HNSW index (memories.vector_indexes); one build per run.
+# Large stacks get their own partial HNSW index (memories.search.vector_indexes); one build per run.
 BEAT_SCHEDULE["memories-stack-vector-indexes"] = {
     "task": "memories.stack_vector_indexes",
     "schedule": 10 * 60.0,

@@ -232,7 +232,7 @@ EMBEDDING_API_KEY = env_str("EMBEDDING_API_KEY", "")
 EMBEDDING_MODEL = env_str("EMBEDDING_MODEL", "text-embedding-3-small")
 
 # Proxies whose X-Forwarded-For we believe (CIDRs). Private and loopback by default, as the
-# legacy backend did (kernle-protocol.md §12.3); set to the load balancers' ranges in production.
+# legacy backend did (docs/kernle-protocol.md §2.9); set to the load balancers' ranges in production.
 TRUSTED_PROXIES = env_list(
     "TRUSTED_PROXIES",
     ["127.0.0.0/8", "::1/128", "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "fc00::/7"],

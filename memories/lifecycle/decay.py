@@ -1,13 +1,13 @@
 """The decay model: FSRS-6 maths and memory salience, as pure functions and one SQL expression.
 
-Decisions pinned here (memory-science.md §1-§4, §8.6):
+Decisions pinned here (docs/algorithms.md §2-§3):
 
-* **One curve.** Retrievability is the FSRS-6 curve R(t, S) = (1 + F·t/S)^(-w20) of §1.2, used
-  for both the review scheduler and forgetting (the "Decide" of §2). We do not run Vestige's
+* **One curve.** Retrievability is the FSRS-6 curve R(t, S) = (1 + F·t/S)^(-w20) of §2.1, used
+  for both the review scheduler and forgetting (the "Decide" of §2.1). We do not run Vestige's
   dual-strength curve next to it.
-* **The clock runs from the last review, not the last read** (§3 rule 5): the elapsed time t is
+* **The clock runs from the last review, not the last read** (§3.1): the elapsed time t is
   measured from `last_reviewed_at`, or `created_at` for a memory that was never reviewed. Reads
-  never change stability or the clock; only explicit feedback does (`lifecycle.record_review`).
+  never change stability or the clock; only explicit feedback does (`memories.lifecycle.reviews.record_review`).
 * **Unreviewed memories** are not FSRS "New" cards — somebody chose to write them. Until their first
   review their stability is the kind's *initial stability* below (in days); the stored
   `stability` column is authoritative only once `last_reviewed_at` is set. Emotional memories
@@ -15,18 +15,18 @@ Decisions pinned here (memory-science.md §1-§4, §8.6):
 * **Salience** (what forgetting ranks by) combines importance, access history and recency:
 
       importance = 0.6·base(kind) + 0.4·confidence                    (Kernle's 60/40, §8.2)
-      access     = min(2, 1 + 0.25·ln(1 + times_accessed))             (diminishing, §3 rule 3)
+      access     = min(2, 1 + 0.25·ln(1 + times_accessed))             (diminishing, §3.1)
       recency    = R(t, S_eff)^(1/w20) = 1 / (1 + F·t/S_eff)
       salience   = min(1, importance · access · recency)
 
   `recency` is the FSRS retrievability raised to 1/w20. That is exactly Kernle's salience
-  denominator 1/(days/half-life + 1) (§8.6) with the half-life S/F taken from the memory's own FSRS
+  denominator 1/(days/half-life + 1) (§2.5) with the half-life S/F taken from the memory's own FSRS
   stability instead of a fixed 30 days, so reviews lengthen a memory's life the way FSRS says,
   while raw R — a recall probability with a very long power-law tail (R(365 d, S = 1) ≈ 0.40) —
   could never cross a forgetting threshold. With the defaults, an untouched episode (confidence
   0.8, never accessed) falls below the default threshold 0.05 after about five months; a belief
   after about fourteen.
-* **Idempotent** (the "Avoid" of §8.6): salience is a function of stored state and `now`, never of
+* **Idempotent** (the "Avoid" of §2.5): salience is a function of stored state and `now`, never of
   the previous salience, so running the pass twice, or hourly instead of daily, changes nothing.
 * Values and drives never fade (Kernle excludes them from forgetting), nor do protected memories.
 
@@ -42,7 +42,7 @@ from enum import IntEnum
 
 # --- FSRS-6 -------------------------------------------------------------------------------------
 
-# Standard FSRS-6 default weights (memory-science.md §1.1), w0..w20.
+# Standard FSRS-6 default weights (docs/algorithms.md §2.1), w0..w20.
 W: tuple[float, ...] = (
     0.212, 1.2931, 2.3065, 8.2956, 6.4133, 0.8334, 3.0194, 0.001, 1.8722, 0.1666, 0.796,
     1.4835, 0.0614, 0.2629, 1.6483, 0.6014, 1.8729, 0.5425, 0.0912, 0.0658, 0.1542,
@@ -62,7 +62,8 @@ class Grade(IntEnum):
 
     * demote ("thumbs down") → AGAIN (a lapse: stability drops sharply)
     * reinforcement by smart ingest, an agent-reported successful recall → GOOD
-    * promote ("thumbs up") → EASY
+    * promote ("thumbs up") → GOOD, with stability at least 1.5x the prior (search/retrieval_feedback.py);
+      EASY only from a recall the agent grades "easy"
     """
 
     AGAIN = 1
@@ -76,7 +77,7 @@ def _clamp(value: float, low: float, high: float) -> float:
 
 
 def retrievability(elapsed_days: float, stability: float) -> float:
-    """R(t, S) = (1 + F·t/S)^(-w20); 1 for t ≤ 0, 0 for S ≤ 0 (§1.2)."""
+    """R(t, S) = (1 + F·t/S)^(-w20); 1 for t ≤ 0, 0 for S ≤ 0 (§2.1)."""
     if stability <= 0:
         return 0.0
     if elapsed_days <= 0:
@@ -99,7 +100,7 @@ def initial_difficulty(grade: Grade | int) -> float:
 
 
 def next_difficulty(difficulty: float, grade: Grade | int) -> float:
-    """D' with linear damping and mean reversion toward the *unclamped* D0(Easy) (reference, §1.3)."""
+    """D' with linear damping and mean reversion toward the *unclamped* D0(Easy) (reference, §2.2)."""
     delta = -W[6] * (int(grade) - 3)
     damped = difficulty + delta * (10.0 - difficulty) / 9.0
     reverted = W[7] * _initial_difficulty_unclamped(Grade.EASY) + (1.0 - W[7]) * damped
@@ -118,14 +119,14 @@ def stability_after_recall(stability: float, difficulty: float, r: float, grade:
 
 
 def stability_after_lapse(stability: float, difficulty: float, r: float) -> float:
-    """S'f for a lapse (Again), capped at S / e^(w17·w18) (reference behaviour, §1.3)."""
+    """S'f for a lapse (Again), capped at S / e^(w17·w18) (reference behaviour, §2.2)."""
     forgotten = W[11] * difficulty ** (-W[12]) * ((stability + 1.0) ** W[13] - 1.0) * math.exp(W[14] * (1.0 - r))
     cap = stability / math.exp(W[17] * W[18])
     return _clamp(min(forgotten, cap), MIN_STABILITY, MAX_STABILITY)
 
 
 def stability_same_day(stability: float, grade: Grade | int) -> float:
-    """S' for a review less than a day after the previous one; never drops for Good/Easy (§1.3)."""
+    """S' for a review less than a day after the previous one; never drops for Good/Easy (§2.2)."""
     factor = math.exp(W[17] * (int(grade) - 3 + W[18])) * stability ** (-W[19])
     if int(grade) >= Grade.GOOD:
         factor = max(factor, 1.0)
@@ -140,7 +141,7 @@ def interval_days(stability: float, desired_retention: float = 0.9) -> int:
 
 # --- Kinds ----------------------------------------------------------------------------------------
 
-# Kernle's type base priorities (§8.1); raw entries and playbooks are not in Kernle's table.
+# Kernle's type base priorities (§8.2); raw entries and playbooks are not in Kernle's table.
 BASE_PRIORITY: dict[str, float] = {
     "value": 0.90,
     "belief": 0.70,
@@ -170,7 +171,7 @@ INITIAL_STABILITY_DAYS: dict[str, float] = {
 }
 DEFAULT_INITIAL_STABILITY_DAYS = 14.0
 
-# Kinds the decay pass never tombstones, whatever their salience (§8.6: values and drives).
+# Kinds the decay pass never tombstones, whatever their salience (§2.5: values and drives).
 NEVER_FADE_KINDS: frozenset[str] = frozenset({"value", "drive"})
 
 # Why the decay pass tombstoned a memory (Memory.forgotten_reason).
@@ -293,7 +294,7 @@ class ReviewOutcome:
 
 
 def review(state: DecayState, difficulty: float, grade: Grade | int, now: datetime) -> ReviewOutcome:
-    """The FSRS update for one explicit review at `now` (pure; `lifecycle.record_review` stores it).
+    """The FSRS update for one explicit review at `now` (pure; `memories.lifecycle.reviews.record_review` stores it).
 
     The prior stability is the stored one (the kind's initial stability for a memory never
     reviewed) and R is read off the memory's own curve at `now`; a review less than a day after

@@ -1,4 +1,4 @@
-"""Promotion: lessons that recur across recent episodes become beliefs (memory-science.md §8.5).
+"""Promotion: lessons that recur across recent episodes become beliefs (docs/algorithms.md §5).
 
 * Scans the `limit` (1-200, default 50) most recent live episodes (not forgotten, deleted or
   expired); fewer than 3 → nothing to do (`reason="not_enough_episodes"`).
@@ -168,7 +168,7 @@ def _promotion_work(*, now: datetime, counts: dict[str, Any], progress: Progress
 
 def promotion_run(*, now: datetime | None = None, progress: Progress | None = None) -> JobRun:
     """Promote recurring episode lessons to beliefs in every stack with new episodes since the last
-    successful run (`memories.promotion.promote_lessons`, auto mode; it skips patterns that are
+    successful run (`promote_lessons` above, auto mode; it skips patterns that are
     already beliefs, so repeating a run creates nothing twice). Counts: stacks, beliefs_created,
     stacks_failed."""
     at = now or timezone.now()

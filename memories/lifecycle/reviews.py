@@ -42,11 +42,12 @@ class ReviewResult:
 @transaction.atomic
 def record_review(*, memory: Memory, grade: Grade | int, now: datetime | None = None,
                   source: str = "feedback") -> ReviewResult:
-    """Record one explicit review of a memory and update its FSRS state (memory-science.md §1-§4).
+    """Record one explicit review of a memory and update its FSRS state (docs/algorithms.md §2-§3).
 
-    Call it for explicit signals only — never for a plain read or search hit (§3: a read is not a
-    review). Grades (`memories.decay.Grade`): AGAIN for a demote / a failed recall, GOOD for a
-    reinforcement by smart ingest or an agent's successful recall, EASY for a promote.
+    Call it for explicit signals only — never for a plain read or search hit (§3.1: a read is not a
+    review). Grades (`memories.lifecycle.decay.Grade`): AGAIN for a demote / a failed recall, GOOD for a
+    reinforcement by smart ingest or an agent's successful recall, EASY for a recall graded easy
+    (a promote is a GOOD review with a 1.5x stability floor, see search/retrieval_feedback.py).
 
     Effects, under a row lock: `stability` and `difficulty` move per FSRS-6 (prior stability: the
     stored one, or the kind's initial stability if never reviewed; R read at `now`);

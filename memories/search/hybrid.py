@@ -1,9 +1,9 @@
 """Hybrid search: Postgres full text + pgvector cosine, fused by reciprocal rank fusion.
 
-The ranking, stated once so it can be tested (memory-science.md §6.4, pitfall #3):
+The ranking, stated once so it can be tested (docs/algorithms.md §7.2):
 
     rrf(d)      = Σ over the legs that found d of 1 / (60 + rank), rank counted from 0
-    retention   = FSRS retrievability R(t, S) of the memory (memories.decay.memory_retrievability:
+    retention   = FSRS retrievability R(t, S) of the memory (memories.lifecycle.decay.memory_retrievability:
                   t = days since last review or creation, S = its effective stability)
     recency     = 0.95 ^ min(age in days, 30)
     weight      = (0.6 + 0.4·retention) · (0.6 + 0.4·confidence) · (0.85 + 0.15·recency)
@@ -20,7 +20,7 @@ the HNSW walk, so `ORDER BY … LIMIT k` through the index can return fewer than
 stack. Small scopes (≤ EXACT_SEARCH_MAX_ROWS) are therefore searched exactly (the stack-leading
 B-tree, then a sort over that stack's rows); large ones go through HNSW with an `ef_search`
 sized to the stack's share of the table (iterative scans on pgvector ≥ 0.8) [hnsw] - or, when
-the stack has its own partial HNSW index (memories.vector_indexes), through that [hnsw-stack] -
+the stack has its own partial HNSW index (memories.search.vector_indexes), through that [hnsw-stack] -
 and fall back to an exact search whenever an index yields too few rows [...+exact].
 `SearchResult.method` reports which ran.
 
@@ -294,7 +294,7 @@ def _vector_sql(query: SearchQuery, stack_ids: Sequence[int], vector: Vector, fe
     where = _filters(query, params)
     if single_stack:
         # `stack_id = <literal>` (not `= ANY(array)`), so the planner can prove the partial
-        # index's predicate (memories.vector_indexes) and walk that stack's own graph.
+        # index's predicate (memories.search.vector_indexes) and walk that stack's own graph.
         where = where.replace("m.stack_id = ANY(%(stack_ids)s)", f"m.stack_id = {int(stack_ids[0])}")
     # `+ 0` makes the sort key differ from the indexed expression, so the planner cannot walk the
     # (post-filtering) HNSW index and must rank every row of the scope: exact, never short.

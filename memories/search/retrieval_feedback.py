@@ -1,11 +1,12 @@
 """Explicit retrieval feedback: promote ("this hit helped") and demote ("this hit was wrong").
 
-memory-science.md §3-§4: a read is not a review. Search never changes stability, retention or the
-decay clock; strength changes only through these explicit signals. Each is an FSRS review
-(memories.decay.review) bounded by the §4 table: a promote at least multiplies stability by 1.5,
-a demote at most halves it. The clock restarts (`last_reviewed_at`), as for any review.
+docs/algorithms.md §3: a read is not a review. Search never changes stability, retention or the
+decay clock; decay state changes only through explicit signals: these, graded recalls
+(memories.lifecycle.reviews) and smart-ingest reinforcement. Each is an FSRS review
+(memories.lifecycle.decay.review) bounded by the §3.3 table: a promote at least multiplies stability by 1.5,
+a demote at least halves it (stability ≤ 0.5x the prior). The clock restarts (`last_reviewed_at`), as for any review.
 
-Feedback is per stack, i.e. per student/agent (§3 rule 4: never global). It is server-owned decay
+Feedback is per stack, i.e. per student/agent (§3.1: never global). It is server-owned decay
 state, not content, so it neither bumps `version` nor enters the sync change feed; each feedback
 leaves a `MemoryRevision(source="feedback")` with the state before it, which is also how smart
 ingest knows a memory "was demoted" or "was promoted" (the latest feedback wins). It locks as the

@@ -1,6 +1,6 @@
 """Smart ingest: prediction-error gating decides create / reinforce / update / supersede.
 
-memory-science.md §5.4 (the rules MemoryHub adopts), in the order they are applied:
+docs/algorithms.md §6 (the rules MemoryHub adopts), in the order they are applied:
 
 1. The payload is validated and normalised first (`memories.writes.hooks.prepare_memory`: the
    schema, then the kernel's transforms), so similarity is only ever computed on the stored text.
@@ -82,7 +82,7 @@ class Thresholds:
                 value = raw[name]
                 if isinstance(value, bool) or not isinstance(value, (int, float)):
                     raise InvalidInput("Invalid thresholds.", fields={f"thresholds.{name}": ["Must be a number."]})
-                values[name] = min(1.0, max(0.0, float(value)))  # clamp, as for search (§6.1)
+                values[name] = min(1.0, max(0.0, float(value)))  # clamp, as for search (§7.4)
         return cls(**values)
 
 
@@ -100,7 +100,7 @@ class IngestDecision:
     considered: list[dict[str, Any]] = field(default_factory=list)
 
 
-# Word-boundary versions of the §5.2 markers ("badge", "prefixed" and "cannot " must not fire).
+# Word-boundary versions of the §6.2 markers ("badge", "prefixed" and "cannot " must not fire).
 _NEGATIONS = [r"don'?t", r"never", r"avoid", r"wrong", r"bad", r"incorrect", r"deprecated", r"outdated",
               r"instead of", r"rather than", r"not", r"no longer", r"isn'?t", r"doesn'?t"]
 _CORRECTIONS = [r"actually", r"correction", r"update:", r"fixed", r"was wrong", r"should be", r"better approach",
@@ -112,7 +112,7 @@ def _has(pattern: str, text: str) -> bool:
 
 
 def appears_contradictory(new_text: str, old_text: str) -> bool:
-    """§5.2 with word boundaries: a negation the old text lacks, or a correction phrase."""
+    """§6.2 with word boundaries: a negation the old text lacks, or a correction phrase."""
     if any(_has(p, new_text) and not _has(p, old_text) for p in _NEGATIONS):
         return True
     return any(_has(p, new_text) for p in _CORRECTIONS)

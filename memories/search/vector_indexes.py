@@ -4,7 +4,7 @@ pgvector 0.6 filters HNSW results *after* the graph walk, so one table-wide inde
 that holds 10% of the rows with ~10% of each walk: recall falls and `ef_search` must grow 10x.
 A partial index `... USING hnsw (embedding) WHERE stack_id = N` holds only that stack's rows, so
 its walk needs no post-filter: full recall at a small `ef_search`. Small stacks do not need one
-(they are searched exactly, memories.search); stacks above STACK_INDEX_MIN_ROWS get one from the
+(they are searched exactly, memories.search.hybrid); stacks above STACK_INDEX_MIN_ROWS get one from the
 periodic `memories.stack_vector_indexes` task (built CONCURRENTLY, so writes continue).
 """
 
@@ -133,7 +133,7 @@ def stack_vector_indexes_sync(*, min_rows: int = STACK_INDEX_MIN_ROWS) -> dict[s
 
 
 def stack_vector_indexes_run(*, progress: Progress | None = None) -> JobRun:
-    """Per-stack HNSW upkeep (`memories.vector_indexes`: build one missing or outdated index) as a
+    """Per-stack HNSW upkeep (this module: build one missing or outdated index) as a
     recorded job. The lock matters here more than anywhere: a large stack's build can outlast the
     schedule's interval, and a second run would drop the first one's index as an unfinished build."""
     def work(counts: dict[str, Any]) -> None:

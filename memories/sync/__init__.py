@@ -1,4 +1,4 @@
-"""The sync room: agents push and pull their stacks (kernle-protocol.md §5-§7, §12.1, §12.6).
+"""The sync room: agents push and pull their stacks (docs/kernle-protocol.md §3-§4, §8).
 
 Two wire formats share one engine:
 

@@ -140,7 +140,7 @@ def _apply_upsert(state: _State, op: SyncOp, now: datetime) -> None:
                 changed, text_changed = _assign(row, normalized)
                 state.changed |= changed
                 state.text_changed |= text_changed
-            # The stale device gets the newer copy on its next pull (§6.4 step 9).
+            # The stale device gets the newer copy on its next pull (docs/kernle-protocol.md §3.8).
             state.touched = True
             return
         payload = op.payload
@@ -158,7 +158,7 @@ def _apply_upsert(state: _State, op: SyncOp, now: datetime) -> None:
             changed = True
         state.changed |= changed
         state.text_changed |= text_changed
-    # Forgetting is the client's to set and (for its own forgets) to undo (§6.4 step 7).
+    # Forgetting is the client's to set and (for its own forgets) to undo (§3.7).
     if op.wants_forget and row.forgotten_at is None:
         row.forgotten_at, row.forgotten_reason = now, CLIENT_FORGET_REASON
         state.changed, state.action = True, "forget"
@@ -185,7 +185,7 @@ def apply_batch(*, stack: Stack, ops: list[SyncOp], results: list[OpResult], now
     `results` is indexed by op.index and already holds the parse-time rejections; each applied
     operation's result gets its record's new version. With `strict_quota` (native API) a batch that
     would exceed the storage quota raises QuotaExceeded; otherwise each growing operation past the
-    quota becomes that operation's conflict (kernle, §12.6). Embedding of changed text and the
+    quota becomes that operation's conflict (kernle, §3.10). Embedding of changed text and the
     change listeners follow the commit (the write kernel's `finish_set`).
     """
     keys = {(op.kind, op.record_id) for op in ops}
@@ -203,7 +203,7 @@ def apply_batch(*, stack: Stack, ops: list[SyncOp], results: list[OpResult], now
         key = (op.kind, op.record_id)
         state = states.get(key)
         if op.delete and state is None:
-            results[op.index] = OpResult(index=op.index, ok=True)  # never seen: acknowledged (§6.4 step 6)
+            results[op.index] = OpResult(index=op.index, ok=True)  # never seen: acknowledged (§3.6)
             continue
         if state is None:
             state = _State(row=blank_row(stack_id=stack.pk, kind=op.kind, record_id=op.record_id, now=now),
@@ -246,7 +246,7 @@ def apply_batch(*, stack: Stack, ops: list[SyncOp], results: list[OpResult], now
 
 
 def _log_unappliable(stack: Stack, written: list[_State]) -> None:
-    """Say so when a record was stored that no kernle 0.15.0 device could apply (§6.4 step 8)."""
+    """Say so when a record was stored that no kernle 0.15.0 device could apply (§3.9)."""
     for state in written:
         key = REQUIRED_FOR_PULL.get(state.row.kind)
         if key is None or not state.changed or state.row.deleted_at is not None:

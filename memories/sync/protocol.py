@@ -32,9 +32,9 @@ from stacks.models import Stack
 
 # --- wire vocabulary ---------------------------------------------------------------------------------
 
-# Tables a kernle push may name (§6.4 step 4); `agent_values` is an alias of `values`.
+# Tables a kernle push may name (docs/kernle-protocol.md §3.3); `agent_values` is an alias of `values`.
 PUSH_TABLES = {table: kind for table, kind in KIND_FOR_TABLE.items() if table != "raw_entries"}
-# Tables a 0.15.0 client can apply on pull (§7.3): never raw captures.
+# Tables a 0.15.0 client can apply on pull (§4.2): never raw captures.
 PULL_TABLE_FOR_KIND = {
     MemoryKind.EPISODE: "episodes", MemoryKind.NOTE: "notes", MemoryKind.BELIEF: "beliefs",
     MemoryKind.VALUE: "values", MemoryKind.GOAL: "goals", MemoryKind.DRIVE: "drives",
@@ -42,7 +42,7 @@ PULL_TABLE_FOR_KIND = {
 }
 UPSERT_OPERATIONS = frozenset({"update", "insert", "upsert"})
 
-# kernle's SYNC_ARRAY_FIELDS (§7.4): merged as set unions on both sides of a sync.
+# kernle's SYNC_ARRAY_FIELDS (§3.8): merged as set unions on both sides of a sync.
 ARRAY_FIELDS: dict[str, tuple[str, ...]] = {
     MemoryKind.EPISODE: ("lessons", "tags", "emotional_tags", "source_episodes", "derived_from", "context_tags"),
     MemoryKind.NOTE: ("tags", "source_episodes", "derived_from", "context_tags"),
@@ -62,11 +62,11 @@ ARRAY_CAP = min(500, LIST_ITEMS)
 _SYNC_KEYS = frozenset({"version", "deleted", "is_forgotten", "forgotten_at", "forgotten_reason",
                         "local_updated_at", "cloud_synced_at", "id", "stack_id"})
 # Timestamp-valued keys kept inside `data`; a naive one is stored with an explicit UTC offset, because
-# we echo it on pull and the client cannot compare naive and aware datetimes (§7.3).
+# we echo it on pull and the client cannot compare naive and aware datetimes (§4.2).
 _NAIVE_ISO = re.compile(r"^\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(:\d{2}(\.\d+)?)?$")
 _TIMESTAMP_KEYS = ("last_verified", "last_interaction", "updated_at", "last_used", "captured_at", "timestamp",
                    "last_accessed", "expires_at")
-# A 0.15.0 device fails to apply these without their natural key (§6.4 step 8, §7.4).
+# A 0.15.0 device fails to apply these without their natural key (§3.9, §4.3).
 REQUIRED_FOR_PULL = {MemoryKind.DRIVE: "drive_type", MemoryKind.RELATIONSHIP: "entity_name",
                      MemoryKind.PLAYBOOK: "name"}
 
@@ -154,7 +154,7 @@ def _prepare_upsert(op: SyncOp, data: Any, op_time: Any, now: datetime) -> None:
     for key in _TIMESTAMP_KEYS:
         value = op.payload.get(key)
         if isinstance(value, str) and _NAIVE_ISO.match(value):
-            # Stored with an explicit offset, so every later pull echoes an aware timestamp (§7.3).
+            # Stored with an explicit offset, so every later pull echoes an aware timestamp (§4.2).
             op.payload[key] = value + "+00:00"
     op.normalized = normalize_payload(op.kind, op.payload)
 
@@ -163,7 +163,7 @@ def normalize_payload(kind: str, payload: dict[str, Any]) -> NormalizedMemory:
     """A record's payload made storable (the kernel's `prepare_memory`), or the operation's rejection."""
     try:
         # A drive / relationship / playbook without its natural key is stored, not refused: it is
-        # the device's data. It is only kept out of kernle pulls (§6.4 step 8, `_APPLIABLE_SQL`).
+        # the device's data. It is only kept out of kernle pulls (§3.9, `_APPLIABLE_SQL`).
         return prepare_memory(kind, payload, natural_key_optional=True)
     except (InvalidInput, PayloadTooLarge) as exc:
         raise OpRejected(_describe(exc), code=exc.code, fields=exc.fields) from None

@@ -39,7 +39,7 @@ from stacks.services import stack_id_validated
 
 def sync_stack_for_read(principal: Principal, raw_slug: Any) -> Stack | None:
     """The stack a kernle pull names, or None when it does not exist yet (an empty change set,
-    §7.3). A stack-bound key naming another stack is a 404."""
+    docs/kernle-protocol.md §4.2). A stack-bound key naming another stack is a 404."""
     slug = stack_id_validated(raw_slug)
     stack = stacks_visible_to(principal).filter(slug=slug).select_related("organization").first()
     if stack is None:
@@ -68,7 +68,7 @@ def _lock_stack_shared(stack: Stack) -> None:
 # The Memory columns a client payload carries (memories.schemas.memory_payload_view's set).
 _COLUMNS_JSON = "json_build_object(" + ", ".join(f"'{c}', m.{c}" for c in PAYLOAD_COLUMNS) + ")::text"
 _TABLE_SQL = "CASE m.kind " + " ".join(f"WHEN '{k}' THEN '{t}'" for k, t in PULL_TABLE_FOR_KIND.items()) + " END"
-# A 0.15.0 device cannot apply these without their natural key (§6.4 step 8); stored, never pulled.
+# A 0.15.0 device cannot apply these without their natural key (§3.9); stored, never pulled.
 _APPLIABLE_SQL = " AND ".join(
     f"NOT (m.kind = '{kind}' AND btrim(COALESCE(m.data ->> '{key}', '')) = '')"
     for kind, key in REQUIRED_FOR_PULL.items()
@@ -121,7 +121,7 @@ class KernlePullResult:
 
 @transaction.atomic
 def kernle_pull(*, principal: Principal, stack_id: Any, since: Any) -> KernlePullResult:
-    """The complete change set since the client's clock (§7.3, §7.6). `since` absent or null: all."""
+    """The complete change set since the client's clock (§4.2, §4.4). `since` absent or null: all."""
     # An unreadable `since` is treated as absent: re-sending everything is harmless, skipping is not.
     since_time = parse_timestamp(since) if since is not None else None
     stack = sync_stack_for_read(principal, stack_id)
@@ -134,7 +134,7 @@ def kernle_pull(*, principal: Principal, stack_id: Any, since: Any) -> KernlePul
         watermark = (SyncWatermark.objects.filter(stack=stack, credential_id=principal.credential_id)
                      .values_list("pulled_at", flat=True).first())
         # The client's clock may be ahead of ours, and a commit may have raced its last pull; the
-        # earlier of its clock and our record of its last read never skips a change (§7.6).
+        # earlier of its clock and our record of its last read never skips a change (§4.4).
         effective = min(since_time, watermark) if watermark is not None else since_time
     with connection.cursor() as cursor:
         cursor.execute(_KERNLE_PULL_SQL, {"stack": stack.pk, "since": effective})

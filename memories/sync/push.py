@@ -38,10 +38,10 @@ from stacks.services import stack_create, stack_id_validated
 # --- the stack a push writes to ----------------------------------------------------------------------------
 
 def kernle_stack_for_push(principal: Principal, raw_slug: Any) -> tuple[Stack | None, str]:
-    """Resolve and lock the stack a kernle push names (§6.4 step 2). Caller is in a transaction.
+    """Resolve and lock the stack a kernle push names (docs/kernle-protocol.md §3.4). Caller is in a transaction.
 
     Returns (stack, "") or, when a personal account may not provision another stack, (None, the
-    quota message) so every upsert of the push becomes a conflict naming the limit (§12.6).
+    quota message) so every upsert of the push becomes a conflict naming the limit (§3.10).
     A stack-bound key naming another stack, or a school key naming a stack its school does not
     have, is a 404 with a clear message and nothing is stored.
     """
@@ -68,7 +68,7 @@ def kernle_stack_for_push(principal: Principal, raw_slug: Any) -> tuple[Stack | 
 
 def _may_provision(principal: Principal) -> bool:
     """Only an unbound, writable key of a personal account auto-provisions stacks on first push
-    (kernle-protocol.md §6.4 step 2); school stacks are created by the school's admins."""
+    (docs/kernle-protocol.md §3.4); school stacks are created by the school's admins."""
     return (principal.is_key and principal.bound_stack_id is None and not principal.read_only
             and principal.organization.kind == Organization.Kind.PERSONAL)
 
@@ -84,7 +84,7 @@ class KernlePushResult:
 
 
 def kernle_push(*, principal: Principal, stack_id: Any, operations: list[Any]) -> KernlePushResult:
-    """Apply a kernle push (kernle-protocol.md §6). Whole-request errors are raised before any write
+    """Apply a kernle push (docs/kernle-protocol.md §3). Whole-request errors are raised before any write
     (invalid stack id 400, unreachable stack 404, read-only key 403, archived stack 409); every
     other problem is one operation's conflict."""
     return with_retry_per_record(lambda per_record: _kernle_push(principal, stack_id, operations, per_record))

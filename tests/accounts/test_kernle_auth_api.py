@@ -1,4 +1,4 @@
-"""The kernle auth routes at the HTTP level (kernle-protocol.md §4)."""
+"""The kernle auth routes at the HTTP level (docs/kernle-protocol.md §2)."""
 
 from __future__ import annotations
 

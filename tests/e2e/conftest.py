@@ -8,7 +8,7 @@ Reusable by every end-to-end test in this folder:
   marked complete only after pip succeeded, so a half-built venv is rebuilt, never used.
 * ``kernle_server`` (function): the base URL of pytest-django's ``live_server`` as
   ``http://localhost:PORT`` — the CLI sends credentials over plain http only to ``localhost`` or
-  ``127.0.0.1`` (kernle-protocol.md §1.5). Tests using it need
+  ``127.0.0.1`` (docs/kernle-protocol.md §1.4). Tests using it need
   ``@pytest.mark.django_db(transaction=True)`` so the server thread sees what they write.
 * ``kernle`` (function): a :class:`KernleCLI`. ``kernle.new_data_dir()`` makes a fresh
   ``KERNLE_DATA_DIR`` (one "device"); ``kernle.run(*args, data_dir=..., stack="...")`` runs the CLI

@@ -1,5 +1,5 @@
 """The real kernle 0.15.0 CLI against a live MemoryHub: register, login and the key lifecycle
-(kernle-protocol.md §14.3 and §14.8)."""
+(docs/kernle-protocol.md §10.2 and §10.3)."""
 
 from __future__ import annotations
 

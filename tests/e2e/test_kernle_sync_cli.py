@@ -1,7 +1,7 @@
-"""The real kernle 0.15.0 CLI syncing against a live MemoryHub (kernle-protocol.md §14.3-§14.7, §14.9).
+"""The real kernle 0.15.0 CLI syncing against a live MemoryHub (docs/kernle-protocol.md §10.2, §10.4, §10.5).
 
 Device A registers, writes every syncable type (CLI for raw/episode/note/checkpoint, the storage
-API for the rest, exactly as §14.4), pushes and pulls; device B logs in with the same key and a
+API for the rest, exactly as §10.4), pushes and pulls; device B logs in with the same key and a
 full pull brings every supported record; a third, empty device finds the notes through search.
 """
 
@@ -60,7 +60,7 @@ def test_push_pull_second_device_and_search_with_the_real_cli(kernle, kernle_ser
     run_a("auth", "register", "--email", "sync-acceptance@example.test", "--backend-url", kernle_server, "--json")
     api_key = kernle.credentials(device_a)["api_key"]
 
-    # §14.4: every syncable type.
+    # §10.4: every syncable type.
     run_a("raw", "capture", "--stdin", "--quiet", input="First thought for acceptance\n")
     raw_id = kernle.json(run_a("raw", "list", "--json"))[0]["id"]
     run_a("episode", "Deployed the acceptance build", "success", "--lesson", "Run migrations first",
@@ -74,7 +74,7 @@ def test_push_pull_second_device_and_search_with_the_real_cli(kernle, kernle_ser
     assert status["backend_connected"] is True
     assert status["pending_operations"] == 9
 
-    # §14.5: push, then nothing is pending.
+    # §10.4: push, then nothing is pending.
     pushed = kernle.json(run_a("sync", "push", "--json"))
     assert pushed["synced"] == 9, pushed
     assert pushed["conflicts"] == []
@@ -89,7 +89,7 @@ def test_push_pull_second_device_and_search_with_the_real_cli(kernle, kernle_ser
     value = stored.get(kind="value")
     assert value.data["name"] == "honesty" and value.data["priority"] == 80
 
-    # §14.6: the first pull echoes the 9 records without overwriting anything; then up to date.
+    # §10.4: the first pull echoes the 9 records without overwriting anything; then up to date.
     first_pull = kernle.json(run_a("sync", "pull", "--json"))
     assert first_pull["pulled"] == 9, first_pull
     assert first_pull["poisoned_new"] == 0 and first_pull["poisoned_pending"] == 0
@@ -101,7 +101,7 @@ def test_push_pull_second_device_and_search_with_the_real_cli(kernle, kernle_ser
     conflicts = run_a("sync", "conflicts", "--json").stdout
     assert "backend_rejected" not in conflicts and "pull_apply_failed" not in conflicts
 
-    # §14.7: a second device logs in with the same key; a full pull receives every supported record.
+    # §10.4: a second device logs in with the same key; a full pull receives every supported record.
     device_b = kernle.new_data_dir()
 
     def run_b(*args: str):
@@ -123,7 +123,7 @@ def test_push_pull_second_device_and_search_with_the_real_cli(kernle, kernle_ser
     assert dump.returncode == 0, dump.stdout + dump.stderr
     assert dump.stdout.split() == ["2", "1", "1", "1", "1", "1", "1", "1"], dump.stdout
 
-    # §14.9: an empty device finds the pushed memories on the server.
+    # §10.5: an empty device finds the pushed memories on the server.
     device_c = kernle.new_data_dir()
     kernle.run("auth", "login", "--api-key", api_key, "--backend-url", kernle_server, "--json", data_dir=device_c)
     found = kernle.run("search", "searchable", data_dir=device_c, stack="acceptance")
@@ -132,7 +132,7 @@ def test_push_pull_second_device_and_search_with_the_real_cli(kernle, kernle_ser
     lesson = kernle.run("search", "migrations", data_dir=device_c, stack="acceptance")
     assert "Deployed the acceptance build" in lesson.stdout, _out(lesson)
 
-    # §14.11: env-only mode with the raw API key as Bearer, and a bad token (401 → exit 1).
+    # §10.6: env-only mode with the raw API key as Bearer, and a bad token (401 → exit 1).
     env_only = kernle.run("sync", "pull", "--full", "--json", data_dir=kernle.new_data_dir(), stack="acceptance",
                           env={"KERNLE_BACKEND_URL": kernle_server, "KERNLE_AUTH_TOKEN": api_key})
     assert env_only.returncode == 0, _out(env_only)

@@ -1,4 +1,4 @@
-"""FSRS-6 maths and salience: memory-science.md §1.4 test vectors (to 4 decimals) and properties."""
+"""FSRS-6 maths and salience: docs/algorithms.md §2.3 test vectors (to 4 decimals) and properties."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Smart ingest (prediction-error gating, memory-science.md §5.4) and retrieval feedback (§3-§4)."""
+"""Smart ingest (prediction-error gating, docs/algorithms.md §6) and retrieval feedback (§3)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The Kernle sync protocol (kernle-protocol.md §6-§7) through HTTP, against the real database."""
+"""The Kernle sync protocol (docs/kernle-protocol.md §3-§4) through HTTP, against the real database."""
 
 from __future__ import annotations
 
@@ -490,7 +490,7 @@ def kernle_op(table: str, record_id: str, minutes: float = 0, **data: Any) -> di
 
 def test_records_no_kernle_device_could_apply_are_stored_acknowledged_and_never_pulled(
         account: dict[str, Any], caplog: pytest.LogCaptureFixture) -> None:
-    """kernle-protocol.md §6.4 step 8: a drive without drive_type, a relationship without
+    """docs/kernle-protocol.md §3.9: a drive without drive_type, a relationship without
     entity_name, a playbook without name: the device's data, so stored and acknowledged (a conflict
     would be re-sent forever), but a 0.15.0 device fails on them, so kernle pulls leave them out."""
     client = account["client"]
@@ -577,7 +577,7 @@ def test_nothing_is_acknowledged_or_stored_when_the_push_cannot_commit(account: 
 
 
 def test_older_clients_insert_upsert_and_legacy_is_forgotten(account: dict[str, Any]) -> None:
-    """§6.4 step 5 and §13 row 18: `insert` / `upsert` mean upsert; the legacy `is_forgotten: true`
+    """§3.6 and §3.7: `insert` / `upsert` mean upsert; the legacy `is_forgotten: true`
     forgets like kernle 0.15.0's `strength: 0.0`, and the forgotten record is left out of pulls."""
     client = account["client"]
     body = push(client, [{**episode("e1"), "operation": "insert"}, {**episode("e2"), "operation": "UPSERT"},
@@ -591,7 +591,7 @@ def test_older_clients_insert_upsert_and_legacy_is_forgotten(account: dict[str, 
 
 
 def test_null_timestamps_fall_back_as_the_protocol_says(account: dict[str, Any]) -> None:
-    """§6.4 step 7 / §13 row 9: data.local_updated_at null -> the op-level time; both null -> server
+    """§3.7: data.local_updated_at null -> the op-level time; both null -> server
     time; created_at null -> server time. Pulled records always carry aware timestamps."""
     op_level = episode("e1", minutes=3)
     op_level["data"].update(local_updated_at=None, created_at=None)
@@ -610,7 +610,7 @@ def test_null_timestamps_fall_back_as_the_protocol_says(account: dict[str, Any])
 
 
 def test_the_clients_stack_id_alphabet_is_accepted() -> None:
-    """§13 row 12: 1-100 characters, mixed case, dots allowed; the stack is provisioned on first push."""
+    """§1.3: 1-100 characters, mixed case, dots allowed; the stack is provisioned on first push."""
     stack_id = "My.Agent_Stack-2"
     reg = personal_account_register(stack_id="acceptance", email=f"{uuid.uuid4().hex[:8]}@example.test")
     Organization.objects.filter(pk=reg.organization.pk).update(tier="enterprise")  # room for a second stack
