@@ -1,6 +1,6 @@
 """DRF authentication: `Authorization: Bearer <knl_sk_ API key | JWT access token>`.
 
-Both credential forms are accepted on every authenticated endpoint (kernle-protocol.md §4.1);
+Both credential forms are accepted on every authenticated endpoint (docs/kernle-protocol.md §2.1);
 they are told apart by the `knl_sk_` prefix. `request.user` is the acting user and
 `request.auth` the `Principal` every access decision is made from.
 """

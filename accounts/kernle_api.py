@@ -1,4 +1,4 @@
-"""The kernle CLI's auth routes, exactly as kernle-protocol.md §4 describes them.
+"""The kernle CLI's auth routes, exactly as docs/kernle-protocol.md §2 describes them.
 
 Paths have no trailing slash: the CLI appends them directly to the backend URL. `POST /auth/register`
 creates a stack, so it is served from stacks.kernle_api (accounts sits below stacks).
@@ -43,7 +43,7 @@ class LoginView(IpThrottledFirstMixin, APIView):
     @extend_schema(
         operation_id="kernle_auth_login", tags=["kernle auth"], request=None,
         responses={200: KernleLoginSerializer, **ERRORS},
-        summary="Exchange an API key (or a valid access token) for a fresh access token (§4.3)",
+        summary="Exchange an API key (or a valid access token) for a fresh access token (§2.3)",
     )
     def post(self, request: Request) -> Response:
         principal = principal_of(request)
@@ -70,14 +70,14 @@ class KeysView(APIView):
 
     @extend_schema(operation_id="kernle_auth_keys_list", tags=["kernle auth"],
                    responses={200: KeySummarySerializer(many=True), **ERRORS},
-                   summary="The caller's keys as a bare JSON array, revoked ones with is_active false (§4.4)")
+                   summary="The caller's keys as a bare JSON array, revoked ones with is_active false (§2.4)")
     def get(self, request: Request) -> Response:
         keys = keys_visible_to(principal_of(request)).order_by("created_at", "pk")
         return Response([key_summary(key) for key in keys])
 
     @extend_schema(operation_id="kernle_auth_keys_create", tags=["kernle auth"], request=KernleKeyCreateSerializer,
                    responses={201: KeyCreatedSerializer, 403: OpenApiResponse(description="Not allowed"), **ERRORS},
-                   summary="Create an account-wide key, not bound to a stack (§4.5)")
+                   summary="Create an account-wide key, not bound to a stack (§2.5)")
     def post(self, request: Request) -> Response:
         principal = principal_of(request)
         serializer = KernleKeyCreateSerializer(data=request.data if isinstance(request.data, dict) else None)
@@ -93,7 +93,7 @@ class KeysView(APIView):
 class KeyDetailView(APIView):
     @extend_schema(operation_id="kernle_auth_keys_revoke", tags=["kernle auth"], request=None,
                    responses={204: None, 404: OpenApiResponse(description="Not the caller's key"), **ERRORS},
-                   summary="Revoke a key (§4.6)")
+                   summary="Revoke a key (§2.6)")
     def delete(self, request: Request, key_id: str) -> Response:
         principal = principal_of(request)
         key = key_to_change(principal, key_id)
@@ -106,7 +106,7 @@ class KeyCycleView(APIView):
 
     @extend_schema(operation_id="kernle_auth_keys_cycle", tags=["kernle auth"], request=None,
                    responses={200: KeyCycledSerializer, 404: OpenApiResponse(description="Unknown key"), **ERRORS},
-                   summary="Deactivate a key and issue its replacement atomically; flat fields (§4.7)")
+                   summary="Deactivate a key and issue its replacement atomically; flat fields (§2.7)")
     def post(self, request: Request, key_id: str) -> Response:
         principal = principal_of(request)
         key = key_to_change(principal, key_id)
@@ -117,7 +117,7 @@ class KeyCycleView(APIView):
 
 class MeView(APIView):
     @extend_schema(operation_id="kernle_auth_me", tags=["kernle auth"], responses={200: KernleMeSerializer, **ERRORS},
-                   summary="Who the credential acts as (legacy route, kernle-protocol.md §4.8)")
+                   summary="Who the credential acts as (legacy route, docs/kernle-protocol.md §2.8)")
     def get(self, request: Request) -> Response:
         principal = principal_of(request)
         key = principal.api_key

@@ -1,7 +1,7 @@
 """Who is on the other end of the socket: the client IP, trusting X-Forwarded-For only from our proxies.
 
 A client can put anything in X-Forwarded-For; only a hop appended by a configured proxy
-(`settings.TRUSTED_PROXIES`, CIDRs) is believed (kernle-protocol.md §11: the legacy rate limiter
+(`settings.TRUSTED_PROXIES`, CIDRs) is believed (docs/kernle-protocol.md §2.9: the legacy rate limiter
 was bypassed by spoofing this header). We walk the chain from the right — the hops our own
 proxies appended — and stop at the first address that is not one of them.
 """

@@ -20,7 +20,7 @@ KEY_PREFIX_LENGTH = 12  # "knl_sk_" + 5 hex characters: indexed for lookup, show
 
 def api_key_hash(secret: str) -> str:
     """Keyed hash of a key secret. Keys carry 128 random bits, so a fast keyed hash suffices
-    (kernle-protocol.md §4.1) and keeps per-request cost low."""
+    (docs/kernle-protocol.md §2.1) and keeps per-request cost low."""
     pepper = getattr(settings, "API_KEY_PEPPER", settings.SECRET_KEY).encode()
     return hmac.new(pepper, secret.encode(), hashlib.sha256).hexdigest()
 

@@ -12,7 +12,7 @@ from accounts.models import ApiKey, AuditEvent, Membership
 
 
 def iso(value: datetime | None) -> str | None:
-    """ISO-8601 with an explicit offset (the kernle CLI needs one, kernle-protocol.md §2)."""
+    """ISO-8601 with an explicit offset (the kernle CLI needs one, docs/kernle-protocol.md §1.4)."""
     if value is None:
         return None
     if timezone.is_naive(value):
@@ -48,7 +48,7 @@ def key_with_secret(key: ApiKey, secret: str) -> dict[str, Any]:
 
 def key_cycled(old_key: ApiKey, new_key: ApiKey, secret: str) -> dict[str, Any]:
     """A cycle's answer: the new key as flat fields (what the kernle CLI reads) plus the legacy
-    nested shape `{old_key_id, new_key: {…}}` (kernle-protocol.md §4.7)."""
+    nested shape `{old_key_id, new_key: {…}}` (docs/kernle-protocol.md §2.7)."""
     body = key_with_secret(new_key, secret)
     body["old_key_id"] = old_key.public_id
     body["new_key"] = {"id": new_key.public_id, "key": secret, "name": new_key.name}

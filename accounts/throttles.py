@@ -1,4 +1,4 @@
-"""Rate limits backed by Redis, per credential and per client IP (kernle-protocol.md §12.3).
+"""Rate limits backed by Redis, per credential and per client IP (docs/kernle-protocol.md §2.9).
 
 Each limited action has two throttles with the same scope and rate: one counts per client IP
 (`X-Forwarded-For` believed only from `settings.TRUSTED_PROXIES`, see accounts/network.py), one

@@ -1,7 +1,7 @@
-"""The one table of tiers and what each allows (kernle-protocol.md §12.7), and an organization's tier.
+"""The one table of tiers and what each allows (docs/kernle-protocol.md §7.4), and an organization's tier.
 
 Every tier name an organization can carry is mapped here explicitly: an unknown name is an
-error, never a silent fallback to some other tier's limits (the legacy backend's pitfall, §12.4).
+error, never a silent fallback to some other tier's limits (the legacy backend's pitfall, §7.4).
 `None` means "no limit".
 
 Why this lives in accounts, not billing: the tier is a property of the organization
@@ -42,7 +42,7 @@ TIERS: dict[str, Tier] = {
         Tier(name="core", storage_bytes=100 * MB, syncing_stacks=3, storage_label="100 MB"),
         Tier(name="pro", storage_bytes=1 * GB, syncing_stacks=10, storage_label="1 GB"),
         Tier(name="enterprise", storage_bytes=None, syncing_stacks=None, storage_label="unlimited"),
-        # Operators' and benchmarks' accounts (kernle-protocol.md §12.4 names it).
+        # Operators' and benchmarks' accounts (docs/kernle-protocol.md §7.4 names it).
         Tier(name="unlimited", storage_bytes=None, syncing_stacks=None, storage_label="unlimited"),
     )
 }

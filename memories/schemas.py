@@ -1,5 +1,8 @@
 """Per-kind validation of memory payloads: THE schema every write goes through.
 
+Why one module of ~600 lines: what a kind stores is its schema function, the reader helpers it
+calls and its canonical text, read together; split apart, no file would say what a note is.
+
 Contract (used by the native API, the Kernle sync engine and smart ingest):
 
     normalize_memory(kind, payload, *, partial=False, existing=None) -> NormalizedMemory

@@ -1,4 +1,4 @@
-"""Kernle self-registration, `POST /auth/register` (kernle-protocol.md §4.2).
+"""Kernle self-registration, `POST /auth/register` (docs/kernle-protocol.md §2.2).
 
 The other kernle auth routes are in accounts.kernle_api; this one creates a stack (a personal
 account, its stack and a key bound to it), so it is served from the stacks app, above accounts.
@@ -34,7 +34,7 @@ class RegisterView(IpThrottledFirstMixin, APIView):
         operation_id="kernle_auth_register", tags=["kernle auth"], request=KernleRegisterSerializer,
         responses={201: KernleRegisteredSerializer, 409: OpenApiResponse(description="Email already registered"),
                    **ERRORS},
-        summary="Register a personal account, its stack and a stack-bound key (kernle-protocol.md §4.2)",
+        summary="Register a personal account, its stack and a stack-bound key (docs/kernle-protocol.md §2.2)",
     )
     def post(self, request: Request) -> Response:
         data = request.data

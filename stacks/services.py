@@ -33,7 +33,7 @@ _STACK_ID_EXTRA = frozenset("-_.")
 
 
 def stack_id_validated(raw: Any, *, field: str = "stack_id") -> str:
-    """Kernle's stack-id alphabet (kernle-protocol.md §1.2): 1-100 characters, letters and digits
+    """Kernle's stack-id alphabet (docs/kernle-protocol.md §1.3): 1-100 characters, letters and digits
     (Unicode `isalnum`), '-', '_' and '.'; no path separators; not '.' or '..'."""
     if not isinstance(raw, str):
         raise InvalidInput(f"{field} must be a string.", code="invalid_stack_id", fields={field: ["Must be a string."]})
@@ -188,7 +188,7 @@ class Registration:
 @transaction.atomic
 def personal_account_register(*, stack_id: Any, email: Any = None, display_name: Any = None,
                               ip: str | None = None) -> Registration:
-    """Kernle self-registration (kernle-protocol.md §4.2): a user, their personal organization,
+    """Kernle self-registration (docs/kernle-protocol.md §2.2): a user, their personal organization,
     the stack and a key bound to it. All or nothing."""
     slug = stack_id_validated(stack_id)
     clean_email = normalized_email(email)
