@@ -120,7 +120,7 @@ def main() -> None:
     with bench_environment("search", data_dir=args.data_dir) as env:
         from django.db import connection, transaction
 
-        from accounts.models import User
+        from accounts.models import Membership, User
         from accounts.services import api_key_issue
         from memories.search.embeddings import MiniLMEmbedder
         from memories.search.hybrid import (
@@ -161,6 +161,8 @@ def main() -> None:
                 cursor.execute("VACUUM ANALYZE memories_memory")
         org = stacks[0].organization
         user, _ = User.objects.get_or_create(username="bench", defaults={"email": "bench@example.test"})
+        # A key needs its owner's access (accounts.services.api_key_issue).
+        Membership.objects.get_or_create(user=user, organization=org, defaults={"role": Membership.Role.ADMIN})
         _, secret = api_key_issue(organization=org, user=user, stack_id=None, name="bench", read_only=False)
 
         rng = random.Random(11)

@@ -220,13 +220,15 @@ def main() -> None:
     args = parser.parse_args()
 
     with bench_environment("sync") as env:
-        from accounts.models import Organization, User
+        from accounts.models import Membership, Organization, User
         from accounts.services import api_key_issue
         from stacks.models import Stack
 
         org = Organization.objects.create(name="Bench sync", slug=f"bench-sync-{uuid.uuid4().hex[:6]}",
                                           tier="unlimited")
         user = User.objects.create_user(username=f"bench-{uuid.uuid4().hex[:6]}")
+        # A key needs its owner's access (accounts.services.api_key_issue).
+        Membership.objects.create(user=user, organization=org, role=Membership.Role.ADMIN)
         push_stack = Stack.objects.create(organization=org, slug="push")
         baseline_stack = Stack.objects.create(organization=org, slug="baseline")
         copy_stack = Stack.objects.create(organization=org, slug="copy")

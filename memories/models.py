@@ -216,6 +216,9 @@ class JobRun(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
     duration_ms = models.IntegerField(null=True, blank=True)
     counts = models.JSONField(default=dict, blank=True)
+    # The share of `counts` each organization's stacks had, {"<organization id>": {"forgotten": 3}}:
+    # jobs are service-wide, a school admin sees only their school's share (memories.lifecycle.jobs).
+    organization_counts = models.JSONField(default=dict, blank=True)
     error = models.TextField(blank=True, default="")
 
     class Meta:
@@ -224,6 +227,28 @@ class JobRun(models.Model):
     def summary(self) -> dict[str, Any]:
         """What a periodic task returns (and Celery logs) for this run."""
         return {"job_run": self.pk, "status": self.status, "duration_ms": self.duration_ms, **self.counts}
+
+
+class DeploymentEmbeddingModel(models.Model):
+    """The one embedding model of this deployment (docs/algorithms.md §10.3): one row, id 1.
+
+    Stored vectors and search queries must come from the same model, and several processes
+    (web, workers, an operator's shell) each read `EMBEDDING_PROVIDER` from their own environment.
+    This row is what they agree on: a process whose setting names another model writes no vector
+    (`memories.search.embedding_model`), and only `manage.py reembed --switch-model` changes it.
+    A row, not "the model most stored vectors have": that would need a scan of the whole table to
+    answer, and after a stray re-embed it would elect the stray model.
+    """
+
+    id = models.PositiveSmallIntegerField(primary_key=True, default=1)
+    model_id = models.CharField(max_length=100)  # as stored in Memory.embedding_model, e.g. "hash-v1/384"
+    recorded_at = models.DateTimeField()  # when it became the deployment's model
+    # When the sweep last found no stored vector of another model (NULL: some may remain, so the
+    # sweep looks for them; set again once none is left). Keeps that table scan off the steady state.
+    verified_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.CheckConstraint(condition=Q(id=1), name="memories_embedding_model_one_row")]
 
 
 class SyncWatermark(models.Model):

@@ -12,10 +12,12 @@ Contract (used by the native API, the Kernle sync engine and smart ingest):
 * `payload` is the client's record as a dict: kernle field names and types (docs/kernle-protocol.md
   §3.3). Nulls are accepted for every optional field (they mean "default"). Strings lose null bytes
   and control characters (tab/newline/CR are kept); too-long strings, out-of-range numbers, wrong
-  types and bad enum values raise `InvalidInput(fields={field: [message, …]})` — never truncated
-  silently, never a 500.
+  types, bad enum values and text that is not valid Unicode (a lone surrogate, anywhere in the
+  record) raise `InvalidInput(fields={field: [message, …]})` — never truncated silently, never a 500.
 * Keys we do not model are kept verbatim in `extra` (null bytes removed: Postgres jsonb refuses
-  them). Server-controlled keys (`SERVER_CONTROLLED`: id, stack_id, version, deleted, forgotten
+  them). That is kernle sync's leniency; the native API refuses such keys before it gets here
+  (`native_record`, at the end of this module: a 400 `unknown_field`, fields of one's own under
+  `extra`). Server-controlled keys (`SERVER_CONTROLLED`: id, stack_id, version, deleted, forgotten
   state, embedding, …) are dropped: the caller (sync) interprets `version`/`deleted`/`strength`
   itself before calling.
 * `partial=True` with `existing` merges the payload over the stored record and validates the
@@ -40,6 +42,7 @@ the canonical text are one contract, read top to bottom.
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import re
@@ -93,12 +96,39 @@ SERVER_CONTROLLED = frozenset({
 })
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+# What `clean_text` must look at more closely: control characters or lone surrogates, in ONE search.
+_UNCLEAN = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ud800-\udfff]")
+
+NOT_UNICODE = "Must be valid Unicode text (it contains a lone UTF-16 surrogate)."
+
+
+class InvalidUnicode(InvalidInput):
+    """A string holding a lone UTF-16 surrogate. JSON may spell one (`"\\ud800"`) and Python parses
+    it, but it is not text: UTF-8, and so Postgres, cannot carry it. Refused, never altered — in a
+    sync push it is that operation's conflict, never the whole request's (docs/kernle-protocol.md
+    §3.2, §3.7)."""
+
+    code = "invalid_unicode"
+
+    def __init__(self) -> None:
+        super().__init__("The request contains text that is not valid Unicode.")
+
+
+def has_lone_surrogate(value: str) -> bool:
+    return _SURROGATE.search(value) is not None
 
 
 def clean_text(value: str) -> str:
-    """Remove null bytes and control characters, keeping tab, newline and carriage return."""
+    """Remove null bytes and control characters, keeping tab, newline and carriage return.
+
+    Raises `InvalidUnicode` for a lone surrogate; callers that know the field report it there."""
     # Almost every string is already clean: a search is cheaper than building a substituted copy.
-    return _CONTROL.sub("", value) if _CONTROL.search(value) else value
+    if _UNCLEAN.search(value) is None:
+        return value
+    if _SURROGATE.search(value) is not None:
+        raise InvalidUnicode()
+    return _CONTROL.sub("", value)
 
 
 @dataclass
@@ -157,7 +187,11 @@ class _Reader:
         if isinstance(value, bool) or not isinstance(value, (str, int, float)):
             self.errors.add(name, "Must be a string.")
             return default
-        text = clean_text(value if type(value) is str else str(value))
+        try:
+            text = clean_text(value if type(value) is str else str(value))
+        except InvalidUnicode:
+            self.errors.add(name, NOT_UNICODE)
+            return default
         if required and not text.strip():
             self.errors.add(name, "This field may not be blank.")
             return default
@@ -230,7 +264,11 @@ class _Reader:
             if isinstance(item, bool) or not isinstance(item, (str, int, float)):
                 self.errors.add(name, "Every item must be a string.")
                 return []
-            text = clean_text(item if type(item) is str else str(item))
+            try:
+                text = clean_text(item if type(item) is str else str(item))
+            except InvalidUnicode:
+                self.errors.add(name, NOT_UNICODE)
+                return []
             if len(text) > item_max:
                 self.errors.add(name, f"Items are at most {item_max} characters.")
                 return []
@@ -255,7 +293,11 @@ class _Reader:
             if not isinstance(item, (dict, str)):
                 self.errors.add(name, "Every item must be an object or a string.")
                 return []
-            result.append(clean_json(item))
+            try:
+                result.append(clean_json(item))
+            except InvalidUnicode:
+                self.errors.add(name, NOT_UNICODE)
+                return []
         return result
 
     def timestamp(self, name: str) -> datetime | None:
@@ -271,7 +313,31 @@ class _Reader:
         value = self._get(name)
         if value is _MISSING:
             return None
-        return clean_json(value)
+        try:
+            return clean_json(value)
+        except InvalidUnicode:
+            self.errors.add(name, NOT_UNICODE)
+            return None
+
+    def goal_priority(self, name: str) -> Any:
+        """kernle sends a goal's priority as a label ("medium"), other clients 0-100: keep what was sent."""
+        raw = self.payload.get(name)
+        if isinstance(raw, str) and not raw.strip().lstrip("-").replace(".", "", 1).isdigit():
+            label = self.string(name, max_length=32, default="medium")
+            if label and label.lower() not in GOAL_PRIORITY_LABELS:
+                self.errors.add(name, f"Must be 0-100 or one of: {', '.join(GOAL_PRIORITY_LABELS)}.")
+            return (label or "medium").lower()
+        if raw is not None:
+            return self.integer(name, default=50, low=0, high=100)
+        self.used.add(name)
+        return "medium"
+
+    def require_one_of(self, what: str, values: dict[str, Any]) -> None:
+        """At least one of these (already read) fields must be non-blank; the error names the first."""
+        if any(name in self.errors.fields for name in values):
+            return
+        if not any(isinstance(value, str) and value.strip() for value in values.values()):
+            self.errors.add(next(iter(values)), f"{what} needs `{'` or `'.join(values)}`.")
 
 
 def _as_number(value: Any) -> float | None:
@@ -303,8 +369,13 @@ def parse_timestamp(value: Any) -> datetime | None:
     if parsed is None:
         return None
     if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=UTC)
-    return parsed
+        return parsed.replace(tzinfo=UTC)
+    # In UTC: Python takes offsets up to ±23:59, PostgreSQL only up to ±15:59 (a DataError there, not
+    # a field error). The instant is kept; one that leaves Python's years 1-9999 in UTC is invalid.
+    try:
+        return parsed.astimezone(UTC)
+    except (OverflowError, ValueError):
+        return None
 
 
 def clean_json(value: Any, depth: int = 0) -> Any:
@@ -374,9 +445,7 @@ def _raw(r: _Reader) -> dict[str, Any]:
         "processed": r.boolean("processed", default=False),
         "processed_into": r.json_value("processed_into"),
     }
-    if not (data["blob"] or "").strip() and not (data["content"] or "").strip() and "blob" not in r.errors.fields \
-            and "content" not in r.errors.fields:
-        r.errors.add("content", "A raw entry needs `content` or `blob`.")
+    r.require_one_of("A raw entry", {"content": data["content"], "blob": data["blob"]})
     return data
 
 
@@ -427,18 +496,7 @@ def _value(r: _Reader) -> dict[str, Any]:
 
 
 def _goal(r: _Reader) -> dict[str, Any]:
-    # kernle sends priority as a label ("medium"); other clients send 0-100. Keep what was sent.
-    priority: Any = "medium"
-    raw_priority = r.payload.get("priority")
-    if isinstance(raw_priority, str) and not raw_priority.strip().lstrip("-").replace(".", "", 1).isdigit():
-        label = r.string("priority", max_length=32, default="medium")
-        if label and label.lower() not in GOAL_PRIORITY_LABELS:
-            r.errors.add("priority", f"Must be 0-100 or one of: {', '.join(GOAL_PRIORITY_LABELS)}.")
-        priority = (label or "medium").lower()
-    elif raw_priority is not None:
-        priority = r.integer("priority", default=50, low=0, high=100)
-    else:
-        r.used.add("priority")
+    priority = r.goal_priority("priority")
     status = r.string("status", max_length=32, default="active") or "active"
     if status.lower() not in GOAL_STATUSES:
         r.errors.add("status", f"Must be one of: {', '.join(sorted(GOAL_STATUSES))}.")
@@ -574,7 +632,10 @@ def normalize_memory(kind: str, payload: Any, *, partial: bool = False,
         raise InvalidInput("The memory is invalid.", fields=dict(errors.fields))
 
     extra = {k: v for k, v in payload.items() if k not in reader.used and k not in SERVER_CONTROLLED}
-    extra = clean_json(extra)
+    try:
+        extra = clean_json(extra)
+    except InvalidUnicode:
+        raise InvalidInput("The memory is invalid.", fields={"extra": [NOT_UNICODE]}) from None
     extra_json = json.dumps(extra, ensure_ascii=False)
     extra_bytes = len(extra_json.encode())
     if extra_bytes > EXTRA_MAX_BYTES:
@@ -604,3 +665,168 @@ def goal_priority_rank(priority: Any) -> int:
     if isinstance(priority, str):
         return GOAL_PRIORITY_LABELS.get(priority.lower(), 50)
     return 50
+
+
+# --- what each kind accepts: the native API's strictness and the OpenAPI document ------------------
+#
+# The field list of a kind is not written down a second time: `_Recorder` runs the kind's schema
+# function (and the common fields) on an empty payload and writes down every field it reads, with
+# its type and limits. The native API refuses keys outside that list (`native_record`) and its
+# OpenAPI document describes exactly that list (memories.serializers), so neither can drift from the
+# validation above. Kernle sync never asks: it keeps unknown fields in `extra`
+# (docs/kernle-protocol.md §3.7).
+
+EXTRA_FIELD = "extra"  # the native API's explicit home for fields a kind does not model
+UNKNOWN_FIELD = "unknown_field"
+# Where a client that sends `text` (derived by the server) most likely meant to write.
+_MAIN_FIELD = {"raw": "content", "episode": "objective", "note": "content", "belief": "statement",
+               "value": "statement", "goal": "title", "drive": "drive_type", "relationship": "entity_name",
+               "playbook": "description"}
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    """One field a kind's schema reads, as the schema declares it."""
+
+    name: str
+    # string | number | integer | boolean | string_list | object_list | timestamp | any | goal_priority
+    type: str
+    required: bool = False
+    max_length: int | None = None
+    choices: tuple[str, ...] = ()
+    low: float | None = None
+    high: float | None = None
+    default: Any = None
+    max_items: int | None = None
+
+
+@dataclass(frozen=True)
+class KindFields:
+    kind: str
+    fields: tuple[FieldSpec, ...]
+    # Groups of which at least one field must be non-blank (a raw entry: content or blob).
+    one_of_required: tuple[tuple[str, ...], ...]
+
+    @property
+    def names(self) -> frozenset[str]:
+        return frozenset(spec.name for spec in self.fields)
+
+
+class _Recorder(_Reader):
+    """A reader that reads nothing: each call writes down the field it was asked for."""
+
+    def __init__(self) -> None:
+        super().__init__(payload={}, errors=_Errors())
+        self.specs: dict[str, FieldSpec] = {}
+        self.groups: list[tuple[str, ...]] = []
+
+    def _record(self, spec: FieldSpec) -> None:
+        self.used.add(spec.name)
+        self.specs.setdefault(spec.name, spec)
+
+    def string(self, name: str, *, max_length: int, default: str | None = "", required: bool = False,
+               choices: frozenset[str] | None = None, nullable: bool = False) -> Any:
+        self._record(FieldSpec(name, "string", required=required, max_length=max_length,
+                               choices=tuple(sorted(choices or ())), default=None if nullable else default or None))
+        return default
+
+    def number(self, name: str, *, default: float | None, low: float, high: float) -> Any:
+        self._record(FieldSpec(name, "number", low=low, high=high, default=default))
+        return default
+
+    def integer(self, name: str, *, default: int | None, low: int, high: int) -> Any:
+        self._record(FieldSpec(name, "integer", low=low, high=high, default=default))
+        return default
+
+    def boolean(self, name: str, *, default: bool | None) -> Any:
+        self._record(FieldSpec(name, "boolean", default=default))
+        return default
+
+    def string_list(self, name: str, *, max_items: int = LIST_ITEMS, item_max: int = ITEM_MAX,
+                    required: bool = False) -> list[str]:
+        self._record(FieldSpec(name, "string_list", required=required, max_length=item_max, max_items=max_items))
+        return []
+
+    def dict_list(self, name: str, *, required: bool = False) -> list[Any]:
+        self._record(FieldSpec(name, "object_list", required=required, max_items=LIST_ITEMS))
+        return []
+
+    def timestamp(self, name: str) -> datetime | None:
+        self._record(FieldSpec(name, "timestamp"))
+        return None
+
+    def json_value(self, name: str) -> Any:
+        self._record(FieldSpec(name, "any"))
+        return None
+
+    def goal_priority(self, name: str) -> Any:
+        self._record(FieldSpec(name, "goal_priority", choices=tuple(GOAL_PRIORITY_LABELS), low=0, high=100,
+                               default="medium"))
+        return "medium"
+
+    def require_one_of(self, what: str, values: dict[str, Any]) -> None:
+        self.groups.append(tuple(values))
+
+
+_KIND_FIELDS: dict[str, KindFields] = {}
+
+
+def kind_fields(kind: str) -> KindFields:
+    """The fields a `kind` record may carry: its own, then the common ones, then the passthrough."""
+    if kind not in _KIND_FIELDS:
+        recorder = _Recorder()
+        _SCHEMAS[kind](recorder)
+        _common(recorder, kind)
+        for name in _PASSTHROUGH:
+            recorder.json_value(name)
+        _KIND_FIELDS[kind] = KindFields(kind, tuple(recorder.specs.values()), tuple(recorder.groups))
+    return _KIND_FIELDS[kind]
+
+
+def _unknown_field_message(kind: str, name: str, known: list[str]) -> str:
+    if name in SERVER_CONTROLLED:
+        hint = {"id": " Use `record_id` for your own id.",
+                "text": f" Did you mean '{_MAIN_FIELD.get(kind, 'content')}'?"}.get(name, "")
+        return "Set by the server; it cannot be written." + hint
+    close = difflib.get_close_matches(name, known, n=3, cutoff=0.75)
+    if close:
+        # Two letters swapped ("contnet") scores no better against `content` than against `context`:
+        # a candidate made of the same letters wins.
+        best = next((candidate for candidate in close if sorted(candidate) == sorted(name)), close[0])
+        return f"Unknown field. Did you mean '{best}'?"
+    return f"Unknown field for a {kind}; fields a kind does not model go under `{EXTRA_FIELD}`."
+
+
+def native_record(kind: str, record: dict[str, Any], *, prefix: str = "") -> dict[str, Any]:
+    """The native API's reading of a record: every key must be a field of `kind`, or `extra`.
+
+    Unknown keys (typos above all) and server-controlled ones are a 400 `unknown_field` naming each
+    key (prefixed with `prefix`, e.g. "items.3.") and suggesting the closest known field. `extra`,
+    an object, holds fields the kind does not model; it is unpacked here into the record so that
+    `normalize_memory` keeps them in `extra` exactly as it does for sync. A `kind` that is not a
+    memory kind is left to `normalize_memory`, which names it.
+    """
+    if kind not in _SCHEMAS:
+        return record
+    known = kind_fields(kind).names
+    errors: dict[str, list[str]] = {}
+    suggestions = sorted(known | {EXTRA_FIELD})
+    for name in record:
+        if name not in known and name != EXTRA_FIELD:
+            errors[prefix + str(name)] = [_unknown_field_message(kind, str(name), suggestions)]
+    extra = record.get(EXTRA_FIELD)
+    if extra is not None and not isinstance(extra, dict):
+        errors[prefix + EXTRA_FIELD] = ["Must be an object."]
+    elif extra:
+        for name in extra:
+            if name in known or name in SERVER_CONTROLLED or name == EXTRA_FIELD:
+                errors[f"{prefix}{EXTRA_FIELD}.{name}"] = [
+                    f"A field of a {kind}; send it at the top level." if name in known
+                    else "A reserved name; it cannot be kept in extra."]
+    if errors:
+        raise InvalidInput("The memory has fields its kind does not know.", code=UNKNOWN_FIELD, fields=errors)
+    if EXTRA_FIELD not in record:
+        return record
+    flat = {name: value for name, value in record.items() if name != EXTRA_FIELD}
+    flat.update(extra or {})
+    return flat

@@ -170,8 +170,13 @@ def ensure_may_promote(principal: Principal, stack: Stack, *, auto: bool) -> Non
         ensure_writable(principal, stack)
 
 
-def ensure_may_see_job_runs(principal: Principal) -> None:
-    """Job runs are service-wide: staff, and school admins signed in to the dashboard — not keys."""
-    if principal.user.is_staff or (not principal.is_key and principal.is_org_wide):
-        return
+def job_runs_scope(principal: Principal) -> int | None:
+    """Whose share of the job runs the caller sees: None for staff (every run with its service-wide
+    counts), else the id of the caller's organization — a school admin (signed in, or through a
+    school-wide key) sees every run with only their school's counts (memories.lifecycle.jobs.
+    job_run_share), never another school's. Teachers and stack-bound keys see none (403)."""
+    if principal.user.is_staff:
+        return None
+    if principal.is_org_wide:
+        return principal.organization.pk
     raise Forbidden("Only administrators can see job runs.", code="admin_only")

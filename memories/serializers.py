@@ -4,10 +4,15 @@ response serializers render and document what comes back.
 
 Two things are deliberately not parsed here:
 
-* the fields of a memory record (a belief's `statement`, a goal's `priority`, …): every memory
-  write — this API, batch, smart ingest and kernle sync — checks them with the one per-kind
+* the values of a memory record's fields (a belief's `statement`, a goal's `priority`, …): every
+  memory write — this API, batch, smart ingest and kernle sync — checks them with the one per-kind
   schema, `memories.schemas.normalize_memory`, in the service. A body that carries a record
-  (`MemoryRecordSerializer`) checks its envelope here and hands the record on untouched;
+  (`MemoryRecordSerializer`) checks its envelope here, refuses keys the kind does not have
+  (`memories.schemas.native_record`: a 400 `unknown_field` with the closest known field; fields a
+  kind does not model go under `extra`) and hands the record on. Kernle sync does not come
+  through here and keeps unknown fields (docs/kernle-protocol.md §3.7). The OpenAPI document of
+  these bodies — one schema per memory kind — is generated from the same field list
+  (`MemoryRecordSchemaExtension`);
 * the sync push operations (memories.api.sync): see that module for why.
 
 Rules (who may do what, which stack) live in selectors and services, never here. The strict
@@ -20,9 +25,11 @@ from typing import Any
 
 from django.utils import timezone
 from drf_spectacular.extensions import OpenApiSerializerExtension
+from drf_spectacular.plumbing import ResolvedComponent
 from rest_framework import serializers
 
 from memories.models import BootConfigEntry, Checkpoint, Memory, MemoryKind
+from memories.schemas import EXTRA_FIELD, GOAL_STATUSES, KINDS, FieldSpec, kind_fields, native_record
 from memories.search.hybrid import DEFAULT_MIN_SIMILARITY, MAX_LIMIT, MAX_QUERY_CHARS, SearchQuery
 from memories.search.retrieval_feedback import DEMOTE, PROMOTE
 from memories.search.smart_ingest import Thresholds
@@ -39,17 +46,19 @@ from memories.serializer_fields import (
     StringListField,
     TimestampField,
 )
-from memories.services import RECORD_ID_MAX
+from memories.services import BATCH_MAX_ITEMS, RECORD_ID_MAX
+from memoryhub.errors import InvalidInput
 
 SEARCH_MAX_LIST_ITEMS = 50  # kinds or tags in one search
 SEARCH_MAX_STACKS = 1000
 
 
-def validated(serializer_class: type[serializers.Serializer], data: Any) -> dict[str, Any]:
+def validated(serializer_class: type[serializers.Serializer], data: Any,
+              context: dict[str, Any] | None = None) -> dict[str, Any]:
     """`data` checked by `serializer_class`; a ValidationError becomes the API's 400 with field errors
     (memoryhub.errors). A body that is not a JSON object is refused the same way
     (`non_field_errors`)."""
-    serializer = serializer_class(data=data)
+    serializer = serializer_class(data=data, context=context or {})
     serializer.is_valid(raise_exception=True)
     return dict(serializer.validated_data)
 
@@ -93,34 +102,30 @@ class MemoryRecordSerializer(serializers.Serializer):
     """A body that is a memory record, or carries one flat beside a few envelope fields.
 
     The declared fields (the envelope) are checked here; every other key belongs to the record and
-    comes out untouched as `validated_data["record"]`, for the service to check with the kind's
-    schema (memories.schemas.normalize_memory, the one schema of every memory write)."""
+    must be a field of the record's kind (`kind` in the body, or `context["kind"]` for an update):
+    `memories.schemas.native_record` refuses the others with a 400 `unknown_field` and unpacks
+    `extra`. The record comes out as `validated_data["record"]`, for the service to check with the
+    kind's schema (memories.schemas.normalize_memory, the one schema of every memory write)."""
+
+    # Which per-kind OpenAPI schemas document this body (MemoryRecordSchemaExtension).
+    openapi_variant = "create"
 
     def to_internal_value(self, data: Any) -> dict[str, Any]:
         envelope = dict(super().to_internal_value(data))  # refuses a body that is not an object
-        envelope["record"] = {key: value for key, value in data.items() if key not in self.fields}
+        record = {key: value for key, value in data.items() if key not in self.fields}
+        envelope["record"] = self.read_record(envelope, record)
         return envelope
 
-
-class MemoryRecordSchemaExtension(OpenApiSerializerExtension):
-    """In the OpenAPI document a record body is an open object: the declared envelope, then any of
-    the kind's fields (drf-spectacular would otherwise drop a body that declares no field)."""
-
-    target_class = MemoryRecordSerializer
-    match_subclasses = True
-
-    def map_serializer(self, auto_schema: Any, direction: Any) -> Any:
-        schema = auto_schema._map_serializer(self.target, direction, bypass_extensions=True)
-        schema["additionalProperties"] = {
-            "description": "The kind's fields (e.g. a belief's statement, tags, confidence), checked by the "
-                           "memory schema of every write; fields a kind does not model are kept in `extra`"}
-        return schema
+    def read_record(self, envelope: dict[str, Any], record: dict[str, Any]) -> dict[str, Any]:
+        kind = envelope.get("kind") or self.context.get("kind")
+        return native_record(kind, record) if kind else record
 
 
 class MemoryWriteSerializer(MemoryRecordSerializer):
     """A memory to create: `kind`, optionally `record_id`, then the kind's fields flat, e.g.
     `{"kind": "belief", "statement": "Pictures help with fractions", "confidence": 0.9,
-    "tags": ["math"]}`. Fields a kind does not model are kept (`extra`)."""
+    "tags": ["math"]}`. A key the kind does not have is a 400 (`unknown_field`); fields of your own
+    go under `extra`."""
 
     kind = serializers.ChoiceField(choices=MemoryKind.choices)
     record_id = StrictCharField(required=False, allow_null=True, max_length=RECORD_ID_MAX,
@@ -130,14 +135,40 @@ class MemoryWriteSerializer(MemoryRecordSerializer):
 
 
 class MemoryUpdateSerializer(MemoryRecordSerializer):
-    """A partial update: any of the memory's fields, e.g. `{"statement": "…", "tags": ["math"]}`;
-    null resets a field to its default. The result is checked as a whole, with the kind's schema."""
+    """A partial update: any of the fields of the memory's kind, e.g. `{"statement": "…", "tags":
+    ["math"]}`; null resets a field to its default; `extra` adds or changes fields of your own. The
+    result is checked as a whole, with the kind's schema. The view passes the memory's kind as
+    `context["kind"]`."""
+
+    openapi_variant = "update"
 
 
 class MemoryBatchSerializer(serializers.Serializer):
+    # How many items (at least one, at most BATCH_MAX_ITEMS: else 413) is the service's rule.
     items = serializers.ListField(
         child=serializers.DictField(),
-        help_text="Create bodies (`kind`, `record_id`, the kind's fields), at most 500; all are stored or none")
+        help_text=f"Create bodies (`kind`, `record_id`, the kind's fields), at most {BATCH_MAX_ITEMS}; all are "
+                  f"stored or none")
+
+    def validate_items(self, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Each item's keys, as for a create: every unknown key of every item is named at once
+        (`items.<index>.<field>`); values are the service's to check."""
+        checked: list[dict[str, Any]] = []
+        errors: dict[str, Any] = {}
+        for index, item in enumerate(items):
+            kind = item.get("kind")
+            envelope = {name: item[name] for name in ("kind", "record_id") if name in item}
+            record = {name: value for name, value in item.items() if name not in envelope}
+            try:
+                record = native_record(kind, record, prefix=f"items.{index}.") if isinstance(kind, str) else record
+            except InvalidInput as exc:
+                errors.update(exc.fields)
+                continue
+            checked.append({**envelope, **record})
+        if errors:
+            raise InvalidInput("Some items have fields their kind does not know.", code="unknown_field",
+                               fields=errors)
+        return checked
 
 
 class MemoryBatchResultSerializer(serializers.Serializer):
@@ -324,20 +355,178 @@ class KernleSearchInSerializer(SearchInSerializer):
     default_kinds = KERNLE_DEFAULT_KINDS
 
 
-class SmartIngestInSerializer(serializers.Serializer):
-    kind = serializers.ChoiceField(choices=MemoryKind.choices)
-    data = serializers.DictField(help_text="The memory's fields, as for creating one")  # type: ignore[assignment]
-    force_create = StrictBooleanField(required=False, default=False)
-    supersedes = StrictUUIDField(required=False, allow_null=True, help_text="Explicitly supersede this memory")
+class SmartIngestInSerializer(MemoryWriteSerializer):
+    """A memory to ingest: the body of a memory create (`kind`, the kind's fields flat, `extra`)
+    plus the ingest options below. For a belief, `supersedes` is the ingest option (a memory id).
+
+    Deprecated, still accepted: the kind's fields under `data` (`{"kind": "note", "data":
+    {"content": …}}`), the body of earlier releases; the response then carries a
+    `Deprecation: true` header. Sending fields both flat and under `data` is a 400."""
+
+    openapi_variant = "ingest"
+
+    record_id = None  # type: ignore[assignment]  # smart ingest decides which memory it writes
+    force_create = StrictBooleanField(required=False, default=False,
+                                      help_text="Store a new memory whatever the gate would decide")
+    supersedes = StrictUUIDField(required=False, allow_null=True,
+                                 help_text="Explicitly supersede this memory (its id): the new memory is "
+                                           "created and the old one forgotten")
     thresholds = serializers.DictField(required=False, allow_null=True,
                                        help_text="Numbers: near_identical, update, correction (cosine; clamped 0..1)")
+    data = serializers.DictField(  # type: ignore[assignment]
+        required=False, help_text="Deprecated: the kind's fields, nested. Send them flat.")
 
     def validate_thresholds(self, value: dict[str, Any] | None) -> Thresholds:
         # Smart ingest reads (and clamps) its own thresholds; its errors name the key
         # (`thresholds.update`), as a nested serializer's would not.
         return Thresholds.from_request(value)
 
+    def read_record(self, envelope: dict[str, Any], record: dict[str, Any]) -> dict[str, Any]:
+        nested = envelope.pop("data", None)
+        envelope["deprecated_shape"] = nested is not None
+        if nested is not None:
+            if record:
+                raise InvalidInput("Send the memory's fields flat, or (deprecated) under `data`, not both.",
+                                   fields={"data": ["Not together with the fields flat: "
+                                                    + ", ".join(sorted(map(str, record))) + "."]})
+            record = nested
+        return super().read_record(envelope, record)
+
 
 class RetrievalFeedbackInSerializer(serializers.Serializer):
     action = serializers.ChoiceField(choices=[PROMOTE, DEMOTE])
     reason = StrictCharField(required=False, allow_null=True, allow_blank=True, trim_whitespace=False, default="")
+
+
+# --- OpenAPI: one schema per memory kind -------------------------------------------------------------
+# Generated from the kinds' field lists (memories.schemas.kind_fields, recorded from the validation
+# itself), so the document cannot drift from what the API accepts. Each kind gets a component per
+# body (create, update, ingest); a create or ingest body is a `oneOf` with `kind` as discriminator,
+# an update body (whose kind is the stored memory's) an `anyOf`.
+
+_FIELD_DOCS = {
+    "content": "The text", "blob": "The raw text as captured (`content` or `blob`)",
+    "objective": "What was attempted", "outcome": "What happened", "lessons": "Lessons learned",
+    "statement": "The statement", "name": "The name", "title": "The goal's title",
+    "priority": "0-100 (a goal also takes low, medium, high, urgent, critical)",
+    "status": "A goal's status (any case): " + ", ".join(sorted(GOAL_STATUSES)),
+    "tags": "Labels; search and list filter by them", "confidence": "How sure, 0..1",
+    "expires_at": "When the memory is deleted (TTL); reads hide it from then on",
+    "is_protected": "Protected memories never decay or get forgotten",
+    "created_at": "When it happened (default: now)", "local_updated_at": "The client's last change",
+    "derived_from": "Ids of the memories this one comes from (provenance), e.g. raw:<id>",
+    "steps": "Steps: objects or strings", "drive_type": "The drive, e.g. curiosity",
+    "entity_name": "Who or what the relationship is with",
+}
+_EXTRA_DOC = ("Fields of your own that the kind does not model, kept verbatim and returned as `extra` "
+              "(an unknown key at the top level is a 400 `unknown_field`)")
+_VARIANT_NAMES = {"create": "MemoryCreate", "update": "MemoryUpdate", "ingest": "SmartIngest"}
+
+
+def _field_schema(spec: FieldSpec) -> dict[str, Any]:
+    schema: dict[str, Any]
+    if spec.type == "string":
+        schema = {"type": "string", "maxLength": spec.max_length}
+        if spec.choices:
+            schema["enum"] = list(spec.choices)
+        if spec.required:
+            schema["minLength"] = 1
+    elif spec.type in ("number", "integer"):
+        schema = {"type": spec.type, "minimum": spec.low, "maximum": spec.high}
+    elif spec.type == "boolean":
+        schema = {"type": "boolean"}
+    elif spec.type == "string_list":
+        schema = {"type": "array", "items": {"type": "string", "maxLength": spec.max_length},
+                  "maxItems": spec.max_items}
+    elif spec.type == "object_list":
+        schema = {"type": "array", "maxItems": spec.max_items,
+                  "items": {"oneOf": [{"type": "object", "additionalProperties": True}, {"type": "string"}]}}
+    elif spec.type == "timestamp":
+        schema = {"type": "string", "format": "date-time"}
+    elif spec.type == "goal_priority":
+        schema = {"oneOf": [{"type": "integer", "minimum": spec.low, "maximum": spec.high},
+                            {"type": "string", "enum": list(spec.choices)}]}
+    else:  # any JSON value, kept as sent
+        schema = {"description": "Any JSON value, kept as sent"}
+    if "type" in schema and not spec.required:
+        schema["nullable"] = True  # null means "the default"
+    if spec.default is not None:
+        schema["default"] = spec.default
+    if spec.name in _FIELD_DOCS:
+        schema["description"] = _FIELD_DOCS[spec.name]
+    return schema
+
+
+def _kind_schema(kind: str, variant: str, envelope: dict[str, Any]) -> dict[str, Any]:
+    """One kind's body: the envelope's properties (`kind` narrowed to this kind), then its fields."""
+    fields = kind_fields(kind)
+    properties = {name: dict(schema) for name, schema in envelope.get("properties", {}).items()}
+    required = [name for name in envelope.get("required", []) if name in properties]
+    if "kind" in properties:
+        # Its own enum id: drf-spectacular names an enum per choice set and warns when one set serves
+        # several components (create and ingest both narrow `kind` to this kind).
+        properties["kind"] = {"type": "string", "enum": [kind], "x-spec-enum-id": f"{variant}-{kind}"}
+    for spec in fields.fields:
+        if spec.name not in properties:  # an envelope field wins (ingest's `supersedes` over a belief's)
+            properties[spec.name] = _field_schema(spec)
+            if spec.required and variant != "update":
+                required.append(spec.name)
+    properties[EXTRA_FIELD] = {"type": "object", "additionalProperties": True, "nullable": True,
+                               "description": _EXTRA_DOC}
+    schema: dict[str, Any] = {"type": "object", "properties": properties, "additionalProperties": False}
+    if required:
+        schema["required"] = required
+    if fields.one_of_required and variant != "update":
+        schema["allOf"] = [{"anyOf": [{"required": [name]} for name in group]} for group in fields.one_of_required]
+    return schema
+
+
+def kind_components(auto_schema: Any, variant: str, envelope: dict[str, Any]) -> dict[str, dict[str, str]]:
+    """Register (once) the per-kind components of a body variant; their references by kind."""
+    refs = {}
+    for kind in KINDS:
+        name = _VARIANT_NAMES[variant] + kind.capitalize()
+        component = ResolvedComponent(name=name, type=ResolvedComponent.SCHEMA, object=name,
+                                      schema=_kind_schema(kind, variant, envelope))
+        auto_schema.registry.register_on_missing(component)
+        refs[kind] = component.ref
+    return refs
+
+
+def kind_union(refs: dict[str, dict[str, str]], variant: str) -> dict[str, Any]:
+    if variant == "update":
+        return {"anyOf": list(refs.values()),
+                "description": "The fields of the memory's own kind; null resets one to its default."}
+    return {"oneOf": list(refs.values()),
+            "discriminator": {"propertyName": "kind", "mapping": {kind: ref["$ref"] for kind, ref in refs.items()}}}
+
+
+class MemoryRecordSchemaExtension(OpenApiSerializerExtension):
+    """A record body in the OpenAPI document: one schema per memory kind (see above)."""
+
+    target_class = MemoryRecordSerializer
+    match_subclasses = True
+
+    def map_serializer(self, auto_schema: Any, direction: Any) -> Any:
+        envelope = auto_schema._map_serializer(self.target, direction, bypass_extensions=True)
+        envelope.get("properties", {}).pop("data", None)  # ingest's deprecated nesting: described, not offered
+        variant = self.target.openapi_variant
+        schema = kind_union(kind_components(auto_schema, variant, envelope), variant)
+        description = (self.target.__doc__ or "").strip()
+        if description:
+            schema["description"] = " ".join(description.split())
+        return schema
+
+
+class MemoryBatchSchemaExtension(OpenApiSerializerExtension):
+    """A batch's items: create bodies, one schema per kind, as for a single create."""
+
+    target_class = MemoryBatchSerializer
+
+    def map_serializer(self, auto_schema: Any, direction: Any) -> Any:
+        schema = auto_schema._map_serializer(self.target, direction, bypass_extensions=True)
+        envelope = auto_schema._map_serializer(MemoryWriteSerializer(), direction, bypass_extensions=True)
+        items = schema["properties"]["items"]
+        items.update(items=kind_union(kind_components(auto_schema, "create", envelope), "create"),
+                     minItems=1, maxItems=BATCH_MAX_ITEMS)
+        return schema

@@ -70,7 +70,8 @@ def _managed_stack(principal: Principal, slug: str) -> Stack:
 class StackListView(APIView):
     @extend_schema(operation_id="stacks_list", tags=["stacks"],
                    parameters=[OpenApiParameter("status", str, enum=["active", "archived"], required=False)],
-                   responses={200: StackSerializer(many=True), **ERRORS})
+                   responses={200: StackSerializer(many=True), **ERRORS},
+                   summary="Stacks the caller may see (school: all; teacher: assigned; agent key: its own)")
     def get(self, request: Request) -> Response:
         stacks = stacks_visible_to(principal_of(request))
         wanted = request.query_params.get("status")
@@ -83,7 +84,8 @@ class StackListView(APIView):
         return paginator.get_paginated_response(StackSerializer(page or [], many=True).data)
 
     @extend_schema(operation_id="stacks_create", tags=["stacks"], request=StackCreateSerializer,
-                   responses={201: StackSerializer, **FORBIDDEN, **CONFLICT, **QUOTA, **ERRORS})
+                   responses={201: StackSerializer, **FORBIDDEN, **CONFLICT, **QUOTA, **ERRORS},
+                   summary="Create a stack in the school (admins; counts against the tier's stack quota)")
     def post(self, request: Request) -> Response:
         principal = principal_of(request)
         ensure_may_manage_organization(principal)
@@ -98,12 +100,13 @@ class StackListView(APIView):
 
 class StackDetailView(APIView):
     @extend_schema(operation_id="stacks_retrieve", tags=["stacks"],
-                   responses={200: StackSerializer, **NOT_FOUND, **ERRORS})
+                   responses={200: StackSerializer, **NOT_FOUND, **ERRORS}, summary="Read a stack")
     def get(self, request: Request, stack: str) -> Response:
         return Response(StackSerializer(stack_for_principal(principal_of(request), stack)).data)
 
     @extend_schema(operation_id="stacks_update", tags=["stacks"], request=StackUpdateSerializer,
-                   responses={200: StackSerializer, **FORBIDDEN, **NOT_FOUND, **CONFLICT, **ERRORS})
+                   responses={200: StackSerializer, **FORBIDDEN, **NOT_FOUND, **CONFLICT, **ERRORS},
+                   summary="Rename a stack or change its kind (admins)")
     def patch(self, request: Request, stack: str) -> Response:
         principal = principal_of(request)
         found = stack_for_principal(principal, stack, write=True)
@@ -150,14 +153,16 @@ def _teacher_of(principal: Principal, user_id: str) -> User:
 
 class StackTeachersView(APIView):
     @extend_schema(operation_id="stacks_teachers_list", tags=["stacks"],
-                   responses={200: TeacherAssignmentSerializer(many=True), **NOT_FOUND, **ERRORS})
+                   responses={200: TeacherAssignmentSerializer(many=True), **NOT_FOUND, **ERRORS},
+                   summary="The teachers assigned to a stack")
     def get(self, request: Request, stack: str) -> Response:
         found = stack_for_principal(principal_of(request), stack)
         user_ids = found.teacher_assignments.order_by("created_at").values_list("user__public_id", flat=True)
         return Response([{"user_id": user_id} for user_id in user_ids])
 
     @extend_schema(operation_id="stacks_teachers_assign", tags=["stacks"], request=TeacherAssignmentSerializer,
-                   responses={201: TeacherAssignmentSerializer, **FORBIDDEN, **NOT_FOUND, **ERRORS})
+                   responses={201: TeacherAssignmentSerializer, **FORBIDDEN, **NOT_FOUND, **ERRORS},
+                   summary="Assign a teacher of the school to a stack (admins)")
     def post(self, request: Request, stack: str) -> Response:
         principal = principal_of(request)
         found = _managed_stack(principal, stack)
@@ -170,7 +175,8 @@ class StackTeachersView(APIView):
 
 class StackTeacherDetailView(APIView):
     @extend_schema(operation_id="stacks_teachers_unassign", tags=["stacks"], request=None,
-                   responses={204: None, **FORBIDDEN, **NOT_FOUND, **ERRORS})
+                   responses={204: None, **FORBIDDEN, **NOT_FOUND, **ERRORS},
+                   summary="Take a teacher off a stack (admins)")
     def delete(self, request: Request, stack: str, user_id: str) -> Response:
         principal = principal_of(request)
         found = _managed_stack(principal, stack)

@@ -24,10 +24,18 @@ _tmpdir: Path | None = None
 @pytest.hookimpl(tryfirst=True)
 def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Parser, args: list[str]) -> None:
     global _tmpdir
-    os.environ.setdefault("EMBEDDING_PROVIDER", "hash")
+    # The suite embeds with the fast deterministic `hash` model whatever the shell says (the
+    # settings default to MiniLM); tests of the real model opt in with `settings.EMBEDDING_PROVIDER`.
+    os.environ["EMBEDDING_PROVIDER"] = "hash"
+    # The test suite, and the processes it starts, run with the development secrets committed in
+    # the repository; nothing else accepts them (memoryhub/secrets.py).
+    os.environ["MEMORYHUB_TEST_SUITE"] = "1"
     if os.environ.get("DATABASE_URL") and os.environ.get("REDIS_URL"):
         return
     _tmpdir = Path(tempfile.mkdtemp(prefix="memoryhub-test-"))
+    # The session's data dir, not ./var: settings must not read a running `make run`'s runtime file
+    # or its collected static files (the session serves static files from source).
+    os.environ.setdefault("MEMORYHUB_DATA_DIR", str(_tmpdir / "var"))
     try:
         if not os.environ.get("DATABASE_URL"):
             postgres = EmbeddedPostgres(_tmpdir / "postgres", free_port(), log_path=_tmpdir / "postgres.log")

@@ -2,7 +2,7 @@
 
 Thin views: stack-scoped routes resolve the stack through `stacks.selectors.stack_for_principal`
 (a stack the caller cannot see is a 404; a read-only key recording a recall is a 403), who may see
-job runs is `memories.selectors.ensure_may_see_job_runs`; the request serializers below read the
+job runs and whose share is `memories.selectors.job_runs_scope`; the request serializers below read the
 query strings and bodies; the work is in memories.lifecycle.
 """
 
@@ -23,7 +23,7 @@ from accounts.principal import principal_of
 from memories import selectors
 from memories.lifecycle.decay import Grade
 from memories.lifecycle.decay_pass import forgetting_candidates
-from memories.lifecycle.jobs import JOB_NAMES, job_runs_recent
+from memories.lifecycle.jobs import JOB_NAMES, job_run_share, job_runs_recent
 from memories.lifecycle.reviews import memory_decay_view, record_review
 from memories.models import JobRun, Memory
 from memories.serializers import validated
@@ -145,9 +145,29 @@ class MemoryRecallView(APIView):
 
 
 class JobRunSerializer(serializers.ModelSerializer):
+    """A run as the caller may see it: staff get the service-wide counts and the error; everyone
+    else (school admins) their organization's share only (`context["organization_id"]`)."""
+
+    scope = serializers.SerializerMethodField(help_text="`service`: counts of the whole run (staff); "
+                                                        "`organization`: only the caller's school's share")
+    counts = serializers.SerializerMethodField(
+        help_text="Staff: what the run did in total. A school: what it did to the school's stacks (decay: "
+                  "forgotten; ttl_purge: purged; promotion: beliefs_created; other jobs: none)")
+    error = serializers.SerializerMethodField(help_text="Why it failed (staff only)")
+
     class Meta:
         model = JobRun
-        fields = ["id", "name", "status", "started_at", "finished_at", "duration_ms", "counts", "error"]
+        fields = ["id", "name", "status", "started_at", "finished_at", "duration_ms", "scope", "counts", "error"]
+
+    def get_scope(self, run: JobRun) -> str:
+        return "service" if self.context.get("organization_id") is None else "organization"
+
+    def get_counts(self, run: JobRun) -> dict[str, Any]:
+        organization_id = self.context.get("organization_id")
+        return run.counts if organization_id is None else job_run_share(run, organization_id)
+
+    def get_error(self, run: JobRun) -> str:
+        return run.error if self.context.get("organization_id") is None else ""
 
 
 class JobRunsQuerySerializer(serializers.Serializer):
@@ -159,13 +179,15 @@ class JobRunListView(APIView):
     @extend_schema(tags=[TAG], operation_id="job_runs_list", parameters=[JobRunsQuerySerializer],
                    responses=JobRunSerializer(many=True),
                    summary="Recent runs of the periodic jobs (decay, TTL purge, promotion, embedding sweep)",
-                   description="Administrators only. Each run records its status, duration and counts; a run "
-                               "that overlapped the previous one is recorded as `skipped`.")
+                   description="Staff and school admins (signed in, or with a school-wide key). Jobs are "
+                               "service-wide; each run records its status, duration and counts, and its share per "
+                               "school: staff see the totals, a school admin every run with only their school's "
+                               "numbers. A run that overlapped the previous one is recorded as `skipped`.")
     def get(self, request: Request) -> Response:
-        selectors.ensure_may_see_job_runs(principal_of(request))
+        organization_id = selectors.job_runs_scope(principal_of(request))
         query = validated(JobRunsQuerySerializer, request.query_params)
         runs = job_runs_recent(name=query.get("name"))[: query["limit"]]
-        return Response(JobRunSerializer(runs, many=True).data)
+        return Response(JobRunSerializer(runs, many=True, context={"organization_id": organization_id}).data)
 
 
 urlpatterns = [

@@ -77,9 +77,21 @@ class MemoryListView(APIView):
         return paginator.get_paginated_response(MemorySerializer(page, many=True).data)
 
     @extend_schema(tags=[TAG], request=MemoryWriteSerializer, responses={201: MemorySerializer},
-                   examples=[OpenApiExample("A belief", request_only=True, value={
-                       "kind": "belief", "record_id": "b-42", "statement": "Pictures help with fractions",
-                       "confidence": 0.9, "tags": ["math"]})],
+                   examples=[
+                       OpenApiExample("A note", request_only=True, value={
+                           "kind": "note", "content": "Fractions click with pizza diagrams", "tags": ["math"]}),
+                       OpenApiExample("A belief", request_only=True, value={
+                           "kind": "belief", "record_id": "b-42", "statement": "Pictures help with fractions",
+                           "confidence": 0.9, "tags": ["math"]}),
+                       OpenApiExample("A goal with a field of your own", request_only=True, value={
+                           "kind": "goal", "title": "Master fractions", "priority": "high",
+                           "extra": {"term": "spring"}}),
+                       OpenApiExample("A typo: 400 unknown_field", response_only=True, status_codes=["400"], value={
+                           "error": {"code": "unknown_field",
+                                     "message": "The memory has fields its kind does not know.",
+                                     "fields": {"priorty": ["Unknown field. Did you mean 'priority'?"]}},
+                           "detail": "The memory has fields its kind does not know."}),
+                   ],
                    summary="Create a memory (kind + the kind's fields, flat)")
     def post(self, request: Request, stack: str) -> Response:
         target = _stack(request, stack, write=True)
@@ -91,6 +103,10 @@ class MemoryListView(APIView):
 
 class MemoryBatchView(APIView):
     @extend_schema(tags=[TAG], request=MemoryBatchSerializer, responses={201: MemoryBatchResultSerializer},
+                   examples=[OpenApiExample("Two memories", request_only=True, value={"items": [
+                       {"kind": "note", "content": "Fractions click with pizza diagrams"},
+                       {"kind": "episode", "objective": "Practise fractions", "outcome": "Solved 8 of 10",
+                        "lessons": ["Draw the pie first"]}]})],
                    summary="Create many memories, all or nothing")
     def post(self, request: Request, stack: str) -> Response:
         target = _stack(request, stack, write=True)
@@ -112,7 +128,7 @@ class MemoryDetailView(APIView):
                    summary="Update a memory (partial; null resets a field)")
     def patch(self, request: Request, stack: str, memory_id: str) -> Response:
         memory = selectors.memory_get(stack=_stack(request, stack, write=True), memory_id=memory_id)
-        record = validated(MemoryUpdateSerializer, request.data)["record"]
+        record = validated(MemoryUpdateSerializer, request.data, context={"kind": memory.kind})["record"]
         memory = services.memory_update(memory=memory, payload=record, source="api")
         return Response(MemorySerializer(memory).data)
 
@@ -214,6 +230,16 @@ class BootConfigDetailView(APIView):
 
 class LoadView(APIView):
     @extend_schema(tags=[TAG], parameters=[LoadQuerySerializer], responses=LoadResultSerializer,
+                   examples=[OpenApiExample("A small load", response_only=True, value={
+                       "checkpoint": None, "boot_config": {"tone": "encouraging"},
+                       "memories": [{"id": "5b0c1f4e-8a51-4c43-9a55-2f1c3f0b6a11", "kind": "value",
+                                     "record_id": "5b0c1f4e-8a51-4c43-9a55-2f1c3f0b6a11",
+                                     "text": "curiosity\nAsk why before how", "score": 0.91, "tokens": 9,
+                                     "truncated": False, "created_at": "2026-11-24T09:00:00+00:00",
+                                     "details": {"name": "curiosity", "priority": 80}}],
+                       "echoes": [], "meta": {"budget_total": 8000, "budget_used": 31, "excluded_count": 0,
+                                              "item_chars": 500},
+                       "generated_at": "2026-11-24T09:30:00+00:00"})],
                    summary="Budget-aware load: checkpoint, boot config, then memories by priority")
     def get(self, request: Request, stack: str) -> Response:
         target = _stack(request, stack)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.urls import URLPattern, URLResolver, path
-from drf_spectacular.utils import OpenApiResponse, extend_schema, inline_serializer
+from drf_spectacular.utils import OpenApiExample, OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -84,6 +84,7 @@ def _result_json(result: SearchResult, query: SearchQuery, stacks: list[Stack]) 
         "embedding_model": result.embedding_model,
         "took_ms": round(result.took_ms, 2),
         "timings_ms": {k: v for k, v in result.stats.items() if k.endswith("_ms")},
+        "legs": result.legs,
     }
 
 
@@ -96,11 +97,20 @@ _HIT = inline_serializer("SearchHit", {
     "keyword_score": serializers.FloatField(allow_null=True), "semantic_score": serializers.FloatField(allow_null=True),
     "match_type": serializers.CharField(help_text="keyword | semantic | both"), "retention": serializers.FloatField(),
 })
+# Which legs ran (memories.search.hybrid, docs/algorithms.md §7.1): a search never drops to
+# keyword-only without saying so here.
+_LEGS = inline_serializer("SearchLegs", {
+    "keyword": serializers.CharField(help_text="`ran` (`skipped: nothing to search` when no stack is in scope)"),
+    "semantic": serializers.CharField(help_text=(
+        "`ran`, or `skipped: <reason>`: `model mismatch (queries are embedded with A, the stored vectors with B)`, "
+        "`embedder unavailable`, `no embedded memories yet`, `nothing to search`")),
+}, help_text="Which search legs ran; a skipped leg says why.")
 _SEARCH_RESPONSE = inline_serializer("SearchResponse", {
     "results": _HIT.__class__(many=True), "query": serializers.CharField(), "total": serializers.IntegerField(),
     "method": serializers.CharField(), "embedding_model": serializers.CharField(),
     "took_ms": serializers.FloatField(),
     "timings_ms": serializers.DictField(child=serializers.FloatField(), help_text="keyword, embed, vector legs"),
+    "legs": _LEGS,
 })
 
 
@@ -109,6 +119,8 @@ _SEARCH_RESPONSE = inline_serializer("SearchResponse", {
 class StackSearchView(APIView):
     @extend_schema(operation_id="stack_search", tags=["search"], request=SearchInSerializer,
                    responses={200: _SEARCH_RESPONSE, **ERRORS},
+                   examples=[OpenApiExample("Search a stack", request_only=True, value={
+                       "query": "fractions", "limit": 5, "kinds": ["note", "belief"], "tags": ["math"]})],
                    summary="Hybrid (full-text + vector, RRF) search of one stack")
     def post(self, request: Request, stack: str) -> Response:
         target = stack_for_principal(principal_of(request), stack)
@@ -165,6 +177,7 @@ _KERNLE_RESPONSE = inline_serializer("KernleSearchResponse", {
         "metadata": serializers.DictField(),
     }, many=True),
     "query": serializers.CharField(), "total": serializers.IntegerField(),
+    "legs": _LEGS,  # an extension: the kernle client reads only `results` (docs/kernle-protocol.md §5.3)
 })
 
 
@@ -189,7 +202,7 @@ class KernleSearchView(APIView):
             }
             for hit in result.hits
         ]
-        return Response({"results": results, "query": query.text, "total": len(results)})
+        return Response({"results": results, "query": query.text, "total": len(results), "legs": result.legs})
 
 
 # --- smart ingest ------------------------------------------------------------------------------------
@@ -207,18 +220,25 @@ _INGEST_RESPONSE = inline_serializer("SmartIngestResponse", {
 class SmartIngestView(APIView):
     @extend_schema(operation_id="stack_smart_ingest", tags=["search"], request=SmartIngestInSerializer,
                    responses={201: _INGEST_RESPONSE, 200: _INGEST_RESPONSE, **WRITE_ERRORS},
+                   examples=[
+                       OpenApiExample("A note", request_only=True, value={
+                           "kind": "note", "content": "Fractions click with pizza diagrams", "tags": ["math"]}),
+                       OpenApiExample("Supersede a belief", request_only=True, value={
+                           "kind": "belief", "statement": "Pictures help most with fractions",
+                           "supersedes": "5b0c1f4e-8a51-4c43-9a55-2f1c3f0b6a11"}),
+                   ],
                    summary="Store a memory through prediction-error gating (create/reinforce/update/supersede)")
     def post(self, request: Request, stack: str) -> Response:
         target = stack_for_principal(principal_of(request), stack, write=True)
         data = validated(SmartIngestInSerializer, request.data)
         supersedes = data.get("supersedes")
-        decision = smart_ingest(stack=target, kind=data["kind"], payload=data["data"],
+        decision = smart_ingest(stack=target, kind=data["kind"], payload=data["record"],
                                 force_create=data["force_create"],
                                 supersedes=None if supersedes is None else str(supersedes),
                                 thresholds=data.get("thresholds"))
         memory = decision.memory
         created = decision.decision in ("create", "supersede")
-        return Response(
+        response = Response(
             {
                 "decision": decision.decision,
                 "memory": {"id": str(memory.pk), "record_id": memory.record_id, "kind": memory.kind,
@@ -234,6 +254,9 @@ class SmartIngestView(APIView):
             },
             status=status.HTTP_201_CREATED if created else status.HTTP_200_OK,
         )
+        if data["deprecated_shape"]:  # `{"kind", "data": {…}}`: still served, flagged for the client to move on
+            response["Deprecation"] = "true"
+        return response
 
 
 # --- feedback ------------------------------------------------------------------------------------------

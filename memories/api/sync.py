@@ -25,7 +25,7 @@ from typing import Any
 
 from django.http import HttpResponse
 from django.urls import URLPattern, URLResolver, path
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from drf_spectacular.utils import OpenApiExample, OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -199,6 +199,13 @@ class KernlePushView(APIView):
     @extend_schema(
         operation_id="kernle_sync_push", tags=["kernle sync"], request=KernlePushRequestSerializer,
         responses={200: KernlePushResponseSerializer, **ERRORS},
+        examples=[OpenApiExample("A note and a deletion", request_only=True, value={
+            "stack_id": "ada", "operations": [
+                {"operation": "upsert", "table": "notes", "record_id": "3f6c2b1e-0d7a-4c55-8e0b-6a1d2c3b4a59",
+                 "local_updated_at": "2026-11-24T09:00:00+00:00", "version": 1,
+                 "data": {"content": "Fractions click with pizza diagrams", "note_type": "insight",
+                          "derived_from": ["raw:0a1b2c3d"]}},
+                {"operation": "delete", "table": "beliefs", "record_id": "9e8d7c6b-5a49-4382-9170-a1b2c3d4e5f6"}]})],
         summary="Push local changes (docs/kernle-protocol.md §3): each operation applied on its own, conflicts per "
                 "operation, acknowledged only after commit",
     )
@@ -249,6 +256,10 @@ class NativePushView(APIView):
                    402: OpenApiResponse(description="Storage quota exceeded; `error.fields.limit` names the limit "
                                                     "and nothing was stored"),
                    413: OpenApiResponse(description="More than 1,000 operations"), **ERRORS},
+        examples=[OpenApiExample("Upsert a note, delete a belief", request_only=True, value={"operations": [
+            {"op": "upsert", "kind": "note", "record_id": "n-1", "updated_at": "2026-11-24T09:00:00+00:00",
+             "data": {"content": "Fractions click with pizza diagrams", "tags": ["math"]}},
+            {"op": "delete", "kind": "belief", "record_id": "b-7"}]})],
         summary="Push up to 1,000 operations to a stack, applied in order, one result per operation",
     )
     def post(self, request: Request, stack: str) -> Response:

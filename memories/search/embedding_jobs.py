@@ -5,6 +5,13 @@ whenever text changes and queues the row after commit; `embeddings_invalidate_st
 `embeddings_invalidate_all` clear it for re-embedding, left to the sweep). A partial index
 covers exactly those rows, so the backlog count and the sweep stay cheap at any table size.
 
+One model per deployment (memories.search.embedding_model, docs/algorithms.md §10.3): nothing here
+stores a vector of another model than the deployment's. A process configured for another model
+embeds nothing (`memories_embed` logs why, the sweep's run is recorded as failed with the reason),
+and `store_vectors` checks the deployment's model in the same statement that writes, so a switch
+racing a batch cannot slip the old model's vectors in. A vector of another model that is already
+stored (written before this rule, or by a batch that raced a switch) is re-embedded by the sweep.
+
 Concurrency: a row is claimed with a short-lived Redis lock (`SET NX EX`) before it is embedded,
 so two workers (an after-commit task and the periodic sweep, say) never embed the same row at
 once — without holding a database row lock during inference, which would stall sync pushes.
@@ -25,9 +32,16 @@ from typing import Any
 import redis
 from django.conf import settings
 from django.db import connection
+from django.db.models import Q
 
 from memories.lifecycle.jobs import JOB_EMBEDDING_SWEEP, Progress, run_job
 from memories.models import JobRun, Memory
+from memories.search.embedding_model import (
+    EmbeddingModelMismatch,
+    deployment_model_claim,
+    deployment_model_mismatch,
+    deployment_model_verified,
+)
 from memories.search.embeddings import Embedder, get_embedder, vector_literal
 
 logger = logging.getLogger(__name__)
@@ -71,11 +85,13 @@ class EmbedResult:
     embedded: int = 0
     skipped_claimed: int = 0  # held by another worker right now
     skipped_stale: int = 0  # changed (or deleted) while we embedded; left in the backlog
+    refused: int = 0  # not embedded: this process's model is not the deployment's (logged)
     ids: list[str] = field(default_factory=list)
 
 
 def store_vectors(rows: Sequence[tuple[str, int]], vectors: Sequence[Sequence[float]], model_id: str) -> int:
-    """One set-based UPDATE for the batch, guarded by the version each vector was made from.
+    """One set-based UPDATE for the batch, guarded by the version each vector was made from and by
+    the deployment's model (a row is only written while `model_id` is it; else it stays as it was).
 
     Embeddings never cross the wire, so this deliberately does not stamp `change_seq`: a new
     vector is not a change a client needs to pull.
@@ -91,26 +107,46 @@ def store_vectors(rows: Sequence[tuple[str, int]], vectors: Sequence[Sequence[fl
                    embedded_version = v.version
               FROM unnest(%s::uuid[], %s::int[], %s::text[]) AS v(id, version, embedding)
              WHERE m.id = v.id AND m.version = v.version AND m.deleted_at IS NULL
+               AND EXISTS (SELECT 1 FROM memories_deploymentembeddingmodel d WHERE d.id = 1 AND d.model_id = %s)
             """,
             [
                 model_id,
                 [row[0] for row in rows],
                 [row[1] for row in rows],
                 [vector_literal(vector) for vector in vectors],
+                model_id,
             ],
         )
         return cursor.rowcount
 
 
-def memories_embed(*, ids: Iterable[str | uuid.UUID], embedder: Embedder | None = None) -> EmbedResult:
-    """Embed the given memories that still await an embedding, in batches.
+_REFUSAL_LOG_SECONDS = 60.0
+_last_refusal_log = [0.0]
 
-    Idempotent: rows already embedded at their current version, deleted rows and rows another
-    worker holds are skipped.
+
+def _log_refusal(refusal: EmbeddingModelMismatch) -> None:
+    """Say why this process embeds nothing, at most once a minute (each write queues a task)."""
+    if time.monotonic() - _last_refusal_log[0] >= _REFUSAL_LOG_SECONDS:
+        _last_refusal_log[0] = time.monotonic()
+        logger.warning("embedding: %s", refusal)
+
+
+def _needs_vector(model_id: str) -> Q:
+    """Rows awaiting a vector, or holding one of another model than `model_id`."""
+    return Q(embedded_version__isnull=True) | ~Q(embedding_model=model_id)
+
+
+def memories_embed(*, ids: Iterable[str | uuid.UUID], embedder: Embedder | None = None) -> EmbedResult:
+    """Embed the given memories that await an embedding (or hold another model's vector), in batches.
+
+    Idempotent: rows already embedded at their current version with this model, deleted rows and
+    rows another worker holds are skipped. A process configured for another model than the
+    deployment's embeds nothing (`refused`, logged).
     """
     embedder = embedder or get_embedder()
     wanted = list(dict.fromkeys(str(i) for i in ids))
     result = EmbedResult()
+    checked = False  # the deployment's model is read (or claimed) once there is something to embed
     for start in range(0, len(wanted), EMBED_BATCH_SIZE):
         chunk = wanted[start:start + EMBED_BATCH_SIZE]
         token = uuid.uuid4().hex
@@ -120,11 +156,18 @@ def memories_embed(*, ids: Iterable[str | uuid.UUID], embedder: Embedder | None 
             continue
         try:
             rows = list(
-                Memory.objects.filter(pk__in=claimed, embedded_version__isnull=True, deleted_at__isnull=True)
+                Memory.objects.filter(_needs_vector(embedder.model_id), pk__in=claimed, deleted_at__isnull=True)
                 .values_list("id", "version", "text")
             )
             if not rows:
                 continue
+            if not checked:
+                refusal = deployment_model_mismatch(embedder.model_id)
+                if refusal is not None:
+                    _log_refusal(refusal)
+                    result.refused = len(wanted) - result.skipped_claimed  # nothing embedded before this
+                    return result
+                checked = True
             vectors = embedder.embed([text for _, _, text in rows])
             stored = store_vectors([(str(mid), version) for mid, version, _ in rows], vectors, embedder.model_id)
             result.embedded += stored
@@ -150,31 +193,80 @@ def embedding_backlog_count() -> int:
     return Memory.objects.filter(embedded_version__isnull=True, deleted_at__isnull=True).count()
 
 
+def other_model_ids(model_id: str, *, limit: int) -> list[str]:
+    """Ids of (at most `limit`) memories whose current vector is of another model than `model_id`.
+
+    No index serves this (`embedding_model <> x` cannot use one, and an index over a million rows
+    for a state that should not exist is not worth its upkeep): it is a sequential scan that stops
+    after `limit` hits - cheap while many remain, a full scan (~seconds at 1M rows) when none do.
+    The sweep therefore runs it only while the deployment's model is unverified (see
+    `embedding_sweep`), not every minute.
+    """
+    return [
+        str(memory_id)
+        for memory_id in Memory.objects.filter(embedded_version__isnull=False, deleted_at__isnull=True)
+        .exclude(embedding_model=model_id)
+        .values_list("id", flat=True)[:limit]
+    ]
+
+
 @dataclass
 class SweepResult:
     embedded: int = 0
     skipped: int = 0
     batches: int = 0
+    other_model: int = 0  # of `embedded`: vectors of another model replaced by the deployment's
 
 
-def embedding_sweep(*, max_rows: int = 5000, time_budget_seconds: float = 240.0) -> SweepResult:
-    """Embed whatever the after-commit tasks missed (dead worker, Redis blip, model change).
+def embedding_sweep(*, max_rows: int = 5000, time_budget_seconds: float = 240.0,
+                    embedder: Embedder | None = None) -> SweepResult:
+    """Embed whatever the after-commit tasks missed (dead worker, Redis blip, model change), then
+    re-embed stored vectors of another model than the deployment's.
 
     Bounded by rows and time so a huge backlog is worked off over several runs instead of one task
-    running into the hard time limit.
+    running into the hard time limit. Raises EmbeddingModelMismatch (and embeds nothing) when
+    this process is configured for another model than the deployment's.
+
+    Vectors of another model can only exist after the deployment's model was recorded or switched
+    (every writer checks it since), so they are looked for only while the record is unverified:
+    each run then takes one bounded batch of them (`other_model_ids`), and the first run that finds
+    none marks the record verified. In the steady state the sweep costs what it did before: the
+    backlog's partial index (`memories_embedding_backlog`), nothing else.
     """
+    embedder = embedder or get_embedder()
+    deployment = deployment_model_claim(embedder.model_id)
+    if deployment.model_id != embedder.model_id:
+        raise EmbeddingModelMismatch(configured=embedder.model_id, deployment=deployment.model_id)
     started = time.monotonic()
     result = SweepResult()
     seen: set[str] = set()
-    while result.embedded + result.skipped < max_rows and time.monotonic() - started < time_budget_seconds:
+
+    def budget_left() -> int:
+        if time.monotonic() - started >= time_budget_seconds:
+            return 0
+        return max(0, max_rows - result.embedded - result.skipped)
+
+    def embed(ids: list[str]) -> int:
+        seen.update(ids)
+        batch = memories_embed(ids=ids, embedder=embedder)
+        result.batches += 1
+        result.embedded += batch.embedded
+        result.skipped += batch.skipped_claimed + batch.skipped_stale + batch.refused
+        return batch.embedded
+
+    while budget_left():
         ids = [i for i in embedding_backlog_ids(limit=EMBED_BATCH_SIZE * 4) if i not in seen]
         if not ids:
             break
-        seen.update(ids)
-        batch = memories_embed(ids=ids)
-        result.batches += 1
-        result.embedded += batch.embedded
-        result.skipped += batch.skipped_claimed + batch.skipped_stale
+        embed(ids)
+    if deployment.verified_at is None and budget_left():
+        others = [i for i in other_model_ids(deployment.model_id, limit=budget_left()) if i not in seen]
+        if not others:
+            deployment_model_verified(deployment.model_id)
+        for start in range(0, len(others), EMBED_BATCH_SIZE * 4):
+            if not budget_left():
+                break
+            result.other_model += embed(others[start:start + EMBED_BATCH_SIZE * 4])
     return result
 
 
@@ -200,12 +292,30 @@ def embeddings_invalidate_all() -> int:
 
 
 def embedding_sweep_run(*, max_rows: int = 5000, progress: Progress | None = None) -> JobRun:
-    """The search side's embedding sweep (`embedding_sweep` above) as a recorded job."""
+    """The search side's embedding sweep (`embedding_sweep` above) as a recorded job.
+
+    A process configured for another model than the deployment's records its run as failed, with
+    the reason as the run's error (visible at /api/v1/jobs/), and logs it once: no traceback each
+    minute, nothing embedded.
+    """
+    refusals: list[EmbeddingModelMismatch] = []
+
     def work(counts: dict[str, Any]) -> None:
-        result = embedding_sweep(max_rows=max_rows)
-        counts.update(embedded=result.embedded, skipped=result.skipped, batches=result.batches)
+        try:
+            result = embedding_sweep(max_rows=max_rows)
+        except EmbeddingModelMismatch as refusal:
+            refusals.append(refusal)
+            return
+        counts.update(embedded=result.embedded, skipped=result.skipped, batches=result.batches,
+                      other_model=result.other_model)
         if progress is not None:
             progress(result.embedded + result.skipped)
 
-    return run_job(JOB_EMBEDDING_SWEEP, work)
+    run = run_job(JOB_EMBEDDING_SWEEP, work)
+    if refusals:
+        _log_refusal(refusals[0])
+        run.status = JobRun.Status.FAILED
+        run.error = str(refusals[0])
+        run.save(update_fields=["status", "error"])
+    return run
 

@@ -24,6 +24,11 @@ the stack has its own partial HNSW index (memories.search.vector_indexes), throu
 and fall back to an exact search whenever an index yields too few rows [...+exact].
 `SearchResult.method` reports which ran.
 
+Which legs ran (`SearchResult.legs`, docs/algorithms.md §7.1): a search never drops to keyword-only
+without saying so. The semantic leg is skipped - and says why - when the query would be embedded
+with another model than the deployment's stored vectors (memories.search.embedding_model), when the
+embedder fails (the keyword leg still answers), or when no memory in scope has a vector yet.
+
 Why one module of ~460 lines: the two legs share one filter builder and one column contract
 (`_filters`, `_LEG_COLUMNS`/`_SCORE`) that the fusion reads by position; split apart, a reader
 would have to hold three files open to check that they agree.
@@ -31,6 +36,7 @@ would have to hold three files open to check that they agree.
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 import time
@@ -46,8 +52,12 @@ from django.utils import timezone
 
 from memories.lifecycle.decay import DecayState, memory_retrievability
 from memories.models import Memory
+from memories.search.embedding_model import deployment_model_id
 from memories.search.embeddings import Vector, embed_query, get_embedder, vector_literal
 from memories.search.vector_indexes import stacks_with_vector_index
+from memoryhub.errors import ServiceUnavailable
+
+logger = logging.getLogger(__name__)
 
 RRF_K = 60
 MAX_LIMIT = 100
@@ -58,6 +68,17 @@ KEYWORD_RANK_CAP = 1_000
 STATEMENT_TIMEOUT_MS = 2_500
 HNSW_MAX_EF_SEARCH = 1000  # pgvector's upper bound for hnsw.ef_search
 STACK_INDEX_MIN_EF_SEARCH = 240  # a per-stack index's walk width (see _vector_leg)
+
+# What `SearchResult.legs` says of a leg: "ran", or "skipped: <one of these reasons>".
+LEG_RAN = "ran"
+SKIPPED_EMBEDDER_UNAVAILABLE = "skipped: embedder unavailable"
+SKIPPED_NOT_EMBEDDED_YET = "skipped: no embedded memories yet"
+SKIPPED_NOTHING_TO_SEARCH = "skipped: nothing to search"
+
+
+def skipped_model_mismatch(*, query_model: str, stored_model: str) -> str:
+    return f"skipped: model mismatch (queries are embedded with {query_model}, the stored vectors with {stored_model})"
+
 
 
 
@@ -98,6 +119,8 @@ class SearchResult:
     took_ms: float = 0.0
     embedding_model: str = ""
     stats: dict[str, Any] = field(default_factory=dict)
+    # Each leg: "ran" or "skipped: <reason>" (see the module docstring).
+    legs: dict[str, str] = field(default_factory=lambda: {"keyword": LEG_RAN, "semantic": LEG_RAN})
 
 
 def ranking_weight(*, retention: float, confidence: float, age_days: float) -> float:
@@ -382,7 +405,8 @@ def search_memories(*, stack_ids: Sequence[int], query: SearchQuery, now: dateti
     now = now or timezone.now()
     stats: dict[str, Any] = {}
     if not stack_ids or not query.text.strip():
-        return SearchResult(hits=[], method="none")
+        return SearchResult(hits=[], method="none", legs={"keyword": SKIPPED_NOTHING_TO_SEARCH,
+                                                          "semantic": SKIPPED_NOTHING_TO_SEARCH})
     fetch = over_fetch(query.limit)
     with transaction.atomic():
         # Kernle's client gives up after 3 s and searches locally; a query that cannot finish
@@ -395,16 +419,40 @@ def search_memories(*, stack_ids: Sequence[int], query: SearchQuery, now: dateti
 def _search(*, stack_ids: Sequence[int], query: SearchQuery, now: datetime, fetch: int, stats: dict[str, Any],
             started: float) -> SearchResult:
 
+    # A query vector is only comparable with stored vectors of its own model: when this process
+    # embeds with another model than the deployment's, the semantic leg is skipped, and says so.
+    try:
+        query_model = get_embedder().model_id
+    except ServiceUnavailable:  # e.g. EMBEDDING_PROVIDER=openai without EMBEDDING_API_URL
+        query_model = ""
+    stored_model = deployment_model_id()  # one primary-key read
+    if not query_model:
+        semantic_skipped: str | None = SKIPPED_EMBEDDER_UNAVAILABLE
+    elif stored_model is not None and stored_model != query_model:
+        semantic_skipped = skipped_model_mismatch(query_model=query_model, stored_model=stored_model)
+    else:
+        semantic_skipped = None
     # The query embedding (CPU, torch releases the GIL) runs while the keyword leg waits on the
     # database, so a search costs max(embed, keyword) + vector rather than their sum.
     clock = time.perf_counter()
-    pending = _embedding_pool().submit(_timed_embed, query.text)
+    pending = None if semantic_skipped else _embedding_pool().submit(_timed_embed, query.text)
     keyword_rows = _keyword_leg(query, stack_ids, fetch)
     stats["keyword_ms"] = round((time.perf_counter() - clock) * 1000, 2)
-    vector, stats["embed_ms"] = pending.result()
-    clock = time.perf_counter()
-    vector_rows, method = _vector_leg(query, stack_ids, vector, fetch, stats)
-    stats["vector_ms"] = round((time.perf_counter() - clock) * 1000, 2)
+    vector_rows: list[tuple[Any, ...]] = []
+    method = "none"
+    if pending is not None:
+        try:
+            vector, stats["embed_ms"] = pending.result()
+        except Exception as exc:  # an embedding service down, a model that failed to load: keyword only
+            # The exception's type only: its message could quote the query.
+            logger.warning("search: the query embedding failed (%s); semantic leg skipped", type(exc).__name__)
+            semantic_skipped = SKIPPED_EMBEDDER_UNAVAILABLE
+        else:
+            clock = time.perf_counter()
+            vector_rows, method = _vector_leg(query, stack_ids, vector, fetch, stats)
+            stats["vector_ms"] = round((time.perf_counter() - clock) * 1000, 2)
+            if not vector_rows:
+                semantic_skipped = _why_no_vectors(query, stack_ids, query_model)
     if query.min_similarity > 0:  # 0 means "no threshold" (cosine itself can be negative)
         vector_rows = [row for row in vector_rows if float(row[_SCORE]) >= query.min_similarity]
 
@@ -457,6 +505,24 @@ def _search(*, stack_ids: Sequence[int], query: SearchQuery, now: datetime, fetc
         hits=hits,
         method=method,
         took_ms=(time.perf_counter() - started) * 1000,
-        embedding_model=get_embedder().model_id,
+        embedding_model=query_model,
         stats=stats,
+        legs={"keyword": LEG_RAN, "semantic": semantic_skipped or LEG_RAN},
     )
+
+
+def _why_no_vectors(query: SearchQuery, stack_ids: Sequence[int], query_model: str) -> str | None:
+    """Why the vector leg found no row of `query_model` in scope, or None when the scope (with its
+    filters) is simply empty. Runs only after an empty vector leg, so it costs nothing otherwise:
+    either the scope's vectors are of another model (a switch or a heal still under way), or none
+    of its memories has been embedded yet (the embedding backlog)."""
+    params: dict[str, Any] = {"stack_ids": list(stack_ids), "model": query_model}
+    where = _filters(query, params)
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT m.embedding_model FROM memories_memory m WHERE {where} "  # noqa: S608 - fixed clauses
+                       f"AND m.embedding IS NOT NULL AND m.embedding_model <> %(model)s LIMIT 1", params)
+        other = cursor.fetchone()
+        if other is not None:
+            return skipped_model_mismatch(query_model=query_model, stored_model=other[0])
+        cursor.execute(f"SELECT 1 FROM memories_memory m WHERE {where} LIMIT 1", params)  # noqa: S608
+        return SKIPPED_NOT_EMBEDDED_YET if cursor.fetchone() is not None else None

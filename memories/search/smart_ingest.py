@@ -44,6 +44,7 @@ from django.utils import timezone
 from memories.lifecycle.decay import DecayState, Grade, base_stability, review
 from memories.models import Memory
 from memories.search.embedding_jobs import store_vectors
+from memories.search.embedding_model import deployment_model_mismatch
 from memories.search.embeddings import get_embedder, vector_literal
 from memories.search.retrieval_feedback import DEMOTE, PROMOTE, latest_feedback
 from memories.services import memory_create, memory_forget, memory_update
@@ -175,7 +176,10 @@ def smart_ingest(*, stack: Stack, kind: str, payload: dict[str, Any], force_crea
         return IngestDecision("create", new, None, measure, 1.0, None,
                               "force_create: the gate was bypassed on request", forced=True)
 
-    vector = get_embedder().embed([normalized.text])[0] if normalized.text else None
+    # Similarity means something only between vectors of one model: a process set for another
+    # model than the deployment's (memories.search.embedding_model) compares nothing and says so.
+    refusal = deployment_model_mismatch(get_embedder().model_id) if normalized.text else None
+    vector = get_embedder().embed([normalized.text])[0] if normalized.text and refusal is None else None
     candidates, measure = _neighbours(stack, kind, vector) if vector is not None else ([], "none")
 
     def create() -> Memory:
@@ -188,8 +192,10 @@ def smart_ingest(*, stack: Stack, kind: str, payload: dict[str, Any], force_crea
     considered = [{"id": str(m.pk), "similarity": round(s, 4)} for m, s in candidates]
     if not candidates:
         new = create()
-        return IngestDecision("create", new, None, measure, 1.0, None,
-                              "no similar memory of this kind: new information", considered=considered)
+        why = ("similarity not measured: this process embeds with another model than the deployment's "
+               f"({refusal.deployment}); created" if refusal is not None
+               else "no similar memory of this kind: new information")
+        return IngestDecision("create", new, None, measure, 1.0, None, why, considered=considered)
 
     best, similarity = candidates[0]
     error = round(1.0 - max(0.0, similarity), 6)

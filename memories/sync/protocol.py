@@ -25,9 +25,16 @@ from django.db import connection
 
 from accounts.principal import Principal
 from memories.models import MemoryKind
-from memories.schemas import KIND_FOR_TABLE, LIST_ITEMS, NormalizedMemory, parse_timestamp
+from memories.schemas import (
+    KIND_FOR_TABLE,
+    LIST_ITEMS,
+    NOT_UNICODE,
+    NormalizedMemory,
+    has_lone_surrogate,
+    parse_timestamp,
+)
 from memories.writes.hooks import prepare_memory
-from memoryhub.errors import DomainError, InvalidInput, NotFound, PayloadTooLarge
+from memoryhub.errors import DomainError, InvalidInput, NotFound, PayloadTooLarge, utf8_encodable
 from stacks.models import Stack
 
 # --- wire vocabulary ---------------------------------------------------------------------------------
@@ -126,6 +133,8 @@ def _record_id(value: Any) -> str:
     if not record_id or len(record_id) > RECORD_ID_MAX or "\x00" in record_id:
         raise OpRejected("missing or invalid record_id",
                          fields={"record_id": [f"1-{RECORD_ID_MAX} characters, no null bytes."]})
+    if has_lone_surrogate(record_id):
+        raise OpRejected("missing or invalid record_id", fields={"record_id": [NOT_UNICODE]})
     return record_id
 
 
@@ -181,15 +190,19 @@ def _describe(exc: DomainError) -> str:
 
 
 def wire_key(raw_op: Any) -> tuple[Any, Any, Any]:
-    """(table, record_id, operation) of a raw kernle operation, each None when unusable: for answers."""
+    """(table, record_id, operation) of a raw kernle operation, each None when unusable: for answers.
+
+    Echoed strings are made UTF-8-encodable: a lone surrogate in a name the client sent would
+    otherwise make the whole response unrenderable (one operation's defect stays its own)."""
     if not isinstance(raw_op, dict):
         return None, None, None
     table = raw_op.get("table")
     record_id = raw_op.get("record_id")
     operation = raw_op.get("operation")
-    return (table if isinstance(table, str) else None,
-            record_id if isinstance(record_id, (str, int)) and not isinstance(record_id, bool) else None,
-            operation if isinstance(operation, str) else None)
+    return (utf8_encodable(table) if isinstance(table, str) else None,
+            utf8_encodable(record_id) if isinstance(record_id, (str, int)) and not isinstance(record_id, bool)
+            else None,
+            utf8_encodable(operation) if isinstance(operation, str) else None)
 
 
 def parse_kernle_op(index: int, raw: Any, now: datetime) -> SyncOp:

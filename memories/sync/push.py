@@ -30,7 +30,7 @@ from memories.sync.protocol import (
     parse_native_op,
     wire_key,
 )
-from memoryhub.errors import DomainError, InvalidInput, NotFound, PayloadTooLarge, QuotaExceeded
+from memoryhub.errors import DomainError, InvalidInput, NotFound, PayloadTooLarge, QuotaExceeded, utf8_encodable
 from stacks.models import Stack
 from stacks.selectors import stack_for_principal
 from stacks.services import stack_create, stack_id_validated
@@ -167,7 +167,7 @@ def _native_push(principal: Principal, stack_slug: str, operations: Any, per_rec
         result = results[index]
         entry: dict[str, Any] = {
             "index": index,
-            "kind": raw.get("kind") if isinstance(raw, dict) else None,
+            "kind": utf8_encodable(raw.get("kind")) if isinstance(raw, dict) else None,
             "record_id": wire_key(raw)[1],
             "status": "applied" if result.ok else "rejected",
         }

@@ -17,7 +17,9 @@ imports only the model and the schema, so every writer can use it.
   embedding sweep embeds them. The task is sent by name, so this module does not import
   `memories.tasks` (and through it the search and lifecycle rooms).
 
-Today nothing registers a transform or a listener; both lists are empty and cost one loop each.
+Today nothing registers a transform, and the only listeners are the lifecycle jobs' own while they
+run (memories.lifecycle.jobs: each school's share of a run); otherwise both lists are empty and
+cost one loop each.
 """
 
 from __future__ import annotations

@@ -161,13 +161,14 @@ def test_ensure_may_promote(school: School) -> None:
 
 # --- job runs ------------------------------------------------------------------------------------------
 
-def test_job_runs_are_for_staff_and_dashboard_admins(school: School) -> None:
+def test_job_runs_are_for_staff_and_school_admins(school: School) -> None:
     assert session_client(school.admin).get("/api/v1/jobs/").status_code == 200
+    assert school.admin_api.get("/api/v1/jobs/").status_code == 200  # the school-wide key
     staff = make_user(school.org, role=Membership.Role.TEACHER)
     User.objects.filter(pk=staff.pk).update(is_staff=True)
     staff.refresh_from_db()
     assert session_client(staff).get("/api/v1/jobs/").status_code == 200
-    for client in (school.agent, school.admin_api, session_client(school.teacher)):
+    for client in (school.agent, session_client(school.teacher)):
         response = client.get("/api/v1/jobs/")
         assert response.status_code == 403
         assert response.json()["error"]["code"] == "admin_only"
@@ -226,7 +227,7 @@ def test_ingest_fields_are_strict() -> None:
 
 def test_a_memory_body_keeps_its_record_for_the_schema() -> None:
     serializer = MemoryWriteSerializer(data={"kind": "belief", "record_id": " b\x07-1 ", "statement": "s",
-                                             "custom": {"x": 1}})
+                                             "extra": {"custom": {"x": 1}}})
     assert serializer.is_valid(), serializer.errors
     assert serializer.validated_data == {"kind": "belief", "record_id": "b-1",
                                          "record": {"statement": "s", "custom": {"x": 1}}}

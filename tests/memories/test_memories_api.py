@@ -84,7 +84,7 @@ def _stored(stack: Stack) -> int:
 def test_create_each_kind_and_read_back(school: School, url: str, kind: str,
                                        django_capture_on_commit_callbacks: Any) -> None:
     with django_capture_on_commit_callbacks(execute=True):
-        response = school.agent.post(url, {"kind": kind, **VALID[kind], "mystery_field": {"keep": [1, 2]}},
+        response = school.agent.post(url, {"kind": kind, **VALID[kind], "extra": {"mystery_field": {"keep": [1, 2]}}},
                                      format="json")
     assert response.status_code == 201, response.json()
     body = response.json()
@@ -162,7 +162,7 @@ def test_oversized_memory_is_refused_and_nothing_stored(school: School, url: str
     assert response.status_code == 400
     assert "content" in response.json()["error"]["fields"]
     huge_extra = {f"k{i}": "y" * 1000 for i in range(100)}
-    response = school.agent.post(url, {"kind": "note", "content": "hi", **huge_extra}, format="json")
+    response = school.agent.post(url, {"kind": "note", "content": "hi", "extra": huge_extra}, format="json")
     assert response.status_code == 413
     big_raw = school.agent.post(url, {"kind": "raw", "blob": "z" * 100_001}, format="json")
     assert big_raw.status_code == 400
@@ -172,7 +172,7 @@ def test_oversized_memory_is_refused_and_nothing_stored(school: School, url: str
 def test_control_characters_removed_and_nulls_accepted(school: School, url: str) -> None:
     response = school.agent.post(url, {
         "kind": "note", "content": "line\x00one\x07\nline two\ttab", "speaker": None, "tags": None,
-        "weird\x00key": "v\x00al", "confidence": None,
+        "extra": {"weird\x00key": "v\x00al"}, "confidence": None,
     }, format="json")
     assert response.status_code == 201, response.json()
     body = response.json()
@@ -183,17 +183,18 @@ def test_control_characters_removed_and_nulls_accepted(school: School, url: str)
     assert body["extra"] == {"weirdkey": "val"}
 
 
-def test_server_controlled_fields_are_ignored(school: School, url: str) -> None:
+def test_server_controlled_fields_are_refused_by_name(school: School, url: str) -> None:
+    # The native API is strict (kernle sync keeps its leniency: tests/memories/test_sync_kernle.py).
     response = school.agent.post(url, {
         "kind": "belief", "statement": "x", "version": 99, "forgotten_at": "2020-01-01T00:00:00Z",
         "embedding": [0.1], "stack_id": "other", "id": "abc", "deleted": True,
     }, format="json")
-    assert response.status_code == 201
-    body = response.json()
-    assert body["version"] == 1
-    assert body["forgotten"] is False
-    assert body["extra"] == {}
-    assert Memory.objects.get(pk=body["id"]).deleted_at is None
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["code"] == "unknown_field"
+    assert set(error["fields"]) == {"version", "forgotten_at", "embedding", "stack_id", "id", "deleted"}
+    assert error["fields"]["id"] == ["Set by the server; it cannot be written. Use `record_id` for your own id."]
+    assert _stored(school.stack) == 0
 
 
 def test_duplicate_record_id_is_409_and_first_kept(school: School, url: str,
@@ -211,7 +212,8 @@ def test_duplicate_record_id_is_409_and_first_kept(school: School, url: str,
 
 
 def test_update_bumps_version_keeps_revision_and_resets_embedding(school: School, url: str) -> None:
-    created = school.agent.post(url, {"kind": "belief", **VALID["belief"], "custom": 1}, format="json").json()
+    created = school.agent.post(url, {"kind": "belief", **VALID["belief"], "extra": {"custom": 1}},
+                                format="json").json()
     memory = Memory.objects.get(pk=created["id"])
     Memory.objects.filter(pk=memory.pk).update(embedded_version=1)
     seq_before = memory.change_seq

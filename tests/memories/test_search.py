@@ -272,7 +272,8 @@ def test_kernle_search_nonsense_query_is_empty_200(school: dict[str, Any]) -> No
     _, secret = make_key(school["org"], stack=school["stack"])
     response = bearer_client(secret).post("/memories/search", {"query": "qzxv wplk"}, format="json")
     assert response.status_code == 200
-    assert response.json() == {"results": [], "query": "qzxv wplk", "total": 0}
+    assert response.json() == {"results": [], "query": "qzxv wplk", "total": 0,
+                               "legs": {"keyword": "ran", "semantic": "ran"}}
 
 
 def test_kernle_search_stack_resolution_order(school: dict[str, Any]) -> None:

@@ -14,6 +14,7 @@ from django.db import connection
 
 from memories.models import Memory
 from memories.search.embedding_jobs import memories_embed
+from memories.search.embedding_model import deployment_model_switch
 from memories.search.embeddings import get_embedder
 from memories.search.hybrid import SearchQuery, search_memories
 from memories.services import memory_create
@@ -48,6 +49,7 @@ def minilm(settings: Any) -> Iterator[Any]:
     settings.EMBEDDING_PROVIDER = "minilm"
     embedder = get_embedder()
     assert embedder.model_id == "all-MiniLM-L6-v2/384"
+    deployment_model_switch(embedder.model_id)  # this test's deployment embeds with MiniLM (docs/algorithms.md §10.3)
     yield embedder
 
 

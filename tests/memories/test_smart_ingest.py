@@ -21,7 +21,7 @@ BASE = "Alice learns fractions best when the teacher uses pizza slices and paper
 def ingest(school: School, content: str, kind: str = "note", **extra: Any) -> Any:
     field = {"note": "content", "belief": "statement"}[kind]
     return school.agent.post("/api/v1/stacks/alice/ingest",
-                             {"kind": kind, "data": {field: content}, **extra}, format="json")
+                             {"kind": kind, field: content, **extra}, format="json")
 
 
 def test_first_memory_is_created_with_full_prediction_error(school: School) -> None:
@@ -131,12 +131,16 @@ def test_unrelated_text_is_created(school: School) -> None:
 
 
 @pytest.mark.parametrize("body, field", [
-    ({"kind": "dragon", "data": {"content": "x"}}, "kind"),
+    ({"kind": "dragon", "content": "x"}, "kind"),
+    ({"kind": "note"}, "content"),
+    ({"kind": "note", "content": "x", "force_create": "yes"}, "force_create"),
+    ({"kind": "note", "content": "x", "supersedes": "not-a-uuid"}, "supersedes"),
+    ({"kind": "note", "content": "x", "thresholds": {"update": "high"}}, "thresholds.update"),
+    ({"kind": "note", "contnet": "x"}, "contnet"),
+    # the deprecated nested shape: still read, and still checked
     ({"kind": "note", "data": "x"}, "data"),
     ({"kind": "note", "data": {}}, "content"),
-    ({"kind": "note", "data": {"content": "x"}, "force_create": "yes"}, "force_create"),
-    ({"kind": "note", "data": {"content": "x"}, "supersedes": "not-a-uuid"}, "supersedes"),
-    ({"kind": "note", "data": {"content": "x"}, "thresholds": {"update": "high"}}, "thresholds.update"),
+    ({"kind": "note", "data": {"content": "x"}, "content": "y"}, "data"),
 ])
 def test_bad_ingest_input_is_400_and_stores_nothing(school: School, body: dict[str, Any], field: str) -> None:
     response = school.agent.post("/api/v1/stacks/alice/ingest", body, format="json")
@@ -152,7 +156,7 @@ def test_ingest_and_feedback_isolation(school: School, other_school: School) -> 
     assign_teacher(teacher, school.other_stack)
     clients = [bearer_client(bound_other), other_school.admin_api, session_client(teacher)]
     for client in clients:
-        assert client.post("/api/v1/stacks/alice/ingest", {"kind": "note", "data": {"content": "sneaky"}},
+        assert client.post("/api/v1/stacks/alice/ingest", {"kind": "note", "content": "sneaky"},
                            format="json").status_code == 404
         assert client.post(f"/api/v1/stacks/alice/memories/{memory_id}/feedback", {"action": "demote"},
                            format="json").status_code == 404
@@ -160,7 +164,7 @@ def test_ingest_and_feedback_isolation(school: School, other_school: School) -> 
     assert bearer_client(bound_other).post(f"/api/v1/stacks/bob/memories/{memory_id}/feedback",
                                            {"action": "demote"}, format="json").status_code == 404
     _, read_only = make_key(school.org, stack=school.stack, read_only=True)
-    assert bearer_client(read_only).post("/api/v1/stacks/alice/ingest", {"kind": "note", "data": {"content": "ro"}},
+    assert bearer_client(read_only).post("/api/v1/stacks/alice/ingest", {"kind": "note", "content": "ro"},
                                          format="json").status_code == 403
     assert bearer_client(read_only).post(f"/api/v1/stacks/alice/memories/{memory_id}/feedback",
                                          {"action": "promote"}, format="json").status_code == 403

@@ -56,6 +56,8 @@ class Command(BaseCommand):
         self.stdout.write(f"{job}: {run.status} in {run.duration_ms} ms ({counts}) [job run {run.pk}]")
         if run.status == JobRun.Status.SKIPPED:
             raise CommandError("Skipped: a previous run of this job is still in progress.", returncode=3)
+        if run.status == JobRun.Status.FAILED:  # e.g. the embedding sweep refusing another model than the deployment's
+            raise CommandError(run.error)
 
     def _total(self, job: str, now: Any) -> tuple[int | None, str]:
         if job == "decay":
