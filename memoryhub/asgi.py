@@ -1,4 +1,9 @@
-"""ASGI entry point: HTTP through Django, websockets through Channels (origin- and auth-checked)."""
+"""ASGI entry point: HTTP through Django, websockets through Channels (origin- and auth-checked).
+
+In front of both, memoryhub/limits.py: request bodies over the limit are refused with 413 before
+they are read (`RequestBodyLimit`), and every websocket has a message rate and size limit
+(`WebsocketGuard`).
+"""
 
 from __future__ import annotations
 
@@ -97,11 +102,12 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402  (needs Django set u
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
+from memoryhub.limits import RequestBodyLimit, WebsocketGuard  # noqa: E402
 from memoryhub.routing import websocket_urlpatterns  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
-        "http": django_asgi_app,
-        "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+        "http": RequestBodyLimit(django_asgi_app),
+        "websocket": WebsocketGuard(AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns)))),
     }
 )

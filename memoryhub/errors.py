@@ -85,19 +85,20 @@ class ServiceUnavailable(DomainError):
 
 def error_body(code: str, message: str, fields: dict[str, Any] | None = None) -> dict[str, Any]:
     body = {"error": {"code": code, "message": message, "fields": fields or {}}, "detail": message}
-    return _encodable(body)
+    return utf8_encodable(body)
 
 
-def _encodable(value: Any) -> Any:
-    """Field errors echo the client's value ("'x' is not a valid choice"). A lone surrogate in it
-    would make the JSON renderer fail while rendering the 400 — outside this handler, so a 500.
-    Replace what UTF-8 cannot carry; everything else passes through unchanged."""
+def utf8_encodable(value: Any) -> Any:
+    """A JSON value that echoes the client's input, made renderable. Field errors echo the client's
+    value ("'x' is not a valid choice") and sync answers echo its names; a lone surrogate in one
+    would make the JSON renderer fail while rendering — outside any handler, so a 500. Replace
+    what UTF-8 cannot carry; everything else passes through unchanged."""
     if isinstance(value, str):
-        return value.encode("utf-8", "replace").decode("utf-8")
+        return value if value.isascii() else value.encode("utf-8", "replace").decode("utf-8")
     if isinstance(value, dict):
-        return {_encodable(k): _encodable(v) for k, v in value.items()}
+        return {utf8_encodable(k): utf8_encodable(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [_encodable(v) for v in value]
+        return [utf8_encodable(v) for v in value]
     return value
 
 

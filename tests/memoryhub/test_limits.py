@@ -1,0 +1,236 @@
+"""Limits at the edge (memoryhub/limits.py; issue 13, F3 and issue 12's websocket finding).
+
+The body limit is an ASGI concern, so it is tested against the real app under a real uvicorn
+process, measuring that process's memory: a 20 MB body — declared with Content-Length or streamed
+chunked — gets a 413 and leaves the server's RSS where it was. The JSON bounds live in the parser
+every DRF view shares and are tested through the ordinary test client.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from django.db import connection
+from django.test import Client
+from django.urls import URLPattern, URLResolver, get_resolver
+from rest_framework.views import APIView
+from websockets.exceptions import InvalidStatus
+from websockets.sync.client import connect as websocket_connect
+from websockets.typing import Origin
+
+from memories.models import Memory
+from memoryhub.embedded import ManagedProcess, free_port
+from memoryhub.limits import JSON_MAX_DEPTH, JSON_MAX_STRING_CHARS, BoundedJSONParser
+from stacks.services import personal_account_register
+from tests.factories import bearer_client, make_key, make_org, make_stack
+
+BASE_DIR = Path(__file__).resolve().parents[2]
+MB = 1024 * 1024
+BIG = 20 * MB
+LOCAL_ORIGIN = Origin("http://localhost")
+
+
+def _test_database_url() -> str:
+    db = connection.settings_dict
+    return f"postgresql://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
+
+
+@pytest.fixture(scope="module")
+def web(django_db_setup: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """The real ASGI app under uvicorn, as `make run` starts it (uvloop, httptools), on the test
+    database and Redis. Yields its base URL, pid and log file."""
+    port = free_port()
+    log_path = tmp_path_factory.mktemp("web") / "web.log"
+    server = ManagedProcess(
+        name="web",
+        argv=[sys.executable, "-m", "uvicorn", "memoryhub.asgi:application", "--host", "127.0.0.1",
+              "--port", str(port), "--workers", "1", "--loop", "uvloop", "--http", "httptools",
+              "--no-access-log", "--lifespan", "off"],
+        env=dict(os.environ, DATABASE_URL=_test_database_url()), cwd=BASE_DIR, log_path=log_path,
+    )
+    server.start()
+    base_url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    try:
+        while True:
+            if not server.running():
+                raise RuntimeError("web server died:\n" + log_path.read_text()[-4000:])
+            try:
+                if httpx.get(f"{base_url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("web server did not start in 60 s")
+            time.sleep(0.2)
+        yield {"url": base_url, "port": port, "pid": server.pid, "log": log_path}
+    finally:
+        server.stop()
+
+
+def _rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+def _chunks(size: int, chunk: int = 64 * 1024) -> Iterator[bytes]:
+    """A body of unknown length: httpx sends a generator with Transfer-Encoding: chunked."""
+    block = b"x" * chunk
+    sent = 0
+    while sent < size:
+        yield block
+        sent += chunk
+
+
+def _big_posts(url: str) -> list[tuple[str, httpx.Response]]:
+    """20 MB, declared and chunked, to an authenticated route and to an unauthenticated one."""
+    answers = []
+    with httpx.Client(base_url=url, timeout=60) as client:
+        for path, headers in (("/sync/push", {"authorization": "Bearer knl_sk_" + "0" * 40}),
+                              ("/auth/register", {})):
+            headers = {**headers, "content-type": "application/json"}
+            declared = client.post(path, content=b"x" * BIG, headers=headers)
+            answers.append((f"{path} with Content-Length", declared))
+            streamed = client.post(path, content=_chunks(BIG), headers=headers)
+            answers.append((f"{path} chunked", streamed))
+    return answers
+
+
+@pytest.mark.django_db(transaction=True)
+def test_20_mb_bodies_get_413_and_leave_the_web_process_rss_unchanged(web: dict[str, Any]) -> None:
+    _big_posts(web["url"])  # warm-up: first-use imports and buffers are not what is measured
+    before = _rss_kib(web["pid"])
+    for _ in range(3):
+        answers = _big_posts(web["url"])
+        for what, response in answers:
+            assert response.status_code == 413, (what, response.status_code, response.text[:200])
+            error = response.json()["error"]
+            assert error["code"] == "payload_too_large", what
+            assert response.headers["content-type"] == "application/json"
+    growth_mib = (_rss_kib(web["pid"]) - before) / 1024
+    print(f"\nweb RSS {before / 1024:.1f} MiB before 12 x 20 MB bodies, growth {growth_mib:+.1f} MiB")
+    # Read and parsed, twelve 20 MB bodies would add hundreds of MB; refused, nothing of them stays.
+    assert growth_mib < 4, f"the web process grew by {growth_mib:.1f} MiB"
+    assert httpx.get(f"{web['url']}/health").status_code == 200  # the server is fine afterwards
+
+
+@pytest.mark.django_db(transaction=True)
+def test_unauthenticated_routes_have_the_smaller_limit_and_the_rest_still_work(web: dict[str, Any]) -> None:
+    from django.conf import settings
+
+    small = settings.MAX_UNAUTHENTICATED_REQUEST_BYTES
+    org = make_org()
+    stack = make_stack(org, "ada")
+    _, secret = make_key(org, stack=stack)
+    # Eight long notes: more than the small limit, far less than MAX_REQUEST_BYTES.
+    notes = [{"operation": "update", "table": "notes", "record_id": f"n{i}", "local_updated_at": None,
+              "data": {"content": "Fractions " + "y" * (small // 4)}} for i in range(8)]
+    with httpx.Client(base_url=web["url"], timeout=30) as client:
+        register = client.post("/auth/register", content=b"{" + b" " * small + b"}",
+                               headers={"content-type": "application/json"})
+        anonymous = client.post("/sync/push", json={"stack_id": "ada", "operations": notes})
+        pushed = client.post("/sync/push", json={"stack_id": "ada", "operations": notes},
+                             headers={"authorization": f"Bearer {secret}"})
+        small_register = client.post("/auth/register", json={"email": "not-an-email"})
+    assert register.status_code == 413 and str(small) in register.json()["error"]["message"].replace(",", "")
+    assert anonymous.status_code == 413  # no credential at all: the small limit too
+    assert pushed.status_code == 200, pushed.text
+    assert pushed.json()["synced"] == 8
+    assert Memory.objects.filter(stack=stack).count() == 8
+    assert small_register.status_code == 400  # under the limit: the view's own validation answers
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_websocket_to_an_unknown_path_is_refused_cleanly(web: dict[str, Any]) -> None:
+    """Issue 12: a websocket to a path no route serves was an HTTP 500 with a traceback in the log."""
+    log_before = web["log"].read_text()
+    for path in ("/ws/nope/", "/", "/ws/probe/extra"):
+        with pytest.raises(InvalidStatus) as refused:
+            websocket_connect(f"ws://127.0.0.1:{web['port']}{path}", origin=LOCAL_ORIGIN,
+                              open_timeout=10)
+        assert refused.value.response.status_code == 403, path
+    # The probe without a signed-in session is refused the same way.
+    with pytest.raises(InvalidStatus) as anonymous:
+        websocket_connect(f"ws://127.0.0.1:{web['port']}/ws/probe/", origin=LOCAL_ORIGIN,
+                          open_timeout=10)
+    assert anonymous.value.response.status_code == 403
+    time.sleep(0.5)  # let the server flush its log
+    new_log = web["log"].read_text()[len(log_before):]
+    assert "Traceback" not in new_log and "Exception" not in new_log and "500" not in new_log, new_log
+
+
+# --- the JSON bounds (the shared DRF parser; any server) -------------------------------------------------
+
+def _nested(depth: int) -> bytes:
+    """A body `depth` levels deep: {"content": "x", "n": [[...]]}."""
+    inner = "[" * (depth - 1) + "]" * (depth - 1)
+    return f'{{"kind": "note", "content": "x", "n": {inner}}}'.encode()
+
+
+@pytest.mark.django_db
+def test_json_deeper_than_the_limit_or_with_a_huge_string_is_400_and_stores_nothing() -> None:
+    org = make_org()
+    stack = make_stack(org, "ada")
+    _, secret = make_key(org, stack=stack)
+    client = bearer_client(secret)
+    url = "/api/v1/stacks/ada/memories"
+    too_deep = client.post(url, data=_nested(JSON_MAX_DEPTH + 1), content_type="application/json")
+    very_deep = client.post(url, data=_nested(5000), content_type="application/json")
+    long_string = json.dumps({"kind": "note", "content": "x", "n": "y" * (JSON_MAX_STRING_CHARS + 1)})
+    too_long = client.post(url, data=long_string, content_type="application/json")
+    long_key = client.post(url, data=json.dumps({"k" * (JSON_MAX_STRING_CHARS + 1): 1}),
+                           content_type="application/json")
+    codes = [(r.status_code, r.json()["error"]["code"]) for r in (too_deep, very_deep, too_long, long_key)]
+    assert codes == [(400, "json_too_deep")] * 2 + [(400, "json_string_too_long")] * 2
+    assert too_deep.json()["error"]["message"] == "The JSON body is nested too deeply."
+    assert Memory.objects.count() == 0
+    # At the limit the parser lets it through and the view decides (here it refuses the record's
+    # odd field `n` itself, as the record's own fault).
+    at_limit = client.post(url, data=_nested(JSON_MAX_DEPTH), content_type="application/json")
+    assert at_limit.status_code == 400
+    assert at_limit.json()["error"]["code"] not in ("json_too_deep", "json_string_too_long")
+
+
+@pytest.mark.django_db
+def test_the_parser_caps_the_body_under_any_server(settings: Any) -> None:
+    """Behind the ASGI limit the parser reads at most MAX_REQUEST_BYTES itself: the WSGI test
+    client below has no ASGI layer in front of it."""
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 1 * MB
+    reg = personal_account_register(stack_id="acceptance", email="cap@example.test")
+    body = json.dumps({"stack_id": "acceptance", "operations": [{"pad": "z" * (1 * MB)}]})
+    response = Client().post("/sync/push", data=body, content_type="application/json",
+                             headers={"authorization": f"Bearer {reg.secret}"})
+    assert response.status_code == 413
+    assert response.json()["error"]["code"] == "payload_too_large"
+    assert Memory.objects.count() == 0
+
+
+
+def test_every_api_view_parses_bodies_with_the_bounded_parser() -> None:
+    """The bounds hold only if no view brings its own parser: walk the live URLconf."""
+    views: list[type[APIView]] = []
+
+    def walk(patterns: list[URLPattern | URLResolver]) -> None:
+        for entry in patterns:
+            if isinstance(entry, URLResolver):
+                walk(entry.url_patterns)
+                continue
+            view = getattr(entry.callback, "cls", None)
+            if isinstance(view, type) and issubclass(view, APIView):
+                views.append(view)
+
+    walk(get_resolver().url_patterns)
+    assert len(views) > 20
+    unbounded = sorted({f"{v.__module__}.{v.__name__}" for v in views
+                        if not all(issubclass(p, BoundedJSONParser) for p in v.parser_classes)})
+    assert unbounded == []
