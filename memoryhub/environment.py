@@ -6,8 +6,10 @@ stops start-up with a message that names the variable instead of failing later s
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
+from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -80,3 +82,36 @@ def data_dir() -> Path:
     """Where embedded services keep their data (./var unless MEMORYHUB_DATA_DIR says otherwise)."""
     base = Path(__file__).resolve().parent.parent
     return Path(env_str("MEMORYHUB_DATA_DIR", str(base / "var"))).resolve()
+
+
+def runtime_file(data: Path) -> Path:
+    """Where `make run` records what it started (memoryhub/runner.py writes it, removes it on exit)."""
+    return data / "runtime.json"
+
+
+def _is_live_runner(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # alive, but another user's: its command line (below) still tells whether it is ours
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return True  # no /proc (not Linux): a live pid is the best evidence there is
+    # After a crash or reboot the pid may belong to some other program now: that file is stale too.
+    return b"memoryhub.runner" in cmdline
+
+
+def running_service(data: Path) -> dict[str, Any]:
+    """What the runner serving from `data` recorded about itself, or {} when none is running.
+
+    A file left behind by a runner that is gone (killed with SIGKILL, a reboot) is ignored.
+    """
+    try:
+        info = json.loads(runtime_file(data).read_text())
+        alive = isinstance(info, dict) and _is_live_runner(int(info["pid"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+    return info if alive else {}

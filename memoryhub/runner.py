@@ -1,26 +1,37 @@
 """`make run`: start the whole service on one machine and stop all of it on Ctrl-C / SIGTERM.
 
 Unless DATABASE_URL / REDIS_URL point at external servers, this starts embedded PostgreSQL
-(+pgvector) and Redis with data under MEMORYHUB_DATA_DIR (default ./var), migrates, then runs the
-ASGI server (HTTP + websockets), one Celery worker and exactly one Celery beat. Every child is
-supervised: one that dies is restarted with back-off, and on shutdown everything this process
-started is stopped, in reverse order, before it exits.
+(+pgvector) and Redis with data under MEMORYHUB_DATA_DIR (default ./var) and records them in
+DATA_DIR/runtime.json, so `manage.py …` in another shell finds them (memoryhub/settings.py). It
+then migrates, collects the static files, runs the ASGI server (HTTP + websockets), one Celery
+worker and exactly one Celery beat, and says "up" with the URLs only once /readyz answers 200.
+Every child is supervised: one that dies is restarted with back-off, and on shutdown everything
+this process started is stopped, in reverse order, and the runtime file removed, before it exits.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
+from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
-from memoryhub.embedded import EmbeddedPostgres, EmbeddedRedis, ManagedProcess
+from memoryhub.embedded import EmbeddedPostgres, EmbeddedRedis, ManagedProcess, port_open
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 MAX_BACKOFF_SECONDS = 30.0
+# From "web, worker and beat started" to /readyz 200. A first start imports torch and Django in
+# three processes at once; ~20 s on a busy 2-core machine.
+READY_TIMEOUT_SECONDS = 180.0
 
 
 def log(message: str) -> None:
@@ -63,12 +74,67 @@ class Supervisor:
             child.stop()
 
 
+def write_runtime_file(path: Path, info: dict[str, Any]) -> None:
+    """Atomically: a command reading it never sees half a file."""
+    partial = path.with_suffix(".tmp")
+    partial.write_text(json.dumps(info, indent=2) + "\n")
+    os.replace(partial, path)
+
+
+def probe_readyz(base_url: str) -> tuple[int, list[str]]:
+    """(HTTP status of /readyz, the failing parts with their detail); (0, [why]) while nothing answers."""
+    try:
+        with urllib.request.urlopen(f"{base_url}/readyz", timeout=5) as response:  # noqa: S310 - our own URL
+            return response.status, []
+    except urllib.error.HTTPError as exc:
+        try:
+            body = json.loads(exc.read())
+            failing = [f"{name} ({body['checks'][name]['detail']})" for name in body["failing"]]
+        except (ValueError, KeyError, TypeError):
+            failing = [f"HTTP {exc.code}"]
+        return exc.code, failing
+    except OSError as exc:  # refused, reset, timed out (URLError is an OSError too)
+        return 0, [f"web server ({getattr(exc, 'reason', exc)})"]
+
+
+def wait_until_ready(supervisor: Supervisor, base_url: str, timeout: float) -> str | None:
+    """Poll /readyz (restarting children that die meanwhile); None once it is 200, else why not."""
+    deadline = time.monotonic() + timeout
+    shown: list[str] | None = None
+    failing: list[str] = []
+    while time.monotonic() < deadline and not supervisor.stopping:
+        supervisor.watch_once()
+        status, failing = probe_readyz(base_url)
+        if status == 200:
+            return None
+        if failing != shown:  # say what it waits for when that changes, not every half second
+            log("waiting for " + ", ".join(failing))
+            shown = failing
+        time.sleep(0.5)
+    return ", ".join(failing) or "stopped"
+
+
+def up_message(base_url: str, seconds: float, runtime: Path | None) -> list[str]:
+    """What the newcomer reads: every URL here answers 200 (tests/memoryhub/test_first_hour.py)."""
+    lines = [
+        f"MemoryHub is up (ready in {seconds:.0f}s):",
+        f"  dashboard  {base_url}/   (sign in; `manage.py create_school` makes the first account)",
+        f"  API docs   {base_url}/api/docs/   (OpenAPI schema {base_url}/api/schema/)",
+        f"  admin      {base_url}/admin/",
+        f"  readiness  {base_url}/readyz",
+    ]
+    if runtime is not None:
+        lines.append(f"`.venv/bin/python manage.py …` in another shell uses this service (it reads {runtime}).")
+    lines.append("Ctrl-C stops everything.")
+    return lines
+
+
 def main() -> int:
     from django.core.exceptions import ImproperlyConfigured
 
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "memoryhub.settings")
     try:
-        from memoryhub.environment import data_dir, env_int, env_str
+        from memoryhub.environment import data_dir, env_int, env_str, running_service, runtime_file
 
         data = data_dir()
         host = env_str("HOST", "127.0.0.1")
@@ -82,11 +148,25 @@ def main() -> int:
         log(f"configuration error: {exc}")
         return 2
 
+    # Where the service is reached (the printed URLs, the readiness poll): a wildcard address is
+    # reached through loopback.
+    shown_host = "127.0.0.1" if host in ("0.0.0.0", "::") else host  # noqa: S104 - display only
+    base_url = f"http://[{shown_host}]:{port}" if ":" in shown_host else f"http://{shown_host}:{port}"
+    other = running_service(data)
+    if other:
+        log(f"MemoryHub is already running from {data} (pid {other['pid']}, {other.get('web_url')}); "
+            "stop it first, or give this one its own MEMORYHUB_DATA_DIR and ports")
+        return 1
+    if ":" not in shown_host and port_open(port, shown_host):  # port_open speaks IPv4
+        log(f"port {port} is already in use; set PORT to another port")
+        return 1
+
     data.mkdir(parents=True, exist_ok=True)
     logs = data / "logs"
-    env = dict(os.environ)
-    env.setdefault("EMBEDDING_PROVIDER", "minilm")
+    runtime = runtime_file(data)
+    env = dict(os.environ)  # EMBEDDING_PROVIDER included: every child reads the same one (settings)
     supervisor = Supervisor()
+    wrote_runtime = False
 
     def request_stop(signum: int, frame: FrameType | None) -> None:
         supervisor.stopping = True
@@ -95,13 +175,17 @@ def main() -> int:
     signal.signal(signal.SIGTERM, request_stop)
 
     try:
+        recorded: dict[str, Any] = {"pid": os.getpid(), "data_dir": str(data), "web_url": base_url,
+                                    "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
+                                    "database_url": None, "redis_url": None}
         if not env.get("DATABASE_URL"):
+            log(f"starting embedded PostgreSQL on 127.0.0.1:{pg_port}")
             postgres = EmbeddedPostgres(data / "postgres", pg_port, log_path=logs / "postgres.log")
             postgres.prepare()
             postgres.start()
             supervisor.children.append(postgres.process)
             postgres.ensure_database("memoryhub")
-            env["DATABASE_URL"] = postgres.url("memoryhub")
+            env["DATABASE_URL"] = recorded["database_url"] = postgres.url("memoryhub")
             log(f"embedded PostgreSQL on 127.0.0.1:{pg_port} (data {postgres.pgdata})")
         else:
             log("using external PostgreSQL from DATABASE_URL")
@@ -110,16 +194,28 @@ def main() -> int:
             redis_server.prepare()
             redis_server.start()
             supervisor.children.append(redis_server.process)
-            env["REDIS_URL"] = redis_server.url()
+            env["REDIS_URL"] = recorded["redis_url"] = redis_server.url()
             log(f"embedded Redis on 127.0.0.1:{redis_port} (data {redis_server.data_dir})")
         else:
             log("using external Redis from REDIS_URL")
+        # Only embedded servers are recorded (they need no password); an external URL stays in the
+        # environment it came from and never lands in a file.
+        if recorded["database_url"] or recorded["redis_url"]:
+            write_runtime_file(runtime, recorded)
+            wrote_runtime = True
 
         python = sys.executable
         log("applying migrations")
         migrate = subprocess.run([python, "manage.py", "migrate", "--noinput"], cwd=BASE_DIR, env=env)
         if migrate.returncode != 0:
             log("migrations failed; stopping")
+            return 1
+        log(f"collecting static files into {data / 'staticfiles'}")
+        collect = subprocess.run([python, "manage.py", "collectstatic", "--noinput", "--verbosity", "0"],
+                                 cwd=BASE_DIR, env=env, capture_output=True, text=True)
+        if collect.returncode != 0:
+            sys.stdout.write(collect.stdout + collect.stderr)
+            log("collectstatic failed; stopping")
             return 1
         if supervisor.stopping:
             return 0
@@ -143,10 +239,16 @@ def main() -> int:
                   "--schedule", str(data / "celerybeat-schedule")],
             env=env, cwd=BASE_DIR,
         ))
-        shown_host = "127.0.0.1" if host in ("0.0.0.0", "::") else host  # noqa: S104 - display only
-        base_url = f"http://{shown_host}:{port}"
-        log(f"MemoryHub is up: dashboard {base_url}/  API docs {base_url}/api/docs/  "
-            f"readiness {base_url}/readyz  (Ctrl-C stops everything)")
+        started = time.monotonic()
+        not_ready = wait_until_ready(supervisor, base_url, READY_TIMEOUT_SECONDS)
+        if supervisor.stopping:
+            return 0
+        if not_ready is not None:
+            log(f"not ready after {READY_TIMEOUT_SECONDS:.0f}s, still failing: {not_ready}. The web, worker "
+                f"and beat output is above; the embedded servers log to {logs}. Stopping.")
+            return 1
+        for line in up_message(base_url, time.monotonic() - started, runtime if wrote_runtime else None):
+            log(line)
         while not supervisor.stopping:
             supervisor.watch_once()
             time.sleep(0.5)
@@ -158,6 +260,9 @@ def main() -> int:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         supervisor.stop_all()
+        if wrote_runtime:
+            with contextlib.suppress(FileNotFoundError):
+                runtime.unlink()
         log("stopped; data kept in " + str(data))
 
 

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 from django.contrib import admin
 from django.urls import include, path
+from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from memoryhub import views
 
 urlpatterns = [
+    # The address `make run` prints first: the dashboard, which sends a visitor not signed in to
+    # the login page. Not permanent: browsers must not cache where "/" leads.
+    path("", RedirectView.as_view(url="/dashboard/", permanent=False), name="home"),
     path("health", views.health, name="health"),
     path("health/", views.health),
     path("readyz", views.readyz, name="readyz"),

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import logging
+
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
 from memoryhub.health import embedding_backlog, readiness
+
+logger = logging.getLogger(__name__)
+# Has this process ever answered ready? Before that a 503 is start-up (the runner polls /readyz
+# until it is 200), after it an outage.
+_was_ready = False
 
 
 @never_cache
@@ -20,6 +27,7 @@ def health(request: HttpRequest) -> JsonResponse:
 @require_GET
 def readyz(request: HttpRequest) -> JsonResponse:
     """200 only when database (with pgvector), Redis and a Celery worker answer; else 503 naming them."""
+    global _was_ready
     checks = readiness()
     failing = [name for name, result in checks.items() if not result.ok]
     body = {
@@ -32,4 +40,13 @@ def readyz(request: HttpRequest) -> JsonResponse:
     response = JsonResponse(body, status=200 if not failing else 503)
     if failing:
         response["Retry-After"] = "5"
+        # A 503 here is the probe's answer, not a server error: Django would log it as
+        # `ERROR django.request`, every half second while the service starts. We log it ourselves:
+        # an outage (this process was ready before) at WARNING naming the failing parts, start-up
+        # at DEBUG.
+        response._has_been_logged = True  # type: ignore[attr-defined]
+        details = "; ".join(f"{name}: {checks[name].detail}" for name in failing)
+        logger.log(logging.WARNING if _was_ready else logging.DEBUG, "not ready: %s", details)
+    else:
+        _was_ready = True
     return response

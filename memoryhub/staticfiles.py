@@ -1,0 +1,60 @@
+"""Static files, served by the ASGI app itself (WhiteNoise) in every mode.
+
+`make run` collects them (`collectstatic`, after migrate, before the web server starts) into
+DATA_DIR/staticfiles: every file gets a content-hashed copy (cache-busting: the hashed URL may be
+cached forever) and gzip/brotli siblings. A process whose STATIC_ROOT holds no manifest yet — the
+test session, `manage.py runserver` before the first `make run`, a deployment that skipped
+collectstatic — serves the same files straight from the source directories (WhiteNoise's
+finders, see WHITENOISE_USE_FINDERS in settings) under their plain names, so a page never breaks
+for want of a collectstatic run; it is only not cache-busted.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import brotli
+from whitenoise.compress import Compressor
+from whitenoise.middleware import WhiteNoiseMiddleware
+from whitenoise.storage import CompressedManifestStaticFilesStorage
+
+
+class _Compressor(Compressor):
+    """WhiteNoise's compressor with brotli at quality 9 instead of 11.
+
+    collectstatic runs at every `make run` start. At quality 11 brotli took 3 s for Swagger UI's
+    1.6 MB bundle alone (~35 s for every file); quality 9 takes 0.09 s for a file 9 % larger,
+    still 11 % smaller than gzip -9.
+    """
+
+    @staticmethod
+    def compress_brotli(data: bytes) -> bytes:
+        return bytes(brotli.compress(data, quality=9))
+
+
+class ManifestOrSourceStorage(CompressedManifestStaticFilesStorage):
+    """Hashed, compressed names once collected; the plain source name before that.
+
+    Stock manifest storage raises "Missing staticfiles manifest entry" for every `{% static %}`
+    when nothing was collected, which turns every page into a 500.
+    """
+
+    def create_compressor(self, **kwargs: Any) -> Compressor:
+        return _Compressor(**kwargs)
+
+    def stored_name(self, name: str) -> str:
+        if not self.hashed_files and not self.manifest_hash:  # no manifest was loaded
+            return name
+        return str(super().stored_name(name))
+
+
+class StaticFilesMiddleware(WhiteNoiseMiddleware):
+    """WhiteNoise, without its "No directory at" warning for a STATIC_ROOT not collected yet:
+    the finders serve then (settings turn them on exactly when nothing was collected)."""
+
+    def add_files(self, root: Any, prefix: str | None = None) -> None:
+        if self.use_finders and not os.path.isdir(root):
+            return
+        super().add_files(root, prefix)
+
