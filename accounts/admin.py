@@ -22,7 +22,7 @@ class MembershipInline(admin.TabularInline):
 
 @admin.register(Organization)
 class OrganizationAdmin(admin.ModelAdmin):
-    list_display = ["name", "slug", "kind", "tier", "created_at"]
+    list_display = ["name", "slug", "kind", "tier", "teachers_may_manage_keys", "created_at"]
     list_filter = ["kind", "tier"]
     search_fields = ["name", "slug", "public_id"]
     inlines = [MembershipInline]

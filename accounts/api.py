@@ -40,7 +40,8 @@ from memoryhub.pagination import StableCursorPagination
 
 class KeyDetailView(APIView):
     @extend_schema(operation_id="keys_retrieve", tags=["keys"], responses={200: KeySummarySerializer, **NOT_VISIBLE,
-                                                                           **ERRORS})
+                                                                           **ERRORS},
+                   summary="Read a key (never its secret)")
     def get(self, request: Request, key_id: str) -> Response:
         return Response(key_summary(key_for_principal(principal_of(request), key_id)))
 
@@ -68,7 +69,8 @@ class KeyCycleView(APIView):
 
 class MemberListView(APIView):
     @extend_schema(operation_id="members_list", tags=["members"],
-                   responses={200: MemberSerializer(many=True), **FORBIDDEN, **ERRORS})
+                   responses={200: MemberSerializer(many=True), **FORBIDDEN, **ERRORS},
+                   summary="The people of the school and their roles (admins and school keys)")
     def get(self, request: Request) -> Response:
         paginator = StableCursorPagination()
         page = paginator.paginate_queryset(members_visible_to(principal_of(request)), request, view=self)

@@ -11,13 +11,23 @@ from typing import Any
 
 from django.utils import timezone
 from rest_framework import authentication
+from rest_framework.exceptions import Throttled
 from rest_framework.request import Request
 from rest_framework_simplejwt.exceptions import TokenError
 from rest_framework_simplejwt.tokens import AccessToken
 
 from accounts.models import ApiKey, Membership, User
+from accounts.network import client_ip
 from accounts.principal import Principal
-from accounts.selectors import API_KEY_PREFIX, api_key_for_secret, principal_for_session
+from accounts.selectors import (
+    API_KEY_PREFIX,
+    KEY_PREFIX_LENGTH,
+    api_key_for_secret,
+    api_key_for_token,
+    principal_for_session,
+)
+from accounts.services import api_key_rehash
+from accounts.throttles import BEARER_IP_FAILURES, BEARER_PREFIX_FAILURES
 from memoryhub.errors import NotAuthenticated
 
 LAST_USED_RESOLUTION_SECONDS = 60  # write last_used_at at most once a minute per key
@@ -35,13 +45,25 @@ def principal_for_key(key: ApiKey, *, credential_id: str | None = None) -> Princ
     )
 
 
+def _bound_claims(key: ApiKey) -> dict[str, Any]:
+    """What a token is bound to at issue: its key and that key's person, organization, stack and
+    scope. On use every one must still match the key the token names, or it is refused."""
+    return {
+        "user_id": key.user.public_id,
+        "sub": key.user.public_id,
+        "key_id": key.public_id,
+        "org_id": key.organization.public_id,
+        "stack_id": key.stack.slug if key.stack_id and key.stack else None,
+        "read_only": key.read_only,
+    }
+
+
 def access_token_for_key(key: ApiKey) -> AccessToken:
-    """A short-lived JWT acting as the key (same user, stack binding and read-only flag)."""
+    """A JWT acting as the key (same user, organization, stack binding and read-only flag),
+    signed with the JWT signing key (settings.JWT_SIGNING_KEY, never SECRET_KEY)."""
     token = AccessToken()
-    token["user_id"] = key.user.public_id
-    token["sub"] = key.user.public_id
-    token["key_id"] = key.public_id
-    token["stack_id"] = key.stack.slug if key.stack_id and key.stack else None
+    for claim, value in _bound_claims(key).items():
+        token[claim] = value
     return token
 
 
@@ -56,8 +78,19 @@ def _touch_last_used(key: ApiKey) -> None:
         ApiKey.objects.filter(pk=key.pk).update(last_used_at=now)
 
 
+def _refused_by_back_off(seconds: float) -> Throttled:
+    return Throttled(wait=seconds, detail="Too many failed authentications from here; try again later.")
+
+
 class BearerAuthentication(authentication.BaseAuthentication):
-    """Authenticates a raw API key or a JWT issued from one; anything malformed is a 401."""
+    """Authenticates a raw API key or a JWT issued from one; anything malformed is a 401.
+
+    Guessing costs (accounts/throttles.py FailureLimit): every failed Bearer credential counts
+    against the client IP, and a failed API key also against its 12-character prefix. An IP over
+    its limit is refused outright (429 + Retry-After) before its credential is even looked at; a
+    prefix over its limit turns failing guesses at it into 429s, while the real key with that
+    prefix keeps working (so nobody can lock a key out by knowing its prefix).
+    """
 
     keyword = "Bearer"
 
@@ -65,6 +98,17 @@ class BearerAuthentication(authentication.BaseAuthentication):
         header = request.META.get("HTTP_AUTHORIZATION", "")
         if not header:
             return None
+        ip = client_ip(request)
+        blocked = BEARER_IP_FAILURES.blocked_for(ip)
+        if blocked is not None:
+            raise _refused_by_back_off(blocked)
+        try:
+            return self._authenticate(header)
+        except (NotAuthenticated, Throttled):  # (a Throttled here is a prefix's back-off)
+            BEARER_IP_FAILURES.record(ip)
+            raise
+
+    def _authenticate(self, header: str) -> tuple[User, Principal]:
         parts = header.split()
         # Printable ASCII only: a NUL in the credential would otherwise reach the key lookup and
         # fail there as a database error rather than as the 401 it is.
@@ -73,33 +117,46 @@ class BearerAuthentication(authentication.BaseAuthentication):
                                    code="malformed_authorization")
         credential = parts[1]
         if credential.startswith(API_KEY_PREFIX):
-            key = api_key_for_secret(credential)
-            if key is None:
-                raise NotAuthenticated("Invalid API key.", code="invalid_api_key")
-            _touch_last_used(key)
-            return key.user, principal_for_key(key)
+            return self._authenticate_key(credential)
         return self._authenticate_jwt(credential)
+
+    def _authenticate_key(self, secret: str) -> tuple[User, Principal]:
+        match = api_key_for_secret(secret)
+        if match is None or not match.issuer_reaches:
+            prefix = secret[:KEY_PREFIX_LENGTH]
+            BEARER_PREFIX_FAILURES.record(prefix)
+            blocked = BEARER_PREFIX_FAILURES.blocked_for(prefix)
+            if blocked is not None:
+                raise _refused_by_back_off(blocked)
+            if match is None:
+                raise NotAuthenticated("Invalid API key.", code="invalid_api_key")
+            raise _access_ended()
+        if match.stale_hash:
+            api_key_rehash(key=match.key, secret=secret)
+        _touch_last_used(match.key)
+        return match.key.user, principal_for_key(match.key)
 
     def _authenticate_jwt(self, raw: str) -> tuple[User, Principal]:
         try:
             token: Any = AccessToken(raw)  # type: ignore[arg-type]
         except TokenError:
             raise NotAuthenticated("Invalid or expired token.", code="invalid_token") from None
-        key_id = token.get("key_id")
-        if not key_id:
+        match = api_key_for_token(token.get("key_id"))
+        # A token dies with the key it was issued from (revoked, cycled out or expired), and is
+        # refused when any claim it was bound to at issue no longer matches that key.
+        if match is None or any(token.get(claim) != value for claim, value in _bound_claims(match.key).items()):
             raise NotAuthenticated("Invalid or expired token.", code="invalid_token")
-        key = (
-            ApiKey.objects.select_related("organization", "user", "stack")
-            .filter(public_id=key_id, revoked_at__isnull=True)
-            .first()
-        )
-        # A token dies with the key it was issued from (revoked, cycled out or expired).
-        if key is None or (key.expires_at is not None and key.expires_at <= timezone.now()):
-            raise NotAuthenticated("Invalid or expired token.", code="invalid_token")
-        return key.user, principal_for_key(key, credential_id=str(token.get("jti", key.public_id)))
+        if not match.issuer_reaches:
+            raise _access_ended()
+        return match.key.user, principal_for_key(match.key, credential_id=str(token.get("jti", match.key.public_id)))
 
     def authenticate_header(self, request: Request) -> str:
         return self.keyword
+
+
+def _access_ended() -> NotAuthenticated:
+    return NotAuthenticated("This key no longer grants access: whoever it was issued for lost access to what "
+                            "it is bound to.", code="key_access_ended")
 
 
 class SessionPrincipalAuthentication(authentication.SessionAuthentication):

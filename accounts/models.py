@@ -53,6 +53,9 @@ class Organization(models.Model):
     tier = models.CharField(max_length=32, default="free")
     # Salience below which the decay pass tombstones a non-protected memory (per school).
     forget_threshold = models.FloatField(default=0.05)
+    # School policy: may teachers issue, revoke and cycle keys for their assigned stacks? Off by
+    # default; such keys act as the teacher and die with the teacher's assignment.
+    teachers_may_manage_keys = models.BooleanField(default=False)
     created_at = models.DateTimeField(auto_now_add=True)
 
     def __str__(self) -> str:

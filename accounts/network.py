@@ -3,7 +3,11 @@
 A client can put anything in X-Forwarded-For; only a hop appended by a configured proxy
 (`settings.TRUSTED_PROXIES`, CIDRs) is believed (docs/kernle-protocol.md §2.9: the legacy rate limiter
 was bypassed by spoofing this header). We walk the chain from the right — the hops our own
-proxies appended — and stop at the first address that is not one of them.
+proxies appended — and stop at the first address that is not one of them: the right-most
+untrusted address is the client, and whatever it wrote further left is ignored. No proxy is
+trusted unless configured (the default is none), so on a school network a client that sends the
+header is simply counted under its own address. The web server must not rewrite the peer address
+itself (the runner starts uvicorn with `--no-proxy-headers`), or this decision would be made twice.
 """
 
 from __future__ import annotations

@@ -1,13 +1,17 @@
-"""Reads that carry a rule: finding a key by its secret, who may see and manage which keys,
-people and audit events."""
+"""Reads that carry a rule: finding a key by its secret (under the current or a previous pepper)
+and whether the person it acts as still reaches what it is bound to, who may see and manage which
+keys, people and audit events."""
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+from dataclasses import dataclass
+from datetime import datetime
 
 from django.conf import settings
-from django.db.models import QuerySet
+from django.db.models import BooleanField, Q, QuerySet
+from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
 from accounts.models import ApiKey, AuditEvent, Membership, Organization, User
@@ -18,29 +22,124 @@ API_KEY_PREFIX = "knl_sk_"
 KEY_PREFIX_LENGTH = 12  # "knl_sk_" + 5 hex characters: indexed for lookup, shown for display
 
 
-def api_key_hash(secret: str) -> str:
-    """Keyed hash of a key secret. Keys carry 128 random bits, so a fast keyed hash suffices
-    (docs/kernle-protocol.md §2.1) and keeps per-request cost low."""
-    pepper = getattr(settings, "API_KEY_PEPPER", settings.SECRET_KEY).encode()
-    return hmac.new(pepper, secret.encode(), hashlib.sha256).hexdigest()
+def api_key_hash(secret: str, *, pepper: str | None = None) -> str:
+    """Keyed hash of a key secret under the current pepper (or `pepper`). Keys carry 128 random
+    bits, so a fast keyed hash suffices (docs/kernle-protocol.md §2.1) and keeps per-request cost
+    low. The pepper is its own secret, not SECRET_KEY (memoryhub/secrets.py), so rotating either
+    leaves the other's uses alone."""
+    key = (pepper if pepper is not None else settings.API_KEY_PEPPER).encode()
+    return hmac.new(key, secret.encode(), hashlib.sha256).hexdigest()
 
 
-def api_key_for_secret(secret: str) -> ApiKey | None:
+def with_issuer_reach(keys: QuerySet[ApiKey]) -> QuerySet[ApiKey]:
+    """Annotate `issuer_reaches`: does the person a key acts as (its `user`, who issued it or for
+    whom it was issued) still reach what the key is bound to? An admin of the key's organization
+    reaches every stack and the whole school; a teacher reaches a stack assigned to them; anyone
+    else — a billing user, a teacher for a school key, someone who left — nothing.
+
+    Access dies with its grant: a key is never more than its issuer's current access, whatever
+    path changed that access (the services also revoke such keys, but the Django admin or a
+    direct write would not). It is evaluated inside the key's own lookup query — one probe of the
+    (user, organization) membership index and at most one of the (user, stack) assignment index —
+    so it costs no extra round trip and has no cache to keep in step with role changes."""
+    return keys.annotate(issuer_reaches=_issuer_reaches())
+
+
+# Raw SQL on purpose: the same condition as nested ORM Exists() took ~1 ms of Python to compile on
+# every authenticated request. Tables: accounts.ApiKey ("accounts_apikey", the outer query's),
+# accounts.Membership, and stacks.TeacherAssignment named by its table (accounts sits below stacks
+# and imports none of its models); tests/accounts/test_security.py and the isolation matrix
+# exercise every branch, so a renamed table fails them.
+_ISSUER_REACHES_SQL = (
+    'EXISTS (SELECT 1 FROM "accounts_membership" m'
+    ' WHERE m.user_id = "accounts_apikey".user_id AND m.organization_id = "accounts_apikey".organization_id'
+    ' AND (m.role = %s OR (m.role = %s AND "accounts_apikey".stack_id IS NOT NULL'
+    ' AND EXISTS (SELECT 1 FROM "stacks_teacherassignment" a'
+    ' WHERE a.user_id = "accounts_apikey".user_id AND a.stack_id = "accounts_apikey".stack_id))))'
+)
+
+
+def _issuer_reaches() -> RawSQL:
+    return RawSQL(_ISSUER_REACHES_SQL, (Membership.Role.ADMIN.value, Membership.Role.TEACHER.value),  # noqa: S611 - constant SQL, bound parameters
+                  output_field=BooleanField())
+
+
+def user_reaches(*, organization_id: int, user: User, stack_id: int | None) -> bool:
+    """Would a key of `user` bound to `stack_id` (None: the whole school) be within their reach?
+    The rule of `_ISSUER_REACHES_SQL`, for a key not issued yet (accounts.services.api_key_issue)."""
+    membership = Membership.objects.filter(organization_id=organization_id, user=user).first()
+    if membership is None:
+        return False
+    if membership.role == Membership.Role.ADMIN:
+        return True
+    return (membership.role == Membership.Role.TEACHER and stack_id is not None
+            and user.stack_assignments.filter(stack_id=stack_id).exists())
+
+
+@dataclass(frozen=True)
+class KeyMatch:
+    """An active, unexpired key found by its secret or id."""
+
+    key: ApiKey
+    issuer_reaches: bool  # False: the key's issuer lost the access it was issued under
+    stale_hash: bool = False  # found under a previous pepper: store the current pepper's hash
+
+
+def _live_keys() -> QuerySet[ApiKey]:
+    return with_issuer_reach(ApiKey.objects.select_related("organization", "user", "stack")
+                             .filter(revoked_at__isnull=True))
+
+
+def _unexpired(key: ApiKey) -> bool:
+    return key.expires_at is None or key.expires_at > timezone.now()
+
+
+def api_key_for_secret(secret: str) -> KeyMatch | None:
     """The active, unexpired key with this secret, or None. Looked up by prefix, compared in
-    constant time."""
+    constant time, under the current pepper and then under each previous one (a pepper rotation's
+    window, docs/operations.md §4)."""
     if not secret.startswith(API_KEY_PREFIX) or len(secret) > 200 or not secret.isprintable():
         return None
-    digest = api_key_hash(secret)
-    candidates = ApiKey.objects.select_related("organization", "user", "stack").filter(
-        key_prefix=secret[:KEY_PREFIX_LENGTH], revoked_at__isnull=True
-    )
-    now = timezone.now()
-    for key in candidates:
-        if hmac.compare_digest(key.key_hash, digest):
-            if key.expires_at is not None and key.expires_at <= now:
-                return None
-            return key
+    peppers = [settings.API_KEY_PEPPER, *settings.API_KEY_PEPPERS_PREVIOUS]
+    digests = [api_key_hash(secret, pepper=pepper) for pepper in peppers]
+    for key in _live_keys().filter(key_prefix=secret[:KEY_PREFIX_LENGTH]):
+        for index, digest in enumerate(digests):
+            if hmac.compare_digest(key.key_hash, digest):
+                if not _unexpired(key):
+                    return None
+                return KeyMatch(key=key, issuer_reaches=bool(key.issuer_reaches),  # type: ignore[attr-defined]
+                                stale_hash=index > 0)
     return None
+
+
+def api_key_for_token(key_id: str) -> KeyMatch | None:
+    """The active, unexpired key an access token names, or None (a token dies with its key)."""
+    if not plausible_key_id(key_id):
+        return None
+    key = _live_keys().filter(public_id=key_id).first()
+    if key is None or not _unexpired(key):
+        return None
+    return KeyMatch(key=key, issuer_reaches=bool(key.issuer_reaches))  # type: ignore[attr-defined]
+
+
+def plausible_key_id(value: object) -> bool:
+    """Could `value` name a key at all? (NUL cannot even reach PostgreSQL.)"""
+    return isinstance(value, str) and 0 < len(value) <= 40 and "\x00" not in value
+
+
+def keys_beyond_issuer_reach(*, organization_id: int, user_id: int) -> QuerySet[ApiKey]:
+    """The user's active keys in the organization that their current access no longer covers."""
+    return ApiKey.objects.filter(organization_id=organization_id, user_id=user_id,
+                                 revoked_at__isnull=True).filter(~_issuer_reaches())
+
+
+def keys_maybe_under_previous_pepper(rotated_at: datetime) -> QuerySet[ApiKey]:
+    """Active keys that may still carry a hash under a pepper rotated out at `rotated_at`: issued
+    before it and not used since (a key used since was re-hashed on that use; last_used_at is
+    written at most once a minute, so this errs towards listing a key)."""
+    return ApiKey.objects.filter(revoked_at__isnull=True, created_at__lt=rotated_at).filter(
+        Q(expires_at__isnull=True) | Q(expires_at__gt=timezone.now())).filter(
+        Q(last_used_at__isnull=True) | Q(last_used_at__lt=rotated_at))
 
 
 def membership_for_user(user_id: int) -> Membership | None:
@@ -106,7 +205,7 @@ def keys_visible_to(principal: Principal) -> QuerySet[ApiKey]:
 
 def key_for_principal(principal: Principal, key_id: str) -> ApiKey:
     """A key the caller may see, by public id; 404 for anything else (never a hint it exists)."""
-    if "\x00" in key_id or len(key_id) > 40:  # cannot name a key (and NUL cannot reach PostgreSQL)
+    if not plausible_key_id(key_id):
         raise NotFound("Key not found.", code="key_not_found")
     key = keys_visible_to(principal).select_related("organization", "user").filter(public_id=key_id).first()
     if key is None:
@@ -116,7 +215,8 @@ def key_for_principal(principal: Principal, key_id: str) -> ApiKey:
 
 def ensure_may_change_key(principal: Principal, key: ApiKey) -> None:
     """Revoke/cycle a key the caller can see (key_for_principal): a key may always act on itself;
-    otherwise read-only keys and (outside a personal account) stack-bound agent keys may not."""
+    otherwise read-only keys and (outside a personal account) stack-bound agent keys may not, and
+    a teacher only when the school allows it and only keys issued to them."""
     if principal.api_key is not None and principal.api_key.pk == key.pk:
         return
     if principal.read_only:
@@ -125,6 +225,23 @@ def ensure_may_change_key(principal: Principal, key: ApiKey) -> None:
         return
     if principal.is_stack_bound:
         raise Forbidden("An agent key may only change itself.", code="admin_required")
+    ensure_teacher_may_manage_keys(principal)
+    if is_teacher_session(principal) and key.user_id != principal.user.pk:
+        # Cycling hands out the new secret: a teacher never receives the secret of a key that
+        # acts as someone else (and would outlive the teacher's assignment).
+        raise Forbidden("A teacher may only revoke or cycle keys issued to them.", code="not_key_owner")
+
+
+def is_teacher_session(principal: Principal) -> bool:
+    return principal.api_key is None and principal.role == Membership.Role.TEACHER
+
+
+def ensure_teacher_may_manage_keys(principal: Principal) -> None:
+    """Teachers issue, revoke and cycle keys (for their assigned stacks) only when their school
+    allows it (`Organization.teachers_may_manage_keys`, off by default)."""
+    if is_teacher_session(principal) and not principal.organization.teachers_may_manage_keys:
+        raise Forbidden("This school does not let teachers issue or change keys; ask a school admin.",
+                        code="teacher_keys_disabled")
 
 
 def key_to_change(principal: Principal, key_id: str) -> ApiKey:

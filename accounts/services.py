@@ -15,7 +15,14 @@ from django.utils.text import slugify
 
 from accounts.models import ApiKey, AuditEvent, Membership, Organization, User
 from accounts.principal import Principal
-from accounts.selectors import API_KEY_PREFIX, KEY_PREFIX_LENGTH, api_key_hash, email_taken
+from accounts.selectors import (
+    API_KEY_PREFIX,
+    KEY_PREFIX_LENGTH,
+    api_key_hash,
+    email_taken,
+    keys_beyond_issuer_reach,
+    user_reaches,
+)
 from memoryhub.errors import Conflict, InvalidInput
 
 
@@ -73,7 +80,14 @@ def api_key_issue(
     principal: Principal | None = None,
     ip: str | None = None,
 ) -> tuple[ApiKey, str]:
-    """Create a key and return it with its secret, which is never stored and never shown again."""
+    """Create a key and return it with its secret, which is never stored and never shown again.
+
+    The key acts as `user`, who must reach what it is bound to (selectors.with_issuer_reach): a
+    key is never more than its person's access, and dies with it. Whether the *caller* may issue
+    it is the view's selector's decision (stacks.selectors.stack_for_new_key)."""
+    if not user_reaches(organization_id=organization.pk, user=user, stack_id=stack_id):
+        raise InvalidInput("The key's owner does not have access to what the key would be bound to.",
+                           code="owner_lacks_access", fields={"stack_id": ["Not reachable by the key's owner."]})
     secret = new_api_key_secret()
     key = ApiKey.objects.create(
         organization=organization,
@@ -92,6 +106,29 @@ def api_key_issue(
                   "expires_at": expires_at.isoformat() if expires_at else None},
     )
     return key, secret
+
+
+def api_key_rehash(*, key: ApiKey, secret: str) -> None:
+    """Store `secret`'s hash under the current pepper: the key was found under a previous one
+    (a pepper rotation's window, docs/operations.md §4). Idempotent; needs no lock."""
+    ApiKey.objects.filter(pk=key.pk, key_hash=key.key_hash).update(key_hash=api_key_hash(secret))
+
+
+@transaction.atomic
+def api_keys_revoke_beyond_reach(*, organization: Organization, user: User, reason: str,
+                                 principal: Principal | None = None, ip: str | None = None) -> int:
+    """Revoke the user's keys in the organization that their current access no longer covers
+    (a teacher unassigned, a role lowered, a member removed): access dies with its grant.
+    Call it in the transaction that changed the access. Returns how many keys were revoked."""
+    keys = list(keys_beyond_issuer_reach(organization_id=organization.pk, user_id=user.pk).select_for_update(
+        of=("self",)))
+    now = timezone.now()
+    for key in keys:
+        ApiKey.objects.filter(pk=key.pk).update(revoked_at=now)
+        audit_record(organization=organization, action="key.revoked", principal=principal,
+                     target_type="api_key", target_id=key.public_id, ip=ip,
+                     metadata={"reason": reason, "user_id": user.public_id})
+    return len(keys)
 
 
 @transaction.atomic
@@ -200,8 +237,14 @@ def membership_add(*, organization: Organization, user: User, role: str, princip
     membership, created = Membership.objects.get_or_create(user=user, organization=organization,
                                                            defaults={"role": role})
     if not created and membership.role != role:
+        old_role = membership.role
         membership.role = role
         membership.save(update_fields=["role"])
+        audit_record(organization=organization, action="member.role_changed", principal=principal,
+                     target_type="user", target_id=user.public_id, ip=ip, metadata={"from": old_role, "to": role})
+        # A lowered role takes the keys it no longer covers with it (an admin's school key, …).
+        api_keys_revoke_beyond_reach(organization=organization, user=user, reason="role_changed",
+                                     principal=principal, ip=ip)
     if created:
         audit_record(organization=organization, action="member.added", principal=principal,
                      target_type="user", target_id=user.public_id, ip=ip, metadata={"role": role})
@@ -235,13 +278,18 @@ def school_create(*, name: str, admin_email: str, admin_password: str | None = N
 
 
 def login_record(*, user: User, ip: str | None, succeeded: bool, via: str,
-                 principal: Principal | None = None) -> None:
-    """Audit a dashboard or key login in the organization it happened in."""
+                 principal: Principal | None = None, locked_for_seconds: int | None = None) -> None:
+    """Audit a dashboard or key login in the organization it happened in; a failure that locked
+    the account (accounts/views.py) is recorded as `login.locked`."""
     if principal is not None:
         organization: Organization | None = principal.organization
     else:
         membership = Membership.objects.filter(user=user).order_by("created_at").select_related("organization").first()
         organization = membership.organization if membership else None
-    audit_record(organization=organization, action="login.succeeded" if succeeded else "login.failed",
-                 principal=principal, actor=user, target_type="user", target_id=user.public_id, ip=ip,
-                 metadata={"via": via})
+    action = "login.succeeded" if succeeded else "login.failed"
+    metadata: dict[str, Any] = {"via": via}
+    if locked_for_seconds is not None:
+        action = "login.locked"
+        metadata["locked_for_seconds"] = locked_for_seconds
+    audit_record(organization=organization, action=action, principal=principal, actor=user, target_type="user",
+                 target_id=user.public_id, ip=ip, metadata=metadata)

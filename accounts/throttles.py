@@ -6,6 +6,10 @@ per credential (API key, JWT's key, or dashboard user). Attach both through the 
 e.g. ``throttle_classes = SYNC_PUSH_THROTTLES``. Every other API view gets `RequestRateThrottle`
 from REST_FRAMEWORK's defaults.
 
+Failed authentications cost too (`FailureLimit`, below): failed Bearer credentials per client IP
+and per API-key prefix (accounts/authentication.py), failed dashboard sign-ins per account name
+and per IP (accounts/views.py); past a limit the identity is blocked with back-off.
+
 Counting is a fixed window: one pipelined SET-NX-EX + INCR per request (one round trip, O(1) in
 Redis, unlike DRF's pickled timestamp lists). FAIL CLOSED: nothing here catches cache errors —
 an unreachable Redis raises, and the API error handler answers 503 with Retry-After; a request
@@ -16,8 +20,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
+from django.conf import settings
 from django.core.cache import cache
 from rest_framework.request import Request
 from rest_framework.settings import api_settings
@@ -129,6 +135,71 @@ LOGIN_THROTTLES = _pair("login")
 KEY_CREATE_THROTTLES = _pair("key_create")  # POST /auth/keys, cycle, native key issue
 SYNC_PUSH_THROTTLES = _pair("sync_push")
 SYNC_PULL_THROTTLES = _pair("sync_pull")
+
+
+# --- what failed authentications cost ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FailureLimit:
+    """`limit` failures of one identity within a `period`-second window block it for `block`
+    seconds; each further block within a day doubles, up to `MAX_BLOCK_SECONDS` (back-off).
+    Rates: settings.AUTH_FAILURE_LIMITS, read at call time so tests may override them."""
+
+    scope: str  # "bearer_ip", "bearer_prefix", "login_account", "login_ip"
+
+    def rate(self) -> tuple[int, int, int]:
+        limit, period, block = settings.AUTH_FAILURE_LIMITS[self.scope]
+        return int(limit), int(period), int(block)
+
+    def _key(self, ident: str, part: str) -> str:
+        # Under KEY_NAMESPACE, so throttle_state_clear lifts lockouts too.
+        return cache.make_and_validate_key(f"{KEY_NAMESPACE}:fail:{self.scope}:{ident}:{part}")
+
+    def blocked_for(self, ident: str) -> float | None:
+        """Seconds until `ident` may try again, or None when it is not blocked (one Redis GET)."""
+        key = self._key(ident, "block")
+        until = cache._cache.get_client(key).get(key)  # type: ignore[attr-defined]
+        if until is None:
+            return None
+        remaining = float(until) - clock()
+        return remaining if remaining > 0 else None
+
+    def record(self, ident: str) -> float | None:
+        """Count one failure; returns the block's length in seconds when this failure starts one."""
+        limit, period, block = self.rate()
+        now = clock()
+        window = int(now // period)
+        count_key = self._key(f"{ident}:{window}", "count")
+        client = cache._cache.get_client(count_key, write=True)  # type: ignore[attr-defined]
+        pipe = client.pipeline(transaction=True)
+        pipe.set(count_key, 0, ex=period + 1, nx=True)
+        pipe.incr(count_key)
+        _, count = pipe.execute()
+        if int(count) != limit:  # block once per window, when the limit is reached
+            return None
+        strikes_key = self._key(ident, "strikes")
+        pipe = client.pipeline(transaction=True)
+        pipe.incr(strikes_key)
+        pipe.expire(strikes_key, STRIKE_MEMORY_SECONDS)
+        strikes, _ = pipe.execute()
+        seconds = min(block * 2 ** (int(strikes) - 1), MAX_BLOCK_SECONDS)
+        client.set(self._key(ident, "block"), now + seconds, ex=int(seconds) + 1)
+        return float(seconds)
+
+    def clear(self, ident: str) -> None:
+        """Forget `ident`'s failures in the current window (a successful sign-in)."""
+        _, period, _ = self.rate()
+        cache._cache.get_client(write=True).delete(  # type: ignore[attr-defined]
+            self._key(f"{ident}:{int(clock() // period)}", "count"))
+
+
+MAX_BLOCK_SECONDS = 3600
+STRIKE_MEMORY_SECONDS = 86400  # a block within a day of the previous one lasts twice as long
+BEARER_IP_FAILURES = FailureLimit("bearer_ip")
+BEARER_PREFIX_FAILURES = FailureLimit("bearer_prefix")
+LOGIN_ACCOUNT_FAILURES = FailureLimit("login_account")
+LOGIN_IP_FAILURES = FailureLimit("login_ip")
 
 
 def throttle_state_clear() -> int:

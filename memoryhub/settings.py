@@ -1,11 +1,13 @@
 """Django settings, read from the environment with safe development defaults.
 
 Unset DATABASE_URL / REDIS_URL mean "the embedded servers that `make run` starts" (see
-memoryhub/embedded.py); set them to point at external PostgreSQL (with pgvector) and Redis.
+memoryhub/embedded.py): the ones it recorded in DATA_DIR/runtime.json while it runs, else their
+default ports; set them to point at external PostgreSQL (with pgvector) and Redis.
 """
 
 from __future__ import annotations
 
+import ipaddress
 from datetime import timedelta
 from pathlib import Path
 
@@ -20,18 +22,23 @@ from memoryhub.environment import (
     env_list,
     env_str,
     env_url,
+    running_service,
 )
+from memoryhub.secrets import load_secrets
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 DATA_DIR = data_dir()
 
 DEBUG = env_bool("DEBUG", False)
-_DEV_SECRET = "dev-insecure-secret-key-change-me-for-production-0123456789"  # noqa: S105 - dev default
-SECRET_KEY = env_str("SECRET_KEY", _DEV_SECRET)
-if SECRET_KEY == _DEV_SECRET and env_bool("MEMORYHUB_PRODUCTION", False):
-    raise ImproperlyConfigured("SECRET_KEY must be set when MEMORYHUB_PRODUCTION=true")
-if len(SECRET_KEY) < 32:
-    raise ImproperlyConfigured("SECRET_KEY must be at least 32 characters long")
+# Three separate secrets (memoryhub/secrets.py; rotation: docs/operations.md §4): Django's own
+# (sessions, CSRF), the JWT signing key and the API-key pepper. Each comes from its environment
+# variable, else — outside the test suite — from <data dir>/secrets.json, generated on first start.
+# The development values committed in the repository are accepted by the test suite only.
+_SECRETS = load_secrets(DATA_DIR, production=env_bool("MEMORYHUB_PRODUCTION", False))
+SECRET_KEY = _SECRETS.secret_key
+JWT_SIGNING_KEY = _SECRETS.jwt_signing_key
+API_KEY_PEPPER = _SECRETS.api_key_pepper
+API_KEY_PEPPERS_PREVIOUS = _SECRETS.previous_api_key_peppers
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]", "testserver"])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 
@@ -39,12 +46,20 @@ CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 EMBEDDED_PG_PORT = env_int("MEMORYHUB_PG_PORT", 54320, minimum=1, maximum=65535)
 EMBEDDED_REDIS_PORT = env_int("MEMORYHUB_REDIS_PORT", 63790, minimum=1, maximum=65535)
 
+# While `make run` runs it records the embedded servers it started (their real ports) in
+# DATA_DIR/runtime.json, so `manage.py …` in a second shell reaches that service without any
+# exported variable; a file whose runner is gone is ignored. An explicit URL always wins.
+RUNNING_SERVICE = running_service(DATA_DIR)
 DATABASE_URL = env_url(
     "DATABASE_URL",
-    f"postgresql://postgres@127.0.0.1:{EMBEDDED_PG_PORT}/memoryhub",
+    RUNNING_SERVICE.get("database_url") or f"postgresql://postgres@127.0.0.1:{EMBEDDED_PG_PORT}/memoryhub",
     ("postgres", "postgresql", "pgsql"),
 )
-REDIS_URL = env_url("REDIS_URL", f"redis://127.0.0.1:{EMBEDDED_REDIS_PORT}/0", ("redis", "rediss", "unix"))
+REDIS_URL = env_url(
+    "REDIS_URL",
+    RUNNING_SERVICE.get("redis_url") or f"redis://127.0.0.1:{EMBEDDED_REDIS_PORT}/0",
+    ("redis", "rediss", "unix"),
+)
 
 # Under ASGI every request may run on another thread, so Django's persistent connections do not
 # carry over and each request would open a new connection (~10 ms+). A psycopg connection pool
@@ -76,6 +91,7 @@ INSTALLED_APPS = [
     "django.contrib.postgres",
     "rest_framework",
     "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI's files, served by us: the API docs work offline
     "channels",
     "accounts",
     "stacks",
@@ -85,6 +101,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # Static files answer here, before sessions and CSRF, in every mode (memoryhub/staticfiles.py).
+    "memoryhub.staticfiles.StaticFilesMiddleware",
     "django.middleware.gzip.GZipMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -128,11 +146,22 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
-STATIC_ROOT = DATA_DIR / "staticfiles"
+STATIC_ROOT = DATA_DIR / "staticfiles"  # `make run` runs collectstatic into it at every start
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    # Hashed (cache-busting) and gzip/brotli-compressed once collected; plain names before that.
+    "staticfiles": {"BACKEND": "memoryhub.staticfiles.ManifestOrSourceStorage"},
+}
+# Nothing collected yet (the test session, a bare `manage.py runserver`): WhiteNoise serves the
+# source directories instead, so pages are styled without a prior collectstatic.
+WHITENOISE_USE_FINDERS = not (STATIC_ROOT / "staticfiles.json").is_file()
 
 # Sync pushes carry up to 1,000 full records; the kernle contract needs at least 10 MB.
 DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("MAX_REQUEST_BYTES", 16 * 1024 * 1024, minimum=1024 * 1024)
 DATA_UPLOAD_MAX_NUMBER_FIELDS = 10_000
+# Bodies of the routes anyone may call (register, logins) and of requests with no credential;
+# both limits are enforced before the body is read (memoryhub/limits.py).
+MAX_UNAUTHENTICATED_REQUEST_BYTES = env_int("MAX_UNAUTHENTICATED_REQUEST_BYTES", 64 * 1024, minimum=4096)
 
 SESSION_COOKIE_HTTPONLY = True
 SESSION_COOKIE_SECURE = env_bool("SECURE_COOKIES", False)
@@ -180,7 +209,7 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_PARSER_CLASSES": ["memoryhub.limits.BoundedJSONParser"],  # body cap, depth, string bounds
     "UNAUTHENTICATED_USER": None,
     # Redis-backed, fail closed (accounts/throttles.py). Views with their own limits (register,
     # login, key create/cycle, sync push/pull) attach the scoped pairs from accounts.throttles.
@@ -204,17 +233,26 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "0.1.0",
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,
+    # Swagger UI from our own static files (drf-spectacular-sidecar), never a CDN: MemoryHub must
+    # work without internet. No validator either: Swagger UI would send the schema to swagger.io.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "SWAGGER_UI_SETTINGS": {"deepLinking": True, "validatorUrl": None},
 }
 
 SIMPLE_JWT = {
     "ACCESS_TOKEN_LIFETIME": timedelta(seconds=env_int("JWT_ACCESS_SECONDS", 7 * 24 * 3600, minimum=60)),
     "ALGORITHM": "HS256",
-    "SIGNING_KEY": SECRET_KEY,
+    "SIGNING_KEY": JWT_SIGNING_KEY,
     "USER_ID_FIELD": "public_id",
     "USER_ID_CLAIM": "user_id",
 }
 
-EMBEDDING_PROVIDER = env_choice("EMBEDDING_PROVIDER", "hash", ("hash", "minilm", "openai"))
+# The embedding model, read the same way by the web server, the workers and every management
+# command: MiniLM unless set (the test suite pins `hash`, tests/plugin_embedded.py). The deployment
+# records the one model its vectors are of; a process set for another one writes no vector
+# (memories.search.embedding_model, docs/algorithms.md §10.3).
+EMBEDDING_PROVIDER = env_choice("EMBEDDING_PROVIDER", "minilm", ("hash", "minilm", "openai"))
 
 LOG_LEVEL = env_choice("LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR"))
 LOGGING = {
@@ -231,12 +269,26 @@ EMBEDDING_API_URL = env_str("EMBEDDING_API_URL", "")
 EMBEDDING_API_KEY = env_str("EMBEDDING_API_KEY", "")
 EMBEDDING_MODEL = env_str("EMBEDDING_MODEL", "text-embedding-3-small")
 
-# Proxies whose X-Forwarded-For we believe (CIDRs). Private and loopback by default, as the
-# legacy backend did (docs/kernle-protocol.md §2.9); set to the load balancers' ranges in production.
-TRUSTED_PROXIES = env_list(
-    "TRUSTED_PROXIES",
-    ["127.0.0.0/8", "::1/128", "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "fc00::/7"],
-)
+# Proxies whose X-Forwarded-For we believe (CIDRs; accounts/network.py). None by default: any
+# client on a school network could otherwise name itself another address in the header and
+# escape the per-IP limits. Set it to the reverse proxies' / load balancers' addresses.
+TRUSTED_PROXIES = env_list("TRUSTED_PROXIES", [])
+for _proxy in TRUSTED_PROXIES:
+    try:
+        ipaddress.ip_network(_proxy, strict=False)
+    except ValueError:
+        raise ImproperlyConfigured(f"TRUSTED_PROXIES must be comma-separated networks (CIDR), got {_proxy!r}") from None
+
+# What failed authentications cost (accounts/throttles.py FailureLimit): (failures, per seconds,
+# first block seconds); a repeated block doubles, up to an hour. Bearer credentials per client IP
+# (the IP is then refused outright) and per API-key prefix (failing guesses at that prefix get 429;
+# the real key keeps working); dashboard sign-ins per account name and per client IP.
+AUTH_FAILURE_LIMITS = {
+    "bearer_ip": (50, 600, 300),
+    "bearer_prefix": (10, 600, 600),
+    "login_account": (10, 900, 900),
+    "login_ip": (30, 900, 900),
+}
 
 # Name the "kind" enums explicitly: several components have a field called "kind".
 SPECTACULAR_SETTINGS.setdefault("ENUM_NAME_OVERRIDES", {}).update({  # type: ignore[attr-defined]

@@ -11,7 +11,7 @@ from django.db.models import QuerySet
 
 from accounts.models import Membership, Organization
 from accounts.principal import Principal
-from accounts.selectors import ensure_may_manage_organization
+from accounts.selectors import ensure_may_manage_organization, ensure_teacher_may_manage_keys
 from accounts.tiers import tier_for
 from memoryhub.errors import Conflict, Forbidden, NotFound, QuotaExceeded
 from stacks.models import Stack
@@ -70,7 +70,9 @@ def stack_for_new_key(principal: Principal, slug: str | None) -> Stack | None:
     """The stack a key the caller issues is bound to (None: a school key), if the caller may issue it.
 
     Visibility decides first: a stack the caller cannot see is a 404, not a 403 (and an archived
-    one a 409). A school key needs a school manager; read-only and agent keys issue no keys (403).
+    one a 409). A school key needs a school manager; read-only and agent keys issue no keys, nor
+    do teachers unless their school allows it (403). The key acts as its issuer and dies with the
+    issuer's access to the stack (accounts.selectors.with_issuer_reach).
     """
     stack = None
     if slug:
@@ -81,6 +83,7 @@ def stack_for_new_key(principal: Principal, slug: str | None) -> Stack | None:
         raise Forbidden("This key is read-only.", code="read_only_key")
     if principal.is_stack_bound:
         raise Forbidden("An agent key cannot issue keys.", code="admin_required")
+    ensure_teacher_may_manage_keys(principal)
     return stack
 
 

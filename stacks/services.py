@@ -18,6 +18,7 @@ from accounts.models import ApiKey, Membership, Organization, User
 from accounts.principal import Principal
 from accounts.services import (
     api_key_issue,
+    api_keys_revoke_beyond_reach,
     audit_record,
     membership_add,
     normalized_email,
@@ -147,10 +148,14 @@ def teacher_assign(*, stack: Stack, teacher: User, principal: Principal | None =
 
 @transaction.atomic
 def teacher_unassign(*, stack: Stack, teacher: User, principal: Principal | None = None, ip: str | None = None) -> None:
+    """End a teacher's assignment; the keys they hold for that stack end with it (access dies with
+    its grant: authentication also refuses them, accounts.selectors.with_issuer_reach)."""
     deleted, _ = TeacherAssignment.objects.filter(user=teacher, stack=stack).delete()
     if deleted:
         audit_record(organization=stack.organization, action="stack.teacher_unassigned", principal=principal,
                      target_type="stack", target_id=stack.slug, ip=ip, metadata={"user_id": teacher.public_id})
+        api_keys_revoke_beyond_reach(organization=stack.organization, user=teacher, reason="teacher_unassigned",
+                                     principal=principal, ip=ip)
 
 
 @transaction.atomic
@@ -169,11 +174,12 @@ def membership_remove(*, organization: Organization, user_public_id: str, princi
         raise Conflict("A school keeps at least one admin.", code="last_admin")
     user = membership.user
     membership.delete()
-    ApiKey.objects.filter(organization=organization, user=user, revoked_at__isnull=True).update(
-        revoked_at=timezone.now())
     TeacherAssignment.objects.filter(user=user, stack__organization=organization).delete()
     audit_record(organization=organization, action="member.removed", principal=principal,
                  target_type="user", target_id=user.public_id, ip=ip)
+    # Without a membership nothing is within their reach: every key they hold here is revoked.
+    api_keys_revoke_beyond_reach(organization=organization, user=user, reason="member_removed",
+                                 principal=principal, ip=ip)
 
 
 @dataclass(frozen=True)

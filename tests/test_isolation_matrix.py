@@ -6,7 +6,11 @@ Actors (all real credentials through the real authentication):
 * ``a1_key`` — an agent key bound to stack A1 (targets: A2, B1);
 * ``teacher_a`` — a dashboard session (with CSRF) of a teacher of A assigned only to A1 (targets: A2, B1);
 * ``school_b_key`` — a school-wide key of school B (targets: A1, A2);
-* ``a1_read_only_key`` — a read-only key bound to A1, writing to A1 (refused with 403).
+* ``a1_read_only_key`` — a read-only key bound to A1, writing to A1 (refused with 403);
+* ``a1_teacher_key`` — a key ``teacher_a`` issued for A1 (school A lets teachers manage keys; the
+  key acts as the teacher) (targets: A2, B1); ``a1_teacher_read_only_key``, its read-only twin;
+* ``a2_stale_teacher_key`` — a key another teacher issued for A2 before that assignment was deleted
+  behind the services' back (as the Django admin would): refused with 401 everywhere, A2 included.
 
 Every attempt must be refused — 404 for a stack the actor cannot see (never a hint that it exists),
 403 for a read-only key writing — and must store nothing: the target stack's row and every row
@@ -34,7 +38,7 @@ from rest_framework.test import APIClient
 
 from accounts.models import ApiKey, AuditEvent, Membership, Organization
 from accounts.throttles import throttle_state_clear
-from stacks.models import Stack
+from stacks.models import Stack, TeacherAssignment
 from tests.accounts.clients import csrf_session_client
 from tests.factories import assign_teacher, bearer_client, make_key, make_org, make_stack, make_user
 
@@ -112,19 +116,33 @@ def build_world() -> World:
         target_teachers[name] = teacher.public_id
     teacher_a = make_user(school_a, role=Membership.Role.TEACHER)
     assign_teacher(teacher_a, stacks["A1"])
+    # School A lets teachers manage keys: the permissive case, so the matrix covers teacher-issued keys.
+    Organization.objects.filter(pk=school_a.pk).update(teachers_may_manage_keys=True)
+    stale_teacher = make_user(school_a, role=Membership.Role.TEACHER)
+    assign_teacher(stale_teacher, stacks["A2"])
+    _, stale_secret = make_key(school_a, stack=stacks["A2"], user=stale_teacher)
+    TeacherAssignment.objects.filter(user=stale_teacher).delete()  # not through teacher_unassign: no revocation
     actors = {
         "school_a_key": bearer_client(make_key(school_a)[1]),
         "a1_key": bearer_client(make_key(school_a, stack=stacks["A1"])[1]),
         "teacher_a": csrf_session_client(teacher_a),
         "school_b_key": bearer_client(make_key(school_b)[1]),
         "a1_read_only_key": bearer_client(make_key(school_a, stack=stacks["A1"], read_only=True)[1]),
+        "a1_teacher_key": bearer_client(make_key(school_a, stack=stacks["A1"], user=teacher_a)[1]),
+        "a1_teacher_read_only_key": bearer_client(make_key(school_a, stack=stacks["A1"], user=teacher_a,
+                                                           read_only=True)[1]),
+        "a2_stale_teacher_key": bearer_client(stale_secret),
     }
     pairs = [("school_a_key", "B1"), ("a1_key", "A2"), ("a1_key", "B1"), ("teacher_a", "A2"),
-             ("teacher_a", "B1"), ("school_b_key", "A1"), ("school_b_key", "A2")]
+             ("teacher_a", "B1"), ("school_b_key", "A1"), ("school_b_key", "A2"), ("a1_teacher_key", "A2"),
+             ("a1_teacher_key", "B1"), ("a2_stale_teacher_key", "A2"), ("a2_stale_teacher_key", "B1")]
     return World(stacks, target_keys, target_teachers, actors, pairs)
 
 
 IGNORED_COLUMNS = {"last_used_at"}
+# Actors refused before any endpoint decides: a key whose issuer lost the grant is a 401 everywhere.
+REFUSED_AS = {"a2_stale_teacher_key": 401}
+READ_ONLY_ACTORS = ["a1_read_only_key", "a1_teacher_read_only_key"]
 
 
 def stored_state(stack: Stack) -> str:
@@ -192,8 +210,9 @@ def test_no_actor_reaches_a_stack_that_is_not_theirs(world: World, spec: Endpoin
         before = stored_state(stack)
         response = _call(world.actors[actor], spec, placeholders)
         context = f"{spec.name}: {actor} -> {target}"
-        _assert_refused(response, spec.refused, context)
-        if spec.refused == 404:
+        expected = REFUSED_AS.get(actor, spec.refused)
+        _assert_refused(response, expected, context)
+        if expected in (401, 404):
             assert stack.slug.encode() not in response.content, f"{context}: leaks the stack id"
         assert stored_state(stack) == before, f"{context}: something was stored"
 
@@ -203,12 +222,13 @@ WRITE_ENDPOINTS = [s for s in STACK_ENDPOINTS if s.write]
 
 @pytest.mark.parametrize("spec", WRITE_ENDPOINTS, ids=[s.name for s in WRITE_ENDPOINTS])
 def test_a_read_only_key_cannot_write_its_own_stack(world: World, spec: EndpointSpec) -> None:
-    placeholders = _placeholders(world, "A1", spec)
-    stack = world.stacks["A1"]
-    before = stored_state(stack)
-    response = _call(world.actors["a1_read_only_key"], spec, placeholders)
-    _assert_refused(response, 403 if spec.refused == 404 else spec.refused, f"{spec.name}: read-only key -> A1")
-    assert stored_state(stack) == before
+    for actor in READ_ONLY_ACTORS:
+        placeholders = _placeholders(world, "A1", spec)
+        stack = world.stacks["A1"]
+        before = stored_state(stack)
+        response = _call(world.actors[actor], spec, placeholders)
+        _assert_refused(response, 403 if spec.refused == 404 else spec.refused, f"{spec.name}: {actor} -> A1")
+        assert stored_state(stack) == before
 
 
 @pytest.mark.parametrize("spec", LIST_ENDPOINTS, ids=[s.name for s in LIST_ENDPOINTS])
@@ -218,7 +238,8 @@ def test_collections_never_mention_a_foreign_stack_or_its_keys(world: World, spe
         throttle_state_clear()
         response = world.actors[actor].get(spec.path)
         context = f"{spec.name}: {actor} -> {target}"
-        assert response.status_code in spec.ok_statuses, f"{context}: {response.status_code}"
+        expected = (REFUSED_AS[actor],) if actor in REFUSED_AS else spec.ok_statuses
+        assert response.status_code in expected, f"{context}: {response.status_code}"
         content = response.content.decode()
         assert world.stacks[target].slug not in content, context
         assert world.target_keys[target].public_id not in content, context
@@ -232,5 +253,7 @@ def test_the_matrix_world_is_reachable_by_its_rightful_owners(world: World) -> N
     assert world.actors["teacher_a"].get("/api/v1/stacks/alpha-one/").status_code == 200
     assert world.actors["school_b_key"].get("/api/v1/stacks/bravo-one/").status_code == 200
     assert world.actors["a1_read_only_key"].get("/api/v1/stacks/alpha-one/").status_code == 200
+    assert world.actors["a1_teacher_key"].get("/api/v1/stacks/alpha-one/").status_code == 200
+    assert world.actors["a1_teacher_read_only_key"].get("/api/v1/stacks/alpha-one/").status_code == 200
     target_key = world.target_keys["A2"].public_id
     assert world.actors["school_a_key"].get(f"/api/v1/keys/{target_key}/").status_code == 200

@@ -102,12 +102,14 @@ def test_no_credentials_is_401() -> None:
     assert_401(APIClient().get(ENDPOINT))
 
 
-def test_jwt_is_hs256_signed_with_the_server_secret_and_names_user_and_stack() -> None:
+def test_jwt_is_hs256_signed_with_the_jwt_signing_key_and_names_user_school_stack_and_scope() -> None:
     org = make_org()
-    key, _ = make_key(org, stack=make_stack(org, "bound"))
-    claims = jwt.decode(str(access_token_for_key(key)), settings.SECRET_KEY, algorithms=["HS256"])
+    key, _ = make_key(org, stack=make_stack(org, "bound"), read_only=True)
+    assert settings.JWT_SIGNING_KEY != settings.SECRET_KEY
+    claims = jwt.decode(str(access_token_for_key(key)), settings.JWT_SIGNING_KEY, algorithms=["HS256"])
     assert claims["user_id"] == claims["sub"] == key.user.public_id
     assert claims["stack_id"] == "bound" and claims["key_id"] == key.public_id
+    assert claims["org_id"] == org.public_id and claims["read_only"] is True
     assert claims["exp"] - claims["iat"] == 604800 and claims["jti"]
 
 

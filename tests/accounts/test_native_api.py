@@ -8,7 +8,7 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from accounts.models import ApiKey, AuditEvent, Membership
+from accounts.models import ApiKey, AuditEvent, Membership, Organization
 from stacks.models import TeacherAssignment
 from tests.accounts.clients import csrf_session_client
 from tests.factories import assign_teacher, bearer_client, make_key, make_org, make_stack, make_user
@@ -50,7 +50,9 @@ def test_school_wide_key_issue_needs_a_manager_and_past_expiry_is_refused() -> N
     assign_teacher(teacher, stack)
     teacher_client = csrf_session_client(teacher)
     assert teacher_client.post("/api/v1/keys/", {"name": "x"}, format="json").status_code == 403
-    # A teacher may issue an agent key for an assigned student's stack.
+    # A teacher may issue an agent key for an assigned student's stack when the school allows it
+    # (tests/accounts/test_security.py covers the policy).
+    Organization.objects.filter(pk=org.pk).update(teachers_may_manage_keys=True)
     assert teacher_client.post("/api/v1/keys/", {"stack_id": "s1"}, format="json").status_code == 201
     _, agent_secret = make_key(org, stack=stack)
     assert bearer_client(agent_secret).post("/api/v1/keys/", {"stack_id": "s1"}, format="json").status_code == 403
