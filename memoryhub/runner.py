@@ -224,7 +224,13 @@ def main() -> int:
             name="web",
             argv=[python, "-m", "uvicorn", "memoryhub.asgi:application", "--host", host, "--port", str(port),
                   "--workers", str(web_workers), "--no-access-log", "--lifespan", "off",
-                  "--loop", "uvloop", "--http", "httptools"],
+                  "--loop", "uvloop", "--http", "httptools",
+                  # The client address is decided by accounts.network from TRUSTED_PROXIES only; uvicorn
+                  # would otherwise believe X-Forwarded-For from 127.0.0.1 itself (its default).
+                  "--no-proxy-headers",
+                  # Websocket frames larger than the guard's 64 Ki characters (memoryhub/limits.py, up to
+                  # 4 bytes each in UTF-8) are refused by uvicorn before they are buffered.
+                  "--ws-max-size", str(256 * 1024)],
             env=env, cwd=BASE_DIR,
         ))
         supervisor.add(ManagedProcess(
