@@ -12,20 +12,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from django.conf import settings
 from django.test import override_settings
 
 from memoryhub.embedded import ManagedProcess
+from tests.factories import database_url_for_processes
 
 if TYPE_CHECKING:
     from tests.actors import FrozenClock, School
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
-
-def _test_database_url() -> str:
-    db = settings.DATABASES["default"]
-    return f"postgresql://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
 
 
 @pytest.fixture(scope="session")
@@ -38,7 +34,7 @@ def celery_worker(
     """
     from memoryhub.celery import app
 
-    env = dict(os.environ, DATABASE_URL=_test_database_url())
+    env = dict(os.environ, DATABASE_URL=database_url_for_processes())
     log_path = tmp_path_factory.mktemp("celery") / "worker.log"
     worker = ManagedProcess(
         name="worker",

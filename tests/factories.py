@@ -6,10 +6,13 @@ These write through the real services and the real database; nothing is mocked.
 from __future__ import annotations
 
 import itertools
+import time
 from collections import namedtuple
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
+import httpx
 import psycopg
 from django.conf import settings
 from django.db import connection
@@ -127,3 +130,25 @@ def index_definitions(table: str = "memories_memory") -> dict[str, str]:
     """Index name -> definition (pg_get_indexdef) of every index of the table."""
     rows = sql_rows("SELECT indexname, indexdef FROM pg_indexes WHERE tablename = %s", [table])
     return {row.indexname: row.indexdef for row in rows}
+
+
+def database_url_for_processes() -> str:
+    """The test database as a URL, for processes the tests start (a worker, a web server, a command)."""
+    db = settings.DATABASES["default"]
+    return f"postgresql://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
+
+
+def wait_for_health(base_url: str, *, alive: Callable[[], bool], log: Path, timeout: float = 90) -> None:
+    """Poll `GET /health` of a server the test started until it answers 200; fail with its log if
+    the process dies or the time runs out."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not alive():
+            raise AssertionError("the web server died:\n" + log.read_text()[-4000:])
+        try:
+            if httpx.get(f"{base_url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError(f"the web server did not answer /health in {timeout:.0f} s:\n" + log.read_text()[-4000:])

@@ -163,10 +163,11 @@ def test_issue_key_refuses_clearly_and_issues_nothing(args: tuple[str, ...], mes
 def test_a_command_error_is_one_line_and_exit_1_without_a_traceback() -> None:
     import os
 
-    from tests.conftest import _test_database_url, run_manage
+    from tests.conftest import run_manage
+    from tests.factories import database_url_for_processes
 
     done = run_manage("issue_key", "--school", "no-such-school",
-                      env=dict(os.environ, DATABASE_URL=_test_database_url()))
+                      env=dict(os.environ, DATABASE_URL=database_url_for_processes()))
     assert done.returncode == 1
     assert done.stderr.strip() == ("CommandError: No school with slug 'no-such-school' (see the dashboard, or "
                                    "create it with `manage.py create_school`).")

@@ -12,7 +12,6 @@ import os
 import stat
 import subprocess
 import sys
-import time
 from io import StringIO
 from pathlib import Path
 
@@ -30,7 +29,7 @@ from accounts.authentication import access_token_for_key
 from accounts.models import ApiKey
 from memoryhub.embedded import free_port
 from memoryhub.secrets import DEV_SECRETS, VARIABLES, load_secrets, rotate_kept_secret
-from tests.factories import bearer_client, make_key, make_org, make_stack
+from tests.factories import bearer_client, database_url_for_processes, make_key, make_org, make_stack, wait_for_health
 
 BASE_DIR = Path(__file__).resolve().parents[2]
 SECRET_VARIABLES = [*VARIABLES.values(), "API_KEY_PEPPER_PREVIOUS", "MEMORYHUB_TEST_SUITE", "MEMORYHUB_PRODUCTION"]
@@ -166,25 +165,6 @@ def test_rotate_secret_command_rotates_the_file_and_guards_the_end_of_a_pepper_w
 # --- a real service process, outside the test suite ------------------------------------------------
 
 
-def _test_database_url() -> str:
-    db = settings.DATABASES["default"]
-    return f"postgresql://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
-
-
-def _wait_for_health(base_url: str, process: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise AssertionError("the service died:\n" + log.read_text())
-        try:
-            if httpx.get(f"{base_url}/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    raise AssertionError("the service did not answer /health:\n" + log.read_text())
-
-
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_a_service_outside_the_test_suite_refuses_tokens_signed_with_the_development_key(tmp_path: Path) -> None:
@@ -197,7 +177,7 @@ def test_a_service_outside_the_test_suite_refuses_tokens_signed_with_the_develop
     data_dir, port, log = tmp_path / "var", free_port(), tmp_path / "web.log"
     # The key above was hashed under the test suite's pepper; listing it as a previous pepper
     # also shows the rotation window at work in a real process.
-    env = outside_the_test_suite(MEMORYHUB_DATA_DIR=str(data_dir), DATABASE_URL=_test_database_url(),
+    env = outside_the_test_suite(MEMORYHUB_DATA_DIR=str(data_dir), DATABASE_URL=database_url_for_processes(),
                                  API_KEY_PEPPER_PREVIOUS=settings.API_KEY_PEPPER)
     with open(log, "wb") as output:
         process = subprocess.Popen(
@@ -206,7 +186,7 @@ def test_a_service_outside_the_test_suite_refuses_tokens_signed_with_the_develop
             cwd=BASE_DIR, env=env, stdout=output, stderr=subprocess.STDOUT)
     base_url = f"http://127.0.0.1:{port}"
     try:
-        _wait_for_health(base_url, process, log)
+        wait_for_health(base_url, alive=lambda: process.poll() is None, log=log)
         kept = json.loads((data_dir / "secrets.json").read_text())
         assert stat.S_IMODE((data_dir / "secrets.json").stat().st_mode) == 0o600
 

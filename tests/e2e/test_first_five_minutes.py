@@ -31,8 +31,8 @@ from django.conf import global_settings
 
 from memories.models import Memory
 from stacks.models import Stack
-from tests.conftest import _test_database_url
 from tests.e2e.conftest import HTTPX_VERSION, KERNLE_VERSION
+from tests.factories import database_url_for_processes
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -78,7 +78,7 @@ class Shell:
         self.env = {name: value for name, value in os.environ.items()
                     if not name.startswith("KERNLE_") and name not in ("MEMORYHUB_URL", "MEMORYHUB_KEY")
                     and name.lower() not in ("http_proxy", "https_proxy", "all_proxy")}
-        self.env.update(HOME=str(home), MEMORYHUB_DATA_DIR=str(data), DATABASE_URL=_test_database_url(),
+        self.env.update(HOME=str(home), MEMORYHUB_DATA_DIR=str(data), DATABASE_URL=database_url_for_processes(),
                         HOST=url.hostname or "127.0.0.1", PORT=str(url.port), NO_PROXY="localhost,127.0.0.1",
                         no_proxy="localhost,127.0.0.1", PYTHONUNBUFFERED="1")
 

@@ -18,7 +18,6 @@ from typing import Any
 
 import httpx
 import pytest
-from django.db import connection
 from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver
 from rest_framework.views import APIView
@@ -30,17 +29,12 @@ from memories.models import Memory
 from memoryhub.embedded import ManagedProcess, free_port
 from memoryhub.limits import JSON_MAX_DEPTH, JSON_MAX_STRING_CHARS, BoundedJSONParser
 from stacks.services import personal_account_register
-from tests.factories import bearer_client, make_key, make_org, make_stack
+from tests.factories import bearer_client, database_url_for_processes, make_key, make_org, make_stack, wait_for_health
 
 BASE_DIR = Path(__file__).resolve().parents[2]
 MB = 1024 * 1024
 BIG = 20 * MB
 LOCAL_ORIGIN = Origin("http://localhost")
-
-
-def _test_database_url() -> str:
-    db = connection.settings_dict
-    return f"postgresql://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
 
 
 @pytest.fixture(scope="module")
@@ -54,23 +48,12 @@ def web(django_db_setup: None, tmp_path_factory: pytest.TempPathFactory) -> Iter
         argv=[sys.executable, "-m", "uvicorn", "memoryhub.asgi:application", "--host", "127.0.0.1",
               "--port", str(port), "--workers", "1", "--loop", "uvloop", "--http", "httptools",
               "--no-access-log", "--lifespan", "off"],
-        env=dict(os.environ, DATABASE_URL=_test_database_url()), cwd=BASE_DIR, log_path=log_path,
+        env=dict(os.environ, DATABASE_URL=database_url_for_processes()), cwd=BASE_DIR, log_path=log_path,
     )
     server.start()
     base_url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
     try:
-        while True:
-            if not server.running():
-                raise RuntimeError("web server died:\n" + log_path.read_text()[-4000:])
-            try:
-                if httpx.get(f"{base_url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("web server did not start in 60 s")
-            time.sleep(0.2)
+        wait_for_health(base_url, alive=server.running, log=log_path, timeout=60)
         yield {"url": base_url, "port": port, "pid": server.pid, "log": log_path}
     finally:
         server.stop()
