@@ -56,6 +56,10 @@ class Organization(models.Model):
     # School policy: may teachers issue, revoke and cycle keys for their assigned stacks? Off by
     # default; such keys act as the teacher and die with the teacher's assignment.
     teachers_may_manage_keys = models.BooleanField(default=False)
+    # Retention per memory kind in days, e.g. {"raw": 365}: the TTL job purges memories created
+    # longer ago (memories.lifecycle.ttl). Empty (the default): keep until expiry or erasure.
+    # Validated by memories.lifecycle.ttl.retention_validated (kinds are the memories app's).
+    retention_days = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     def __str__(self) -> str:

@@ -11,11 +11,12 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
 from django.contrib.postgres.indexes import GinIndex
 from django.contrib.postgres.search import SearchVector, SearchVectorField
 from django.db import models
-from django.db.models import Func, Q
+from django.db.models import Func, Q, Value
 from pgvector.django import HnswIndex, VectorField
 
 EMBEDDING_DIMENSIONS = 384
@@ -121,6 +122,12 @@ class Memory(models.Model):
     # What the quota counts: the bytes of the record as the client sent it — `data` and `extra` as
     # JSON plus the tags (memories.schemas.normalize_memory); not `text`, derived from `data`.
     size_bytes = models.IntegerField(default=0)
+    # What redaction replaced in this record: [{"rule", "count"}], never a value (memories.redaction,
+    # docs/algorithms.md §11). Server-owned; not sent on pull.
+    # A database default too: rows inserted by SQL that predates the column (a web process of the
+    # previous release during a deploy, bulk loaders) get an empty report instead of failing.
+    redaction_report = models.JSONField(default=list, db_default=Value([], output_field=models.JSONField()),
+                                        blank=True)
 
     class Meta:
         constraints = [
@@ -293,3 +300,58 @@ class MemorySalience(models.Model):
 
     class Meta:
         indexes = [models.Index(fields=["heap_block"], name="memories_salience_heap_block")]
+
+
+class ErasureCertificate(models.Model):
+    """The written proof of one erasure (a whole stack, or one memory) — docs/architecture.md §9.
+    It names what was erased by counts and ids only: never memory text.
+
+    `digest` is an HMAC over the canonical JSON of the certificate's fields (memories.erasure), so
+    anyone holding the certificate can have it checked later; a changed field no longer verifies.
+    """
+
+    class Status(models.TextChoices):
+        PENDING = "pending"
+        RUNNING = "running"  # `counts` holds what is erased so far
+        DONE = "done"
+        FAILED = "failed"
+
+    class Scope(models.TextChoices):
+        STACK = "stack"
+        MEMORY = "memory"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    organization = models.ForeignKey("accounts.Organization", on_delete=models.CASCADE,
+                                     related_name="erasure_certificates")
+    # The stack row stays (archived) after a stack erasure; SET_NULL keeps the proof should it
+    # ever be deleted, with its identifiers copied below.
+    stack = models.ForeignKey("stacks.Stack", null=True, on_delete=models.SET_NULL, related_name="+")
+    stack_ref = models.IntegerField()  # the stack's id, kept even if the row goes
+    stack_slug = models.CharField(max_length=100)
+    scope = models.CharField(max_length=16, choices=Scope.choices)
+    memory_ref = models.UUIDField(null=True, blank=True)  # scope=memory: the erased memory's id
+    requested_by = models.TextField()
+    erased_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
+    erased_by_label = models.CharField(max_length=254)  # the admin's email when it was erased
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    counts = models.JSONField(default=dict, blank=True)
+    requested_at = models.DateTimeField(auto_now_add=True)
+    completed_at = models.DateTimeField(null=True, blank=True)
+    digest = models.CharField(max_length=64, blank=True, default="")
+
+    class Meta:
+        indexes = [models.Index(fields=["stack_ref", "scope", "status"], name="memories_erasure_stack")]
+
+
+class ErasedRecord(models.Model):
+    """A tombstone of an erased memory, as an id only: SHA-256 of "<kind>:<record_id>" per stack.
+
+    The sync engine refuses a push naming one (memories.sync.engine), so a device holding an old copy
+    cannot bring erased memories back with their record ids; the hash keeps no client-chosen text.
+    """
+
+    stack = models.ForeignKey("stacks.Stack", on_delete=models.CASCADE, related_name="+")
+    key_hash = models.CharField(max_length=64)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["stack", "key_hash"], name="memories_erasedrecord_unique")]

@@ -92,7 +92,7 @@ SERVER_CONTROLLED = frozenset({
     "server_updated_at", "cloud_synced_at", "is_forgotten", "forgotten_at", "forgotten_reason",
     "change_seq", "embedding_model", "embedded_version", "stability", "difficulty", "salience",
     "last_reviewed_at", "size_bytes", "kind", "record_id", "deleted_at", "search_vector", "text",
-    "owner", "stack",
+    "owner", "stack", "redaction_report",
 })
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
@@ -143,11 +143,14 @@ class NormalizedMemory:
     # again (the sync COPY): one encoding per record instead of two.
     data_json: str | None = None
     extra_json: str | None = None
+    # What redaction replaced, as [{"rule", "count"}] — never the values (memories.redaction;
+    # docs/algorithms.md §11). Stored on the memory as `redaction_report`.
+    redaction_report: list[dict[str, Any]] = field(default_factory=list)
 
     def as_model_fields(self) -> dict[str, Any]:
         """Keyword arguments for `Memory(...)` / attribute assignment."""
         return {**self.columns, "data": self.data, "extra": self.extra, "text": self.text,
-                "size_bytes": self.size_bytes}
+                "size_bytes": self.size_bytes, "redaction_report": self.redaction_report}
 
 
 class _Errors:
@@ -636,6 +639,13 @@ def normalize_memory(kind: str, payload: Any, *, partial: bool = False,
         extra = clean_json(extra)
     except InvalidUnicode:
         raise InvalidInput("The memory is invalid.", fields={"extra": [NOT_UNICODE]}) from None
+    return assemble_memory(kind, columns, data, extra)
+
+
+def assemble_memory(kind: str, columns: dict[str, Any], data: dict[str, Any],
+                    extra: dict[str, Any]) -> NormalizedMemory:
+    """Validated fields → a self-consistent NormalizedMemory: canonical text, JSON renderings, sizes
+    and the size limits. Also how a transform (redaction) rebuilds a record it changed."""
     extra_json = json.dumps(extra, ensure_ascii=False)
     extra_bytes = len(extra_json.encode())
     if extra_bytes > EXTRA_MAX_BYTES:

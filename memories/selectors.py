@@ -18,7 +18,7 @@ from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from accounts.principal import Principal
-from memories.models import BootConfigEntry, Checkpoint, Memory
+from memories.models import BootConfigEntry, Checkpoint, ErasureCertificate, Memory
 from memoryhub.errors import Forbidden, InvalidInput, NotFound
 from stacks.models import Stack
 from stacks.selectors import ensure_writable, stack_for_principal, stacks_visible_to
@@ -180,3 +180,32 @@ def job_runs_scope(principal: Principal) -> int | None:
     if principal.is_org_wide:
         return principal.organization.pk
     raise Forbidden("Only administrators can see job runs.", code="admin_only")
+
+
+def stack_for_erasure(principal: Principal, slug: str) -> Stack:
+    """The stack a caller may erase (memories.erasure): one they can see (else 404, by the one access
+    decision), and they must be a school admin or a writable school-wide key (else 403) — never a
+    teacher or a student's agent key. An archived stack may be erased."""
+    stack = stack_for_principal(principal, slug)
+    ensure_may_erase(principal)
+    return stack
+
+
+def ensure_may_erase(principal: Principal) -> None:
+    if principal.read_only or not principal.is_org_wide:
+        raise Forbidden("Only school admins may erase student data.", code="admin_required")
+
+
+def erasure_certificate_get(principal: Principal, certificate_id: str) -> ErasureCertificate:
+    """A certificate of the caller's school, for its admins (404 for anyone else)."""
+    try:
+        uuid.UUID(str(certificate_id))
+    except ValueError:
+        raise NotFound("Erasure certificate not found.", code="erasure_not_found") from None
+    if not principal.is_org_wide:
+        raise NotFound("Erasure certificate not found.", code="erasure_not_found")
+    cert = (ErasureCertificate.objects.select_related("organization")
+            .filter(pk=certificate_id, organization_id=principal.organization.pk).first())
+    if cert is None:
+        raise NotFound("Erasure certificate not found.", code="erasure_not_found")
+    return cert

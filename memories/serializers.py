@@ -77,7 +77,7 @@ class MemorySerializer(serializers.ModelSerializer):
             "source_entity", "derived_from", "source_episodes", "emotional_valence", "emotional_arousal",
             "emotional_tags", "subject_ids", "access_grants", "consent_grants", "strength", "times_accessed",
             "last_accessed", "is_protected", "forgotten", "forgotten_at", "forgotten_reason", "expires_at",
-            "version", "created_at", "updated_at", "size_bytes", "awaiting_embedding",
+            "version", "created_at", "updated_at", "size_bytes", "awaiting_embedding", "redaction_report",
         ]
         read_only_fields = fields
 

@@ -5,9 +5,9 @@ service (all keyword-only, `@transaction.atomic`):
 
 * the caller has already resolved the stack through `stacks.selectors.stack_for_principal`
   (write=True) — these functions do not check access;
-* payloads become storable through `memories.writes.hooks.prepare_memory` (the schema, then the
-  registered transforms: → `InvalidInput` with field errors, `PayloadTooLarge`); nothing is stored
-  when it raises;
+* payloads become storable through `memories.writes.hooks.prepare_memory` (the schema, redaction,
+  then the registered transforms: → `InvalidInput` with field errors, `PayloadTooLarge`,
+  `RedactionRefused` (422) for a CRITICAL secret); nothing is stored when it raises;
 * growth is checked with `billing.entitlements.ensure_can_store` before anything is written
   (→ `QuotaExceeded`);
 * the write itself — stack change lock, `change_seq`, `server_updated_at`, version bump and
@@ -34,6 +34,7 @@ from django.utils import timezone
 
 from billing.entitlements import ensure_can_store
 from memories.models import BootConfigEntry, Checkpoint, Memory
+from memories.redaction import RedactionRefused, redact_value
 from memories.schemas import clean_json, clean_text
 from memories.writes.columns import CONTENT_COLUMNS
 from memories.writes.hooks import prepare_memory
@@ -101,6 +102,8 @@ def memory_batch_create(*, stack: Stack, items: Sequence[dict[str, Any]], source
                 raise InvalidInput("Invalid item.", fields={"kind": ["This field is required."]})
             record_id = _clean_record_id(item.get("record_id"))
             normalized = prepare_memory(kind, {k: v for k, v in item.items() if k not in ("kind", "record_id")})
+        except RedactionRefused as exc:  # a CRITICAL secret refuses the whole batch (422), naming the item
+            raise RedactionRefused(exc.rule, f"items.{index}.{next(iter(exc.fields), 'non_field_errors')}") from None
         except (InvalidInput, PayloadTooLarge) as exc:
             for name, messages in exc.fields.items():
                 errors[f"items.{index}.{name}"] = messages
@@ -246,6 +249,10 @@ def checkpoint_save(*, stack: Stack, checkpoint: CheckpointInput) -> Checkpoint:
         errors["context"] = [f"At most {CHECKPOINT_CONTEXT_MAX_BYTES} bytes."]
     if errors:
         raise InvalidInput("The checkpoint is invalid.", fields=errors)
+    # Redacted like a memory (docs/algorithms.md §11): placeholders, or RedactionRefused (422).
+    task = redact_value(task, field="task")
+    texts = {name: redact_value(value, field=name) for name, value in texts.items()}
+    context = redact_value(context, field="context")
     return Checkpoint.objects.create(stack=stack, task=task, context=context, **texts)
 
 
@@ -272,6 +279,7 @@ def boot_config_set(*, stack: Stack, key: str, value: Any) -> BootConfigEntry:
     text = clean_text(str(value))
     if len(text) > BOOT_VALUE_MAX:
         raise InvalidInput("Invalid boot config value.", fields={"value": [f"At most {BOOT_VALUE_MAX} characters."]})
+    text = redact_value(text, field="value")  # docs/algorithms.md §11; RedactionRefused (422) for a CRITICAL secret
     exists = BootConfigEntry.objects.filter(stack=stack, key=key).exists()
     if not exists and BootConfigEntry.objects.filter(stack=stack).count() >= BOOT_MAX_ENTRIES:
         raise InvalidInput("Too many boot config keys.",

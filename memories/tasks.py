@@ -13,6 +13,7 @@ from typing import Any
 
 from celery import shared_task
 
+from memories.erasure import erasure_run
 from memories.search.embedding_jobs import embedding_sweep_run, memories_embed
 from memories.search.vector_indexes import stack_vector_indexes_run
 
@@ -41,3 +42,11 @@ def stack_vector_indexes_task() -> dict[str, Any]:
     """Periodic: give large stacks their own partial HNSW index, or rebuild an outdated one
     (memories.search.vector_indexes), recorded as a JobRun; an overlapping run is recorded `skipped`."""
     return stack_vector_indexes_run().summary()
+
+
+@shared_task(name="memories.erase", acks_late=True, ignore_result=True)
+def erase_task(certificate_id: str) -> dict[str, Any]:
+    """Erase what the certificate describes (a large stack), batch by batch with progress on the
+    certificate; safe to repeat (memories.erasure.erasure_run)."""
+    cert = erasure_run(certificate_id)
+    return {"certificate": str(cert.pk), "status": cert.status, **cert.counts}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
-from memories.api import lifecycle, memories, search, sync
+from memories.api import archive, erasure, lifecycle, memories, redaction, search, sync
 
-urlpatterns = memories.urlpatterns + sync.urlpatterns + search.urlpatterns + lifecycle.urlpatterns
+urlpatterns = (memories.urlpatterns + sync.urlpatterns + search.urlpatterns + lifecycle.urlpatterns
+               + archive.urlpatterns + erasure.urlpatterns + redaction.urlpatterns)

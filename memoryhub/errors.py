@@ -73,6 +73,13 @@ class PayloadTooLarge(DomainError):
     code = "too_large"
 
 
+class Unprocessable(DomainError):
+    """Well-formed input the service refuses to store (e.g. a secret redaction cannot make safe)."""
+
+    status = 422
+    code = "unprocessable"
+
+
 class QuotaExceeded(DomainError):
     status = 402
     code = "quota_exceeded"

@@ -1,5 +1,6 @@
-"""TTL purge: memories whose `expires_at` has passed are deleted in bounded batches, and old
-job runs are pruned.
+"""TTL purge: memories whose `expires_at` has passed are deleted in bounded batches, memories older
+than their school's retention for their kind (`Organization.retention_days`) likewise, and old job
+runs are pruned (docs/algorithms.md §4).
 
 A purge is a write like any other for the write kernel's after-commit effects (one
 `MemoryChange("expire", source="ttl")` per stack and batch), but it picks its rows with SKIP LOCKED
@@ -12,17 +13,22 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connection, transaction
+from django.db.models import QuerySet
 from django.utils import timezone
 
+from accounts.models import Organization
+from accounts.principal import Principal
+from accounts.services import audit_record
 from memories.lifecycle.jobs import JOB_RUN_RETENTION, JOB_TTL_PURGE, Progress, run_job
-from memories.models import JobRun, Memory
+from memories.models import JobRun, Memory, MemoryKind
 from memories.writes.hooks import after_commit
 from memories.writes.rows import stack_usage_adjust
 from memoryhub.errors import InvalidInput
+from stacks.models import Stack
 
 logger = logging.getLogger(__name__)
 
@@ -40,13 +46,21 @@ def _ttl_batches(*, now: datetime, batch_size: int, counts: dict[str, Any], prog
         status=JobRun.Status.RUNNING).delete()
     if pruned:
         counts["job_runs_pruned"] = pruned
+    _purge_batches(Memory.objects.filter(expires_at__lte=now).order_by("expires_at", "id"), batch_size=batch_size,
+                   counts=counts, progress=progress)
+    _retention_batches(now=now, batch_size=batch_size, counts=counts, progress=progress)
+
+
+def _purge_batches(selection: QuerySet[Memory], *, batch_size: int, counts: dict[str, Any],
+                   progress: Progress | None, counter: str = "purged") -> None:
+    """Delete the rows of `selection` in bounded batches, one transaction each, as the kernel's
+    purge form: counters moved with `stack_usage_adjust`, `MemoryChange("expire")` after commit."""
     while True:
         with transaction.atomic():
             # SKIP LOCKED: a row a push is changing right now waits for the next run, not the push.
             rows = list(
-                Memory.objects.filter(expires_at__lte=now).order_by("expires_at", "id")
-                .select_for_update(skip_locked=True).values_list("id", "stack_id", "deleted_at", "size_bytes")
-                [:batch_size]
+                selection.select_for_update(skip_locked=True, of=("self",))
+                .values_list("id", "stack_id", "deleted_at", "size_bytes")[:batch_size]
             )
             if not rows:
                 return
@@ -57,12 +71,71 @@ def _ttl_batches(*, now: datetime, batch_size: int, counts: dict[str, Any], prog
                 stack_usage_adjust(stack_id=stack_id, count_delta=-purged.counted_rows,
                                    bytes_delta=-purged.counted_bytes)
                 after_commit(stack_id=stack_id, source=TTL_SOURCE, changes=[("expire", purged.ids)])
-        counts["purged"] += len(ids)
+        counts[counter] = counts.get(counter, 0) + len(ids)
         counts["batches"] += 1
         if progress is not None:
             progress(len(ids))
         if len(ids) < batch_size:
             return
+
+
+# --- retention per kind (issue 16) -----------------------------------------------------------------
+
+# What a school that set nothing keeps: everything, until a memory's own `expires_at` or an erasure.
+DEFAULT_RETENTION_DAYS: dict[str, int] = {}
+RETENTION_MAX_DAYS = 36_500  # a hundred years: anything longer is a typo, not a policy
+
+
+def retention_validated(value: Any) -> dict[str, int]:
+    """A retention policy, {kind: days}, checked: known kinds, whole days 1..RETENTION_MAX_DAYS."""
+    if not isinstance(value, dict):
+        raise InvalidInput("The retention policy must be an object of kind: days.", code="invalid_retention",
+                           fields={"retention_days": ["Expected an object such as {\"raw\": 365}."]})
+    errors: dict[str, list[str]] = {}
+    policy: dict[str, int] = {}
+    for kind, days in value.items():
+        if kind not in MemoryKind.values:
+            errors[str(kind)] = [f"Unknown memory kind; one of: {', '.join(MemoryKind.values)}."]
+        elif isinstance(days, bool) or not isinstance(days, int) or not 1 <= days <= RETENTION_MAX_DAYS:
+            errors[kind] = [f"Whole days from 1 to {RETENTION_MAX_DAYS}."]
+        else:
+            policy[kind] = days
+    if errors:
+        raise InvalidInput("The retention policy is invalid.", code="invalid_retention", fields=errors)
+    return policy
+
+
+def retention_of(organization: Organization) -> dict[str, int]:
+    return dict(organization.retention_days or DEFAULT_RETENTION_DAYS)
+
+
+@transaction.atomic
+def retention_set(*, organization: Organization, policy: Any, principal: Principal | None = None,
+                  ip: str | None = None) -> dict[str, int]:
+    """Replace a school's retention policy (caller checked it may manage the organization). Audited;
+    the next TTL run enforces it."""
+    days = retention_validated(policy)
+    Organization.objects.filter(pk=organization.pk).update(retention_days=days)
+    organization.retention_days = days
+    audit_record(organization=organization, action="retention.updated", principal=principal,
+                 target_type="organization", target_id=organization.slug, ip=ip, metadata={"retention_days": days})
+    return days
+
+
+def _retention_batches(*, now: datetime, batch_size: int, counts: dict[str, Any], progress: Progress | None) -> None:
+    """Purge, per school and kind, memories created longer ago than the school keeps that kind.
+    Set-based per (school, kind): the stacks are a subquery, so only memory rows are locked."""
+    policies = (Organization.objects.exclude(retention_days={}).exclude(retention_days__isnull=True)
+                .values_list("pk", "retention_days"))
+    for organization_id, policy in policies.iterator():
+        for kind, days in sorted((policy or {}).items()):
+            if kind not in MemoryKind.values or isinstance(days, bool) or not isinstance(days, int) or days < 1:
+                continue  # only retention_set writes the column; never purge on a value it would refuse
+            stacks = Stack.objects.filter(organization_id=organization_id).values("pk")
+            selection = Memory.objects.filter(stack_id__in=stacks, kind=kind,
+                                              created_at__lt=now - timedelta(days=days)).order_by("created_at", "id")
+            _purge_batches(selection, batch_size=batch_size, counts=counts, progress=progress,
+                           counter="retention_purged")
 
 
 @dataclass
@@ -87,11 +160,12 @@ def _purged_by_stack(rows: Iterable[tuple[Any, int, datetime | None, int]]) -> d
 
 def ttl_purge(*, now: datetime | None = None, batch_size: int = TTL_BATCH_SIZE,
               progress: Progress | None = None) -> JobRun:
-    """Delete memories whose `expires_at` has passed (reads already hide them from that instant).
+    """Delete memories whose `expires_at` has passed (reads already hide them from that instant),
+    then those older than their school's retention for their kind (`retention_days`).
 
     Bounded batches, one transaction each; after each commits, the stacks' usage counters move
     down and the change listeners hear `MemoryChange("expire")` per stack. Also drops job runs older
-    than `JOB_RUN_RETENTION`. Counts: purged, batches (, job_runs_pruned).
+    than `JOB_RUN_RETENTION`. Counts: purged, batches (, retention_purged, job_runs_pruned).
     """
     if batch_size < 1:
         raise InvalidInput("batch_size must be positive.", fields={"batch_size": ["Must be at least 1."]})

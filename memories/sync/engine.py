@@ -31,6 +31,7 @@ import psycopg
 from django.db import DatabaseError, transaction
 
 from billing import entitlements
+from memories.erasure import erased_keys
 from memories.models import Memory
 from memories.schemas import NormalizedMemory, memory_payload_view
 from memories.sync.lookup import _lookup_existing
@@ -197,10 +198,16 @@ def apply_batch(*, stack: Stack, ops: list[SyncOp], results: list[OpResult], now
                 row=row, is_new=False, original_size=row.size_bytes if live else 0, original_live=live,
                 snapshot=None, snapshot_version=row.version)
 
+    # Erased records stay erased: an old device re-pushing their ids is refused (memories.erasure).
+    erased = erased_keys(stack, keys - states.keys()) if keys else set()
     remaining = entitlements.storage_remaining(organization=stack.organization) if storage_limited else None
     added_bytes = 0
     for op in ops:
         key = (op.kind, op.record_id)
+        if key in erased:  # a delete of it is simply true already
+            results[op.index] = OpResult(index=op.index, ok=True) if op.delete else OpResult(
+                index=op.index, ok=False, code="erased", error="this record was erased at the school's request")
+            continue
         state = states.get(key)
         if op.delete and state is None:
             results[op.index] = OpResult(index=op.index, ok=True)  # never seen: acknowledged (§3.6)

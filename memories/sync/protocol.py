@@ -34,7 +34,7 @@ from memories.schemas import (
     parse_timestamp,
 )
 from memories.writes.hooks import prepare_memory
-from memoryhub.errors import DomainError, InvalidInput, NotFound, PayloadTooLarge, utf8_encodable
+from memoryhub.errors import DomainError, InvalidInput, NotFound, PayloadTooLarge, Unprocessable, utf8_encodable
 from stacks.models import Stack
 
 # --- wire vocabulary ---------------------------------------------------------------------------------
@@ -174,7 +174,7 @@ def normalize_payload(kind: str, payload: dict[str, Any]) -> NormalizedMemory:
         # A drive / relationship / playbook without its natural key is stored, not refused: it is
         # the device's data. It is only kept out of kernle pulls (§3.9, `_APPLIABLE_SQL`).
         return prepare_memory(kind, payload, natural_key_optional=True)
-    except (InvalidInput, PayloadTooLarge) as exc:
+    except (InvalidInput, PayloadTooLarge, Unprocessable) as exc:  # Unprocessable: a CRITICAL secret
         raise OpRejected(_describe(exc), code=exc.code, fields=exc.fields) from None
 
 

@@ -50,8 +50,10 @@ SNAPSHOT_COLUMNS = _without(frozenset({"id", "stack_id", "search_vector", "chang
 CONTENT_COLUMNS = _without(IDENTITY, DECAY_STATE, EMBEDDING_STATE, LIFECYCLE, STAMPS, CLIENT_ECHO,
                            DATABASE_FILLED)
 # The modelled columns of a client payload as pull renders them: content minus the canonical text
-# (derived from data), data / extra (rendered separately) and size_bytes (server-computed).
-PAYLOAD_COLUMNS = tuple(c for c in CONTENT_COLUMNS if c not in {"text", "data", "extra", "size_bytes"})
+# (derived from data), data / extra (rendered separately) and size_bytes and redaction_report
+# (server-computed).
+PAYLOAD_COLUMNS = tuple(c for c in CONTENT_COLUMNS
+                        if c not in {"text", "data", "extra", "size_bytes", "redaction_report"})
 # Everything a sync operation may change on a record (and must be able to undo when a later check
 # rejects that operation within its batch).
 SYNC_MUTABLE_COLUMNS = _without(IDENTITY, DECAY_STATE, EMBEDDING_STATE, STAMPS, DATABASE_FILLED)

@@ -1,12 +1,13 @@
 """The write kernel's extension points and its after-commit side effects. A leaf: of memories it
-imports only the model and the schema, so every writer can use it.
+imports only the model, the schema and redaction, so every writer can use it.
 
 * **Transforms** (`register_transform`) run on every payload after the schema has validated it and
   before anything is stored or derived from it (`prepare_memory`, used by the single-row and the
-  set-based form alike). Redaction plugs in here. A transform returns a self-consistent
-  `NormalizedMemory` (`text` the canonical text of its `data`, `size_bytes` recomputed, `data_json` /
-  `extra_json` None or matching) and must be idempotent: sync normalises a stored, already
-  transformed record again when it merges list fields into it.
+  set-based form alike). Redaction (memories.redaction) runs first, called by `prepare_memory`
+  itself. A transform returns a self-consistent `NormalizedMemory` (`text` the canonical text of
+  its `data`, `size_bytes` recomputed, `data_json` / `extra_json` None or matching) and must be
+  idempotent: sync normalises a stored, already transformed record again when it merges list
+  fields into it.
 * **Listeners** (`register_listener`) hear about every committed write: one `MemoryChange` (stack,
   action, memory ids, source) per write and action, after commit, never for a rolled-back write.
   Live events plug in here. A listener that raises is logged; the write has already committed.
@@ -17,9 +18,9 @@ imports only the model and the schema, so every writer can use it.
   embedding sweep embeds them. The task is sent by name, so this module does not import
   `memories.tasks` (and through it the search and lifecycle rooms).
 
-Today nothing registers a transform, and the only listeners are the lifecycle jobs' own while they
-run (memories.lifecycle.jobs: each school's share of a run); otherwise both lists are empty and
-cost one loop each.
+Today nothing registers a transform (redaction is called, not registered), and the only listeners
+are the lifecycle jobs' own while they run (memories.lifecycle.jobs: each school's share of a
+run); otherwise both lists are empty and cost one loop each.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from celery import current_app
 from django.db import transaction
 
 from memories.models import Memory
+from memories.redaction import redact_memory
 from memories.schemas import NormalizedMemory, normalize_memory
 
 logger = logging.getLogger(__name__)
@@ -87,9 +89,14 @@ def unregister_listener(listener: Listener) -> None:
 def prepare_memory(kind: str, payload: Any, *, partial: bool = False, existing: Memory | None = None,
                    natural_key_optional: bool = False) -> NormalizedMemory:
     """THE way a payload becomes storable: `memories.schemas.normalize_memory` (its contract, its
-    errors), then every registered transform."""
-    normalized = normalize_memory(kind, payload, partial=partial, existing=existing,
-                                  natural_key_optional=natural_key_optional)
+    errors), then redaction (`memories.redaction.redact_memory`: `RedactionRefused`, 422, for a
+    CRITICAL secret), then every registered transform.
+
+    Redaction is called here, not registered: it must hold for every process and every path
+    whatever the registry holds (a worker or command that writes before the app registry is
+    ready, a test that empties the list), and it must run before any other transform sees the text."""
+    normalized = redact_memory(normalize_memory(kind, payload, partial=partial, existing=existing,
+                                                natural_key_optional=natural_key_optional))
     for transform in _transforms:
         normalized = transform(normalized)
     return normalized

@@ -1,0 +1,100 @@
+"""Routes for access requests and retention (issue 16): a stack's portable archive, streamed, and a
+school's retention policy per memory kind."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+
+from asgiref.sync import sync_to_async
+from django.core.handlers.asgi import ASGIRequest
+from django.http import StreamingHttpResponse
+from django.urls import path
+from django.utils import timezone
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework import serializers
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from accounts.network import client_ip
+from accounts.principal import principal_of
+from accounts.selectors import ensure_may_manage_organization
+from accounts.services import audit_record
+from memories.archive import ARCHIVE_FORMAT_VERSION, archive_chunks, archive_filename
+from memories.lifecycle.ttl import retention_of, retention_set
+from memories.models import MemoryKind
+from stacks.selectors import stack_for_principal
+
+TAG = "privacy"
+
+
+async def _async_chunks(chunks: Iterator[bytes]) -> AsyncIterator[bytes]:
+    """Under ASGI a sync iterator would be read to its end into memory before the first byte is
+    sent (Django's StreamingHttpResponse); pull one chunk at a time on the request's thread instead,
+    so the server-side cursors stay on their connection."""
+    def step() -> bytes | None:
+        return next(chunks, None)
+
+    pull = sync_to_async(step, thread_sensitive=True)
+    while True:
+        chunk = await pull()
+        if chunk is None:
+            return
+        yield chunk
+
+
+class StackArchiveView(APIView):
+    @extend_schema(
+        tags=[TAG], summary="The stack's portable archive (ZIP, streamed)",
+        description=(f"Everything stored about one stack (format version {ARCHIVE_FORMAT_VERSION}): JSON Lines per "
+                     "memory kind with every field, the revision history, checkpoints, boot config, MEMORY.md and "
+                     "a README.md describing the format. Anyone who may read the stack may export it (its own "
+                     "agent keys included); every export is recorded in the audit log."),
+        responses={(200, "application/zip"): OpenApiTypes.BINARY,
+                   404: OpenApiResponse(description="No such stack visible to the caller")},
+    )
+    def get(self, request: Request, stack: str) -> StreamingHttpResponse:
+        principal = principal_of(request)
+        target = stack_for_principal(principal, stack)
+        now = timezone.now()
+        audit_record(organization=target.organization, action="stack.exported", principal=principal,
+                     target_type="stack", target_id=target.slug, ip=client_ip(request),
+                     metadata={"format": "zip", "format_version": ARCHIVE_FORMAT_VERSION})
+        chunks = archive_chunks(stack=target, now=now)
+        content = _async_chunks(chunks) if isinstance(request._request, ASGIRequest) else chunks
+        response = StreamingHttpResponse(content, content_type="application/zip")
+        response["Content-Disposition"] = f'attachment; filename="{archive_filename(target, now)}"'
+        response["Cache-Control"] = "private, no-store"
+        return response
+
+
+class RetentionSerializer(serializers.Serializer):
+    retention_days = serializers.DictField(
+        child=serializers.IntegerField(min_value=1), allow_empty=True,
+        help_text=f"Days to keep each memory kind after its creation, e.g. {{\"raw\": 365}}; kinds: "
+                  f"{', '.join(MemoryKind.values)}. A kind left out is kept (until its own expiry or an erasure).")
+
+
+class RetentionView(APIView):
+    @extend_schema(tags=[TAG], responses=RetentionSerializer, summary="The school's retention policy per kind")
+    def get(self, request: Request) -> Response:
+        principal = principal_of(request)
+        ensure_may_manage_organization(principal)
+        return Response({"retention_days": retention_of(principal.organization)})
+
+    @extend_schema(tags=[TAG], request=RetentionSerializer, responses=RetentionSerializer,
+                   summary="Set the school's retention policy (enforced by the TTL job)")
+    def put(self, request: Request) -> Response:
+        principal = principal_of(request)
+        ensure_may_manage_organization(principal)  # refuses read-only keys too
+        body = request.data if isinstance(request.data, dict) else {}
+        days = retention_set(organization=principal.organization, policy=body.get("retention_days"),
+                             principal=principal, ip=client_ip(request))
+        return Response({"retention_days": days})
+
+
+urlpatterns = [
+    path("api/v1/stacks/<str:stack>/export/archive", StackArchiveView.as_view(), name="stack-export-archive"),
+    path("api/v1/retention", RetentionView.as_view(), name="retention"),
+]

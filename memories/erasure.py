@@ -1,0 +1,302 @@
+"""Erasure with a certificate (issue 16; docs/architecture.md §9).
+
+A school admin erases a student's stack, or one memory, irreversibly: memories with their revisions,
+salience rows and embeddings (columns of the memory row), checkpoints, boot config and sync
+watermarks. What stays: the Stack row (archived, zero usage, so its slug is not reused by a new
+push), an audit event with counts only, the certificate, and one tombstone per erased memory that is
+an id only (SHA-256 of "<kind>:<record_id>"), which the sync engine checks so that a device holding
+an old copy cannot push the memories back into existence.
+
+Deletes are set-based, in batches of ERASE_BATCH memories, each batch one statement (a
+data-modifying CTE) in its own transaction, after which the certificate's `counts` show the progress.
+A stack above ASYNC_THRESHOLD memories is erased by a Celery job (`memories.erase`).
+
+The certificate's digest is an HMAC-SHA256 over its canonical JSON. Key: Django's `salted_hmac`
+derivation of SECRET_KEY with a purpose salt — its own key, not the session/CSRF one, not the JWT
+key or the API-key pepper (those rotate for their own reasons, and a certificate must outlive them);
+verification also tries SECRET_KEY_FALLBACKS, so rotating SECRET_KEY the documented way keeps old
+certificates verifiable.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.utils import timezone
+from django.utils.crypto import salted_hmac
+
+from accounts.principal import Principal
+from accounts.services import audit_record
+from memories.models import (
+    BootConfigEntry,
+    Checkpoint,
+    ErasedRecord,
+    ErasureCertificate,
+    Memory,
+    SyncWatermark,
+)
+from memories.search.embeddings import query_cache
+from memoryhub.errors import Conflict, InvalidInput
+from stacks.models import Stack
+
+logger = logging.getLogger(__name__)
+
+ERASE_BATCH = 2000
+ASYNC_THRESHOLD = 5000
+ERASE_TASK = "memories.erase"
+_DIGEST_SALT = "memoryhub.erasure-certificate.v1"
+REQUESTED_BY_MAX = 1000
+
+# One batch: pick memories, leave a tombstone of each, delete their revisions, salience rows and
+# themselves, and say what went, by kind — one statement. Every FK to the memory row is deferrable
+# (Django's default), so the sibling deletes see one snapshot and the checks run at commit.
+_BATCH_SQL = """
+WITH batch AS (
+    SELECT id, kind, record_id FROM memories_memory WHERE stack_id = %(stack)s {memory_filter}
+    LIMIT %(limit)s FOR UPDATE
+), tomb AS (
+    INSERT INTO memories_erasedrecord (stack_id, key_hash)
+    SELECT %(stack)s, encode(sha256(convert_to(kind || ':' || record_id, 'UTF8')), 'hex') FROM batch
+    ON CONFLICT DO NOTHING RETURNING 1
+), sal AS (
+    DELETE FROM memories_memorysalience s USING batch b WHERE s.memory_id = b.id RETURNING 1
+), rev AS (
+    DELETE FROM memories_memoryrevision r USING batch b WHERE r.memory_id = b.id RETURNING 1
+), mem AS (
+    DELETE FROM memories_memory m USING batch b WHERE m.id = b.id
+    RETURNING m.kind, m.size_bytes, (m.deleted_at IS NULL) AS counted
+)
+SELECT 'memory:' || kind, count(*), coalesce(sum(size_bytes) FILTER (WHERE counted), 0),
+       count(*) FILTER (WHERE counted) FROM mem GROUP BY kind
+UNION ALL SELECT 'revisions', (SELECT count(*) FROM rev), 0, 0
+UNION ALL SELECT 'salience_rows', (SELECT count(*) FROM sal), 0, 0
+"""
+
+
+def record_key_hash(kind: str, record_id: str) -> str:
+    """The tombstone of (kind, record_id): the same expression as `_BATCH_SQL`'s."""
+    return hashlib.sha256(f"{kind}:{record_id}".encode()).hexdigest()
+
+
+def erased_keys(stack: Stack, keys: Iterable[tuple[str, str]]) -> set[tuple[str, str]]:
+    """Which of these (kind, record_id) keys were erased from `stack` (one indexed query)."""
+    by_hash = {record_key_hash(kind, record_id): (kind, record_id) for kind, record_id in keys}
+    if not by_hash:
+        return set()
+    found = ErasedRecord.objects.filter(stack_id=stack.pk, key_hash__in=list(by_hash)).values_list(
+        "key_hash", flat=True)
+    return {by_hash[h] for h in found}
+
+
+# --- the certificate ------------------------------------------------------------------------------
+
+def certificate_fields(cert: ErasureCertificate) -> dict[str, Any]:
+    """The certified fields, as JSON values (what the digest covers and the JSON view shows)."""
+    return {
+        "id": str(cert.id),
+        "organization": cert.organization.slug,
+        "stack": cert.stack_slug,
+        "stack_id": cert.stack_ref,
+        "scope": cert.scope,
+        "memory_id": str(cert.memory_ref) if cert.memory_ref else None,
+        "requested_by": cert.requested_by,
+        "erased_by": cert.erased_by_label,
+        "status": cert.status,
+        "counts": cert.counts,
+        "requested_at": cert.requested_at.isoformat(),
+        "completed_at": cert.completed_at.isoformat() if cert.completed_at else None,
+    }
+
+
+def canonical_json(fields: dict[str, Any]) -> bytes:
+    return json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def _digest(fields: dict[str, Any], secret: str) -> str:
+    return salted_hmac(_DIGEST_SALT, canonical_json(fields), secret=secret, algorithm="sha256").hexdigest()
+
+
+def certificate_document(cert: ErasureCertificate) -> dict[str, Any]:
+    return {**certificate_fields(cert), "digest": cert.digest or None}
+
+
+def certificate_verify(document: Any) -> bool:
+    """Does this certificate document (its fields plus `digest`) carry a digest this server made?"""
+    if not isinstance(document, dict):
+        return False
+    digest = document.get("digest")
+    if not isinstance(digest, str) or not digest:
+        return False
+    fields = {k: v for k, v in document.items() if k != "digest"}
+    if fields.get("status") != ErasureCertificate.Status.DONE:
+        return False
+    secrets = [settings.SECRET_KEY, *getattr(settings, "SECRET_KEY_FALLBACKS", [])]
+    try:
+        return any(hmac.compare_digest(_digest(fields, secret), digest) for secret in secrets)
+    except (TypeError, ValueError):  # values JSON cannot encode canonically
+        return False
+
+
+# --- requests -------------------------------------------------------------------------------------
+
+def _requested_by(raw: Any) -> str:
+    text = raw.strip() if isinstance(raw, str) else ""
+    if not text or len(text) > REQUESTED_BY_MAX or "\x00" in text:
+        raise InvalidInput("Say at whose request this is erased (1-1000 characters).", code="invalid",
+                           fields={"requested_by": ["Required: e.g. 'parent of student X, letter 2026-11-20'."]})
+    return text
+
+
+def _new_certificate(principal: Principal, stack: Stack, *, scope: str, requested_by: str,
+                     memory: Memory | None = None) -> ErasureCertificate:
+    return ErasureCertificate.objects.create(
+        organization=stack.organization, stack=stack, stack_ref=stack.pk, stack_slug=stack.slug, scope=scope,
+        memory_ref=memory.pk if memory else None, requested_by=requested_by, erased_by=principal.user,
+        erased_by_label=principal.user.email or principal.user.get_username())
+
+
+def stack_erase_request(*, principal: Principal, stack: Stack, requested_by: Any, confirm: Any,
+                        ip: str | None = None) -> ErasureCertificate:
+    """Erase the whole stack (the caller was checked by memories.selectors.stack_for_erasure).
+
+    `confirm` must repeat the stack's slug. Small stacks are erased now; larger ones by the Celery
+    job, the certificate being returned `pending` (poll `GET /api/v1/erasures/{id}`)."""
+    if confirm != stack.slug:
+        raise InvalidInput("Type the stack's id to confirm the erasure.", code="confirmation_mismatch",
+                           fields={"confirm": ["Must equal the stack's id."]})
+    text = _requested_by(requested_by)
+    with transaction.atomic():
+        locked = Stack.objects.select_for_update().get(pk=stack.pk)
+        if ErasureCertificate.objects.filter(stack_ref=locked.pk, scope=ErasureCertificate.Scope.STACK,
+                                             status__in=["pending", "running"]).exists():
+            raise Conflict("An erasure of this stack is already under way.", code="erasure_in_progress")
+        # Archived first: from here on no write lands in the stack (stacks.selectors.ensure_writable).
+        if locked.status != Stack.Status.ARCHIVED:
+            locked.status = Stack.Status.ARCHIVED
+            locked.archived_at = timezone.now()
+            locked.save(update_fields=["status", "archived_at", "updated_at"])
+        cert = _new_certificate(principal, locked, scope=ErasureCertificate.Scope.STACK, requested_by=text)
+        audit_record(organization=locked.organization, action="stack.erasure_requested", principal=principal,
+                     target_type="stack", target_id=str(locked.pk), ip=ip, metadata={"certificate": str(cert.id)})
+    if Memory.objects.filter(stack_id=stack.pk).count() > ASYNC_THRESHOLD:
+        transaction.on_commit(lambda: _enqueue(cert.id))
+        return cert
+    return erasure_run(cert.id)
+
+
+def memory_erase_request(*, principal: Principal, memory: Memory, requested_by: Any,
+                         ip: str | None = None) -> ErasureCertificate:
+    """Erase one memory (with its revisions, salience row, embedding) now."""
+    text = _requested_by(requested_by)
+    stack = memory.stack
+    cert = _new_certificate(principal, stack, scope=ErasureCertificate.Scope.MEMORY, requested_by=text,
+                            memory=memory)
+    audit_record(organization=stack.organization, action="memory.erasure_requested", principal=principal,
+                 target_type="stack", target_id=str(stack.pk), ip=ip, metadata={"certificate": str(cert.id)})
+    return erasure_run(cert.id)
+
+
+def _enqueue(cert_id: Any) -> None:
+    from celery import current_app
+
+    app = current_app
+    if app.conf.task_always_eager:
+        if ERASE_TASK not in app.tasks:
+            app.loader.import_default_modules()
+        app.tasks[ERASE_TASK].apply(args=(str(cert_id),))
+    else:
+        app.send_task(ERASE_TASK, args=(str(cert_id),))
+
+
+# --- the work -------------------------------------------------------------------------------------
+
+def _erase_batch(stack_id: int, memory_id: Any, counts: dict[str, int]) -> tuple[int, int, int]:
+    """One batch in its own transaction; adds to `counts`; returns (memories, counted rows, bytes)."""
+    memory_filter = "AND id = %(memory)s" if memory_id else ""
+    erased = counted = counted_bytes = 0
+    with transaction.atomic(), connection.cursor() as cursor:
+        if memory_id:  # lock order of every writer: the stack row before its memory rows
+            Stack.objects.select_for_update().filter(pk=stack_id).first()
+        cursor.execute(_BATCH_SQL.format(memory_filter=memory_filter),
+                       {"stack": stack_id, "limit": ERASE_BATCH, "memory": memory_id})
+        for label, rows, size, live in cursor.fetchall():
+            if rows:
+                counts[label] = counts.get(label, 0) + rows
+            if label.startswith("memory:"):
+                erased += rows
+                counted += live
+                counted_bytes += size
+        if counted or counted_bytes:
+            Stack.objects.filter(pk=stack_id).update(memory_count=_minus("memory_count", counted),
+                                                     bytes_used=_minus("bytes_used", counted_bytes))
+    return erased, counted, counted_bytes
+
+
+def _minus(column: str, amount: int) -> Any:
+    from django.db.models import F
+    from django.db.models.functions import Greatest
+
+    return Greatest(F(column) - amount, 0)
+
+
+def erasure_run(cert_id: Any) -> ErasureCertificate:
+    """Do the erasure a certificate describes, batch by batch, recording progress; then sign it.
+    Safe to run again after a crash: every batch picks what is still there."""
+    cert = ErasureCertificate.objects.select_related("organization").get(pk=cert_id)
+    if cert.status == ErasureCertificate.Status.DONE:
+        return cert
+    counts: dict[str, int] = dict(cert.counts)
+    ErasureCertificate.objects.filter(pk=cert.pk).update(status=ErasureCertificate.Status.RUNNING)
+    try:
+        memory_id = cert.memory_ref if cert.scope == ErasureCertificate.Scope.MEMORY else None
+        while True:
+            erased, _, _ = _erase_batch(cert.stack_ref, memory_id, counts)
+            ErasureCertificate.objects.filter(pk=cert.pk).update(counts=counts)
+            if erased < ERASE_BATCH or memory_id:
+                break
+        if cert.scope == ErasureCertificate.Scope.STACK:
+            with transaction.atomic():
+                for label, model in (("checkpoints", Checkpoint), ("boot_config_entries", BootConfigEntry),
+                                     ("sync_watermarks", SyncWatermark)):
+                    deleted, _ = model.objects.filter(stack_id=cert.stack_ref).delete()
+                    if deleted:
+                        counts[label] = deleted
+                # Nothing is left in it: usage is zero whatever drifted.
+                Stack.objects.filter(pk=cert.stack_ref).update(memory_count=0, bytes_used=0)
+            _drop_stack_vector_index(cert.stack_ref)
+        # Query vectors are cached per process by text (memories.search.embeddings); drop this
+        # process's — other processes' entries age out of their LRU (they hold vectors, no text is logged).
+        query_cache.clear()
+    except Exception:
+        ErasureCertificate.objects.filter(pk=cert.pk).update(status=ErasureCertificate.Status.FAILED, counts=counts)
+        logger.exception("erasure %s failed; run it again to finish", cert.pk)
+        raise
+    cert.refresh_from_db()
+    cert.status = ErasureCertificate.Status.DONE
+    cert.counts = counts
+    cert.completed_at = timezone.now()
+    cert.digest = _digest(certificate_fields(cert), settings.SECRET_KEY)
+    cert.save(update_fields=["status", "counts", "completed_at", "digest"])
+    audit_record(organization=cert.organization, action=f"{cert.scope}.erased", actor=cert.erased_by,
+                 target_type="stack", target_id=str(cert.stack_ref),
+                 metadata={"certificate": str(cert.pk), "counts": counts})
+    logger.info("erasure %s done: %s", cert.pk, counts)
+    return cert
+
+
+def _drop_stack_vector_index(stack_id: int) -> None:
+    """A stack's own partial HNSW index (memories.search.vector_indexes) holds its vectors; drop it."""
+    from memories.search.vector_indexes import stack_index_name, stacks_with_vector_index
+
+    if stack_id not in stacks_with_vector_index(refresh=True):
+        return
+    with connection.cursor() as cursor:
+        cursor.execute(f'DROP INDEX IF EXISTS "{stack_index_name(stack_id)}"')
+    stacks_with_vector_index(refresh=True)
