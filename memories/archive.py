@@ -30,8 +30,8 @@ from accounts.models import Organization
 from memories.export import stack_memory_md
 from memories.models import BootConfigEntry, Checkpoint, Memory, MemoryKind, MemoryRevision
 from memories.services import CheckpointInput, boot_config_set, checkpoint_save, memory_forget
-from memories.sync.engine import apply_batch, with_retry_per_record
-from memories.sync.protocol import CLIENT_FORGET_REASON, OpRejected, OpResult, db_now, parse_native_op
+from memories.sync.engine import apply_native_operations, with_retry_per_record
+from memories.sync.protocol import CLIENT_FORGET_REASON, OpResult, db_now
 from memoryhub.errors import Conflict, InvalidInput
 from stacks.models import Stack
 from stacks.services import stack_create
@@ -202,18 +202,7 @@ def _push(stack: Stack, operations: list[dict[str, Any]]) -> list[OpResult]:
     credential: the operator's command has already chosen the stack."""
     def apply(per_record: bool) -> list[OpResult]:
         locked = Stack.objects.select_for_update(of=("self",)).select_related("organization").get(pk=stack.pk)
-        now = db_now()
-        results = [OpResult(index=i, ok=False) for i in range(len(operations))]
-        parsed = []
-        for index, raw in enumerate(operations):
-            try:
-                parsed.append(parse_native_op(index, raw, now))
-            except OpRejected as rejected:
-                results[index] = OpResult(index=index, ok=False, error=rejected.message, code=rejected.code,
-                                          fields=rejected.fields)
-        apply_batch(stack=locked, ops=parsed, results=results, now=now, storage_limited=True, strict_quota=True,
-                    per_record=per_record)
-        return results
+        return apply_native_operations(stack=locked, operations=operations, now=db_now(), per_record=per_record)
     return with_retry_per_record(apply)
 
 

@@ -44,6 +44,7 @@ from memories.sync.protocol import (
     OpResult,
     SyncOp,
     normalize_payload,
+    parse_native_op,
 )
 from memories.writes.columns import SYNC_MUTABLE_COLUMNS
 from memories.writes.rows import memory_snapshot
@@ -178,6 +179,23 @@ def _apply_delete(state: _State, now: datetime) -> None:
 
 
 # --- a batch ---------------------------------------------------------------------------------------------
+
+def apply_native_operations(*, stack: Stack, operations: list[Any], now: datetime, per_record: bool) -> list[OpResult]:
+    """Parse native-format operations and apply them to `stack` (caller holds its lock, inside a
+    transaction): one result per operation, parse rejections included. The native push and the
+    archive import both write this way."""
+    results = [OpResult(index=i, ok=False) for i in range(len(operations))]
+    parsed: list[SyncOp] = []
+    for index, raw in enumerate(operations):
+        try:
+            parsed.append(parse_native_op(index, raw, now))
+        except OpRejected as rejected:
+            results[index] = OpResult(index=index, ok=False, error=rejected.message, code=rejected.code,
+                                      fields=rejected.fields)
+    apply_batch(stack=stack, ops=parsed, results=results, now=now, storage_limited=True, strict_quota=True,
+                per_record=per_record)
+    return results
+
 
 def apply_batch(*, stack: Stack, ops: list[SyncOp], results: list[OpResult], now: datetime,
                 storage_limited: bool, strict_quota: bool, per_record: bool) -> None:

@@ -18,7 +18,7 @@ from django.db import transaction
 from accounts.models import Organization
 from accounts.principal import Principal
 from billing import entitlements
-from memories.sync.engine import apply_batch, with_retry_per_record
+from memories.sync.engine import apply_batch, apply_native_operations, with_retry_per_record
 from memories.sync.protocol import (
     NATIVE_MAX_OPERATIONS,
     OpRejected,
@@ -27,7 +27,6 @@ from memories.sync.protocol import (
     db_now,
     not_reachable,
     parse_kernle_op,
-    parse_native_op,
     wire_key,
 )
 from memoryhub.errors import DomainError, InvalidInput, NotFound, PayloadTooLarge, QuotaExceeded, utf8_encodable
@@ -152,16 +151,7 @@ def _native_push(principal: Principal, stack_slug: str, operations: Any, per_rec
                               fields={"operations": [f"At most {NATIVE_MAX_OPERATIONS} (got {len(operations)})."]})
     stack = stack_for_principal(principal, stack_slug, write=True, lock=True)
     now = db_now()
-    results: list[OpResult] = [OpResult(index=i, ok=False) for i in range(len(operations))]
-    parsed: list[SyncOp] = []
-    for index, raw in enumerate(operations):
-        try:
-            parsed.append(parse_native_op(index, raw, now))
-        except OpRejected as rejected:
-            results[index] = OpResult(index=index, ok=False, error=rejected.message, code=rejected.code,
-                                      fields=rejected.fields)
-    apply_batch(stack=stack, ops=parsed, results=results, now=now, storage_limited=True, strict_quota=True,
-                per_record=per_record)
+    results = apply_native_operations(stack=stack, operations=operations, now=now, per_record=per_record)
     body = []
     for index, raw in enumerate(operations):
         result = results[index]
