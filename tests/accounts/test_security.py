@@ -246,7 +246,7 @@ def test_10_wrong_dashboard_passwords_lock_the_account_for_a_while(school: Schoo
                                                                    throttle_clock: FrozenClock) -> None:
     username = school.admin.username
     for n in range(9):
-        assert _sign_in(username, f"wrong-{n}").status_code == 200  # the form again, "Wrong username or password"
+        assert _sign_in(username, f"wrong-{n}").status_code == 200  # the form again, "Wrong email or password"
     locked = _sign_in(username, "wrong-9")
     assert locked.status_code == 429 and "Too many failed sign-in attempts" in locked.content.decode()
     # Even the right password, from anywhere, is refused while the account is locked.

@@ -35,7 +35,7 @@ def test_login_requires_csrf_and_then_shows_only_visible_stacks() -> None:
     assert no_token.status_code == 403
     wrong = client.post("/login/", {"username": teacher.username, "password": "nope",
                                     "csrfmiddlewaretoken": csrf_from(page.content)})
-    assert wrong.status_code == 200 and b"Wrong username or password" in wrong.content
+    assert wrong.status_code == 200 and b"Wrong email or password" in wrong.content
     good = client.post("/login/", {"username": teacher.username, "password": PASSWORD,
                                    "csrfmiddlewaretoken": csrf_from(client.get("/login/").content)})
     assert good.status_code == 302 and good["Location"] == "/dashboard/"
