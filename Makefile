@@ -7,8 +7,11 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat requirements.txt | cksum | cut -d' ' -f1)
+# The dashboard's front-end packages (htmx, Chart.js; axe-core for the browser tests), pinned by
+# package-lock.json and served by WhiteNoise from node_modules/ (no CDN: the service works offline).
+NODE_STAMP := node_modules/.installed-$(shell cat package-lock.json | cksum | cut -d' ' -f1)
 
-.PHONY: install run test lint check bench clean-data
+.PHONY: install run test lint check bench clean-data browser
 
 # The first install takes minutes (torch alone is large): say what is happening, step by step,
 # one line per package (on a terminal, one line rewritten in place) instead of pip's silence.
@@ -39,12 +42,24 @@ $(STAMP): requirements.txt
 	@touch $(STAMP)
 	@echo "[memoryhub] dependencies ready"
 
-install: $(STAMP)
+$(NODE_STAMP): package.json package-lock.json
+	@echo "[memoryhub] installing the dashboard's front-end packages from package-lock.json (npm ci)"
+	@command -v npm >/dev/null || { echo "[memoryhub] npm is missing: install Node.js 20 (with npm) first"; exit 1; }
+	@npm ci --no-audit --no-fund --loglevel=error
+	@touch $(NODE_STAMP)
+	@echo "[memoryhub] front-end packages ready"
+
+install: $(STAMP) $(NODE_STAMP)
+
+# The browser tests (tests/e2e) drive Debian's chromium through Playwright; install it when missing.
+browser:
+	@command -v chromium >/dev/null || { echo "[memoryhub] installing Debian's chromium for the browser tests"; \
+	  apt-get update -q && apt-get install -y -q chromium; }
 
 run: install
 	@$(PY) -m memoryhub.runner
 
-test: install
+test: install browser
 	@$(PY) -m pytest $(PYTEST_ARGS)
 
 # ruff and mypy; the import-linter contracts (the layers, in pyproject.toml); vulture (dead code).

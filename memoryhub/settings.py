@@ -12,6 +12,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
+from csp import constants as csp_constants
 from django.core.exceptions import ImproperlyConfigured
 
 from memoryhub.environment import (
@@ -93,10 +94,13 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",  # Swagger UI's files, served by us: the API docs work offline
     "channels",
+    "django_htmx",
+    "csp",
     "accounts",
     "stacks",
     "memories",
     "billing",
+    "dashboard",
 ]
 
 MIDDLEWARE = [
@@ -110,6 +114,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "csp.middleware.CSPMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
 ]
 
 ROOT_URLCONF = "memoryhub.urls"
@@ -128,6 +134,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "dashboard.context.navigation",
             ],
         },
     },
@@ -145,7 +152,15 @@ USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "static/"
-STATICFILES_DIRS = [BASE_DIR / "static"]
+# The dashboard's front-end packages come from npm (package.json + package-lock.json, installed by
+# `make install` into node_modules/) and are served by WhiteNoise like our own files: no CDN, so
+# the dashboard works offline.
+NODE_MODULES = BASE_DIR / "node_modules"
+STATICFILES_DIRS = [
+    BASE_DIR / "static",
+    ("vendor/htmx", NODE_MODULES / "htmx.org" / "dist"),
+    ("vendor/chartjs", NODE_MODULES / "chart.js" / "dist"),
+]
 STATIC_ROOT = DATA_DIR / "staticfiles"  # `make run` runs collectstatic into it at every start
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
@@ -168,6 +183,37 @@ SESSION_COOKIE_SECURE = env_bool("SECURE_COOKIES", False)
 CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
 SECURE_CONTENT_TYPE_NOSNIFF = True
 X_FRAME_OPTIONS = "DENY"
+
+# Content-Security-Policy (django-csp) on every response: scripts, styles and everything else only
+# from our own origin — no inline script or style, no CDN. The dashboard's charts read their data
+# from <script type="application/json"> blocks (json_script), which CSP does not execute.
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": [csp_constants.SELF],
+        "script-src": [csp_constants.SELF],
+        "style-src": [csp_constants.SELF],
+        "img-src": [csp_constants.SELF, "data:"],
+        "connect-src": [csp_constants.SELF],
+        "font-src": [csp_constants.SELF],
+        "object-src": [csp_constants.NONE],
+        "base-uri": [csp_constants.SELF],
+        "form-action": [csp_constants.SELF],
+        "frame-ancestors": [csp_constants.NONE],
+    },
+}
+
+# Dashboard mail (invitations, password resets): printed to the console by default; SMTP when
+# EMAIL_HOST is set (EMAIL_PORT, EMAIL_HOST_USER, EMAIL_HOST_PASSWORD, EMAIL_USE_TLS).
+EMAIL_HOST = env_str("EMAIL_HOST", "")
+EMAIL_BACKEND = ("django.core.mail.backends.smtp.EmailBackend" if EMAIL_HOST
+                 else "django.core.mail.backends.console.EmailBackend")
+EMAIL_PORT = env_int("EMAIL_PORT", 587, minimum=1, maximum=65535)
+EMAIL_HOST_USER = env_str("EMAIL_HOST_USER", "")
+EMAIL_HOST_PASSWORD = env_str("EMAIL_HOST_PASSWORD", "")
+EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", True)
+DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "MemoryHub <no-reply@memoryhub.localhost>")
+# Password-reset links last an hour.
+PASSWORD_RESET_TIMEOUT = 3600
 
 CACHES = {
     "default": {

@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.contrib import admin
 from django.urls import include, path
 from django.views.generic import RedirectView
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
 from memoryhub import views
 
@@ -26,7 +26,9 @@ urlpatterns = [
     ),
     path(
         "api/docs/",
-        SpectacularSwaggerView.as_view(
+        # The split view serves Swagger UI's start-up script as a file: the page keeps working
+        # under the Content-Security-Policy, which allows no inline script.
+        SpectacularSwaggerSplitView.as_view(
             url_name="schema", permission_classes=[], authentication_classes=[], throttle_classes=[],
             http_method_names=["get", "head"],
         ),
@@ -35,6 +37,7 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("", include("accounts.urls")),
     path("", include("stacks.urls")),
+    path("", include("dashboard.urls")),
     path("", include("memories.urls")),
 ]
 

@@ -1,4 +1,4 @@
-"""Native stacks API and the dashboard, and the account routes whose views decide about stacks:
+"""Native stacks API, and the account routes whose views decide about stacks:
 kernle registration (creates a stack), listing and issuing keys (bound to stacks) and removing a
 member (drops their stack assignments). The rest of those families is in accounts/urls.py."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from django.urls import URLPattern, URLResolver, path
 
-from stacks import api, kernle_api, views
+from stacks import api, kernle_api
 
 urlpatterns: list[URLPattern | URLResolver] = [
     path("api/v1/stacks/", api.StackListView.as_view(), name="stacks"),
@@ -16,7 +16,6 @@ urlpatterns: list[URLPattern | URLResolver] = [
     path("api/v1/stacks/<str:stack>/teachers/", api.StackTeachersView.as_view(), name="stack-teachers"),
     path("api/v1/stacks/<str:stack>/teachers/<str:user_id>/", api.StackTeacherDetailView.as_view(),
          name="stack-teacher"),
-    path("dashboard/", views.dashboard, name="dashboard"),
     path("auth/register", kernle_api.RegisterView.as_view(), name="kernle-register"),
     path("api/v1/keys/", api.KeyListView.as_view(), name="keys"),
     path("api/v1/members/<str:user_id>/", api.MemberDetailView.as_view(), name="member"),

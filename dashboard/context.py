@@ -1,0 +1,27 @@
+"""Template context for every page: the navigation the signed-in person's role may use."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.http import HttpRequest
+
+from dashboard.access import ADMIN, BILLING, TEACHER, principal_of_page
+
+# (label, URL name, roles) in the order the navigation shows them.
+NAVIGATION = (
+    ("Overview", "dashboard:overview", {ADMIN, TEACHER}),
+    ("Roster", "dashboard:roster", {ADMIN}),
+    ("People", "dashboard:people", {ADMIN}),
+    ("Keys", "dashboard:keys", {ADMIN}),
+    ("Audit", "dashboard:audit", {ADMIN}),
+    ("Billing", "dashboard:billing", {ADMIN, BILLING}),
+)
+
+
+def navigation(request: HttpRequest) -> dict[str, Any]:
+    principal = principal_of_page(request)
+    if principal is None:
+        return {"nav_items": [], "nav_principal": None}
+    items = [(label, name) for label, name, roles in NAVIGATION if principal.role in roles]
+    return {"nav_items": items, "nav_principal": principal}

@@ -1,0 +1,11 @@
+"""Dashboard: audit (being built)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.http import Http404, HttpRequest, HttpResponse
+
+
+def audit(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+    raise Http404

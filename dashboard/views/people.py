@@ -1,0 +1,15 @@
+"""Dashboard: people (being built)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.http import Http404, HttpRequest, HttpResponse
+
+
+def people(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+    raise Http404
+
+
+def invitation_accept(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+    raise Http404
