@@ -21,6 +21,7 @@ from typing import Any
 
 from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
+from django.http.response import HttpResponseBase
 from django.shortcuts import render
 
 from accounts.models import Membership, User
@@ -38,16 +39,16 @@ STAFF = frozenset({ADMIN, TEACHER})
 ADMINS = frozenset({ADMIN})
 BILLING_PAGES = frozenset({ADMIN, BILLING})
 
-DashboardView = Callable[..., HttpResponse]
+DashboardView = Callable[..., HttpResponseBase]
 
 
-def dashboard_page(*, roles: frozenset[str] = STAFF) -> Callable[[DashboardView], Callable[..., HttpResponse]]:
+def dashboard_page(*, roles: frozenset[str] = STAFF) -> Callable[[DashboardView], Callable[..., HttpResponseBase]]:
     """Wrap a view `view(request, principal, **kwargs)` as a dashboard page for `roles`."""
 
-    def decorate(view: DashboardView) -> Callable[..., HttpResponse]:
+    def decorate(view: DashboardView) -> Callable[..., HttpResponseBase]:
         @login_required
         @wraps(view)
-        def page(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        def page(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
             user = request.user
             assert isinstance(user, User)  # login_required ran
             principal = principal_for_session(user)

@@ -1,27 +1,149 @@
-"""Dashboard: student (being built)."""
+"""A student's page: memories by kind, search, one memory's detail and history, forget/recover/protect,
+the checkpoint and boot config, forgetting candidates, exports (issue 14).
+
+Thin views: the stack comes from `stacks.selectors.stack_for_principal` (write=True for changes, so
+an archived stack answers 409), the reads and the audited writes from dashboard/student.py.
+"""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
-from django.http import Http404, HttpRequest, HttpResponse
+from asgiref.sync import sync_to_async
+from django.contrib import messages
+from django.core.handlers.asgi import ASGIRequest
+from django.http import HttpRequest, HttpResponse, HttpResponseBase, StreamingHttpResponse
+from django.shortcuts import redirect, render
+from django.urls import NoReverseMatch, reverse
+from django.utils import timezone
+from django.views.decorators.http import require_GET, require_POST
+
+from accounts.principal import Principal
+from dashboard import student as reads
+from dashboard.access import ADMIN, STAFF, dashboard_page, request_ip
+from memories.export import stack_memory_md
+from memories.selectors import boot_config_entries, checkpoint_latest, checkpoint_warnings, memory_get
+from memoryhub.errors import NotFound
+from stacks.selectors import stack_for_principal
+
+_ACTION_DONE = {"forget": "Memory forgotten. It can be recovered from the “Only forgotten” list.",
+                "recover": "Memory recovered.", "protect": "Memory protected: decay will not forget it.",
+                "unprotect": "Memory unprotected."}
 
 
-def student_page(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-    raise Http404
+def _manage_url(slug: str) -> str:
+    # The roster area owns the manage page; link it by name once its route exists.
+    try:
+        return reverse("dashboard:student-manage", args=[slug])
+    except NoReverseMatch:
+        return "manage"
 
 
-def memory_detail(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-    raise Http404
+@require_GET
+@dashboard_page(roles=STAFF)
+def student_page(request: HttpRequest, principal: Principal, slug: str) -> HttpResponse:
+    stack = stack_for_principal(principal, slug)
+    form = reads.MemoryFilterForm(request.GET)
+    context: dict[str, Any] = {"stack": stack, "form": form, "is_admin": principal.role == ADMIN,
+                               "manage_url": _manage_url(stack.slug), "page": None}
+    if not form.is_valid():
+        return render(request, "dashboard/student/page.html", context, status=400)
+    filters = reads.MemoryFilters.of(form.cleaned_data)
+    counts = reads.kind_counts(stack, filters)
+    query = request.GET.copy()
+    query.pop("page", None)
+    tab_query = query.copy()
+    tab_query.pop("kind", None)
+    context.update(filters=filters, counts=counts, total=sum(counts.values()), query=query.urlencode(),
+                   tab_query=tab_query.urlencode())
+    if filters.q:
+        context["search"] = reads.memory_search(stack, filters)
+    else:
+        context["page"] = reads.memory_page(stack, filters)
+    checkpoint = checkpoint_latest(stack=stack)
+    context.update(
+        checkpoint=checkpoint, checkpoint_warnings=checkpoint_warnings(checkpoint) if checkpoint else [],
+        boot_config=list(boot_config_entries(stack=stack)), retention=reads.retention(stack),
+    )
+    return render(request, "dashboard/student/page.html", context)
 
 
-def memory_action(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-    raise Http404
+def _detail(request: HttpRequest, principal: Principal, slug: str, memory_id: str, *,
+            forget_form: reads.ForgetForm | None = None, status: int = 200) -> HttpResponse:
+    stack = stack_for_principal(principal, slug)
+    memory = memory_get(stack=stack, memory_id=memory_id)
+    return render(request, "dashboard/student/memory.html", {
+        "stack": stack, "detail": reads.memory_detail(memory), "memory": memory,
+        "forget_form": forget_form or reads.ForgetForm(),
+    }, status=status)
 
 
-def export_json(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-    raise Http404
+@require_GET
+@dashboard_page(roles=STAFF)
+def memory_detail(request: HttpRequest, principal: Principal, slug: str, memory_id: str) -> HttpResponse:
+    return _detail(request, principal, slug, memory_id)
 
 
-def export_markdown(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-    raise Http404
+@require_POST
+@dashboard_page(roles=STAFF)
+def memory_action(request: HttpRequest, principal: Principal, slug: str, memory_id: str,
+                  action: str) -> HttpResponse:
+    if action not in reads.MEMORY_ACTIONS:
+        raise NotFound("There is no such action.", code="not_found")
+    stack = stack_for_principal(principal, slug, write=True)
+    memory = memory_get(stack=stack, memory_id=memory_id)
+    reason = ""
+    if action == "forget":
+        form = reads.ForgetForm(request.POST)
+        if not form.is_valid():
+            return _detail(request, principal, slug, memory_id, forget_form=form, status=400)
+        reason = form.cleaned_data["reason"]
+    reads.memory_change(principal=principal, stack=stack, memory=memory, action=action, reason=reason,
+                        ip=request_ip(request))
+    messages.success(request, _ACTION_DONE[action])
+    next_url = request.POST.get("next", "")
+    if action == "protect" and next_url == "candidates":  # protected from the candidates list: back there
+        return redirect(reverse("dashboard:student", args=[stack.slug]) + "#candidates")
+    return redirect("dashboard:memory", stack.slug, memory.pk)
+
+
+async def _async_chunks(chunks: Iterator[bytes]) -> AsyncIterator[bytes]:
+    """Under ASGI Django would read a sync iterator to its end before sending a byte; pull one chunk
+    at a time on the request's thread instead (as memories.api.archive does for the ZIP archive),
+    so the server-side cursor stays on its connection and memory stays bounded."""
+    def step() -> bytes | None:
+        return next(chunks, None)
+
+    pull = sync_to_async(step, thread_sensitive=True)
+    while True:
+        chunk = await pull()
+        if chunk is None:
+            return
+        yield chunk
+
+
+@require_GET
+@dashboard_page(roles=STAFF)
+def export_json(request: HttpRequest, principal: Principal, slug: str) -> HttpResponseBase:
+    stack = stack_for_principal(principal, slug)
+    now = timezone.now()
+    reads.audit_export(principal=principal, stack=stack, ip=request_ip(request), export_format="json")
+    chunks = reads.memories_json_chunks(stack=stack, now=now)
+    content = _async_chunks(chunks) if isinstance(request, ASGIRequest) else chunks
+    response = StreamingHttpResponse(content, content_type="application/json; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="{reads.export_filename(stack, now, ".json")}"'
+    response["Cache-Control"] = "private, no-store"
+    return response
+
+
+@require_GET
+@dashboard_page(roles=STAFF)
+def export_markdown(request: HttpRequest, principal: Principal, slug: str) -> HttpResponse:
+    stack = stack_for_principal(principal, slug)
+    now = timezone.now()
+    reads.audit_export(principal=principal, stack=stack, ip=request_ip(request), export_format="memory.md")
+    response = HttpResponse(stack_memory_md(stack=stack, now=now), content_type="text/markdown; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="{reads.export_filename(stack, now, "-MEMORY.md")}"'
+    response["Cache-Control"] = "private, no-store"
+    return response

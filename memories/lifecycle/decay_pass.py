@@ -423,3 +423,32 @@ def forgetting_candidates(*, stack: Stack, now: datetime | None = None, limit: i
     return list(queryset[:limit])
 
 
+
+
+def forgotten_by(*, stack: Stack, times: list[datetime]) -> list[int]:
+    """How many of the stack's live memories the decay pass would have forgotten by each of `times`,
+    if nothing were written, reviewed or recovered meanwhile (a read, one query).
+
+    The same rule as the pass and `forgetting_candidates` (salience below the school's threshold,
+    never-fading kinds and protected memories exempt, a recent recovery spares): salience only
+    falls with time, so each count includes the earlier ones. Archived stacks are not decayed.
+    """
+    if stack.is_archived or not times:
+        return [0 for _ in times]
+    threshold = stack.organization.forget_threshold
+    columns = ", ".join(
+        f"count(*) FILTER (WHERE {salience_sql('m', f'%(t{i})s')} < %(threshold)s"
+        f" AND NOT {_recovered_since_baseline_sql('m', f'%(t{i})s', '%(threshold)s')})"
+        for i in range(len(times)))
+    # Only module constants and generated placeholders are interpolated; values are bound parameters.
+    sql = f"""
+        SELECT {columns} FROM memories_memory m
+        WHERE m.stack_id = %(stack)s AND m.forgotten_at IS NULL AND m.deleted_at IS NULL
+          AND (m.expires_at IS NULL OR m.expires_at > %(t0)s) AND NOT {never_fades_sql('m')}
+    """  # noqa: S608
+    params: dict[str, Any] = {"stack": stack.pk, "threshold": threshold}
+    params.update({f"t{i}": at for i, at in enumerate(times)})
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    return [int(value or 0) for value in row] if row else [0 for _ in times]
