@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import secrets
+from collections.abc import Iterator
 
+from django.conf import settings
 from django.contrib.auth.models import AbstractUser
 from django.db import models
 from django.db.models.functions import Lower
+from django.utils.crypto import salted_hmac
 
 
 def new_user_public_id() -> str:
@@ -21,11 +24,18 @@ def new_key_public_id() -> str:
     return f"key_{secrets.token_hex(8)}"
 
 
+def new_invitation_public_id() -> str:
+    return f"inv_{secrets.token_hex(8)}"
+
+
 class User(AbstractUser):
     """A person (school staff) or an agent builder. `public_id` is what the API and JWTs show."""
 
     public_id = models.CharField(max_length=32, unique=True, default=new_user_public_id, editable=False)
     email = models.EmailField(blank=True, default="")
+    # Bumped to end every session of the user at once (accounts.services.sessions_end: a member
+    # removed from a school). Sessions store a hash of it — see get_session_auth_hash.
+    session_epoch = models.PositiveIntegerField(default=0, editable=False)
 
     class Meta:
         constraints = [
@@ -35,6 +45,22 @@ class User(AbstractUser):
                 condition=~models.Q(email=""),
             )
         ]
+
+    # Django keeps a session only while the hash it stored at sign-in still matches this one (it
+    # already changes with the password). Mixing in `session_epoch` lets a service end all of a
+    # user's sessions with one UPDATE, whatever the session backend. Epoch 0 hashes exactly as
+    # Django does, so sessions from before this field stay valid.
+    def get_session_auth_hash(self) -> str:
+        return self._session_hash(secret=None)
+
+    def get_session_auth_fallback_hash(self) -> Iterator[str]:
+        for fallback_secret in settings.SECRET_KEY_FALLBACKS:
+            yield self._session_hash(secret=fallback_secret)
+
+    def _session_hash(self, *, secret: str | bytes | None) -> str:
+        value = self.password if not self.session_epoch else f"{self.password}:{self.session_epoch}"
+        return salted_hmac("django.contrib.auth.models.AbstractBaseUser.get_session_auth_hash", value,
+                           secret=secret, algorithm="sha256").hexdigest()
 
 
 class Organization(models.Model):
@@ -120,3 +146,32 @@ class AuditEvent(models.Model):
 
     class Meta:
         indexes = [models.Index(fields=["organization", "-created_at"], name="accounts_audit_org_time")]
+
+
+class Invitation(models.Model):
+    """An admin's invitation for a person to join a school with a role (dashboard People page).
+
+    The link carries a random token; only its SHA-256 is stored, so the database never holds a
+    usable link. One pending invitation per email per school; it expires after a week
+    (accounts/invitations.py)."""
+
+    public_id = models.CharField(max_length=40, unique=True, default=new_invitation_public_id, editable=False)
+    organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="invitations")
+    email = models.EmailField()
+    role = models.CharField(max_length=16, choices=Membership.Role.choices)
+    token_hash = models.CharField(max_length=64, unique=True)  # hex SHA-256 of the link's token
+    invited_by = models.ForeignKey(User, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField()
+    accepted_at = models.DateTimeField(null=True, blank=True)
+    accepted_by = models.ForeignKey(User, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                "organization", Lower("email"),
+                name="accounts_invitation_one_pending",
+                condition=models.Q(accepted_at__isnull=True, revoked_at__isnull=True),
+            )
+        ]

@@ -236,10 +236,14 @@ def is_teacher_session(principal: Principal) -> bool:
     return principal.api_key is None and principal.role == Membership.Role.TEACHER
 
 
-def ensure_teacher_may_manage_keys(principal: Principal) -> None:
+def teacher_may_manage_keys(principal: Principal) -> bool:
     """Teachers issue, revoke and cycle keys (for their assigned stacks) only when their school
     allows it (`Organization.teachers_may_manage_keys`, off by default)."""
-    if is_teacher_session(principal) and not principal.organization.teachers_may_manage_keys:
+    return is_teacher_session(principal) and principal.organization.teachers_may_manage_keys
+
+
+def ensure_teacher_may_manage_keys(principal: Principal) -> None:
+    if is_teacher_session(principal) and not teacher_may_manage_keys(principal):
         raise Forbidden("This school does not let teachers issue or change keys; ask a school admin.",
                         code="teacher_keys_disabled")
 

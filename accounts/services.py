@@ -10,6 +10,7 @@ from typing import Any
 from django.core.exceptions import ValidationError
 from django.core.validators import validate_email
 from django.db import IntegrityError, transaction
+from django.db.models import F
 from django.utils import timezone
 from django.utils.text import slugify
 
@@ -23,7 +24,7 @@ from accounts.selectors import (
     keys_beyond_issuer_reach,
     user_reaches,
 )
-from memoryhub.errors import Conflict, InvalidInput
+from memoryhub.errors import Conflict, InvalidInput, NotFound
 
 
 def new_api_key_secret() -> str:
@@ -252,6 +253,35 @@ def membership_add(*, organization: Organization, user: User, role: str, princip
 
 
 @transaction.atomic
+def membership_role_change(*, organization: Organization, user_public_id: str, role: str,
+                           principal: Principal | None = None, ip: str | None = None) -> Membership:
+    """Give a member of the school another role (audited; keys the new role no longer covers are
+    revoked by membership_add). A school keeps at least one admin: lowering the last one is a 409."""
+    if role not in Membership.Role.values:
+        raise InvalidInput("Unknown role.", fields={"role": [f"One of {', '.join(Membership.Role.values)}."]})
+    membership = None
+    if "\x00" not in user_public_id and len(user_public_id) <= 32:
+        membership = (Membership.objects.select_related("user")
+                      .filter(organization=organization, user__public_id=user_public_id).first())
+    if membership is None:
+        raise NotFound("Member not found.", code="member_not_found")
+    if membership.role == Membership.Role.ADMIN and role != Membership.Role.ADMIN:
+        # Lock every admin row of the school, so two admins lowering each other at once cannot
+        # both see "another admin remains".
+        admins = list(Membership.objects.select_for_update().filter(organization=organization,
+                                                                    role=Membership.Role.ADMIN))
+        if not any(admin.pk != membership.pk for admin in admins):
+            raise Conflict("A school keeps at least one admin.", code="last_admin")
+    return membership_add(organization=organization, user=membership.user, role=role, principal=principal, ip=ip)
+
+
+def sessions_end(*, user: User) -> None:
+    """End every signed-in session of `user` (on any device): their stored session hash no longer
+    matches (User.get_session_auth_hash). They may sign in again; what they reach is decided then."""
+    User.objects.filter(pk=user.pk).update(session_epoch=F("session_epoch") + 1)
+
+
+@transaction.atomic
 def member_create(*, organization: Organization, email: str, role: str, password: str | None = None,
                   first_name: str = "", last_name: str = "", principal: Principal | None = None,
                   ip: str | None = None) -> tuple[User, str]:
@@ -275,6 +305,14 @@ def school_create(*, name: str, admin_email: str, admin_password: str | None = N
     user, password = member_create(organization=organization, email=admin_email, role=Membership.Role.ADMIN,
                                    password=admin_password)
     return organization, user, password
+
+
+def password_changed_record(*, user: User, ip: str | None, via: str) -> None:
+    """Audit a password change (`via` "change": signed in; "reset": by an emailed link) in the
+    organization the person signs in to."""
+    membership = Membership.objects.filter(user=user).order_by("created_at").select_related("organization").first()
+    audit_record(organization=membership.organization if membership else None, action="password.changed",
+                 actor=user, target_type="user", target_id=user.public_id, ip=ip, metadata={"via": via})
 
 
 def login_record(*, user: User, ip: str | None, succeeded: bool, via: str,

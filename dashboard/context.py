@@ -6,6 +6,7 @@ from typing import Any
 
 from django.http import HttpRequest
 
+from accounts.selectors import teacher_may_manage_keys
 from dashboard.access import ADMIN, BILLING, TEACHER, principal_of_page
 
 # (label, URL name, roles) in the order the navigation shows them.
@@ -23,5 +24,6 @@ def navigation(request: HttpRequest) -> dict[str, Any]:
     principal = principal_of_page(request)
     if principal is None:
         return {"nav_items": [], "nav_principal": None}
-    items = [(label, name) for label, name, roles in NAVIGATION if principal.role in roles]
+    items = [(label, name) for label, name, roles in NAVIGATION
+             if principal.role in roles or (name == "dashboard:keys" and teacher_may_manage_keys(principal))]
     return {"nav_items": items, "nav_principal": principal}

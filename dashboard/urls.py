@@ -21,6 +21,8 @@ urlpatterns: list[URLPattern | URLResolver] = [
     path("dashboard/students/<str:slug>/archive", roster.student_archive, name="student-archive"),
     path("dashboard/students/<str:slug>/unarchive", roster.student_unarchive, name="student-unarchive"),
     path("dashboard/students/<str:slug>/teachers", roster.student_teachers, name="student-teachers"),
+    path("dashboard/students/<str:slug>/manage", roster.student_manage, name="student-manage"),
+    path("dashboard/roster/example-<str:example>.csv", roster.roster_example, name="roster-example"),
     # --- a student's page --------------------------------------------------------------------
     path("dashboard/students/<str:slug>/", student.student_page, name="student"),
     path("dashboard/students/<str:slug>/memories/<str:memory_id>/", student.memory_detail, name="memory"),
@@ -30,13 +32,23 @@ urlpatterns: list[URLPattern | URLResolver] = [
     path("dashboard/students/<str:slug>/MEMORY.md", student.export_markdown, name="student-export-markdown"),
     # --- people and invitations --------------------------------------------------------------
     path("dashboard/people/", people.people, name="people"),
+    path("dashboard/people/<str:user_id>/role", people.member_role, name="member-role"),
+    path("dashboard/people/<str:user_id>/remove", people.member_remove, name="member-remove"),
+    path("dashboard/invitations/<str:invitation_id>/revoke", people.invitation_revoke, name="invitation-revoke"),
     path("invitations/<str:token>/", people.invitation_accept, name="invitation-accept"),
     # --- keys --------------------------------------------------------------------------------
     path("dashboard/keys/", keys.keys, name="keys"),
+    path("dashboard/keys/<str:key_id>/revoke", keys.key_revoke, name="key-revoke"),
+    path("dashboard/keys/<str:key_id>/cycle", keys.key_cycle, name="key-cycle"),
     # --- audit -------------------------------------------------------------------------------
     path("dashboard/audit/", audit.audit, name="audit"),
     # --- billing -----------------------------------------------------------------------------
     path("dashboard/billing/", billing.billing, name="billing"),
     # --- the signed-in person's own account --------------------------------------------------
     path("account/password/", account.password_change, name="password-change"),
+    path("password-reset/", account.PasswordReset.as_view(), name="password-reset"),
+    path("password-reset/sent/", account.PasswordResetSent.as_view(), name="password-reset-done"),
+    path("password-reset/done/", account.PasswordResetComplete.as_view(), name="password-reset-complete"),
+    path("password-reset/<str:uidb64>/<str:token>/", account.PasswordResetConfirm.as_view(),
+         name="password-reset-confirm"),
 ]

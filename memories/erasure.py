@@ -40,6 +40,7 @@ from memories.models import (
     ErasedRecord,
     ErasureCertificate,
     Memory,
+    StackDailyActivity,
     SyncWatermark,
 )
 from memories.search.embeddings import query_cache
@@ -264,12 +265,12 @@ def erasure_run(cert_id: Any) -> ErasureCertificate:
         if cert.scope == ErasureCertificate.Scope.STACK:
             with transaction.atomic():
                 for label, model in (("checkpoints", Checkpoint), ("boot_config_entries", BootConfigEntry),
-                                     ("sync_watermarks", SyncWatermark)):
+                                     ("sync_watermarks", SyncWatermark), ("daily_activity_rows", StackDailyActivity)):
                     deleted, _ = model.objects.filter(stack_id=cert.stack_ref).delete()
                     if deleted:
                         counts[label] = deleted
                 # Nothing is left in it: usage is zero whatever drifted.
-                Stack.objects.filter(pk=cert.stack_ref).update(memory_count=0, bytes_used=0)
+                Stack.objects.filter(pk=cert.stack_ref).update(memory_count=0, bytes_used=0, last_write_at=None)
             _drop_stack_vector_index(cert.stack_ref)
         # Query vectors are cached per process by text (memories.search.embeddings); drop this
         # process's — other processes' entries age out of their LRU (they hold vectors, no text is logged).

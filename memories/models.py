@@ -130,6 +130,7 @@ class Memory(models.Model):
                                         blank=True)
 
     class Meta:
+        verbose_name_plural = "memories"
         constraints = [
             models.UniqueConstraint(fields=["stack", "kind", "record_id"], name="memories_memory_record_unique"),
         ]
@@ -205,6 +206,7 @@ class BootConfigEntry(models.Model):
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
+        verbose_name_plural = "boot config entries"
         constraints = [models.UniqueConstraint(fields=["stack", "key"], name="memories_bootconfig_unique")]
 
 
@@ -355,3 +357,25 @@ class ErasedRecord(models.Model):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["stack", "key_hash"], name="memories_erasedrecord_unique")]
+
+
+class StackDailyActivity(models.Model):
+    """How many memories one stack's writers created or changed (content) on one UTC day.
+
+    The rollup behind the dashboard's "memories written per day": the write kernel adds to it in
+    the writing transaction, in the same statement that moves the stack's counters
+    (memories.writes.rows.move_counters), so a chart over a school's last 30 days reads at most
+    stacks x 30 small rows instead of grouping a million memories. Per stack, not per school: every
+    writer of a stack already holds that stack's lock, so the row is never contended, whereas one
+    row per school would serialise all of a school's concurrent pushes on it.
+    """
+
+    # No index of its own: the unique (stack, day) index serves every lookup by stack.
+    stack = models.ForeignKey("stacks.Stack", on_delete=models.CASCADE, related_name="daily_activity",
+                              db_index=False)
+    day = models.DateField()
+    written = models.IntegerField(default=0)
+
+    class Meta:
+        verbose_name_plural = "stack daily activity"
+        constraints = [models.UniqueConstraint(fields=["stack", "day"], name="memories_activity_stack_day")]

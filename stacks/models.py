@@ -20,6 +20,8 @@ class Stack(models.Model):
     # alphabet: 1-100 chars of letters, digits, '-', '_' and '.'.
     slug = models.CharField(max_length=100)
     display_name = models.CharField(max_length=200, blank=True, default="")
+    # The student's grade or year as the school's roster writes it ("5", "K", "09"); free text.
+    grade = models.CharField(max_length=32, blank=True, default="")
     kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.STUDENT)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.ACTIVE)
     created_by = models.ForeignKey(
@@ -29,6 +31,9 @@ class Stack(models.Model):
     memory_count = models.BigIntegerField(default=0)
     bytes_used = models.BigIntegerField(default=0)
     last_sync_at = models.DateTimeField(null=True, blank=True)
+    # When a memory was last created or its content changed (not forget/recover/protect, not the
+    # jobs' tombstones): set by the write kernel in the same counters UPDATE (memories.writes.rows).
+    last_write_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     archived_at = models.DateTimeField(null=True, blank=True)

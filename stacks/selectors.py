@@ -105,13 +105,20 @@ def ensure_may_activate_stack(*, organization: Organization) -> None:
     comes from accounts.tiers. A caller that goes on to activate a stack holds the organization's
     row lock first (stacks.services), or two requests could both see room for one more.
     """
-    tier = tier_for(organization)
-    if tier.syncing_stacks is None:
-        return
-    active = Stack.objects.filter(organization_id=organization.pk, status=Stack.Status.ACTIVE).count()
-    if active >= tier.syncing_stacks:
+    if stack_room(organization=organization) == 0:
+        tier = tier_for(organization)
         raise QuotaExceeded(
             stack_limit_message(organization),
             code="stack_limit_reached",
             fields={"limit": "syncing_stacks", "tier": tier.name, "limit_stacks": tier.syncing_stacks},
         )
+
+
+def stack_room(*, organization: Organization) -> int | None:
+    """How many more stacks the organization's tier lets it activate (None: no limit). A roster
+    import reads it to refuse a file that would pass the limit before it creates anything."""
+    tier = tier_for(organization)
+    if tier.syncing_stacks is None:
+        return None
+    active = Stack.objects.filter(organization_id=organization.pk, status=Stack.Status.ACTIVE).count()
+    return max(0, tier.syncing_stacks - active)

@@ -23,6 +23,7 @@ from accounts.services import (
     membership_add,
     normalized_email,
     organization_create,
+    sessions_end,
     user_create,
 )
 from memoryhub.errors import Conflict, InvalidInput, NotFound
@@ -63,7 +64,8 @@ def _lock_organization_for_stack_quota(organization: Organization) -> None:
 
 @transaction.atomic
 def stack_create(*, organization: Organization, slug: Any, display_name: str = "", kind: str = Stack.Kind.STUDENT,
-                 principal: Principal | None = None, created_by: User | None = None, ip: str | None = None) -> Stack:
+                 principal: Principal | None = None, created_by: User | None = None, ip: str | None = None,
+                 grade: str = "") -> Stack:
     """A new active stack; QuotaExceeded (402) when the tier allows no more active stacks."""
     slug = stack_id_validated(slug)
     if kind not in Stack.Kind.values:
@@ -73,7 +75,8 @@ def stack_create(*, organization: Organization, slug: Any, display_name: str = "
     try:
         with transaction.atomic():
             stack = Stack.objects.create(organization=organization, slug=slug, display_name=display_name[:200],
-                                         kind=kind, created_by=created_by or (principal.user if principal else None))
+                                         grade=grade[:32], kind=kind,
+                                         created_by=created_by or (principal.user if principal else None))
     except IntegrityError:
         raise Conflict("A stack with this id already exists.", code="stack_exists",
                        fields={"stack_id": ["Already exists."]}) from None
@@ -84,12 +87,15 @@ def stack_create(*, organization: Organization, slug: Any, display_name: str = "
 
 @transaction.atomic
 def stack_update(*, stack: Stack, display_name: str | None = None, kind: str | None = None,
-                 principal: Principal | None = None, ip: str | None = None) -> Stack:
+                 principal: Principal | None = None, ip: str | None = None, grade: str | None = None) -> Stack:
     """Change descriptive fields. Caller has checked write access (stack_for_principal(write=True))."""
     changed: list[str] = []
     if display_name is not None:
         stack.display_name = display_name[:200]
         changed.append("display_name")
+    if grade is not None:
+        stack.grade = grade[:32]
+        changed.append("grade")
     if kind is not None:
         if kind not in Stack.Kind.values:
             raise InvalidInput("Unknown stack kind.", fields={"kind": [f"One of {', '.join(Stack.Kind.values)}."]})
@@ -161,8 +167,8 @@ def teacher_unassign(*, stack: Stack, teacher: User, principal: Principal | None
 @transaction.atomic
 def membership_remove(*, organization: Organization, user_public_id: str, principal: Principal | None = None,
                       ip: str | None = None) -> None:
-    """Remove a person from a school: their keys there are revoked and their stack assignments
-    dropped, so nothing keeps acting as someone who left."""
+    """Remove a person from a school: their keys there are revoked, their stack assignments
+    dropped and their signed-in sessions ended, so nothing keeps acting as someone who left."""
     membership = None
     if "\x00" not in user_public_id and len(user_public_id) <= 32:
         membership = (Membership.objects.select_for_update().select_related("user")
@@ -180,6 +186,8 @@ def membership_remove(*, organization: Organization, user_public_id: str, princi
     # Without a membership nothing is within their reach: every key they hold here is revoked.
     api_keys_revoke_beyond_reach(organization=organization, user=user, reason="member_removed",
                                  principal=principal, ip=ip)
+    # Their dashboard sessions end too (on every device; they may sign in again for another school).
+    sessions_end(user=user)
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,9 @@ leaves the same traces, and they are made here, not re-implemented per writer:
   `MemoryRevision` of the state before it, and sets `embedded_version = NULL` when the text changed;
 * **usage counters** (`Stack.memory_count`, `Stack.bytes_used`) move once per write by a relative
   UPDATE, in the writing transaction, under the stack lock the writer already holds — atomic with
-  the rows (a rollback undoes both) and without a second commit;
+  the rows (a rollback undoes both) and without a second commit; a write that creates memories or
+  changes their content also stamps `Stack.last_write_at` and adds to the stack's day in
+  `StackDailyActivity` in that same statement (the dashboard's "written per day");
 * **after commit**, once per write (`hooks.after_commit`): the one embedding enqueuer (broker
   messages of up to 500 ids; a broker that is down is logged, the periodic sweep embeds the rows)
   and the registered change listeners (where live events plug in);

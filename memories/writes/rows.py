@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from memories.models import Memory, MemoryRevision, NextChangeSeq
+from memories.models import Memory, MemoryRevision, NextChangeSeq, StackDailyActivity
 from memories.schemas import NormalizedMemory
 from memories.writes.columns import SNAPSHOT_COLUMNS
 from memories.writes.hooks import SMALL_EMBED_MESSAGE_IDS, after_commit
@@ -27,6 +27,18 @@ _COUNTERS_SQL = (f"UPDATE {_STACK_TABLE} SET memory_count = memory_count + %s, "
                  "bytes_used = bytes_used + %s WHERE id = %s")
 _SYNC_COUNTERS_SQL = (f"UPDATE {_STACK_TABLE} SET memory_count = memory_count + %s, "  # noqa: S608 - constants only
                       "bytes_used = bytes_used + %s, last_sync_at = %s WHERE id = %s")
+# A write that created or changed memories also records when (Stack.last_write_at) and adds them to
+# the stack's row of the day in the rollup (StackDailyActivity): in the same statement as the
+# counters, so a write (or a whole push) still costs one round trip for its bookkeeping. The rollup
+# row is the stack's own, and every writer holds the stack's lock here: nobody waits on it.
+_ACTIVITY_TABLE = StackDailyActivity._meta.db_table
+_WRITTEN_COUNTERS_SQL = (
+    f"WITH stack AS (UPDATE {_STACK_TABLE} SET memory_count = memory_count + %s, "  # noqa: S608 - constants only
+    "bytes_used = bytes_used + %s, last_sync_at = COALESCE(%s, last_sync_at), last_write_at = %s "
+    "WHERE id = %s RETURNING id) "
+    f"INSERT INTO {_ACTIVITY_TABLE} (stack_id, day, written) SELECT id, %s, %s FROM stack "
+    f"ON CONFLICT (stack_id, day) DO UPDATE SET written = {_ACTIVITY_TABLE}.written + EXCLUDED.written"
+)
 
 
 def lock_stack_changes(*stack_ids: int) -> None:
@@ -58,15 +70,22 @@ def memory_snapshot(memory: Any) -> dict[str, Any]:
     return snapshot
 
 
-def move_counters(*, stack_id: int, count_delta: int, bytes_delta: int, sync_at: datetime | None = None) -> None:
+def move_counters(*, stack_id: int, count_delta: int, bytes_delta: int, sync_at: datetime | None = None,
+                  written: int = 0) -> None:
     """Move the stack's usage counters by one relative UPDATE, in the caller's transaction.
 
     The caller holds the stack's lock (`lock_stack_changes`, or a push's FOR UPDATE), so this
     waits for nobody, and the counters commit (or roll back) with the rows they count.
-    `sync_at` also records the stack's last sync (the set-based form, for pushes).
+    `sync_at` also records the stack's last sync (the set-based form, for pushes). `written`: how
+    many memories this write created or changed the content of — then the same statement stamps
+    `Stack.last_write_at` and adds them to today's (UTC) `StackDailyActivity` row.
     """
     with connection.cursor() as cursor:
-        if sync_at is not None:
+        if written:
+            now = sync_at or timezone.now()
+            cursor.execute(_WRITTEN_COUNTERS_SQL, [count_delta, bytes_delta, sync_at, now, stack_id,
+                                                   now.astimezone(UTC).date(), written])
+        elif sync_at is not None:
             cursor.execute(_SYNC_COUNTERS_SQL, [count_delta, bytes_delta, sync_at, stack_id])
         elif count_delta or bytes_delta:
             cursor.execute(_COUNTERS_SQL, [count_delta, bytes_delta, stack_id])
@@ -120,7 +139,8 @@ def insert_memories(*, stack: Stack, memories: Sequence[Memory], source: str) ->
             memories[0].save(force_insert=True)
         else:
             Memory.objects.bulk_create(memories)
-    move_counters(stack_id=stack.pk, count_delta=len(memories), bytes_delta=sum(m.size_bytes for m in memories))
+    move_counters(stack_id=stack.pk, count_delta=len(memories), bytes_delta=sum(m.size_bytes for m in memories),
+                  written=len(memories))
     ids = [m.pk for m in memories]
     after_commit(stack_id=stack.pk, source=source, changes=[("create", ids)], embed_ids=ids,
                  embed_message_ids=SMALL_EMBED_MESSAGE_IDS)
@@ -148,7 +168,9 @@ def save_change(memory: Memory, *, before: dict[str, Any], source: str, action: 
         update_fields.append("embedded_version")
     memory.save(update_fields=update_fields)
     memory.refresh_from_db(fields=["version", "change_seq"])
-    move_counters(stack_id=memory.stack_id, count_delta=count_delta, bytes_delta=bytes_delta)
+    # Only a content change is a write of the memory; forget/recover/protect decide about it.
+    move_counters(stack_id=memory.stack_id, count_delta=count_delta, bytes_delta=bytes_delta,
+                  written=int(action == "update"))
     after_commit(stack_id=memory.stack_id, source=source, changes=[(action, [memory.pk])],
                  embed_ids=[memory.pk] if text_changed else ())
     return memory

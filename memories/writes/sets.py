@@ -125,6 +125,7 @@ def finish_set(*, stack_id: int, records: Sequence[RecordWrite], source: str, sy
     that is not deleted is a "create"). Only-touched records are no change for the listeners."""
     count_delta = 0
     bytes_delta = 0
+    written = 0  # created or changed in content: what the activity rollup counts (move_counters)
     embed: list[Any] = []
     by_action: dict[str, list[Any]] = {}
     for record in records:
@@ -135,8 +136,11 @@ def finish_set(*, stack_id: int, records: Sequence[RecordWrite], source: str, sy
         if record.text_changed and live:
             embed.append(row.pk)
         if record.changed:
-            by_action.setdefault("create" if record.is_new and live else record.action, []).append(row.pk)
-    move_counters(stack_id=stack_id, count_delta=count_delta, bytes_delta=bytes_delta, sync_at=sync_at)
+            action = "create" if record.is_new and live else record.action
+            by_action.setdefault(action, []).append(row.pk)
+            written += action in ("create", "update")
+    move_counters(stack_id=stack_id, count_delta=count_delta, bytes_delta=bytes_delta, sync_at=sync_at,
+                  written=written)
     after_commit(stack_id=stack_id, source=source, changes=by_action.items(), embed_ids=embed)
 
 

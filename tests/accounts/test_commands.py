@@ -49,10 +49,35 @@ def test_seed_demo_creates_a_school_with_teachers_stacks_and_working_keys_idempo
     agent = re.search(r"agent key for student-0001: (knl_sk_\w+)", output).group(1)  # type: ignore[union-attr]
     response = bearer_client(agent).get("/api/v1/stacks/")
     assert [s["stack_id"] for s in response.json()["results"]] == ["student-0001"]
+    assert "/login/ as admin@demo-school.test with the password 'demo-password-123'" in output
+
+    # Every student's stack has a month of memories of every kind, through the write kernel.
+    from memories.models import BootConfigEntry, Checkpoint, Memory
+
+    stack = Stack.objects.get(organization=org, slug="student-0001")
+    memories = Memory.objects.filter(stack=stack)
+    assert stack.memory_count == memories.count() >= 20
+    assert set(memories.values_list("kind", flat=True)) == {
+        "raw", "episode", "note", "belief", "value", "goal", "drive", "relationship", "playbook"}
+    days = {m.created_at.date() for m in memories}
+    assert len(days) >= 10  # spread over the month, not all today
+    assert memories.filter(forgotten_at__isnull=False).count() == 1
+    assert Checkpoint.objects.filter(stack=stack).count() == 1
+    assert set(BootConfigEntry.objects.filter(stack=stack).values_list("key", flat=True)) == {
+        "tone", "session_minutes"}
+    total = Memory.objects.filter(stack__organization=org).count()
+    # The overview's per-day rollup counts them on the days they are dated, not all today.
+    from memories.models import StackDailyActivity
+
+    activity = dict(StackDailyActivity.objects.filter(stack=stack).values_list("day", "written"))
+    assert sum(activity.values()) == memories.count() and len(activity) == len(days)
+
     again = run("seed_demo", "--students", "4", "--teachers", "2")
     assert not re.findall(r"knl_sk_", again)  # nothing new to show
     assert ApiKey.objects.filter(organization=org).count() == 5
     assert Stack.objects.filter(organization=org).count() == 4
+    assert Memory.objects.filter(stack__organization=org).count() == total  # no duplicates
+    assert Checkpoint.objects.filter(stack__organization=org).count() == 4
 
 
 # --- from a password to a key: create_school --issue-key and issue_key ---------------------------------

@@ -45,6 +45,9 @@ from typing import Any
 
 import pytest
 
+# The browser fixtures and the screenshot-folder summary (tests/e2e/browser.py), for every module here.
+from tests.e2e.browser import browser, dashboard_url, open_page, pytest_terminal_summary  # noqa: F401
+
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 KERNLE_VERSION = "0.15.0"
 HTTPX_VERSION = "0.28.1"

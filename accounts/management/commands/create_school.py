@@ -14,7 +14,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import transaction
 from django.utils.text import slugify
 
-from accounts.management.commands._key_usage import add_url_argument, key_usage_lines, service_url
+from accounts.key_usage import add_url_argument, key_usage_lines, service_url
 from accounts.models import Membership, Organization, User
 from accounts.selectors import email_taken
 from accounts.services import api_key_issue, normalized_email, school_create

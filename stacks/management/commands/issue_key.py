@@ -16,7 +16,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
-from accounts.management.commands._key_usage import add_url_argument, key_usage_lines, service_url
+from accounts.key_usage import add_url_argument, key_usage_lines, service_url
 from accounts.models import Membership, Organization
 from accounts.selectors import principal_for_session
 from accounts.services import api_key_issue

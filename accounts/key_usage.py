@@ -1,5 +1,5 @@
-"""What `create_school --issue-key` and `issue_key` print about a new API key: the secret, once, and
-the exact lines that use it. (A module whose name starts with `_` is not a command.)
+"""What `create_school --issue-key`, `issue_key` and the dashboard's key page show about a new API
+key: the secret, once, and the exact lines that use it.
 
 The secret goes to the command's stdout only — never to a log: MemoryHub stores an HMAC of it
 (docs/kernle-protocol.md §2.1), so this output is the only copy there will ever be.

@@ -1,0 +1,133 @@
+"""The Django admin at /admin/: every model registered, every list and change page opens for a
+superuser, no page ever shows a key hash or an embedding, memories cannot be written there, and
+people who are not staff (a school admin included) are sent to the admin's sign-in."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.contrib import admin
+from django.contrib.auth.models import Group
+from django.db.models import Model
+from django.test import Client
+from django.urls import reverse
+from django.utils import timezone
+
+from accounts.invitations import invitation_create
+from accounts.models import ApiKey, Invitation, User
+from accounts.principal import Principal
+from memories.erasure import memory_erase_request
+from memories.models import (
+    DeploymentEmbeddingModel,
+    JobRun,
+    Memory,
+    MemorySalience,
+    SyncWatermark,
+)
+from memories.services import CheckpointInput, boot_config_set, checkpoint_save, memory_create, memory_update
+from tests.actors import School
+from tests.factories import make_user
+
+pytestmark = pytest.mark.django_db
+
+# A vector component no page may print (the admin would render the vector as a list of floats).
+EMBEDDING_MARK = 0.8765432
+
+
+@pytest.fixture
+def everything(school: School) -> dict[str, Any]:
+    """One row at least of every registered model, made through the services where there is one."""
+    Group.objects.create(name="operators")
+    memory = memory_create(stack=school.stack, kind="note", payload={"content": "Fractions click with pizza"},
+                           source="api", record_id="note-1")
+    memory_update(memory=memory, payload={"content": "Fractions click with pizza diagrams"}, source="api")
+    Memory.objects.filter(pk=memory.pk).update(embedding=[EMBEDDING_MARK] * 384, embedding_model="hash-v1/384")
+    MemorySalience.objects.create(memory=memory, salience=0.42, computed_at=timezone.now())
+    checkpoint_save(stack=school.stack, checkpoint=CheckpointInput(task="Fractions practice"))
+    boot_config_set(stack=school.stack, key="tone", value="warm")
+    JobRun.objects.create(name="decay", status=JobRun.Status.SUCCEEDED, counts={"forgotten": 1})
+    DeploymentEmbeddingModel.objects.get_or_create(
+        id=1, defaults={"model_id": "hash-v1/384", "recorded_at": timezone.now()})
+    SyncWatermark.objects.create(stack=school.stack, credential_id=school.agent_key.public_id,
+                                 pulled_at=timezone.now())
+    doomed = memory_create(stack=school.stack, kind="note", payload={"content": "to erase"}, source="api")
+    memory_erase_request(principal=Principal(user=school.admin, organization=school.org), memory=doomed,
+                         requested_by="a parent's request")
+    invitation_create(organization=school.org, email="new.teacher@example.test", role="teacher",
+                      principal=Principal(user=school.admin, organization=school.org))
+    return {"memory": memory}
+
+
+def superuser_client() -> Client:
+    user = make_user(None)
+    User.objects.filter(pk=user.pk).update(is_staff=True, is_superuser=True)
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def _admin_url(model: type[Model], view: str, *args: Any) -> str:
+    return reverse(f"admin:{model._meta.app_label}_{model._meta.model_name}_{view}", args=args)
+
+
+def test_every_model_of_our_apps_is_registered() -> None:
+    from django.apps import apps
+
+    ours = {"accounts", "stacks", "billing", "memories"}
+    models = {m for m in apps.get_models() if m._meta.app_label in ours}
+    missing = {m.__name__ for m in models if m not in admin.site._registry}
+    assert not missing
+
+
+def test_every_list_and_change_page_opens_and_never_shows_a_key_hash_or_an_embedding(
+        school: School, everything: dict[str, Any]) -> None:
+    client = superuser_client()
+    hashes = [*ApiKey.objects.values_list("key_hash", flat=True),
+              *Invitation.objects.values_list("token_hash", flat=True)]
+    assert len(hashes) > 2
+    opened = []
+    for model in admin.site._registry:
+        obj = model._default_manager.order_by("pk").first()
+        assert obj is not None, f"the fixture made no {model.__name__}"
+        for url in (_admin_url(model, "changelist"), _admin_url(model, "change", obj.pk)):
+            response = client.get(url)
+            assert response.status_code == 200, f"{url} answered {response.status_code}"
+            page = response.content.decode()
+            assert not any(h in page for h in hashes), f"{url} shows a key or token hash"
+            assert str(EMBEDDING_MARK) not in page, f"{url} shows an embedding"
+            assert 'name="embedding"' not in page and "search_vector" not in page
+        opened.append(model.__name__)
+    assert {"Memory", "MemoryRevision", "ApiKey", "ErasureCertificate", "Stack", "Organization"} <= set(opened)
+
+
+def test_memories_are_read_only_there(school: School, everything: dict[str, Any]) -> None:
+    client = superuser_client()
+    memory = everything["memory"]
+    page = client.get(_admin_url(Memory, "change", memory.pk)).content.decode()
+    assert "Fractions click with pizza diagrams" in page  # the text is there to read
+    assert '<textarea' not in page and 'name="text"' not in page and 'name="data"' not in page
+    assert client.get(_admin_url(Memory, "add")).status_code == 403
+    response = client.post(_admin_url(Memory, "change", memory.pk), {"text": "changed", "kind": "note"})
+    assert response.status_code == 403
+    assert client.post(_admin_url(Memory, "delete", memory.pk), {"post": "yes"}).status_code == 403
+    memory.refresh_from_db()
+    assert memory.text == "Fractions click with pizza diagrams"
+
+
+def test_search_and_filters_answer_without_errors(school: School, everything: dict[str, Any]) -> None:
+    client = superuser_client()
+    for model in admin.site._registry:
+        for query in ({"q": "not-a-uuid"}, {"q": school.stack.slug}):
+            url = _admin_url(model, "changelist")
+            assert client.get(url, query).status_code == 200, f"{url}?q={query['q']}"
+    found = client.get(_admin_url(Memory, "changelist"), {"q": "note-1"}).content.decode()
+    assert "note-1" in found
+
+
+def test_a_school_admin_who_is_not_staff_is_sent_to_the_admin_sign_in(school: School) -> None:
+    client = Client()
+    client.force_login(school.admin)
+    for url in ("/admin/", _admin_url(Memory, "changelist"), _admin_url(ApiKey, "changelist")):
+        response = client.get(url)
+        assert response.status_code == 302 and response["Location"].startswith("/admin/login/")
