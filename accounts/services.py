@@ -24,6 +24,7 @@ from accounts.selectors import (
     keys_beyond_issuer_reach,
     user_reaches,
 )
+from accounts.signals import sessions_ended
 from memoryhub.errors import Conflict, InvalidInput, NotFound
 
 
@@ -279,6 +280,7 @@ def sessions_end(*, user: User) -> None:
     """End every signed-in session of `user` (on any device): their stored session hash no longer
     matches (User.get_session_auth_hash). They may sign in again; what they reach is decided then."""
     User.objects.filter(pk=user.pk).update(session_epoch=F("session_epoch") + 1)
+    sessions_ended.send(sender=User, user=user)
 
 
 @transaction.atomic

@@ -20,6 +20,10 @@ app under uvicorn (one worker, one client, sequential requests — what one agen
   `json.dumps`-ing them.
 
 Goals (issue 5): push ≥ 5,000 ops/s; a pull of 10,000 changes < 1 s.
+
+`--events-compare` adds **push with change events on vs off** (issue 15, memories.events): a second
+server with MEMORYHUB_EVENTS=off runs next to the first, and the same number of operations go to
+each in alternating rounds (so both see the same load on a shared box). Goal: on ≥ 0.95x off.
 """
 
 from __future__ import annotations
@@ -102,6 +106,44 @@ def http_push(base_url: str, secret: str, stack_slug: str, operations: list[dict
                 raise RuntimeError(f"unexpected conflicts: {result['conflicts'][:3]}")
         elapsed = time.perf_counter() - started
     return elapsed, latencies
+
+
+def compare_events(env: Any, secret: str, memories: int, batch: int) -> dict[str, Any]:
+    """Push `memories` operations to a fresh server with change events on and as many to one with
+    MEMORYHUB_EVENTS=off, one push to each in turn (both see the same moment's load on a shared
+    box, and neither has served the rest of the benchmark before); total seconds and per-push
+    latencies of each."""
+    from stacks.models import Stack
+
+    org_id = Stack.objects.get(slug="push").organization_id
+    for slug in ("events-on", "events-off"):
+        Stack.objects.create(organization_id=org_id, slug=slug)
+    on_ops = make_operations(memories, seed=3, stack_slug="events-on")
+    off_ops = make_operations(memories, seed=4, stack_slug="events-off")
+    seconds = {"on": 0.0, "off": 0.0}
+    latencies: dict[str, list[float]] = {"on": [], "off": []}
+    with web_server(env) as on_url, web_server(env, extra_env={"MEMORYHUB_EVENTS": "off"}) as off_url:
+        # Warm-up (imports, connections) as for the first server, with records of their own.
+        for side, url in (("on", on_url), ("off", off_url)):
+            http_push(url, secret, f"events-{side}", make_operations(batch, seed=97, stack_slug=f"events-{side}"),
+                      batch)
+        for start in range(0, memories, batch):
+            for side, url, ops in (("on", on_url, on_ops), ("off", off_url, off_ops)):
+                elapsed, one = http_push(url, secret, f"events-{side}", ops[start:start + batch], batch)
+                seconds[side] += elapsed
+                latencies[side].extend(one)
+    # The work measured was done: every push of the "on" side left one event, published (by the
+    # server's publisher thread, moments after each response); the "off" side none.
+    from memories.models import ChangeEvent
+
+    deadline = time.monotonic() + 10
+    on_events = ChangeEvent.objects.filter(stack__slug="events-on", stack__organization_id=org_id)
+    while on_events.filter(published_at__isnull=True).exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    pushes = -(-memories // batch) + 1  # and the warm-up's
+    assert on_events.count() == pushes and not on_events.filter(published_at__isnull=True).exists()
+    assert not ChangeEvent.objects.filter(stack__slug="events-off", stack__organization_id=org_id).exists()
+    return {"seconds": seconds, "latencies": latencies}
 
 
 def baseline_rows(operations: list[dict[str, Any]], stack_pk: int) -> list[tuple[Any, ...]]:
@@ -217,6 +259,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=500, help="operations per push (default 500)")
     parser.add_argument("--pull", type=int, default=10_000, help="changes in the pulled stack (default 10,000)")
     parser.add_argument("--repeats", type=int, default=5, help="pull repetitions (default 5)")
+    parser.add_argument("--events-compare", action="store_true",
+                        help="also push with change events on vs off (MEMORYHUB_EVENTS=off), interleaved")
     args = parser.parse_args()
 
     with bench_environment("sync") as env:
@@ -258,6 +302,10 @@ def main() -> None:
             log(f"pulling {args.pull:,} changes ({args.repeats} times)")
             pulls = time_pulls(base_url, secret, "pull", args.pull, args.repeats)
             select_times = psycopg_select(env.database_url, pull_stack.pk, args.repeats)
+            events = None
+            if args.events_compare:
+                log(f"pushing {args.memories:,} memories each with change events on and off, interleaved")
+                events = compare_events(env, secret, args.memories, args.batch)
         load_after = os.getloadavg()
 
         stored = Stack.objects.get(pk=push_stack.pk)
@@ -286,6 +334,15 @@ def main() -> None:
             {"path": "baseline: psycopg SELECT + json.dumps", "seconds": select_median, "max s": max(select_times),
              "response MB": "", "x baseline": 1.0},
         ])
+        if events is not None:
+            on, off = events["seconds"]["on"], events["seconds"]["off"]
+            on_lat, off_lat = percentiles(events["latencies"]["on"]), percentiles(events["latencies"]["off"])
+            print_table(f"push {n:,} memories with change events on vs off (pushes alternating)", [
+                {"path": "POST /sync/push, events on", "seconds": on, "ops/s": n / on, "x off": off / on,
+                 "batch p50 ms": on_lat["p50"], "batch p95 ms": on_lat["p95"]},
+                {"path": "POST /sync/push, MEMORYHUB_EVENTS=off", "seconds": off, "ops/s": n / off, "x off": 1.0,
+                 "batch p50 ms": off_lat["p50"], "batch p95 ms": off_lat["p95"]},
+            ])
         print(f"\ngoals: push >= 5,000 ops/s -> {n / push_seconds:,.0f} ops/s; "
               f"pull of {args.pull:,} < 1 s -> {statistics.median(pulls['kernle']):.2f} s")
         # The box is shared: the ratios above hold, absolute figures need the load next to them.

@@ -5,3 +5,9 @@ class DashboardConfig(AppConfig):
     """The school dashboard: server-rendered pages on the same services and selectors as the API."""
 
     name = "dashboard"
+
+    def ready(self) -> None:
+        # Close live sockets when a session ends or access is removed (issue 15).
+        from dashboard import live
+
+        live.connect_signals()

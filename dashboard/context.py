@@ -16,6 +16,7 @@ NAVIGATION = (
     ("People", "dashboard:people", {ADMIN}),
     ("Keys", "dashboard:keys", {ADMIN}),
     ("Audit", "dashboard:audit", {ADMIN}),
+    ("Webhooks", "dashboard:webhooks", {ADMIN}),
     ("Billing", "dashboard:billing", {ADMIN, BILLING}),
 )
 

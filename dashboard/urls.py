@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from django.urls import URLPattern, URLResolver, path
 
-from dashboard.views import account, audit, billing, keys, overview, people, roster, student
+from dashboard.views import account, audit, billing, keys, overview, people, roster, student, webhooks
 
 app_name = "dashboard"
 
@@ -40,6 +40,14 @@ urlpatterns: list[URLPattern | URLResolver] = [
     path("dashboard/keys/", keys.keys, name="keys"),
     path("dashboard/keys/<str:key_id>/revoke", keys.key_revoke, name="key-revoke"),
     path("dashboard/keys/<str:key_id>/cycle", keys.key_cycle, name="key-cycle"),
+    # --- webhooks: endpoints, secrets, test events, delivery logs (admins) ---------------------
+    path("dashboard/webhooks/", webhooks.webhooks, name="webhooks"),
+    path("dashboard/webhooks/<str:endpoint_id>/", webhooks.webhook_detail, name="webhook"),
+    path("dashboard/webhooks/<str:endpoint_id>/disable", webhooks.webhook_disable, name="webhook-disable"),
+    path("dashboard/webhooks/<str:endpoint_id>/enable", webhooks.webhook_enable, name="webhook-enable"),
+    path("dashboard/webhooks/<str:endpoint_id>/delete", webhooks.webhook_delete, name="webhook-delete"),
+    path("dashboard/webhooks/<str:endpoint_id>/rotate", webhooks.webhook_rotate, name="webhook-rotate"),
+    path("dashboard/webhooks/<str:endpoint_id>/test", webhooks.webhook_test, name="webhook-test"),
     # --- audit -------------------------------------------------------------------------------
     path("dashboard/audit/", audit.audit, name="audit"),
     # --- billing -----------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from django.utils.text import Truncator
 from accounts.admin import ReadOnlyAdmin
 from memories.models import (
     BootConfigEntry,
+    ChangeEvent,
     Checkpoint,
     DeploymentEmbeddingModel,
     ErasedRecord,
@@ -127,3 +128,14 @@ class StackDailyActivityAdmin(ReadOnlyAdmin):
     search_fields = ["=stack__slug"]
     list_select_related = ["stack"]
     date_hierarchy = "day"
+
+
+@admin.register(ChangeEvent)
+class ChangeEventAdmin(ReadOnlyAdmin):
+    """The change-event outbox (docs/architecture.md §11): ids and actions, never memory text."""
+
+    list_display = ["id", "stack", "seq", "topic", "action", "source", "created_at", "published_at"]
+    list_filter = ["topic", "action", "source"]
+    search_fields = ["=stack__slug"]
+    list_select_related = ["stack"]
+    show_full_result_count = False

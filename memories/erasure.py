@@ -5,7 +5,8 @@ salience rows and embeddings (columns of the memory row), checkpoints, boot conf
 watermarks. What stays: the Stack row (archived, zero usage, so its slug is not reused by a new
 push), an audit event with counts only, the certificate, and one tombstone per erased memory that is
 an id only (SHA-256 of "<kind>:<record_id>"), which the sync engine checks so that a device holding
-an old copy cannot push the memories back into existence.
+an old copy cannot push the memories back into existence; and the erasure's own change events
+("erase", memory ids only: live pages and webhooks hear of it), pruned with all events after 7 days.
 
 Deletes are set-based, in batches of ERASE_BATCH memories, each batch one statement (a
 data-modifying CTE) in its own transaction, after which the certificate's `counts` show the progress.
@@ -34,8 +35,10 @@ from django.utils.crypto import salted_hmac
 
 from accounts.principal import Principal
 from accounts.services import audit_record
+from memories.events import BOOT_CONFIG, CHECKPOINT, MEMORY, record_change
 from memories.models import (
     BootConfigEntry,
+    ChangeEvent,
     Checkpoint,
     ErasedRecord,
     ErasureCertificate,
@@ -54,10 +57,13 @@ ASYNC_THRESHOLD = 5000
 ERASE_TASK = "memories.erase"
 _DIGEST_SALT = "memoryhub.erasure-certificate.v1"
 REQUESTED_BY_MAX = 1000
+ERASURE_SOURCE = "erasure"  # the change events' source
+_ERASED_TOPICS = {"checkpoints": CHECKPOINT, "boot_config_entries": BOOT_CONFIG}
 
 # One batch: pick memories, leave a tombstone of each, delete their revisions, salience rows and
-# themselves, and say what went, by kind — one statement. Every FK to the memory row is deferrable
-# (Django's default), so the sibling deletes see one snapshot and the checks run at commit.
+# themselves, and say what went, by kind (with the ids, for the batch's change event) — one
+# statement. Every FK to the memory row is deferrable (Django's default), so the sibling deletes
+# see one snapshot and the checks run at commit.
 _BATCH_SQL = """
 WITH batch AS (
     SELECT id, kind, record_id FROM memories_memory WHERE stack_id = %(stack)s {memory_filter}
@@ -72,12 +78,12 @@ WITH batch AS (
     DELETE FROM memories_memoryrevision r USING batch b WHERE r.memory_id = b.id RETURNING 1
 ), mem AS (
     DELETE FROM memories_memory m USING batch b WHERE m.id = b.id
-    RETURNING m.kind, m.size_bytes, (m.deleted_at IS NULL) AS counted
+    RETURNING m.id, m.kind, m.size_bytes, (m.deleted_at IS NULL) AS counted
 )
 SELECT 'memory:' || kind, count(*), coalesce(sum(size_bytes) FILTER (WHERE counted), 0),
-       count(*) FILTER (WHERE counted) FROM mem GROUP BY kind
-UNION ALL SELECT 'revisions', (SELECT count(*) FROM rev), 0, 0
-UNION ALL SELECT 'salience_rows', (SELECT count(*) FROM sal), 0, 0
+       count(*) FILTER (WHERE counted), array_agg(id::text) FROM mem GROUP BY kind
+UNION ALL SELECT 'revisions', (SELECT count(*) FROM rev), 0, 0, NULL
+UNION ALL SELECT 'salience_rows', (SELECT count(*) FROM sal), 0, 0, NULL
 """
 
 
@@ -227,13 +233,18 @@ def _erase_batch(stack_id: int, memory_id: Any, counts: dict[str, int]) -> tuple
             Stack.objects.select_for_update().filter(pk=stack_id).first()
         cursor.execute(_BATCH_SQL.format(memory_filter=memory_filter),
                        {"stack": stack_id, "limit": ERASE_BATCH, "memory": memory_id})
-        for label, rows, size, live in cursor.fetchall():
+        ids: list[str] = []
+        for label, rows, size, live, memory_ids in cursor.fetchall():
             if rows:
                 counts[label] = counts.get(label, 0) + rows
             if label.startswith("memory:"):
                 erased += rows
                 counted += live
                 counted_bytes += size
+                ids.extend(memory_ids or ())
+        # One "erase" event per batch: ids only (memories.events), in the batch's transaction.
+        if ids:
+            record_change(stack_id=stack_id, topic=MEMORY, source=ERASURE_SOURCE, changes=[("erase", ids)])
         if counted or counted_bytes:
             Stack.objects.filter(pk=stack_id).update(memory_count=_minus("memory_count", counted),
                                                      bytes_used=_minus("bytes_used", counted_bytes))
@@ -264,11 +275,20 @@ def erasure_run(cert_id: Any) -> ErasureCertificate:
                 break
         if cert.scope == ErasureCertificate.Scope.STACK:
             with transaction.atomic():
+                # The stack's change history goes too (when its agents wrote: activity, like the
+                # daily rollup below); the erasure's own "erase" events stay, for consumers to hear
+                # of it, until pruned (memories.events.RETENTION): ids only.
+                history, _ = ChangeEvent.objects.filter(stack_id=cert.stack_ref).exclude(action="erase").delete()
+                if history:
+                    counts["change_events"] = history
                 for label, model in (("checkpoints", Checkpoint), ("boot_config_entries", BootConfigEntry),
                                      ("sync_watermarks", SyncWatermark), ("daily_activity_rows", StackDailyActivity)):
                     deleted, _ = model.objects.filter(stack_id=cert.stack_ref).delete()
                     if deleted:
                         counts[label] = deleted
+                        if label in _ERASED_TOPICS:
+                            record_change(stack_id=cert.stack_ref, topic=_ERASED_TOPICS[label],
+                                          source=ERASURE_SOURCE, changes=[("erase", ())])
                 # Nothing is left in it: usage is zero whatever drifted.
                 Stack.objects.filter(pk=cert.stack_ref).update(memory_count=0, bytes_used=0, last_write_at=None)
             _drop_stack_vector_index(cert.stack_ref)

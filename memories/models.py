@@ -17,6 +17,7 @@ from django.contrib.postgres.indexes import GinIndex
 from django.contrib.postgres.search import SearchVector, SearchVectorField
 from django.db import models
 from django.db.models import Func, Q, Value
+from django.utils.timezone import now as timezone_now
 from pgvector.django import HnswIndex, VectorField
 
 EMBEDDING_DIMENSIONS = 384
@@ -379,3 +380,42 @@ class StackDailyActivity(models.Model):
     class Meta:
         verbose_name_plural = "stack daily activity"
         constraints = [models.UniqueConstraint(fields=["stack", "day"], name="memories_activity_stack_day")]
+
+
+class ChangeEvent(models.Model):
+    """One committed write to one stack, for live pages and webhooks: the transactional outbox of
+    memories.events (docs/architecture.md §11).
+
+    Inserted by the writer inside its own transaction (a rolled-back write leaves none), one per
+    transaction, stack and topic, however many memories it names; published after commit and then
+    stamped `published_at`, or re-published later by `memories.tasks.events_relay`. `seq` is the
+    highest `change_seq` the write stamped on the stack's rows, or a fresh value of the same
+    sequence for writes that stamp none (checkpoint, boot config, purge, erasure, embedding), so a
+    stack's events are ordered by it and a consumer resumes with "events after seq N".
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    # No index of its own: (stack, seq) below serves every lookup by stack. No database constraint
+    # either: its check would take a KEY SHARE lock on the stack row, which writers that lock
+    # memory rows first (TTL purge, the embedding job) would then wait for behind a push holding
+    # the stack FOR UPDATE while it waits for their rows — a deadlock. Django still cascades.
+    stack = models.ForeignKey("stacks.Stack", on_delete=models.CASCADE, related_name="+", db_index=False,
+                              db_constraint=False)
+    seq = models.BigIntegerField()
+    topic = models.CharField(max_length=16)  # memory | checkpoint | boot_config
+    action = models.CharField(max_length=32)  # create | update | forget | … | batch (several in one write)
+    source = models.CharField(max_length=32)  # api | sync | ingest | decay | ttl | embedding | …
+    memory_ids = ArrayField(models.TextField(), default=list, blank=True)
+    created_at = models.DateTimeField(default=timezone_now)
+    published_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["stack", "seq"], name="memories_event_stack_seq"),
+            # What the relay scans: only the (few) events not yet published.
+            models.Index(fields=["id"], name="memories_event_unpublished", condition=Q(published_at__isnull=True)),
+            models.Index(fields=["created_at"], name="memories_event_created"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.topic}.{self.action}@{self.seq}"

@@ -33,12 +33,20 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from billing.entitlements import ensure_can_store
+from memories.events import BOOT_CONFIG, CHECKPOINT, record_change
 from memories.models import BootConfigEntry, Checkpoint, Memory
 from memories.redaction import RedactionRefused, redact_value
 from memories.schemas import clean_json, clean_text
 from memories.writes.columns import CONTENT_COLUMNS
 from memories.writes.hooks import prepare_memory
-from memories.writes.rows import insert_memories, locked_memory, memory_snapshot, new_memory, save_change
+from memories.writes.rows import (
+    insert_memories,
+    lock_stack_changes,
+    locked_memory,
+    memory_snapshot,
+    new_memory,
+    save_change,
+)
 from memoryhub.errors import Conflict, InvalidInput, NotFound, PayloadTooLarge
 from stacks.models import Stack
 
@@ -228,8 +236,9 @@ class CheckpointInput:
 
 
 @transaction.atomic
-def checkpoint_save(*, stack: Stack, checkpoint: CheckpointInput) -> Checkpoint:
-    """Store a new checkpoint (history is kept; the newest one is "the" checkpoint)."""
+def checkpoint_save(*, stack: Stack, checkpoint: CheckpointInput, source: str = "api") -> Checkpoint:
+    """Store a new checkpoint (history is kept; the newest one is "the" checkpoint), with its
+    change event (topic "checkpoint", action "save")."""
     errors: dict[str, list[str]] = {}
     task = clean_text(checkpoint.task or "").strip()
     if not task:
@@ -253,7 +262,11 @@ def checkpoint_save(*, stack: Stack, checkpoint: CheckpointInput) -> Checkpoint:
     task = redact_value(task, field="task")
     texts = {name: redact_value(value, field=name) for name, value in texts.items()}
     context = redact_value(context, field="context")
-    return Checkpoint.objects.create(stack=stack, task=task, context=context, **texts)
+    # The stack lock orders this write's event among the stack's others (memories.events: seq).
+    lock_stack_changes(stack.pk)
+    saved = Checkpoint.objects.create(stack=stack, task=task, context=context, **texts)
+    record_change(stack_id=stack.pk, topic=CHECKPOINT, source=source, changes=[("save", ())])
+    return saved
 
 
 # --- boot config -----------------------------------------------------------------------------------
@@ -271,8 +284,9 @@ def _validate_boot_key(key: str) -> str:
 
 
 @transaction.atomic
-def boot_config_set(*, stack: Stack, key: str, value: Any) -> BootConfigEntry:
-    """Set one key (upsert on the (stack, key) constraint)."""
+def boot_config_set(*, stack: Stack, key: str, value: Any, source: str = "api") -> BootConfigEntry:
+    """Set one key (upsert on the (stack, key) constraint), with its change event (topic
+    "boot_config", action "set"; the event names no key: consumers read the config)."""
     key = _validate_boot_key(key)
     if value is None or isinstance(value, (dict, list)):
         raise InvalidInput("Invalid boot config value.", fields={"value": ["Must be a string."]})
@@ -280,17 +294,21 @@ def boot_config_set(*, stack: Stack, key: str, value: Any) -> BootConfigEntry:
     if len(text) > BOOT_VALUE_MAX:
         raise InvalidInput("Invalid boot config value.", fields={"value": [f"At most {BOOT_VALUE_MAX} characters."]})
     text = redact_value(text, field="value")  # docs/algorithms.md §11; RedactionRefused (422) for a CRITICAL secret
+    lock_stack_changes(stack.pk)  # orders the event (memories.events: seq) and the BOOT_MAX_ENTRIES count
     exists = BootConfigEntry.objects.filter(stack=stack, key=key).exists()
     if not exists and BootConfigEntry.objects.filter(stack=stack).count() >= BOOT_MAX_ENTRIES:
         raise InvalidInput("Too many boot config keys.",
                            fields={"key": [f"At most {BOOT_MAX_ENTRIES} keys per stack."]})
     entry, _ = BootConfigEntry.objects.update_or_create(stack=stack, key=key, defaults={"value": text})
+    record_change(stack_id=stack.pk, topic=BOOT_CONFIG, source=source, changes=[("set", ())])
     return entry
 
 
 @transaction.atomic
-def boot_config_delete(*, stack: Stack, key: str) -> None:
-    """Remove one key; a missing key is a 404 so clients notice typos."""
+def boot_config_delete(*, stack: Stack, key: str, source: str = "api") -> None:
+    """Remove one key, with its change event ("unset"); a missing key is a 404 so clients notice typos."""
+    lock_stack_changes(stack.pk)
     deleted, _ = BootConfigEntry.objects.filter(stack=stack, key=key).delete()
     if not deleted:
         raise NotFound("No such boot config key.", code="boot_key_not_found")
+    record_change(stack_id=stack.pk, topic=BOOT_CONFIG, source=source, changes=[("unset", ())])

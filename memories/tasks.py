@@ -14,6 +14,7 @@ from typing import Any
 from celery import shared_task
 
 from memories.erasure import erasure_run
+from memories.events import events_prune, events_relay
 from memories.search.embedding_jobs import embedding_sweep_run, memories_embed
 from memories.search.vector_indexes import stack_vector_indexes_run
 
@@ -50,3 +51,19 @@ def erase_task(certificate_id: str) -> dict[str, Any]:
     certificate; safe to repeat (memories.erasure.erasure_run)."""
     cert = erasure_run(certificate_id)
     return {"certificate": str(cert.pk), "status": cert.status, **cert.counts}
+
+
+@shared_task(name="memories.events_relay", ignore_result=True, soft_time_limit=60, time_limit=90)
+def events_relay_task() -> dict[str, int]:
+    """Periodic (every few seconds): publish change events their writer could not (Redis down, a
+    consumer failing, a process gone after its commit), oldest first (memories.events)."""
+    return events_relay()
+
+
+@shared_task(name="memories.events_prune", ignore_result=True)
+def events_prune_task() -> dict[str, int]:
+    """Periodic: delete published change events older than 7 days (memories.events.RETENTION)."""
+    deleted = events_prune()
+    if deleted:
+        logger.info("change events pruned: %s", deleted)
+    return {"deleted": deleted}

@@ -43,3 +43,27 @@ BEAT_SCHEDULE["memories-stack-vector-indexes"] = {
     "schedule": 10 * 60.0,
     "options": {"expires": 9 * 60},
 }
+
+# Change events (memories.events): a writer publishes its own after commit; the relay publishes
+# what it could not (Redis down, a consumer failing), so live pages and webhooks catch up within
+# seconds. A queued run older than its period is dropped: the next one does the same work.
+BEAT_SCHEDULE["memories-events-relay"] = {
+    "task": "memories.events_relay",
+    "schedule": 5.0,
+    "options": {"expires": 5},
+}
+# Published events older than 7 days are deleted (consumers resume within that window).
+BEAT_SCHEDULE["memories-events-prune"] = {
+    "task": "memories.events_prune",
+    "schedule": crontab(minute=23),
+    "options": {"expires": 50 * 60},
+}
+
+# Webhooks: deliveries are sent by after-commit tasks and their retries by countdown tasks; this
+# sweep re-queues whatever is due and was missed (a lost broker message, a dead worker)
+# (webhooks/dispatch.py).
+BEAT_SCHEDULE["webhooks-sweep"] = {
+    "task": "webhooks.sweep",
+    "schedule": 30.0,
+    "options": {"expires": 25},
+}

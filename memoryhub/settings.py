@@ -100,6 +100,7 @@ INSTALLED_APPS = [
     "stacks",
     "memories",
     "billing",
+    "webhooks",
     "dashboard",
 ]
 
@@ -214,6 +215,10 @@ EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", True)
 DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "MemoryHub <no-reply@memoryhub.localhost>")
 # Password-reset links last an hour.
 PASSWORD_RESET_TIMEOUT = 3600
+
+# Webhooks (webhooks/): endpoints must be https. Plain http to 127.0.0.1/localhost is allowed only
+# with DEBUG or this switch (the test suite sets it; receivers on the same machine in development).
+WEBHOOKS_ALLOW_LOOPBACK_HTTP = env_bool("WEBHOOKS_ALLOW_LOOPBACK_HTTP", False)
 
 CACHES = {
     "default": {

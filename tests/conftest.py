@@ -69,6 +69,17 @@ def _fast_password_hashing() -> Iterator[None]:
         yield
 
 
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_teardown() -> Iterator[None]:
+    """Before a test's fixtures are torn down (a transactional test's flush TRUNCATEs every table),
+    this process's change-event publisher thread finishes what the test's writes handed it
+    (memories.events): its claim must not race the flush."""
+    from memories.events import wait_published
+
+    wait_published()
+    yield
+
+
 @pytest.fixture(autouse=True)
 def _fresh_throttle_counters() -> None:
     """Each test starts with empty rate-limit windows; the throttle tests exercise the limits."""

@@ -28,6 +28,8 @@ from memories.models import (
 from memories.services import CheckpointInput, boot_config_set, checkpoint_save, memory_create, memory_update
 from tests.actors import School
 from tests.factories import make_user
+from webhooks.models import WebhookDelivery
+from webhooks.services import endpoint_create
 
 pytestmark = pytest.mark.django_db
 
@@ -36,8 +38,9 @@ EMBEDDING_MARK = 0.8765432
 
 
 @pytest.fixture
-def everything(school: School) -> dict[str, Any]:
+def everything(school: School, settings: Any) -> dict[str, Any]:
     """One row at least of every registered model, made through the services where there is one."""
+    settings.WEBHOOKS_ALLOW_LOOPBACK_HTTP = True  # the endpoint below is never called
     Group.objects.create(name="operators")
     memory = memory_create(stack=school.stack, kind="note", payload={"content": "Fractions click with pizza"},
                            source="api", record_id="note-1")
@@ -56,6 +59,9 @@ def everything(school: School) -> dict[str, Any]:
                          requested_by="a parent's request")
     invitation_create(organization=school.org, email="new.teacher@example.test", role="teacher",
                       principal=Principal(user=school.admin, organization=school.org))
+    endpoint, _ = endpoint_create(organization=school.org, url="http://127.0.0.1:9/hook", event_types=["*"])
+    WebhookDelivery.objects.create(endpoint=endpoint, stack=school.stack, event_type="memory.created",
+                                   data={"memory_ids": [str(memory.pk)]})
     return {"memory": memory}
 
 
@@ -74,7 +80,7 @@ def _admin_url(model: type[Model], view: str, *args: Any) -> str:
 def test_every_model_of_our_apps_is_registered() -> None:
     from django.apps import apps
 
-    ours = {"accounts", "stacks", "billing", "memories"}
+    ours = {"accounts", "stacks", "billing", "memories", "webhooks", "dashboard"}
     models = {m for m in apps.get_models() if m._meta.app_label in ours}
     missing = {m.__name__ for m in models if m not in admin.site._registry}
     assert not missing

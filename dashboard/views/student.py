@@ -20,6 +20,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
 from accounts.principal import Principal
+from dashboard import live
 from dashboard import student as reads
 from dashboard.access import ADMIN, STAFF, dashboard_page, request_ip
 from memories.export import stack_memory_md
@@ -44,6 +45,9 @@ def _manage_url(slug: str) -> str:
 @dashboard_page(roles=STAFF)
 def student_page(request: HttpRequest, principal: Principal, slug: str) -> HttpResponse:
     stack = stack_for_principal(principal, slug)
+    # Before any read below: the page's live socket resumes from here, so nothing committed in
+    # between is missed (issue 15). Only a page served over ASGI can open its socket there.
+    live_seq = live.stack_seq(stack) if isinstance(request, ASGIRequest) else None
     form = reads.MemoryFilterForm(request.GET)
     context: dict[str, Any] = {"stack": stack, "form": form, "is_admin": principal.role == ADMIN,
                                "manage_url": _manage_url(stack.slug), "page": None}
@@ -56,7 +60,7 @@ def student_page(request: HttpRequest, principal: Principal, slug: str) -> HttpR
     tab_query = query.copy()
     tab_query.pop("kind", None)
     context.update(filters=filters, counts=counts, total=sum(counts.values()), query=query.urlencode(),
-                   tab_query=tab_query.urlencode())
+                   tab_query=tab_query.urlencode(), live_seq=live_seq)
     if filters.q:
         context["search"] = reads.memory_search(stack, filters)
     else:

@@ -31,9 +31,10 @@ from typing import Any
 
 import redis
 from django.conf import settings
-from django.db import connection
+from django.db import connection, transaction
 from django.db.models import Q
 
+from memories.events import MEMORY, record_change
 from memories.lifecycle.jobs import JOB_EMBEDDING_SWEEP, Progress, run_job
 from memories.models import JobRun, Memory
 from memories.search.embedding_model import (
@@ -47,6 +48,7 @@ from memories.search.embeddings import Embedder, get_embedder, vector_literal
 logger = logging.getLogger(__name__)
 
 EMBED_BATCH_SIZE = 64
+EMBEDDING_SOURCE = "embedding"  # the change events' source for stored vectors
 CLAIM_SECONDS = 300  # longer than any batch takes; a crashed worker's claims simply expire
 _CLAIM_PREFIX = "mh:embed:claim:"
 
@@ -94,11 +96,13 @@ def store_vectors(rows: Sequence[tuple[str, int]], vectors: Sequence[Sequence[fl
     the deployment's model (a row is only written while `model_id` is it; else it stays as it was).
 
     Embeddings never cross the wire, so this deliberately does not stamp `change_seq`: a new
-    vector is not a change a client needs to pull.
+    vector is not a change a client needs to pull. It is a change for live pages and webhooks:
+    one "embedded" change event per stack of the batch, in the same transaction
+    (memories.events; set-based: one INSERT per stack, never per memory).
     """
     if not rows:
         return 0
-    with connection.cursor() as cursor:
+    with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(
             """
             UPDATE memories_memory AS m
@@ -108,6 +112,7 @@ def store_vectors(rows: Sequence[tuple[str, int]], vectors: Sequence[Sequence[fl
               FROM unnest(%s::uuid[], %s::int[], %s::text[]) AS v(id, version, embedding)
              WHERE m.id = v.id AND m.version = v.version AND m.deleted_at IS NULL
                AND EXISTS (SELECT 1 FROM memories_deploymentembeddingmodel d WHERE d.id = 1 AND d.model_id = %s)
+            RETURNING m.stack_id, m.id
             """,
             [
                 model_id,
@@ -117,7 +122,13 @@ def store_vectors(rows: Sequence[tuple[str, int]], vectors: Sequence[Sequence[fl
                 model_id,
             ],
         )
-        return cursor.rowcount
+        stored = cursor.fetchall()
+        by_stack: dict[int, list[Any]] = {}
+        for stack_id, memory_id in stored:
+            by_stack.setdefault(stack_id, []).append(memory_id)
+        for stack_id, ids in sorted(by_stack.items()):
+            record_change(stack_id=stack_id, topic=MEMORY, source=EMBEDDING_SOURCE, changes=[("embedded", ids)])
+    return len(stored)
 
 
 _REFUSAL_LOG_SECONDS = 60.0

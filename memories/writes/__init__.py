@@ -14,9 +14,12 @@ leaves the same traces, and they are made here, not re-implemented per writer:
   the rows (a rollback undoes both) and without a second commit; a write that creates memories or
   changes their content also stamps `Stack.last_write_at` and adds to the stack's day in
   `StackDailyActivity` in that same statement (the dashboard's "written per day");
+* **a change event** (`hooks.after_commit` → `memories.events.record_change`): one outbox row per
+  writing transaction and stack, INSERTed in that transaction, published to live pages and
+  webhooks after commit (docs/architecture.md §11);
 * **after commit**, once per write (`hooks.after_commit`): the one embedding enqueuer (broker
   messages of up to 500 ids; a broker that is down is logged, the periodic sweep embeds the rows)
-  and the registered change listeners (where live events plug in);
+  and the registered change listeners;
 * **before anything is stored**, every payload goes through `hooks.prepare_memory`: the schema
   (`memories.schemas.normalize_memory`) and then the registered transforms (where redaction plugs in).
 

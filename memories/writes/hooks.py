@@ -1,5 +1,5 @@
 """The write kernel's extension points and its after-commit side effects. A leaf: of memories it
-imports only the model, the schema and redaction, so every writer can use it.
+imports only the model, the schema, redaction and the change-event outbox, so every writer can use it.
 
 * **Transforms** (`register_transform`) run on every payload after the schema has validated it and
   before anything is stored or derived from it (`prepare_memory`, used by the single-row and the
@@ -10,7 +10,10 @@ imports only the model, the schema and redaction, so every writer can use it.
   fields into it.
 * **Listeners** (`register_listener`) hear about every committed write: one `MemoryChange` (stack,
   action, memory ids, source) per write and action, after commit, never for a rolled-back write.
-  Live events plug in here. A listener that raises is logged; the write has already committed.
+  A listener that raises is logged; the write has already committed. (Live pages and webhooks
+  use the change events below instead: they must not miss a write when this process dies.)
+* **Change events** (`memories.events`): `after_commit` records the write's outbox row in the
+  writing transaction; live pages and webhooks consume it after commit.
 * **The embedding enqueuer**: ids of memories whose text changed go to the `memories.embed_memories`
   task after commit, up to 500 ids per broker message (one message per push of 500: each publish
   costs a few milliseconds on the request path). A broker that cannot be reached is logged, never
@@ -33,6 +36,7 @@ from typing import Any
 from celery import current_app
 from django.db import transaction
 
+from memories.events import MEMORY, record_change
 from memories.models import Memory
 from memories.redaction import redact_memory
 from memories.schemas import NormalizedMemory, normalize_memory
@@ -106,10 +110,16 @@ def after_commit(*, stack_id: int, source: str, changes: Iterable[tuple[str, Seq
                  embed_ids: Sequence[Any] = (), embed_message_ids: int = EMBED_MESSAGE_IDS) -> None:
     """Register one write's after-commit effects: embedding of `embed_ids`, then one `MemoryChange`
     per (action, memory ids) for the listeners. Nothing happens if the transaction rolls back;
-    outside a transaction it happens at once."""
+    outside a transaction it happens at once.
+
+    Called inside the writing transaction, where the write is known: so this is also where its
+    change event is recorded (`memories.events.record_change`: one outbox row per transaction and
+    stack, in this transaction; published after commit)."""
     changed = [(action, ids) for action, ids in changes if ids]
     if not embed_ids and not changed:
         return
+    if changed:
+        record_change(stack_id=stack_id, topic=MEMORY, source=source, changes=changed)
     embed = list(embed_ids)
 
     def run() -> None:

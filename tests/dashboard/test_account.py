@@ -9,8 +9,9 @@ import pytest
 from django.core import mail
 from django.test import Client
 
-from accounts.models import AuditEvent, Membership, User
+from accounts.models import AuditEvent, Membership
 from tests.actors import FrozenClock, School
+from tests.dashboard.pages import client_for, csrf_token
 from tests.factories import make_user
 
 pytestmark = pytest.mark.django_db
@@ -20,18 +21,6 @@ RESET = "/password-reset/"
 OLD = "correct horse battery staple"
 NEW = "a brand new passphrase 42"
 RESET_LINK = re.compile(r"https?://testserver(/password-reset/[^/\s]+/[^/\s]+/)")
-
-
-def client_for(user: User, *, csrf: bool = False) -> Client:
-    client = Client(enforce_csrf_checks=csrf)
-    client.force_login(user)
-    return client
-
-
-def csrf_token(client: Client, url: str) -> str:
-    match = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', client.get(url).content.decode())
-    assert match
-    return match.group(1)
 
 
 def sign_in(username: str, password: str) -> int:

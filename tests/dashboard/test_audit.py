@@ -14,21 +14,16 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from accounts.models import AuditEvent, Membership, User
+from accounts.models import AuditEvent, Membership
 from accounts.principal import Principal
 from accounts.services import api_key_revoke, audit_record
 from tests.actors import School
+from tests.dashboard.pages import client_for
 from tests.factories import make_user
 
 pytestmark = pytest.mark.django_db
 
 URL = "/dashboard/audit/"
-
-
-def client_for(user: User) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
 
 
 def test_an_admin_sees_who_did_what_to_what_with_the_key_prefix_for_key_actions(school: School) -> None:

@@ -11,22 +11,17 @@ import pytest
 from django.test import Client
 from django.urls import URLPattern, URLResolver, reverse
 
-from accounts.models import Membership, Organization, User
+from accounts.models import Membership, Organization
 from accounts.tiers import MB
 from memories.services import memory_create
 from stacks.models import Stack
 from tests.actors import School
+from tests.dashboard.pages import client_for
 from tests.factories import make_org, make_stack, make_user
 
 pytestmark = pytest.mark.django_db
 
 URL = "/dashboard/billing/"
-
-
-def client_for(user: User) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
 
 
 def chart(page: str) -> dict[str, Any]:

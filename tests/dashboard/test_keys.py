@@ -11,27 +11,16 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from accounts.models import ApiKey, AuditEvent, Membership, User
+from accounts.models import ApiKey, AuditEvent, Membership
 from accounts.services import api_key_revoke
 from tests.actors import School
+from tests.dashboard.pages import client_for, csrf_token
 from tests.factories import bearer_client, make_key, make_user
 
 pytestmark = pytest.mark.django_db
 
 URL = "/dashboard/keys/"
 SECRET = re.compile(r'<code id="new-key-secret">(knl_sk_[0-9a-f]{32})</code>')
-
-
-def client_for(user: User, *, csrf: bool = False) -> Client:
-    client = Client(enforce_csrf_checks=csrf)
-    client.force_login(user)
-    return client
-
-
-def csrf_token(client: Client, url: str) -> str:
-    match = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', client.get(url).content.decode())
-    assert match
-    return match.group(1)
 
 
 def issue(client: Client, **fields: str) -> tuple[ApiKey, str, str]:

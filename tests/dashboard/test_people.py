@@ -15,26 +15,13 @@ from django.utils import timezone
 from accounts.invitations import token_hash
 from accounts.models import ApiKey, AuditEvent, Invitation, Membership, User
 from tests.actors import School
+from tests.dashboard.pages import client_for, csrf_token
 from tests.factories import bearer_client, make_key, make_user
 
 pytestmark = pytest.mark.django_db
 
 URL = "/dashboard/people/"
 LINK = re.compile(r"https?://[^/\s]+/invitations/([A-Za-z0-9_-]+)/")
-
-
-def client_for(user: User, *, csrf: bool = False) -> Client:
-    client = Client(enforce_csrf_checks=csrf)
-    client.force_login(user)
-    return client
-
-
-def csrf_token(client: Client, url: str) -> str:
-    """The token a browser would send: read from the page's form, as the user agent does."""
-    page = client.get(url).content.decode()
-    match = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page)
-    assert match, "the page has a CSRF-protected form"
-    return match.group(1)
 
 
 def invite(client: Client, email: str, role: str = "teacher") -> str:

@@ -20,6 +20,7 @@ from memoryhub.errors import InvalidInput, PayloadTooLarge
 from stacks.models import Stack, TeacherAssignment
 from stacks.roster import MAX_FILE_BYTES, MAX_ROWS, RosterFormat, roster_parsed
 from tests.actors import School
+from tests.dashboard.pages import client_for
 from tests.factories import make_key, make_org, make_stack, make_user
 
 DATA = Path(__file__).parent / "data"
@@ -110,12 +111,6 @@ def test_a_file_over_the_size_cap_is_refused() -> None:
 
 
 # --- helpers for the pages -----------------------------------------------------------------------
-
-
-def client_for(user: User) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
 
 
 def preview(client: Client, text: str | bytes, name: str = "roster.csv") -> Any:

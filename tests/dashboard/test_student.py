@@ -30,6 +30,7 @@ from memories.services import (
 )
 from stacks.models import Stack
 from tests.actors import School
+from tests.dashboard.pages import client_for
 from tests.factories import make_stack, make_user
 
 pytestmark = pytest.mark.django_db
@@ -59,12 +60,6 @@ def note(stack: Stack, content: str, **fields: Any) -> Memory:
 
 def streamed(response: Any) -> bytes:
     return b"".join(response.streaming_content)
-
-
-def client_for(user: Any) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
 
 
 def page_url(stack: Stack, **query: str) -> str:

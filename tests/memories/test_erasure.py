@@ -11,7 +11,7 @@ import pytest
 from django.db import connection
 
 from memories import erasure
-from memories.models import ErasureCertificate, Memory, SyncWatermark
+from memories.models import ChangeEvent, ErasureCertificate, Memory, SyncWatermark
 from memories.services import CheckpointInput, boot_config_set, checkpoint_save
 from stacks.models import Stack
 from tests.accounts.clients import csrf_session_client
@@ -23,9 +23,10 @@ SECRET_TEXT = "Ada-confided-the-pizza-story"
 # several batches (ERASE_BATCH is lowered below) — the statements are the same at any size.
 STACK_SIZE = 600
 # Kept on purpose after a stack erasure: credentials and assignments (no content), the certificate and
-# the id-only tombstones. Any other table with a stack_id column must hold nothing of the stack.
+# the id-only tombstones, the erasure's own change events (ids only; checked below). Any other table
+# with a stack_id column must hold nothing of the stack.
 KEPT_STACK_TABLES = {"accounts_apikey", "stacks_teacherassignment", "memories_erasurecertificate",
-                     "memories_erasedrecord"}
+                     "memories_erasedrecord", "memories_changeevent"}
 
 
 def _native_push(client: Any, slug: str, record_ids: list[str], *, text: str = SECRET_TEXT,
@@ -103,6 +104,7 @@ def test_erasing_a_stack_leaves_nothing_of_it_and_a_certificate_that_verifies(ca
     # Every table that references the stack or its memories: nothing left.
     assert set(_stack_rows(alice.pk).values()) == {0}
     assert set(_memory_rows(alice_ids).values()) == {0}
+    assert set(ChangeEvent.objects.filter(stack=alice).values_list("action", flat=True)) == {"erase"}
     alice.refresh_from_db()
     assert (alice.status, alice.memory_count, alice.bytes_used) == ("archived", 0, 0)
     # The other student's stack is untouched.

@@ -1,0 +1,194 @@
+"""The dashboard's live sockets (issue 15): `ws/stacks/<slug>/` for a student's page and `ws/school/`
+for the school overview.
+
+Thin, like the views: who may connect and what is sent are dashboard/live.py's. Every socket has
+already passed memoryhub.limits.WebsocketGuard (message rate and size), the Origin check against
+ALLOWED_HOSTS and the session middleware (memoryhub/asgi.py). A handshake without a signed-in
+session, or for a stack or page out of the session's reach, is refused (HTTP 403). An open socket
+is closed with CLOSE_SIGNED_OUT (4401) when its session ends and CLOSE_NO_ACCESS (4403) when the
+stack or school goes out of reach: at once on a signal (logout, sessions ended, membership or
+assignment changed — dashboard.live.connect_signals), on any event it would render, and within
+RECHECK_SECONDS whatever happened.
+
+Messages to the client (JSON): `{"type": "change", "events": [...], "seq": n, "rows": [{"id", "html",
+"created", "matches"}], "removed": [...], "unresolved": n, "counts": {...}, "total": n, "figures":
+{...}, "checkpoint"?: html, "boot_config"?: html}` on the student page; `{"type": "reload"}` when a
+resume is too far behind; `{"type": "overview", "summary": {...}, "stacks": [...]}` on the overview.
+The client sends nothing (anything it sends gets an `unknown_action` error).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+
+from dashboard import live
+from memoryhub.errors import NotFound
+
+T = TypeVar("T")
+
+# Overview updates for a burst of events (a class's agents syncing at once) go out together, at
+# most this often per socket.
+OVERVIEW_COALESCE_SECONDS = 0.2
+
+
+def db(func: Callable[..., T]) -> Callable[..., Awaitable[T]]:
+    """Run `func` on Django's thread for sync work with its connection returned to the pool after
+    (channels' database_sync_to_async). One render serves every socket on the same event
+    (dashboard.live._shared), so what each socket adds there is its access check."""
+    return database_sync_to_async(func)
+
+
+class LiveConsumer(AsyncJsonWebsocketConsumer):
+    """What both sockets share: the session and access checks, and closing when they fail."""
+
+    slug: str | None = None  # the stack watched; None: the whole school (the overview)
+
+    async def connect(self) -> None:
+        user = self.scope.get("user")
+        session = self.scope.get("session")
+        session_key = getattr(session, "session_key", None)
+        if user is None or not user.is_authenticated or not session_key:
+            await self.close()  # before accept: the handshake is refused (HTTP 403)
+            return
+        self.user = user
+        self.session_key: str = session_key
+        try:
+            watched = await self.authorise()
+        except NotFound:
+            await self.close()
+            return
+        self.live_groups = [live.session_group(session_key), live.user_group(user.pk), *watched]
+        for group in self.live_groups:
+            await self.channel_layer.group_add(group, self.channel_name)
+        await self.accept()
+        await self.after_accept()
+        self.rechecker = asyncio.ensure_future(self._recheck_every())
+
+    async def authorise(self) -> list[str]:
+        """Resolve what the socket watches (NotFound: refuse); the channel-layer groups to join."""
+        raise NotImplementedError
+
+    async def after_accept(self) -> None:
+        """Anything to send as soon as the socket is open."""
+
+    async def disconnect(self, code: int) -> None:
+        rechecker = getattr(self, "rechecker", None)
+        if rechecker is not None:
+            rechecker.cancel()
+        for group in getattr(self, "live_groups", []):
+            await self.channel_layer.group_discard(group, self.channel_name)
+
+    async def _recheck_every(self) -> None:
+        while True:
+            await asyncio.sleep(live.RECHECK_SECONDS)
+            if await self._closed_by_recheck():
+                return
+
+    async def _closed_by_recheck(self) -> bool:
+        code = await db(live.recheck)(self.session_key, self.user.pk, self.slug)
+        if code is not None:
+            await self.close(code)
+        return code is not None
+
+    # --- channel-layer messages (dispatched by their "type") ---
+
+    async def live_session_ended(self, message: dict[str, Any]) -> None:
+        await self.close(live.CLOSE_SIGNED_OUT)
+
+    async def live_access_changed(self, message: dict[str, Any]) -> None:
+        await self._closed_by_recheck()
+
+    # --- from the client: nothing is expected ---
+
+    async def receive(self, text_data: str | None = None, **kwargs: Any) -> None:
+        await self.send_json({"error": {"code": "unknown_action", "message": "this socket only sends"}})
+
+
+class StackConsumer(LiveConsumer):
+    """A student's page: `ws/stacks/<slug>/?<the page's filters>&since=<seq>`."""
+
+    async def authorise(self) -> list[str]:
+        self.slug = str(self.scope["url_route"]["kwargs"]["slug"])
+        query = self.scope.get("query_string", b"")
+        filters = live.page_filters(query)
+        if filters is None:
+            raise NotFound("These filters cannot be used.", code="invalid_filters")
+        self.filters = filters
+        self.since = live.since_of(query)
+        _, stack = await db(live.stack_access)(self.user, self.slug)
+        self.stack_id = stack.pk
+        return [live.stack_group(stack.pk)]
+
+    async def after_accept(self) -> None:
+        if self.since is None:
+            return
+        message = await db(self._catch_up)()
+        if message is not None:
+            await self.send_json(message)
+
+    def _catch_up(self) -> dict[str, Any] | None:
+        _, stack = live.stack_access(self.user, str(self.slug))
+        change, too_far = live.catch_up(stack, int(self.since or 0))
+        if too_far:
+            return {"type": "reload"}
+        return live.student_message(stack.pk, self.filters, change) if change is not None else None
+
+    def _render(self, event: dict[str, Any]) -> dict[str, Any]:
+        live.stack_access(self.user, str(self.slug))  # still within reach? (NotFound: close)
+        return live.student_message(self.stack_id, self.filters, live.change_of(event))
+
+    async def stack_change(self, message: dict[str, Any]) -> None:
+        event = message.get("event") or {}
+        if event.get("stack") != self.slug:
+            return  # not this stack's (the group is per stack; a slug is checked anyway)
+        try:
+            payload = await db(self._render)(event)
+        except NotFound:
+            await self.close(live.CLOSE_NO_ACCESS)
+            return
+        await self.send_json(payload)
+
+
+class SchoolConsumer(LiveConsumer):
+    """The school overview: `ws/school/`. Events of stacks the caller does not see send nothing."""
+
+    async def authorise(self) -> list[str]:
+        principal = await db(live.staff_principal)(self.user)
+        self.dirty: set[str] = set()
+        self.flusher: asyncio.Future[None] | None = None
+        return [live.school_group(principal.organization.pk)]
+
+    async def disconnect(self, code: int) -> None:
+        flusher = getattr(self, "flusher", None)
+        if flusher is not None:
+            flusher.cancel()
+        await super().disconnect(code)
+
+    async def stack_change(self, message: dict[str, Any]) -> None:
+        slug = (message.get("event") or {}).get("stack")
+        if not isinstance(slug, str):
+            return
+        self.dirty.add(slug)
+        if self.flusher is None or self.flusher.done():
+            self.flusher = asyncio.ensure_future(self._flush())
+
+    def _figures(self, slugs: set[str]) -> dict[str, Any] | None:
+        return live.overview_message(live.staff_principal(self.user), slugs)
+
+    async def _flush(self) -> None:
+        await asyncio.sleep(OVERVIEW_COALESCE_SECONDS)
+        slugs, self.dirty = self.dirty, set()
+        try:
+            payload = await db(self._figures)(slugs)
+        except NotFound:
+            await self.close(live.CLOSE_NO_ACCESS)
+            return
+        if payload is not None:
+            with contextlib.suppress(Exception):  # the socket closed meanwhile: nothing to deliver
+                await self.send_json(payload)

@@ -1,0 +1,316 @@
+"""The live sockets of the dashboard (issue 15, "Live student page", "School overview live counters").
+
+Against the real ASGI application (memoryhub.asgi: the websocket guard, the Origin check, the
+session middleware) and the real Redis channel layer, with committed data (transaction=True): who
+may open `ws/stacks/<slug>/` and `ws/school/`, that an open socket is closed when its session
+logs out or its access is removed, that a change arrives rendered with the page's row partial, that
+another stack's or school's change never arrives, and that `?since=` resumes with exactly the
+changes after it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from asgiref.sync import sync_to_async
+from channels.testing import WebsocketCommunicator
+from django.conf import settings as django_settings
+from django.contrib.sessions.models import Session
+from django.test import AsyncClient, Client
+
+from accounts.models import Membership, User
+from dashboard import live
+from memories.models import Memory
+from memories.services import CheckpointInput, checkpoint_save, memory_create, memory_forget
+from memoryhub.asgi import application
+from stacks.models import Stack
+from stacks.services import membership_remove, teacher_unassign
+from tests.actors import School
+from tests.factories import make_stack, make_user
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.anyio]
+
+ORIGIN = (b"origin", b"http://localhost")
+WAIT = 10  # seconds: generous on a machine shared by several test sessions
+
+
+# --- helpers -----------------------------------------------------------------------------------------
+
+def _session_of(user: User) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def _headers(client: Client, origin: tuple[bytes, bytes] = ORIGIN) -> list[tuple[bytes, bytes]]:
+    cookie = f"{django_settings.SESSION_COOKIE_NAME}={client.cookies[django_settings.SESSION_COOKIE_NAME].value}"
+    return [origin, (b"cookie", cookie.encode())]
+
+
+async def signed_in(user: User) -> tuple[Client, list[tuple[bytes, bytes]]]:
+    client = await sync_to_async(_session_of)(user)
+    return client, _headers(client)
+
+
+async def open_socket(path: str, headers: list[tuple[bytes, bytes]]) -> tuple[WebsocketCommunicator, bool]:
+    communicator = WebsocketCommunicator(application, path, headers=headers)
+    connected, _ = await communicator.connect(timeout=WAIT)
+    return communicator, connected
+
+
+async def closed_with(communicator: WebsocketCommunicator) -> int:
+    """The close code the server sends next (skipping nothing: any other message fails the test)."""
+    message = await communicator.receive_output(timeout=WAIT)
+    assert message["type"] == "websocket.close", message
+    return int(message["code"])
+
+
+def note(stack: Stack, content: str) -> Memory:
+    return memory_create(stack=stack, kind="note", payload={"content": content}, source="api")
+
+
+async def write(func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    return await sync_to_async(func)(*args, **kwargs)
+
+
+# --- who may connect -----------------------------------------------------------------------------------
+
+async def test_admin_and_assigned_teacher_connect(school: School) -> None:
+    for user in (school.admin, school.teacher):
+        _, headers = await signed_in(user)
+        communicator, connected = await open_socket(f"/ws/stacks/{school.stack.slug}/", headers)
+        assert connected, user
+        await communicator.disconnect()
+        communicator, connected = await open_socket("/ws/school/", headers)
+        assert connected, user
+        await communicator.disconnect()
+
+
+async def test_no_session_is_refused(school: School) -> None:
+    forged = (b"cookie", f"{django_settings.SESSION_COOKIE_NAME}=forged".encode())
+    for headers in ([ORIGIN], [ORIGIN, forged]):
+        for path in (f"/ws/stacks/{school.stack.slug}/", "/ws/school/"):
+            _, connected = await open_socket(path, headers)
+            assert not connected, (path, headers)
+
+
+async def test_another_schools_stack_is_refused(school: School, other_school: School) -> None:
+    _, headers = await signed_in(other_school.admin)
+    _, connected = await open_socket(f"/ws/stacks/{school.stack.slug}/", headers)
+    assert not connected
+    _, connected = await open_socket("/ws/stacks/no-such-stack/", headers)
+    assert not connected
+
+
+async def test_unassigned_teacher_and_billing_user_are_refused(school: School) -> None:
+    _, headers = await signed_in(school.teacher)
+    _, connected = await open_socket(f"/ws/stacks/{school.other_stack.slug}/", headers)
+    assert not connected
+    billing = await write(make_user, school.org, role=Membership.Role.BILLING)
+    _, headers = await signed_in(billing)
+    for path in (f"/ws/stacks/{school.stack.slug}/", "/ws/school/"):
+        _, connected = await open_socket(path, headers)
+        assert not connected, path
+
+
+async def test_foreign_origin_is_refused(school: School) -> None:
+    client, _ = await signed_in(school.admin)
+    for origin in (b"http://evil.example", b"null"):
+        headers = _headers(client, origin=(b"origin", origin))
+        for path in (f"/ws/stacks/{school.stack.slug}/", "/ws/school/"):
+            _, connected = await open_socket(path, headers)
+            assert not connected, (origin, path)
+
+
+async def test_invalid_page_filters_are_refused(school: School) -> None:
+    _, headers = await signed_in(school.admin)
+    _, connected = await open_socket(f"/ws/stacks/{school.stack.slug}/?kind=nonsense", headers)
+    assert not connected
+
+
+# --- closed when the session or the access ends ----------------------------------------------------------
+
+async def test_membership_removed_closes_the_socket(school: School) -> None:
+    _, headers = await signed_in(school.teacher)
+    stack_socket, _ = await open_socket(f"/ws/stacks/{school.stack.slug}/", headers)
+    school_socket, _ = await open_socket("/ws/school/", headers)
+    await write(membership_remove, organization=school.org, user_public_id=school.teacher.public_id)
+    assert await closed_with(stack_socket) == live.CLOSE_NO_ACCESS
+    assert await closed_with(school_socket) == live.CLOSE_NO_ACCESS
+
+
+async def test_teacher_unassigned_closes_the_stack_socket_only(school: School) -> None:
+    _, headers = await signed_in(school.teacher)
+    stack_socket, _ = await open_socket(f"/ws/stacks/{school.stack.slug}/", headers)
+    school_socket, _ = await open_socket("/ws/school/", headers)
+    await write(teacher_unassign, stack=school.stack, teacher=school.teacher)
+    assert await closed_with(stack_socket) == live.CLOSE_NO_ACCESS
+    assert await school_socket.receive_nothing(timeout=1)  # still a teacher of the school
+    await school_socket.disconnect()
+
+
+async def test_logout_closes_that_sessions_sockets_only(school: School) -> None:
+    client, headers = await signed_in(school.admin)
+    _, other_device = await signed_in(school.admin)
+    mine, _ = await open_socket(f"/ws/stacks/{school.stack.slug}/", headers)
+    theirs, _ = await open_socket(f"/ws/stacks/{school.stack.slug}/", other_device)
+    response = await sync_to_async(client.post)("/logout/")
+    assert response.status_code == 302
+    assert await closed_with(mine) == live.CLOSE_SIGNED_OUT
+    assert await theirs.receive_nothing(timeout=1)
+    await theirs.disconnect()
+
+
+async def test_a_session_ended_without_a_signal_is_closed_by_the_periodic_recheck(
+        school: School, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(live, "RECHECK_SECONDS", 0.3)
+    _, headers = await signed_in(school.admin)
+    communicator, _ = await open_socket(f"/ws/stacks/{school.stack.slug}/", headers)
+    await write(lambda: Session.objects.all().delete())  # straight from the store: no logout signal
+    assert await closed_with(communicator) == live.CLOSE_SIGNED_OUT
+
+
+# --- what arrives -------------------------------------------------------------------------------------------
+
+async def next_change(communicator: WebsocketCommunicator, memory_id: str | None = None) -> dict[str, Any]:
+    """The next `change` message (naming `memory_id`, when given)."""
+    while True:
+        message = await communicator.receive_json_from(timeout=WAIT)
+        if message["type"] != "change":
+            continue
+        if memory_id is None or memory_id in {r["id"] for r in message["rows"]} | set(message["removed"]):
+            return message
+
+
+async def test_a_change_arrives_as_the_pages_own_rendered_row(school: School) -> None:
+    _, headers = await signed_in(school.teacher)
+    communicator, _ = await open_socket(f"/ws/stacks/{school.stack.slug}/", headers)
+    memory = await write(note, school.stack, "Fractions <b>clicked</b> today")
+    message = await next_change(communicator, str(memory.pk))
+    [row] = message["rows"]
+    assert row["matches"] is True
+    assert f'id="memory-{memory.pk}"' in row["html"]
+    assert "Fractions &lt;b&gt;clicked&lt;/b&gt; today" in row["html"]  # escaped by the template
+    assert message["counts"]["note"] == 1 and message["total"] == 1
+    assert message["figures"]["memories"] == "1"
+
+    await write(memory_forget, memory=memory, reason="wrong student")
+    forgotten = await next_change(communicator, str(memory.pk))
+    assert forgotten["rows"][0]["matches"] is False  # the page hides forgotten memories
+    assert forgotten["total"] == 0
+    await communicator.disconnect()
+
+
+async def test_a_filtered_page_learns_whether_a_change_matches_its_filters(school: School) -> None:
+    _, headers = await signed_in(school.admin)
+    communicator, _ = await open_socket(f"/ws/stacks/{school.stack.slug}/?kind=belief&forgotten=include", headers)
+    memory = await write(note, school.stack, "a note, not a belief")
+    message = await next_change(communicator, str(memory.pk))
+    assert message["rows"][0]["matches"] is False
+    assert message["counts"]["note"] == 1  # the tabs count every kind under the other filters
+    await communicator.disconnect()
+
+
+async def test_a_checkpoint_arrives_rendered(school: School) -> None:
+    _, headers = await signed_in(school.admin)
+    communicator, _ = await open_socket(f"/ws/stacks/{school.stack.slug}/", headers)
+    saved = CheckpointInput(task="Long division", progress="step 2")
+    await write(checkpoint_save, stack=school.stack, checkpoint=saved)
+    while "checkpoint" not in (message := await next_change(communicator)):
+        pass
+    assert 'id="live-checkpoint"' in message["checkpoint"] and "Long division" in message["checkpoint"]
+    await communicator.disconnect()
+
+
+async def test_another_stacks_or_schools_change_never_arrives(school: School, other_school: School) -> None:
+    _, headers = await signed_in(school.teacher)
+    stack_socket, _ = await open_socket(f"/ws/stacks/{school.stack.slug}/", headers)
+    school_socket, _ = await open_socket("/ws/school/", headers)
+    await write(note, school.other_stack, "bob's memory")  # same school, not the teacher's
+    await write(note, other_school.stack, "carol's memory")
+    assert await stack_socket.receive_nothing(timeout=1.5)
+    assert await school_socket.receive_nothing(timeout=1.5)
+    await stack_socket.disconnect()
+    await school_socket.disconnect()
+
+
+async def test_overview_counts_arrive_for_visible_stacks(school: School) -> None:
+    _, headers = await signed_in(school.admin)
+    communicator, _ = await open_socket("/ws/school/", headers)
+    await write(note, school.other_stack, "written by bob's agent")
+    message = await communicator.receive_json_from(timeout=WAIT)
+    assert message["type"] == "overview"
+    assert message["summary"] == {"memories": "1", "written_today": "1"}
+    [row] = message["stacks"]
+    assert row["slug"] == school.other_stack.slug and row["memories"] == "1" and row["last_write"]["iso"]
+    await communicator.disconnect()
+
+
+async def test_the_client_sends_nothing(school: School) -> None:
+    _, headers = await signed_in(school.admin)
+    communicator, _ = await open_socket(f"/ws/stacks/{school.stack.slug}/", headers)
+    await communicator.send_to(text_data="hello")
+    assert (await communicator.receive_json_from(timeout=WAIT))["error"]["code"] == "unknown_action"
+    await communicator.disconnect()
+
+
+async def test_a_stack_of_the_same_slug_in_another_school_is_not_confused(school: School) -> None:
+    """Groups are by stack id, not slug: another school's "alice" never reaches this page."""
+    from tests.factories import make_org
+
+    org = await write(make_org, "Third School")
+    twin = await write(make_stack, org, school.stack.slug)
+    _, headers = await signed_in(school.admin)
+    communicator, _ = await open_socket(f"/ws/stacks/{school.stack.slug}/", headers)
+    await write(note, twin, "the twin's memory")
+    assert await communicator.receive_nothing(timeout=1.5)
+    await communicator.disconnect()
+
+
+async def test_resume_sends_exactly_the_changes_after_since(school: School) -> None:
+    first = await write(note, school.stack, "before the page was opened")
+    since = await write(live.stack_seq, school.stack)
+    later = [await write(note, school.stack, f"while the socket was down {n}") for n in range(3)]
+    await write(memory_forget, memory=first, reason="outdated")  # changed after `since` too
+    _, headers = await signed_in(school.admin)
+    communicator, _ = await open_socket(f"/ws/stacks/{school.stack.slug}/?since={since}&forgotten=include", headers)
+    message = await communicator.receive_json_from(timeout=WAIT)
+    assert message["type"] == "change" and len(message["events"]) == 4
+    assert {row["id"] for row in message["rows"]} == {str(m.pk) for m in [*later, first]}
+    assert message["seq"] == await write(live.stack_seq, school.stack)
+    assert await communicator.receive_nothing(timeout=1)  # nothing twice, nothing before `since`
+    await communicator.disconnect()
+
+    # Resuming from the newest seq sends nothing at all.
+    communicator, _ = await open_socket(f"/ws/stacks/{school.stack.slug}/?since={message['seq']}", headers)
+    assert await communicator.receive_nothing(timeout=1)
+    await communicator.disconnect()
+
+
+async def test_a_page_too_far_behind_is_told_to_reload(school: School, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(live, "CATCH_UP_EVENTS", 2)
+    since = await write(live.stack_seq, school.stack)
+    for n in range(3):
+        await write(note, school.stack, f"memory {n}")
+    _, headers = await signed_in(school.admin)
+    communicator, _ = await open_socket(f"/ws/stacks/{school.stack.slug}/?since={since}", headers)
+    assert await communicator.receive_json_from(timeout=WAIT) == {"type": "reload"}
+    await communicator.disconnect()
+
+
+async def test_pages_carry_their_live_socket_when_served_over_asgi(school: School) -> None:
+    memory = await write(note, school.stack, "already there")
+    seq = await write(live.stack_seq, school.stack)
+    asgi = AsyncClient()
+    await asgi.aforce_login(school.admin)
+    page = (await asgi.get(f"/dashboard/students/{school.stack.slug}/")).content.decode()
+    assert f'data-live-url="/ws/stacks/{school.stack.slug}/" data-live-seq="{seq}"' in page
+    assert f'id="memory-{memory.pk}"' in page and 'data-live-list' in page
+    overview = (await asgi.get("/dashboard/")).content.decode()
+    assert 'data-live="school"' in overview
+    # Over WSGI (no websockets on that server) the pages stay static and open no socket.
+    wsgi = await sync_to_async(_session_of)(school.admin)
+    for path in (f"/dashboard/students/{school.stack.slug}/", "/dashboard/"):
+        assert "data-live=" not in (await sync_to_async(wsgi.get)(path)).content.decode()

@@ -1,0 +1,108 @@
+"""The dashboard pages the role flows (test_dashboard_browser.py) do not pass through, in real
+Chromium: empty states, forms with their errors, a student's Manage page, the password reset
+pages and an error page. Each is checked by tests/e2e/browser.py's `check_page` (status,
+screenshot, axe-core with 0 serious/critical violations, no console error or CSP refusal).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from urllib.parse import urlsplit
+
+import pytest
+from django.core import mail
+
+from accounts.models import Membership, Organization, User
+from memories.models import MemoryKind
+from memories.services import memory_create
+from stacks.models import Stack
+from tests.e2e.browser import WatchedPage, check_page, sign_in
+from tests.factories import assign_teacher, make_org, make_stack, make_user
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+PASSWORD = "correct horse battery staple"  # tests/factories.make_user's default
+
+
+def staff(org: Organization, role: str, email: str) -> User:
+    return make_user(org, role=role, email=email, username="")
+
+
+def test_a_new_school_and_its_first_students_read_well(open_page: Callable[[], WatchedPage],
+                                                       dashboard_url: str) -> None:
+    org = make_org("Brookside Academy")
+    admin = staff(org, Membership.Role.ADMIN, "office@brookside.example")
+    teacher = staff(org, Membership.Role.TEACHER, "art@brookside.example")
+    watched = open_page()
+    page = watched.page
+    sign_in(watched, dashboard_url, admin.email, PASSWORD)
+
+    # No students yet: the overview says what to do next.
+    check_page(watched, "overview-empty")
+    assert page.get_by_role("link", name="Import a roster").count() >= 1
+
+    # Adding a student: a bad id is refused on the form (400) and nothing is stored.
+    watched.goto(f"{dashboard_url}/dashboard/students/new")
+    check_page(watched, "student-create")
+    page.get_by_label("Student ID").fill("not a valid id!")
+    page.get_by_role("button", name="Create student").click()
+    page.wait_for_load_state("load")
+    check_page(watched, "student-create-refused", status=400)
+    assert not Stack.objects.filter(organization=org).exists()
+    page.get_by_label("Student ID").fill("s-0001")
+    page.get_by_role("button", name="Create student").click()
+    page.wait_for_load_state("load")
+    stack = Stack.objects.get(organization=org, slug="s-0001")
+
+    # A student with no memories yet: the page explains how to connect an agent.
+    watched.goto(f"{dashboard_url}/dashboard/students/{stack.slug}/")
+    check_page(watched, "student-empty")
+    assert "key" in page.locator("main").inner_text().lower()
+
+    # The Manage page: assign a teacher, archive, unarchive.
+    watched.goto(f"{dashboard_url}/dashboard/students/{stack.slug}/manage")
+    check_page(watched, "student-manage")
+    page.get_by_label("Teacher to assign").select_option(label=teacher.email)
+    page.get_by_role("button", name="Assign teacher").click()
+    page.wait_for_load_state("load")
+    check_page(watched, "student-manage-assigned")
+    assert stack.teacher_assignments.filter(user=teacher).exists()
+    page.get_by_role("button", name="Archive").click()
+    page.wait_for_load_state("load")
+    check_page(watched, "student-manage-archived")
+    stack.refresh_from_db()
+    assert stack.status == Stack.Status.ARCHIVED
+
+    # A memory's page with its history, and a page that does not exist.
+    stack.status = Stack.Status.ACTIVE
+    stack.save(update_fields=["status"])
+    memory = memory_create(stack=stack, kind=MemoryKind.NOTE, source="api",
+                           payload={"content": "Brings sketches to every lesson.", "tags": ["art"]})
+    watched.goto(f"{dashboard_url}/dashboard/students/{stack.slug}/memories/{memory.pk}/")
+    check_page(watched, "memory")
+    watched.goto(f"{dashboard_url}/dashboard/students/nobody-here/")
+    check_page(watched, "not-found", status=404)
+
+
+def test_password_reset_pages_read_well_and_send_the_link(open_page: Callable[[], WatchedPage],
+                                                          dashboard_url: str) -> None:
+    org = make_org("Meadow School")
+    admin = staff(org, Membership.Role.ADMIN, "head@meadow.example")
+    assign_teacher(staff(org, Membership.Role.TEACHER, "t@meadow.example"), make_stack(org, "m-1"))
+    watched = open_page()
+    page = watched.page
+
+    watched.goto(f"{dashboard_url}/login/")
+    page.get_by_role("link", name="Forgot your password?").click()
+    page.wait_for_load_state("load")
+    check_page(watched, "password-reset")
+    page.get_by_label("Email").fill(admin.email)
+    page.get_by_role("button", name="Email me a link").click()
+    page.wait_for_load_state("load")
+    check_page(watched, "password-reset-sent")
+    [message] = mail.outbox
+    link = next(word for word in message.body.split() if "/password-reset/" in word)
+    watched.goto(link if link.startswith("http") else f"{dashboard_url}{link}")
+    check_page(watched, "password-reset-new-password")
+    assert urlsplit(page.url).path.startswith("/password-reset/")
+    sign_in(watched, dashboard_url, admin.email, PASSWORD)

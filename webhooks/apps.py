@@ -1,0 +1,17 @@
+from django.apps import AppConfig
+
+
+class WebhooksConfig(AppConfig):
+    """Signed webhooks for the schools' own backends: one more consumer of the change-event path
+    (memories.events). The fan-out only records deliveries; Celery tasks send them (dispatch.py)."""
+
+    name = "webhooks"
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        # Every committed ChangeEvent (and every relay of an unpublished one) reaches the fan-out,
+        # which is idempotent: a delivery is unique per (endpoint, event).
+        from memories.events import register_event_consumer
+        from webhooks.dispatch import consume_event
+
+        register_event_consumer(consume_event)

@@ -1,0 +1,260 @@
+"""From change events to deliveries, and from deliveries to receivers.
+
+* `fan_out(event)` is the change-event consumer (registered in apps.py): it only INSERTs one
+  pending delivery per subscribed endpoint of the event's own school (unique per endpoint and
+  event, so the relay calling it again records nothing twice) and, after commit, queues the
+  sender task. No HTTP here: it runs right after a write commits.
+* `queue_run(endpoint, stack)` (the Celery task webhooks.deliver) sends one endpoint's pending
+  deliveries of one stack oldest first (by the event's seq). The request is made outside any
+  transaction, under a short lease on the row. A failed attempt is retried with exponential
+  back-off (10 s, 30 s, 90 s, … at most an hour apart) and blocks the stack's later deliveries
+  until it succeeds or, 24 hours after it was recorded, is given up (`failed`). An endpoint whose
+  attempts have all failed for 24 hours is disabled, audited, and its school's admins are told.
+* `sweep()` (beat, every 30 s) re-queues due deliveries whose task message was lost.
+
+`clock` and `enqueue` are module attributes so tests can move time and run the task in-process.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from functools import partial
+from typing import Any
+
+from celery import current_app
+from django.core.mail import send_mail
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from accounts.models import Membership
+from accounts.services import audit_record
+from memories.events import event_dict
+from memories.models import ChangeEvent, Memory
+from stacks.models import Stack
+from webhooks import event_types
+from webhooks.delivery import Outcome, post
+from webhooks.models import WebhookDelivery, WebhookEndpoint
+from webhooks.sealing import SecretUnreadable, unseal
+
+logger = logging.getLogger(__name__)
+
+DELIVER_TASK = "webhooks.deliver"  # webhooks.tasks.deliver_task
+RETRY_WINDOW = timedelta(hours=24)  # a delivery is retried this long; an endpoint failing this long is disabled
+FIRST_RETRY_SECONDS = 10
+BACKOFF_FACTOR = 3
+MAX_RETRY_SECONDS = 3600
+CLAIM = timedelta(seconds=60)  # longer than a request can take (delivery.TIMEOUT_SECONDS)
+BATCH = 50  # deliveries one task run sends before handing over to a fresh task
+MAX_MEMORIES_WITH_TEXT = 500  # memories listed with text in one payload; more → "memories_truncated"
+
+clock: Callable[[], datetime] = timezone.now
+
+
+def _send_task(endpoint_id: int, stack_id: int | None, countdown: float = 0) -> None:
+    try:
+        current_app.send_task(DELIVER_TASK, args=[endpoint_id, stack_id], countdown=max(countdown, 0) or None)
+    except Exception:  # broker down: the sweep re-queues due deliveries
+        logger.warning("webhooks: could not queue a delivery task for endpoint %s", endpoint_id, exc_info=True)
+
+
+enqueue: Callable[..., None] = _send_task
+
+
+def retry_delay(attempts: int) -> timedelta:
+    """The wait after the `attempts`-th failed attempt: 10 s, 30 s, 90 s, 4.5 min, … capped at an hour."""
+    return timedelta(seconds=min(FIRST_RETRY_SECONDS * BACKOFF_FACTOR ** max(attempts - 1, 0), MAX_RETRY_SECONDS))
+
+
+# --- fan-out -------------------------------------------------------------------------------------
+
+
+def fan_out(event: ChangeEvent) -> int:
+    """Record a pending delivery of `event` for each subscribed, enabled endpoint of the event's
+    stack's school; return how many endpoints it matched. Idempotent (the relay may call it again)."""
+    name = event_types.event_type(event.topic, event.action)
+    # The publisher hands over the stack's school and slug with the event (memories.events._event_of);
+    # otherwise (a relay of an older shape, a test's row) they are looked up. Only this school's endpoints.
+    organization_id = getattr(event, "organization_id", None)
+    slug = getattr(event, "stack_slug", None)
+    if organization_id is None or slug is None:
+        organization_id, slug = Stack.objects.values_list("organization_id", "slug").get(pk=event.stack_id)
+    endpoints = [endpoint for endpoint in WebhookEndpoint.objects.filter(
+        organization_id=organization_id, enabled=True).only("pk", "event_types")
+        if event_types.subscribed(endpoint.event_types, name)]
+    if not endpoints:
+        return 0
+    data = event_dict(event, slug)
+    now = clock()
+    WebhookDelivery.objects.bulk_create([
+        WebhookDelivery(endpoint=endpoint, stack_id=event.stack_id, event_id=event.pk, seq=event.seq,
+                        event_type=name, data=data, next_attempt_at=now, created_at=now)
+        for endpoint in endpoints
+    ], ignore_conflicts=True)
+    for endpoint in endpoints:
+        transaction.on_commit(partial(enqueue, endpoint.pk, event.stack_id))
+    return len(endpoints)
+
+
+def consume_event(event: ChangeEvent) -> None:
+    """The consumer memories.events calls (registered in apps.py)."""
+    fan_out(event)
+
+
+# --- sending -------------------------------------------------------------------------------------
+
+
+def payload(delivery: WebhookDelivery, endpoint: WebhookEndpoint) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "id": delivery.public_id,
+        "type": delivery.event_type,
+        "created_at": delivery.created_at.isoformat(),
+        "school": endpoint.organization.public_id,
+        "data": delivery.data,
+    }
+    if endpoint.include_text and delivery.stack_id is not None:
+        ids = [str(memory_id) for memory_id in delivery.data.get("memory_ids", [])]
+        # Only this delivery's stack (so only this school) and only what is still stored: a forgotten
+        # or deleted memory is listed without its text. The text is the memory's current text.
+        rows = (Memory.objects.filter(stack_id=delivery.stack_id, pk__in=ids[:MAX_MEMORIES_WITH_TEXT])
+                .values("id", "kind", "text", "forgotten_at", "deleted_at"))
+        found = {str(row["id"]): row for row in rows}
+        memories = []
+        for memory_id in ids[:MAX_MEMORIES_WITH_TEXT]:
+            row = found.get(memory_id)
+            entry: dict[str, Any] = {"id": memory_id, "kind": row["kind"] if row else None}
+            if row and row["forgotten_at"] is None and row["deleted_at"] is None:
+                entry["text"] = row["text"]
+            memories.append(entry)
+        body["memories"] = memories
+        if len(ids) > MAX_MEMORIES_WITH_TEXT:
+            body["memories_truncated"] = True
+    return body
+
+
+def _head(endpoint_id: int, stack_id: int | None) -> WebhookDelivery | None:
+    queue = Q(stack__isnull=True) if stack_id is None else Q(stack_id=stack_id)
+    return (WebhookDelivery.objects.filter(queue, endpoint_id=endpoint_id, status=WebhookDelivery.Status.PENDING)
+            .order_by("seq", "event_id", "pk").first())
+
+
+def _attempt(endpoint: WebhookEndpoint, delivery: WebhookDelivery) -> Outcome:
+    try:
+        secret = unseal(endpoint.secret_sealed)
+    except SecretUnreadable:
+        return Outcome(None, "secret unreadable: rotate the endpoint's secret")
+    body = json.dumps(payload(delivery, endpoint), separators=(",", ":"), ensure_ascii=False).encode()
+    event_id = str(delivery.event_id) if delivery.event_id is not None else delivery.public_id
+    return post(endpoint.url, body=body, secret=secret, event_id=event_id, attempt=delivery.attempts + 1)
+
+
+def queue_run(endpoint_id: int, stack_id: int | None) -> int:
+    """Send the due head deliveries of one (endpoint, stack) queue in order; return how many were
+    delivered. Stops at a failure (its retry is queued) or at a delivery not yet due."""
+    delivered = 0
+    for _ in range(BATCH):
+        endpoint = WebhookEndpoint.objects.select_related("organization").filter(pk=endpoint_id).first()
+        if endpoint is None or not endpoint.enabled:
+            return delivered
+        head = _head(endpoint_id, stack_id)
+        now = clock()
+        if head is None or head.next_attempt_at > now:
+            return delivered
+        claimed = (WebhookDelivery.objects.filter(pk=head.pk, status=WebhookDelivery.Status.PENDING,
+                                                  attempts=head.attempts)
+                   .filter(Q(claimed_until__isnull=True) | Q(claimed_until__lt=now))
+                   .update(claimed_until=now + CLAIM))
+        if not claimed:
+            return delivered  # another worker is sending it; it carries the queue on
+        outcome = _attempt(endpoint, head)  # HTTP: no transaction is open here
+        if outcome.ok:
+            _record_success(endpoint, head, outcome)
+            delivered += 1
+            continue
+        if not _record_failure(endpoint, head, outcome):
+            return delivered  # retry queued; later deliveries of the stack wait for it
+    enqueue(endpoint_id, stack_id)  # more to send: a fresh task, so one busy queue does not hog a worker
+    return delivered
+
+
+def _record_success(endpoint: WebhookEndpoint, delivery: WebhookDelivery, outcome: Outcome) -> None:
+    now = clock()
+    WebhookDelivery.objects.filter(pk=delivery.pk).update(
+        status=WebhookDelivery.Status.DELIVERED, attempts=delivery.attempts + 1,
+        last_status_code=outcome.status_code, last_error="", finished_at=now, claimed_until=None)
+    WebhookEndpoint.objects.filter(pk=endpoint.pk).update(
+        failing_since=None, last_attempt_at=now, last_status_code=outcome.status_code, last_attempt_ok=True)
+
+
+def _record_failure(endpoint: WebhookEndpoint, delivery: WebhookDelivery, outcome: Outcome) -> bool:
+    """Record a failed attempt; True if the delivery was given up (the queue may move on)."""
+    now = clock()
+    attempts = delivery.attempts + 1
+    given_up = now - delivery.created_at >= RETRY_WINDOW
+    next_at = now + retry_delay(attempts)
+    WebhookDelivery.objects.filter(pk=delivery.pk).update(
+        status=WebhookDelivery.Status.FAILED if given_up else WebhookDelivery.Status.PENDING,
+        attempts=attempts, last_status_code=outcome.status_code, last_error=outcome.error[:200],
+        next_attempt_at=next_at, finished_at=now if given_up else None, claimed_until=None)
+    WebhookEndpoint.objects.filter(pk=endpoint.pk, failing_since__isnull=True).update(failing_since=now)
+    WebhookEndpoint.objects.filter(pk=endpoint.pk).update(
+        last_attempt_at=now, last_status_code=outcome.status_code, last_attempt_ok=False)
+    endpoint.refresh_from_db(fields=["failing_since"])
+    if endpoint.failing_since is not None and now - endpoint.failing_since >= RETRY_WINDOW:
+        _disable_failing(endpoint, now)
+        return True
+    logger.info("webhooks: delivery %s to endpoint %s failed (attempt %s, %s)", delivery.public_id,
+                endpoint.public_id, attempts, outcome.error or outcome.status_code)
+    if not given_up:
+        enqueue(endpoint.pk, delivery.stack_id, countdown=(next_at - now).total_seconds())
+    return given_up
+
+
+def _disable_failing(endpoint: WebhookEndpoint, now: datetime) -> None:
+    disabled = WebhookEndpoint.objects.filter(pk=endpoint.pk, enabled=True).update(
+        enabled=False, disabled_reason=WebhookEndpoint.DisabledReason.FAILING, disabled_at=now)
+    if not disabled:
+        return
+    since = endpoint.failing_since
+    audit_record(organization=endpoint.organization, action="webhook.disabled", target_type="webhook",
+                 target_id=endpoint.public_id,
+                 metadata={"reason": "failing", "failing_since": since.isoformat() if since else None})
+    logger.warning("webhooks: endpoint %s disabled after failing for 24 hours", endpoint.public_id)
+    _tell_admins(endpoint)
+
+
+def _tell_admins(endpoint: WebhookEndpoint) -> None:
+    emails = sorted({email for email in Membership.objects.filter(
+        organization=endpoint.organization, role=Membership.Role.ADMIN).values_list("user__email", flat=True)
+        if email})
+    if not emails:
+        return
+    shown = endpoint.url.split("?", 1)[0]  # a query string may carry a token: keep it out of mail
+    body = (f"MemoryHub could not deliver webhooks to {shown} for 24 hours, so this endpoint "
+            f"({endpoint.public_id}) has been disabled and receives no new events.\n\n"
+            "Fix the receiver, then enable the endpoint again on the dashboard's Webhooks page and use "
+            "\"Send test event\" to check it.\n")
+    try:
+        send_mail(f"{endpoint.organization.name}: a webhook endpoint was disabled", body, None, emails)
+    except Exception:  # the audit event and the dashboard still tell them
+        logger.warning("webhooks: could not mail the admins about endpoint %s", endpoint.public_id, exc_info=True)
+
+
+# --- the sweep -----------------------------------------------------------------------------------
+
+
+def sweep() -> int:
+    """Queue a task for every (endpoint, stack) whose head may be due and is not being sent."""
+    now = clock()
+    queues = (WebhookDelivery.objects.filter(status=WebhookDelivery.Status.PENDING, next_attempt_at__lte=now,
+                                             endpoint__enabled=True)
+              .filter(Q(claimed_until__isnull=True) | Q(claimed_until__lt=now))
+              .values_list("endpoint_id", "stack_id").distinct()[:1000])
+    count = 0
+    for endpoint_id, stack_id in queues:
+        enqueue(endpoint_id, stack_id)
+        count += 1
+    return count
