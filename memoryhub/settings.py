@@ -312,7 +312,10 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
-    "loggers": {"django.db.backends": {"level": "WARNING"}},
+    # httpx logs every request's full URL at INFO: a webhook receiver's URL may carry a token in its
+    # query string, and no secret goes into our logs.
+    "loggers": {"django.db.backends": {"level": "WARNING"}, "httpx": {"level": "WARNING"},
+                "httpcore": {"level": "WARNING"}},
 }
 
 # OpenAI-compatible embeddings endpoint (EMBEDDING_PROVIDER=openai); it must return 384 dimensions.
