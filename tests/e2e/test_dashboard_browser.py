@@ -20,6 +20,7 @@ from memories.search.embedding_jobs import embedding_sweep_run
 from memories.search.embedding_model import deployment_model_switch
 from memories.search.embeddings import get_embedder
 from stacks.models import Stack, TeacherAssignment
+from tests.e2e.agent import agent_signed_in, cli_output
 from tests.e2e.browser import WatchedPage, check_page, sign_in
 from tests.e2e.conftest import KernleCLI
 from tests.factories import assign_teacher, make_key, make_org, make_stack, make_user
@@ -185,10 +186,6 @@ def upload_roster(watched: WatchedPage, content: bytes) -> None:
     watched.page.get_by_role("button", name="Preview import").click()
 
 
-def cli_output(result: Any) -> str:
-    return f"exit={result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
-
-
 @pytest.fixture
 def minilm(settings: Any) -> Any:
     """The real MiniLM model for this test's server and embedding job, so a paraphrase can match."""
@@ -249,20 +246,12 @@ def test_an_admin_imports_a_roster_issues_a_key_the_cli_uses_then_revokes_it(
     assert key.stack_id == amara.pk and key.revoked_at is None
 
     # 3. The real kernle CLI logs in with it and pushes what the agent remembered.
-    device = kernle.new_data_dir()
-
-    def cli(*args: str, input: str | None = None) -> Any:
-        return kernle.run(*args, data_dir=device, stack="s1001", input=input)
-
-    logged_in = cli("auth", "login", "--api-key", secret, "--backend-url", dashboard_url, "--json")
-    assert logged_in.returncode == 0, cli_output(logged_in)
     # kernle wants provenance: the notes are derived from a raw capture of the tutoring session.
-    captured = cli("raw", "capture", "--stdin", "--quiet", input="Tutoring session transcript, week 3\n")
-    assert captured.returncode == 0, cli_output(captured)
-    raw_id = kernle.json(cli("raw", "list", "--json"))[0]["id"]
+    agent = agent_signed_in(kernle, secret=secret, backend_url=dashboard_url, stack="s1001",
+                            transcript="Tutoring session transcript, week 3")
+    cli = agent.run
     for fact in FACTS:
-        noted = cli("note", fact, "--derived-from", f"raw:{raw_id}")
-        assert noted.returncode == 0, cli_output(noted)
+        agent.note(fact)
     pushed = cli("sync", "push", "--json")
     assert pushed.returncode == 0, cli_output(pushed)
     assert kernle.json(pushed)["synced"] == len(FACTS), pushed.stdout  # raw captures stay on the device
@@ -303,8 +292,7 @@ def test_an_admin_imports_a_roster_issues_a_key_the_cli_uses_then_revokes_it(
     assert page.locator(f'[data-key="{key.public_id}"]').get_by_text("revoked").count() == 1
     key.refresh_from_db()
     assert key.revoked_at is not None
-    noted = cli("note", "Amara finished the reading challenge.", "--derived-from", f"raw:{raw_id}")
-    assert noted.returncode == 0, cli_output(noted)  # a local write; only the sync reaches the server
+    agent.note("Amara finished the reading challenge.")  # a local write; only the sync reaches the server
     refused = cli("sync", "push", "--json")
     # The server answers 401; kernle reports it and exits 1.
     assert refused.returncode == 1 and "Authentication failed" in refused.stdout, cli_output(refused)

@@ -28,6 +28,7 @@ from memories.models import Memory
 from memories.services import memory_create
 from memoryhub.embedded import ManagedProcess, free_port
 from stacks.models import Stack
+from tests.e2e.agent import agent_signed_in, cli_output
 from tests.e2e.browser import WatchedPage, check_page, sign_in
 from tests.e2e.conftest import KernleCLI
 from tests.factories import database_url_for_processes, make_key, make_org, make_stack, make_user, wait_for_health
@@ -85,10 +86,6 @@ def asgi_server(django_db_setup: None, tmp_path: Path) -> Iterator[AsgiServer]:
         server.stop()
 
 
-def cli_output(result: Any) -> str:
-    return f"exit={result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
-
-
 def row_of(page: Page, text: str) -> Any:
     return page.locator("[data-live-list] .memory-row", has_text=text)
 
@@ -129,20 +126,11 @@ def test_the_page_shows_what_the_cli_writes_live_and_nothing_twice_after_a_recon
     assert amara_count.inner_text() == "0"
 
     # 1. The real CLI pushes three notes: each is on the page within 2 s of the push returning.
-    device = kernle.new_data_dir()
-
-    def cli(*args: str, input: str | None = None) -> Any:
-        return kernle.run(*args, data_dir=device, stack="amara", input=input)
-
-    logged_in = cli("auth", "login", "--api-key", secret, "--backend-url", base, "--json")
-    assert logged_in.returncode == 0, cli_output(logged_in)
-    captured = cli("raw", "capture", "--stdin", "--quiet", input="Tutoring session transcript\n")
-    assert captured.returncode == 0, cli_output(captured)
-    raw_id = kernle.json(cli("raw", "list", "--json"))[0]["id"]
+    agent = agent_signed_in(kernle, secret=secret, backend_url=base, stack="amara",
+                            transcript="Tutoring session transcript")
     for fact in FACTS:
-        noted = cli("note", fact, "--derived-from", f"raw:{raw_id}")
-        assert noted.returncode == 0, cli_output(noted)
-    pushed = cli("sync", "push", "--json")
+        agent.note(fact)
+    pushed = agent.run("sync", "push", "--json")
     assert pushed.returncode == 0, cli_output(pushed)
     for fact in FACTS:
         row_of(page, fact).wait_for(timeout=LIVE_MS)
