@@ -9,7 +9,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from django.test import override_settings
@@ -67,6 +67,34 @@ def _fast_password_hashing() -> Iterator[None]:
     """Tests create many users; the production hasher is deliberately slow. Not what we test."""
     with override_settings(PASSWORD_HASHERS=["django.contrib.auth.hashers.MD5PasswordHasher"]):
         yield
+
+
+def _flush_retrying_deadlocks() -> None:
+    """A transactional test ends with Django's `flush` (TRUNCATE of every table). A process the
+    suite runs beside it — the Celery worker finishing an embedding task an earlier test queued,
+    which now also records its change event — can hold a lock on one table while waiting for
+    another that the TRUNCATE already took; PostgreSQL then aborts one of the two, sometimes the
+    flush. The worker's transaction is short: the flush is tried again, at most three times."""
+    from django.core.management.base import CommandError
+    from django.core.management.commands import flush
+    from django.db import OperationalError
+
+    handle = flush.Command.handle
+
+    def handle_retrying(self: Any, **options: Any) -> None:
+        for attempt in range(3):
+            try:
+                return handle(self, **options)
+            except CommandError as error:
+                deadlock = isinstance(error.__cause__, OperationalError) and "deadlock" in str(error.__cause__)
+                if not deadlock or attempt == 2:
+                    raise
+                time.sleep(0.2)
+
+    flush.Command.handle = handle_retrying  # type: ignore[method-assign]
+
+
+_flush_retrying_deadlocks()
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
