@@ -7,10 +7,8 @@ an archived stack answers 409), the reads and the audited writes from dashboard/
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
-from asgiref.sync import sync_to_async
 from django.contrib import messages
 from django.core.handlers.asgi import ASGIRequest
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, StreamingHttpResponse
@@ -26,6 +24,7 @@ from dashboard.access import ADMIN, STAFF, dashboard_page, request_ip
 from memories.export import stack_memory_md
 from memories.selectors import boot_config_entries, checkpoint_latest, checkpoint_warnings, memory_get
 from memoryhub.errors import NotFound
+from memoryhub.streaming import streamed_content
 from stacks.selectors import stack_for_principal
 
 _ACTION_DONE = {"forget": "Memory forgotten. It can be recovered from the “Only forgotten” list.",
@@ -112,20 +111,6 @@ def memory_action(request: HttpRequest, principal: Principal, slug: str, memory_
     return redirect("dashboard:memory", stack.slug, memory.pk)
 
 
-async def _async_chunks(chunks: Iterator[bytes]) -> AsyncIterator[bytes]:
-    """Under ASGI Django would read a sync iterator to its end before sending a byte; pull one chunk
-    at a time on the request's thread instead (as memories.api.archive does for the ZIP archive),
-    so the server-side cursor stays on its connection and memory stays bounded."""
-    def step() -> bytes | None:
-        return next(chunks, None)
-
-    pull = sync_to_async(step, thread_sensitive=True)
-    while True:
-        chunk = await pull()
-        if chunk is None:
-            return
-        yield chunk
-
 
 @require_GET
 @dashboard_page(roles=STAFF)
@@ -134,7 +119,7 @@ def export_json(request: HttpRequest, principal: Principal, slug: str) -> HttpRe
     now = timezone.now()
     reads.audit_export(principal=principal, stack=stack, ip=request_ip(request), export_format="json")
     chunks = reads.memories_json_chunks(stack=stack, now=now)
-    content = _async_chunks(chunks) if isinstance(request, ASGIRequest) else chunks
+    content = streamed_content(request, chunks)
     response = StreamingHttpResponse(content, content_type="application/json; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="{reads.export_filename(stack, now, ".json")}"'
     response["Cache-Control"] = "private, no-store"

@@ -3,10 +3,6 @@ school's retention policy per memory kind."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
-
-from asgiref.sync import sync_to_async
-from django.core.handlers.asgi import ASGIRequest
 from django.http import StreamingHttpResponse
 from django.urls import path
 from django.utils import timezone
@@ -24,24 +20,11 @@ from accounts.services import audit_record
 from memories.archive import ARCHIVE_FORMAT_VERSION, archive_chunks, archive_filename
 from memories.lifecycle.ttl import retention_of, retention_set
 from memories.models import MemoryKind
+from memoryhub.streaming import streamed_content
 from stacks.selectors import stack_for_principal
 
 TAG = "privacy"
 
-
-async def _async_chunks(chunks: Iterator[bytes]) -> AsyncIterator[bytes]:
-    """Under ASGI a sync iterator would be read to its end into memory before the first byte is
-    sent (Django's StreamingHttpResponse); pull one chunk at a time on the request's thread instead,
-    so the server-side cursors stay on their connection."""
-    def step() -> bytes | None:
-        return next(chunks, None)
-
-    pull = sync_to_async(step, thread_sensitive=True)
-    while True:
-        chunk = await pull()
-        if chunk is None:
-            return
-        yield chunk
 
 
 class StackArchiveView(APIView):
@@ -62,7 +45,7 @@ class StackArchiveView(APIView):
                      target_type="stack", target_id=target.slug, ip=client_ip(request),
                      metadata={"format": "zip", "format_version": ARCHIVE_FORMAT_VERSION})
         chunks = archive_chunks(stack=target, now=now)
-        content = _async_chunks(chunks) if isinstance(request._request, ASGIRequest) else chunks
+        content = streamed_content(request._request, chunks)
         response = StreamingHttpResponse(content, content_type="application/zip")
         response["Content-Disposition"] = f'attachment; filename="{archive_filename(target, now)}"'
         response["Cache-Control"] = "private, no-store"
