@@ -86,6 +86,20 @@ class Organization(models.Model):
     # longer ago (memories.lifecycle.ttl). Empty (the default): keep until expiry or erasure.
     # Validated by memories.lifecycle.ttl.retention_validated (kinds are the memories app's).
     retention_days = models.JSONField(default=dict, blank=True)
+    # The PII categories this school redacts at ingest (memories.redaction names them; secrets are
+    # always redacted whatever this says). None: every PII category (the default).
+    redaction_categories = models.JSONField(null=True, blank=True, default=None)
+    # What an empty `access_grants` list means for school staff and school keys (README "Privacy
+    # grants"): "school" — staff of the school may read it; "owner" — only the stack's own keys.
+    class EmptyGrantsPolicy(models.TextChoices):
+        SCHOOL = "school"
+        OWNER = "owner"
+
+    empty_grants_policy = models.CharField(max_length=8, choices=EmptyGrantsPolicy.choices,
+                                           default=EmptyGrantsPolicy.SCHOOL)
+    # Opt-in: keep raw entries' original (unredacted) text, encrypted at rest (AES-256-GCM with the
+    # keys in MEMORYHUB_ENCRYPTION_KEYS). Off: only the redacted text is ever stored.
+    keep_raw_originals = models.BooleanField(default=False)
     created_at = models.DateTimeField(auto_now_add=True)
 
     def __str__(self) -> str:

@@ -168,6 +168,20 @@ class Memory(models.Model):
         return f"{self.kind}:{self.record_id}"
 
 
+class RawOriginal(models.Model):
+    """A raw entry's original, unredacted text, kept only when its school opted in
+    (`Organization.keep_raw_originals`) and only encrypted: AES-256-GCM, a random 96-bit nonce
+    per row, the memory id and stack id as associated data (a row cannot be moved to another
+    memory), and the id of the key it was sealed with (docs/privacy.md, "Encryption at rest").
+    Deleted with its memory; never sent on pull, search or export."""
+
+    memory = models.OneToOneField(Memory, on_delete=models.CASCADE, primary_key=True, related_name="raw_original")
+    key_id = models.CharField(max_length=32)
+    # nonce (12 bytes) + ciphertext + GCM tag (16 bytes)
+    ciphertext = models.BinaryField()
+    sealed_at = models.DateTimeField(auto_now=True)
+
+
 class MemoryRevision(models.Model):
     """The state of a memory before a change: sync history and inspectable smart-ingest merges."""
 
