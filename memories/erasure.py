@@ -229,8 +229,9 @@ def _erase_batch(stack_id: int, memory_id: Any, counts: dict[str, int]) -> tuple
     memory_filter = "AND id = %(memory)s" if memory_id else ""
     erased = counted = counted_bytes = 0
     with transaction.atomic(), connection.cursor() as cursor:
-        if memory_id:  # lock order of every writer: the stack row before its memory rows
-            Stack.objects.select_for_update().filter(pk=stack_id).first()
+        # Lock order of every writer: the stack row before its memory rows; holding it also makes
+        # this batch's "erase" event commit in seq order with the stack's other writes (memories.events).
+        Stack.objects.select_for_update().filter(pk=stack_id).first()
         cursor.execute(_BATCH_SQL.format(memory_filter=memory_filter),
                        {"stack": stack_id, "limit": ERASE_BATCH, "memory": memory_id})
         ids: list[str] = []

@@ -26,9 +26,9 @@ times (smart ingest's create and its embedding, a review that recovers) extends 
 every such writer holds; the (stack, change_seq) index makes it one probe), or a fresh value of the
 same sequence for a write that stamps none (checkpoint, boot config, purge, erasure, embedding,
 reviews), so a stack's events are ordered by seq and a consumer resumes with `events_after`.
-Writers that hold no stack lock (TTL purge, erasure of a whole stack, the embedding job) draw their
-seq without it: such an event may commit after one with a higher seq (rare; it names rows that are
-gone or a vector, which no client pulls).
+Every writer holds its stacks' row locks from before it draws a seq until it commits (the kernel's
+writers, the TTL purge, erasure and the embedding job alike), so a stack's events commit in seq
+order: a consumer that saw seq N has seen every committed event of that stack below N.
 
 Consumers must be idempotent (the relay may deliver an event a second time after a crash) and
 quick: they run on the publisher thread, one event after another, in the claim's transaction.

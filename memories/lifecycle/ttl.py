@@ -57,11 +57,17 @@ def _purge_batches(selection: QuerySet[Memory], *, batch_size: int, counts: dict
     purge form: counters moved with `stack_usage_adjust`, `MemoryChange("expire")` after commit."""
     while True:
         with transaction.atomic():
-            # SKIP LOCKED: a row a push is changing right now waits for the next run, not the push.
+            # Every writer's lock order: the stack rows, then memory rows (memories.writes.rows).
+            # Holding the stack lock makes this batch's "purge" events commit in seq order with the
+            # stack's other writes (memories.events). SKIP LOCKED: a stack or row a push is changing
+            # right now waits for the next run, not the push.
+            candidates = {stack_id for stack_id in selection.values_list("stack_id", flat=True)[:batch_size]}
+            stacks = list(Stack.objects.select_for_update(no_key=True, skip_locked=True)
+                          .filter(pk__in=candidates).order_by("pk").values_list("pk", flat=True))
             rows = list(
-                selection.select_for_update(skip_locked=True, of=("self",))
+                selection.filter(stack_id__in=stacks).select_for_update(skip_locked=True, of=("self",))
                 .values_list("id", "stack_id", "deleted_at", "size_bytes")[:batch_size]
-            )
+            ) if stacks else []
             if not rows:
                 return
             ids = [memory_id for memory_id, _, _, _ in rows]

@@ -44,6 +44,7 @@ from memories.search.embedding_model import (
     deployment_model_verified,
 )
 from memories.search.embeddings import Embedder, get_embedder, vector_literal
+from memories.writes.rows import lock_stack_changes
 
 logger = logging.getLogger(__name__)
 
@@ -103,6 +104,12 @@ def store_vectors(rows: Sequence[tuple[str, int]], vectors: Sequence[Sequence[fl
     if not rows:
         return 0
     with transaction.atomic(), connection.cursor() as cursor:
+        # The batch's stack rows first, in pk order (every writer's lock order): the "embedded"
+        # events then draw their seq under the stack lock and commit in seq order with the stack's
+        # other writes, so a live page resuming from a seq never skips one (memories.events).
+        cursor.execute("SELECT DISTINCT stack_id FROM memories_memory WHERE id = ANY(%s::uuid[])",
+                       [[row[0] for row in rows]])
+        lock_stack_changes(*(stack_id for (stack_id,) in cursor.fetchall()))
         cursor.execute(
             """
             UPDATE memories_memory AS m

@@ -349,3 +349,87 @@ def test_erasing_a_memory_sends_an_erase_event_naming_its_id_only(school: School
     erase = stack_events(school.stack)[-1]
     assert (erase.action, erase.source, erase.memory_ids) == ("erase", "erasure", [str(memory.pk)])
     assert erase.published_at is not None
+
+
+class StackWriter:
+    """Another connection in the middle of a write to `stack`: it holds the stack's change lock
+    (as a push does for its whole length) until `finish()`."""
+
+    def __init__(self, stack: Stack) -> None:
+        import threading
+
+        from django.db import connection
+
+        from memories.writes.rows import lock_stack_changes
+
+        self.locked = threading.Event()
+        self.release = threading.Event()
+
+        def write() -> None:
+            try:
+                with transaction.atomic():
+                    lock_stack_changes(stack.pk)
+                    self.locked.set()
+                    self.release.wait(10)
+            finally:
+                connection.close()
+
+        self.thread = threading.Thread(target=write)
+        self.thread.start()
+        assert self.locked.wait(10)
+
+    def finish(self) -> None:
+        self.release.set()
+        self.thread.join(10)
+
+
+def test_the_embedding_job_waits_for_a_write_in_progress_on_the_stack(school: School) -> None:
+    """Its "embedded" event draws its seq under the stack lock, so it cannot commit before a
+    lower seq of the same stack: a live page resuming from a seq never skips a change."""
+    import threading
+
+    from django.db import connection
+
+    model = get_embedder().model_id
+    deployment_model_claim(model)
+    memory = memory_create(stack=school.stack, kind="note", payload={"content": "fractions"}, source="api")
+    writer = StackWriter(school.stack)
+    done = threading.Event()
+
+    def embed() -> None:
+        try:
+            store_vectors([(str(memory.pk), memory.version)], [[1.0] + [0.0] * 383], model)
+            done.set()
+        finally:
+            connection.close()
+
+    embedder = threading.Thread(target=embed)
+    embedder.start()
+    try:
+        assert not done.wait(0.5), "the embedding job wrote while a writer held the stack"
+    finally:
+        writer.finish()
+    embedder.join(10)
+    assert done.is_set()
+    event = ChangeEvent.objects.get(stack=school.stack, source=EMBEDDING_SOURCE, memory_ids=[str(memory.pk)])
+    assert event.seq > max(e.seq for e in stack_events(school.stack))
+
+
+def test_a_ttl_purge_leaves_a_stack_being_written_to_the_next_run(school: School) -> None:
+    now = timezone.now()
+    for stack in (school.stack, school.other_stack):
+        Memory.objects.bulk_create([Memory(stack=stack, kind="note", record_id=f"tmp-{n}", text="temporary",
+                                           created_at=now, server_updated_at=now,
+                                           expires_at=now - timedelta(minutes=1)) for n in range(3)])
+    writer = StackWriter(school.stack)
+    try:
+        ttl_purge(now=now)
+        assert Memory.objects.filter(stack=school.stack).count() == 3  # busy: left for the next run
+        assert not Memory.objects.filter(stack=school.other_stack).exists()
+    finally:
+        writer.finish()
+
+    ttl_purge(now=now)
+    assert not Memory.objects.filter(stack=school.stack).exists()
+    assert events.wait_published()
+    assert [e.action for e in stack_events(school.stack)] == ["purge"]
