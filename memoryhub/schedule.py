@@ -67,3 +67,10 @@ BEAT_SCHEDULE["webhooks-sweep"] = {
     "schedule": 30.0,
     "options": {"expires": 25},
 }
+# The delivery log keeps 30 days (webhooks.services.DELIVERY_LOG_RETENTION); older finished
+# deliveries are deleted once a day.
+BEAT_SCHEDULE["webhooks-prune"] = {
+    "task": "webhooks.prune",
+    "schedule": crontab(hour=3, minute=41),
+    "options": {"expires": 60 * 60},
+}

@@ -34,7 +34,8 @@ def celery_worker(
     """
     from memoryhub.celery import app
 
-    env = dict(os.environ, DATABASE_URL=database_url_for_processes())
+    # The worker may deliver webhooks to the tests' receivers on 127.0.0.1 over plain http.
+    env = dict(os.environ, DATABASE_URL=database_url_for_processes(), WEBHOOKS_ALLOW_LOOPBACK_HTTP="1")
     log_path = tmp_path_factory.mktemp("celery") / "worker.log"
     worker = ManagedProcess(
         name="worker",

@@ -7,6 +7,7 @@ resolved to an endpoint it may manage (webhooks.selectors).
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
 from functools import partial
 from urllib.parse import urlsplit
 
@@ -129,3 +130,22 @@ def endpoint_test_send(*, endpoint: WebhookEndpoint, principal: Principal | None
     _audit(endpoint, "webhook.test_sent", principal, ip, delivery=delivery.public_id)
     transaction.on_commit(partial(dispatch.enqueue, endpoint.pk, None))
     return delivery
+
+
+# The delivery log on the dashboard covers this long; older finished deliveries are deleted by the
+# daily `webhooks.prune` task (pending ones stay until delivered or given up, 24 h at most).
+DELIVERY_LOG_RETENTION = timedelta(days=30)
+PRUNE_BATCH = 5_000
+
+
+def deliveries_prune(*, now: datetime | None = None) -> int:
+    """Delete finished (delivered or given-up) deliveries older than DELIVERY_LOG_RETENTION, in
+    bounded batches so the table is never locked for long. Returns how many went."""
+    cutoff = (now or timezone.now()) - DELIVERY_LOG_RETENTION
+    finished = WebhookDelivery.objects.filter(finished_at__lt=cutoff).exclude(status=WebhookDelivery.Status.PENDING)
+    removed = 0
+    while True:
+        batch = list(finished.values_list("pk", flat=True)[:PRUNE_BATCH])
+        if not batch:
+            return removed
+        removed += WebhookDelivery.objects.filter(pk__in=batch).delete()[0]

@@ -61,7 +61,7 @@ def _purge_batches(selection: QuerySet[Memory], *, batch_size: int, counts: dict
             # Holding the stack lock makes this batch's "purge" events commit in seq order with the
             # stack's other writes (memories.events). SKIP LOCKED: a stack or row a push is changing
             # right now waits for the next run, not the push.
-            candidates = {stack_id for stack_id in selection.values_list("stack_id", flat=True)[:batch_size]}
+            candidates = set(selection.values_list("stack_id", flat=True)[:batch_size])
             stacks = list(Stack.objects.select_for_update(no_key=True, skip_locked=True)
                           .filter(pk__in=candidates).order_by("pk").values_list("pk", flat=True))
             rows = list(

@@ -265,3 +265,24 @@ def test_loopback_only_when_allowed(settings: Any) -> None:
     for url in ("http://127.0.0.1:9/hook", "https://127.0.0.1/hook", "https://localhost/hook"):
         with pytest.raises(TargetRefused):
             target_checked(url)
+
+
+def test_the_delivery_log_keeps_30_days_of_finished_deliveries(school: School, receiver: Receiver, clock: Clock,
+                                                               queued: list[Any]) -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from webhooks.services import deliveries_prune
+
+    endpoint, _ = make_endpoint(school.org, receiver.url)
+    for seq in (1, 2, 3):
+        dispatch.fan_out(change_event(school.stack, seq, memory_ids=[f"m-{seq}"]))
+    now = timezone.now()
+    old, recent, pending = WebhookDelivery.objects.filter(endpoint=endpoint).order_by("seq")
+    WebhookDelivery.objects.filter(pk=old.pk).update(status="delivered", finished_at=now - timedelta(days=31))
+    WebhookDelivery.objects.filter(pk=recent.pk).update(status="failed", finished_at=now - timedelta(days=29))
+    WebhookDelivery.objects.filter(pk=pending.pk).update(created_at=now - timedelta(days=40))
+
+    assert deliveries_prune(now=now) == 1
+    assert set(WebhookDelivery.objects.values_list("pk", flat=True)) == {recent.pk, pending.pk}
