@@ -24,9 +24,10 @@ from rest_framework import exceptions as drf
 from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 
+from memoryhub.outage import retry_after_seconds
+
 logger = logging.getLogger(__name__)
 
-RETRY_AFTER_SECONDS = 60  # docs/kernle-protocol.md §7.2: fail-closed 503s say "retry in a minute"
 
 
 class DomainError(Exception):
@@ -90,6 +91,20 @@ class ServiceUnavailable(DomainError):
     code = "service_unavailable"
 
 
+class BillingUnavailable(ServiceUnavailable):
+    """Payments are not configured (no chain RPC or no treasury address): billing refuses rather
+    than accept a transfer it cannot check or one sent to nobody in particular (fail closed)."""
+
+    code = "billing_unavailable"
+
+
+class ChainUnavailable(ServiceUnavailable):
+    """The chain's RPC node did not answer; the payment routes say so with Retry-After, nothing
+    else is affected."""
+
+    code = "chain_unavailable"
+
+
 def error_body(code: str, message: str, fields: dict[str, Any] | None = None) -> dict[str, Any]:
     body = {"error": {"code": code, "message": message, "fields": fields or {}}, "detail": message}
     return utf8_encodable(body)
@@ -127,7 +142,7 @@ def _unavailable(part: str) -> Response:
     response = Response(
         error_body("service_unavailable", f"{part} is unavailable; retry shortly"), status=503
     )
-    response["Retry-After"] = str(RETRY_AFTER_SECONDS)
+    response["Retry-After"] = str(retry_after_seconds(part))
     return response
 
 
@@ -136,7 +151,7 @@ def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response:
     if isinstance(exc, DomainError):
         response = Response(error_body(exc.code, exc.message, exc.fields), status=exc.status)
         if exc.status == 503:
-            response["Retry-After"] = str(RETRY_AFTER_SECONDS)
+            response["Retry-After"] = str(retry_after_seconds(exc.code))
         if exc.status == 401:
             response["WWW-Authenticate"] = "Bearer"
         return response

@@ -29,6 +29,9 @@ from memoryhub.embedded import EmbeddedPostgres, EmbeddedRedis, ManagedProcess, 
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 MAX_BACKOFF_SECONDS = 30.0
+# A child that ran this long before it died was healthy: its next restart starts again at 1 s
+# (without this, kills twenty minutes apart waited 1, 2, 4, 8, 16 s and every API call was a 503).
+HEALTHY_RUN_SECONDS = 60.0
 # From "web, worker and beat started" to /readyz 200. A first start imports torch and Django in
 # three processes at once; ~20 s on a busy 2-core machine.
 READY_TIMEOUT_SECONDS = 180.0
@@ -45,10 +48,12 @@ class Supervisor:
         self.children: list[ManagedProcess] = []
         self.backoff: dict[str, float] = {}
         self.restart_at: dict[str, float] = {}
+        self.started_at: dict[str, float] = {}
         self.stopping = False
 
     def add(self, child: ManagedProcess) -> None:
         child.start()
+        self.started_at[child.name] = time.monotonic()
         log(f"started {child.name} (pid {child.pid})")
         self.children.append(child)
 
@@ -58,6 +63,8 @@ class Supervisor:
             if child.running():
                 continue
             if child.name not in self.restart_at:
+                if now - self.started_at.get(child.name, now) >= HEALTHY_RUN_SECONDS:
+                    self.backoff.pop(child.name, None)
                 delay = self.backoff.get(child.name, 1.0)
                 log(f"{child.name} exited with code {child.returncode()}; restarting in {delay:.0f}s")
                 self.restart_at[child.name] = now + delay
@@ -66,6 +73,7 @@ class Supervisor:
                 del self.restart_at[child.name]
                 child.stop(timeout=1)
                 child.start()
+                self.started_at[child.name] = time.monotonic()
                 log(f"restarted {child.name} (pid {child.pid})")
 
     def stop_all(self) -> None:
