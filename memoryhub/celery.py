@@ -14,6 +14,6 @@ app.autodiscover_tasks()
 # Infrastructure tasks live in the project package, which is not an installed app.
 app.conf.imports = ("memoryhub.tasks", "memories.lifecycle_tasks")
 # The beat schedule (periodic jobs) lives in code, in memoryhub/schedule.py.
-from memoryhub.schedule import BEAT_SCHEDULE  # noqa: E402
+from memoryhub.schedule import BEAT_SCHEDULE, on_periodic_queue  # noqa: E402
 
-app.conf.beat_schedule = BEAT_SCHEDULE
+app.conf.beat_schedule = on_periodic_queue(BEAT_SCHEDULE)

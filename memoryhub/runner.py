@@ -26,6 +26,7 @@ from types import FrameType
 from typing import Any
 
 from memoryhub.embedded import EmbeddedPostgres, EmbeddedRedis, ManagedProcess, port_open
+from memoryhub.schedule import WORKER_QUEUES
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 MAX_BACKOFF_SECONDS = 30.0
@@ -244,7 +245,7 @@ def main() -> int:
         supervisor.add(ManagedProcess(
             name="worker",
             argv=[python, "-m", "celery", "-A", "memoryhub", "worker", "--loglevel", "INFO",
-                  "--concurrency", str(concurrency), "--hostname", "worker@%h"],
+                  "--concurrency", str(concurrency), "--hostname", "worker@%h", "--queues", WORKER_QUEUES],
             env=env, cwd=BASE_DIR,
         ))
         supervisor.add(ManagedProcess(

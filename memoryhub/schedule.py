@@ -8,6 +8,20 @@ from celery.schedules import crontab
 
 BEAT_SCHEDULE: dict[str, dict[str, Any]] = {}
 
+# Periodic runs go to their own queue, which every worker consumes beside the default one
+# (`--queues celery,periodic`, memoryhub/runner.py). The broker takes from a worker's queues in
+# turn, so a sweep waits for at most the task in hand, not behind thousands of queued embedding
+# tasks (on one queue, sweeps expired in line behind them). Tasks sent by code keep the default.
+PERIODIC_QUEUE = "periodic"
+WORKER_QUEUES = f"celery,{PERIODIC_QUEUE}"  # "celery": Celery's default queue, which we keep
+
+
+def on_periodic_queue(schedule: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The schedule with every entry sent to PERIODIC_QUEUE (applied in memoryhub/celery.py, so
+    entries added anywhere below are covered)."""
+    return {name: {**entry, "options": {**entry.get("options", {}), "queue": PERIODIC_QUEUE}}
+            for name, entry in schedule.items()}
+
 # Embed whatever the after-commit embedding tasks missed (dead worker, broker blip, model change).
 BEAT_SCHEDULE["memories-embedding-sweep"] = {
     "task": "memories.embedding_sweep",

@@ -15,6 +15,7 @@ import pytest
 from django.test import override_settings
 
 from memoryhub.embedded import ManagedProcess
+from memoryhub.schedule import WORKER_QUEUES
 from tests.factories import database_url_for_processes
 
 if TYPE_CHECKING:
@@ -40,8 +41,8 @@ def celery_worker(
     worker = ManagedProcess(
         name="worker",
         argv=[sys.executable, "-m", "celery", "-A", "memoryhub", "worker", "--pool", "solo",
-              "--loglevel", "INFO", "--hostname", f"test-{os.getpid()}@%h", "--without-mingle",
-              "--without-gossip"],
+              "--loglevel", "INFO", "--hostname", f"test-{os.getpid()}@%h", "--queues", WORKER_QUEUES,
+              "--without-mingle", "--without-gossip"],
         env=env, cwd=BASE_DIR, log_path=log_path,
     )
     worker.start()

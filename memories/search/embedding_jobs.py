@@ -15,16 +15,21 @@ stored (written before this rule, or by a batch that raced a switch) is re-embed
 Concurrency: a row is claimed with a short-lived Redis lock (`SET NX EX`) before it is embedded,
 so two workers (an after-commit task and the periodic sweep, say) never embed the same row at
 once — without holding a database row lock during inference, which would stall sync pushes.
+The claim is a lease of CLAIM_SECONDS that a heartbeat thread renews every RENEW_SECONDS while
+the batch is worked on: a worker killed mid-batch stops renewing, and its rows are free for the
+next task or sweep within seconds (a fixed five-minute claim held them that long).
 The write is guarded by `version`: if the text changed while we embedded, the stale vector is
 not recorded as current and the row stays in the backlog.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
@@ -50,7 +55,8 @@ logger = logging.getLogger(__name__)
 
 EMBED_BATCH_SIZE = 64
 EMBEDDING_SOURCE = "embedding"  # the change events' source for stored vectors
-CLAIM_SECONDS = 300  # longer than any batch takes; a crashed worker's claims simply expire
+CLAIM_SECONDS = 15  # the lease; renewed every RENEW_SECONDS while its batch is worked on
+RENEW_SECONDS = 5.0
 _CLAIM_PREFIX = "mh:embed:claim:"
 
 
@@ -81,6 +87,38 @@ return 0
 def _release(ids: Sequence[str], token: str) -> None:
     if ids:
         _redis().eval(_RELEASE, len(ids), *[_CLAIM_PREFIX + i for i in ids], token)
+
+
+# Extend only our own claims.
+_RENEW = """
+for i, key in ipairs(KEYS) do
+  if redis.call('GET', key) == ARGV[1] then redis.call('EXPIRE', key, ARGV[2]) end
+end
+return 0
+"""
+
+
+@contextlib.contextmanager
+def _lease_renewed(ids: Sequence[str], token: str) -> Iterator[None]:
+    """Keep renewing our claims on `ids` until the block ends (then release them)."""
+    stop = threading.Event()
+    keys = [_CLAIM_PREFIX + i for i in ids]
+
+    def renew() -> None:
+        while not stop.wait(RENEW_SECONDS):
+            try:
+                _redis().eval(_RENEW, len(keys), *keys, token, str(CLAIM_SECONDS))
+            except redis.RedisError as exc:  # the lease may lapse: the worst case is embedding twice
+                logger.warning("embedding claims not renewed (%s)", type(exc).__name__)
+
+    heartbeat = threading.Thread(target=renew, name="embedding-lease", daemon=True)
+    heartbeat.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        heartbeat.join()
+        _release(ids, token)
 
 
 @dataclass
@@ -172,7 +210,7 @@ def memories_embed(*, ids: Iterable[str | uuid.UUID], embedder: Embedder | None 
         result.skipped_claimed += len(chunk) - len(claimed)
         if not claimed:
             continue
-        try:
+        with _lease_renewed(claimed, token):
             rows = list(
                 Memory.objects.filter(_needs_vector(embedder.model_id), pk__in=claimed, deleted_at__isnull=True)
                 .values_list("id", "version", "text")
@@ -191,8 +229,6 @@ def memories_embed(*, ids: Iterable[str | uuid.UUID], embedder: Embedder | None 
             result.embedded += stored
             result.skipped_stale += len(rows) - stored
             result.ids.extend(str(mid) for mid, _, _ in rows)
-        finally:
-            _release(claimed, token)
     return result
 
 

@@ -74,3 +74,16 @@ def test_a_database_outage_503_says_retry_in_seconds(failures: int) -> None:
         response = api_exception_handler(OperationalError("connection refused"), {"request": request})
     assert response is not None and response.status_code == 503
     assert 1 <= int(response["Retry-After"]) <= 3
+
+
+def test_periodic_runs_have_their_own_queue_which_the_worker_consumes(celery_worker: object) -> None:
+    from memoryhub.celery import app
+    from memoryhub.schedule import PERIODIC_QUEUE
+
+    assert app.conf.beat_schedule, "no periodic jobs"
+    assert {entry["options"]["queue"] for entry in app.conf.beat_schedule.values()} == {PERIODIC_QUEUE}
+    consumed = app.control.inspect(timeout=5).active_queues() or {}
+    assert any({q["name"] for q in queues} >= {"celery", PERIODIC_QUEUE} for queues in consumed.values())
+    # A periodic task sent the way beat sends it is run by the worker from that queue.
+    result = app.send_task("memoryhub.ping", queue=PERIODIC_QUEUE)
+    assert result.get(timeout=30) == "pong"
