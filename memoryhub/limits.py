@@ -33,6 +33,7 @@ from rest_framework.parsers import JSONParser
 from rest_framework.utils.json import strict_constant
 
 from memoryhub.errors import InvalidInput, PayloadTooLarge, error_body
+from memoryhub.metrics import WEBSOCKETS_OPEN
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -266,8 +267,18 @@ class WebsocketGuard:
             await send({"type": "websocket.close", "code": code, "reason": reason})
             return {"type": "websocket.disconnect", "code": code}
 
+        accepted = False
+
         async def guarded_send(message: Message) -> None:
+            nonlocal accepted
             if not closed:
                 await send(message)
+                if message["type"] == "websocket.accept" and not accepted:
+                    accepted = True
+                    WEBSOCKETS_OPEN.inc()
 
-        await self.app(scope, guarded_receive, guarded_send)
+        try:
+            await self.app(scope, guarded_receive, guarded_send)
+        finally:
+            if accepted:
+                WEBSOCKETS_OPEN.dec()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -64,6 +65,7 @@ class Supervisor:
             if child.running():
                 continue
             if child.name not in self.restart_at:
+                forget_live_metrics(child.pid)
                 if now - self.started_at.get(child.name, now) >= HEALTHY_RUN_SECONDS:
                     self.backoff.pop(child.name, None)
                 delay = self.backoff.get(child.name, 1.0)
@@ -81,6 +83,15 @@ class Supervisor:
         for child in reversed(self.children):
             log(f"stopping {child.name}")
             child.stop()
+
+
+def forget_live_metrics(pid: int | None) -> None:
+    """A dead process's live gauges (open websockets) no longer count in /metrics (memoryhub.metrics)."""
+    directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if pid and directory:
+        from prometheus_client import multiprocess
+
+        multiprocess.mark_process_dead(pid, directory)
 
 
 def write_runtime_file(path: Path, info: dict[str, Any]) -> None:
@@ -174,6 +185,12 @@ def main() -> int:
     logs = data / "logs"
     runtime = runtime_file(data)
     env = dict(os.environ)  # EMBEDDING_PROVIDER included: every child reads the same one (settings)
+    # Prometheus metrics of every web and worker process, added up by /metrics (memoryhub.metrics);
+    # emptied at each start, as the client library requires (old processes' files would count).
+    metrics_dir = Path(env.setdefault("PROMETHEUS_MULTIPROC_DIR", str(data / "metrics")))
+    shutil.rmtree(metrics_dir, ignore_errors=True)
+    metrics_dir.mkdir(parents=True)
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)  # for forget_live_metrics here
     supervisor = Supervisor()
     wrote_runtime = False
 

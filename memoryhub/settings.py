@@ -105,6 +105,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # First: counts and times every request, whatever the middleware below answer (memoryhub.metrics).
+    "memoryhub.metrics.MetricsMiddleware",
     "django.middleware.security.SecurityMiddleware",
     # Static files answer here, before sessions and CSRF, in every mode (memoryhub/staticfiles.py).
     "memoryhub.staticfiles.StaticFilesMiddleware",
@@ -219,6 +221,9 @@ PASSWORD_RESET_TIMEOUT = 3600
 # Webhooks (webhooks/): endpoints must be https. Plain http to 127.0.0.1/localhost is allowed only
 # with DEBUG or this switch (the test suite sets it; receivers on the same machine in development).
 WEBHOOKS_ALLOW_LOOPBACK_HTTP = env_bool("WEBHOOKS_ALLOW_LOOPBACK_HTTP", False)
+# /metrics (Prometheus): readable with `Authorization: Bearer $METRICS_TOKEN`; without a token, only
+# from loopback and not through a proxy (memoryhub.metrics).
+METRICS_TOKEN = env_str("METRICS_TOKEN", "")
 
 CACHES = {
     "default": {

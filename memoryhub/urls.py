@@ -17,6 +17,7 @@ urlpatterns = [
     path("health/", views.health),
     path("readyz", views.readyz, name="readyz"),
     path("readyz/", views.readyz),
+    path("metrics", views.metrics, name="metrics"),
     # The schema and its docs are public and read no credentials: a stray Authorization header
     # must not turn them into a 401 (or, for the HTML page, a 500 during rendering).
     path(

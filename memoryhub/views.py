@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import logging
 
-from django.http import HttpRequest, JsonResponse
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
 from memoryhub.health import embedding_backlog, readiness
+from memoryhub.metrics import metrics_allowed, metrics_response
 
 logger = logging.getLogger(__name__)
 # Has this process ever answered ready? Before that a 503 is start-up (the runner polls /readyz
@@ -50,3 +51,13 @@ def readyz(request: HttpRequest) -> JsonResponse:
     else:
         _was_ready = True
     return response
+
+
+@never_cache
+@require_GET
+def metrics(request: HttpRequest) -> HttpResponse:
+    """Prometheus exposition (memoryhub.metrics): with the METRICS_TOKEN bearer token, or from
+    loopback without one; anyone else gets a plain 404, as if there were nothing here."""
+    if not metrics_allowed(request):
+        raise Http404
+    return metrics_response()

@@ -34,6 +34,7 @@ from accounts.models import Membership
 from accounts.services import audit_record
 from memories.events import event_dict
 from memories.models import ChangeEvent, Memory
+from memoryhub.metrics import WEBHOOK_DELIVERIES
 from stacks.models import Stack
 from webhooks import event_types
 from webhooks.delivery import Outcome, post
@@ -181,6 +182,7 @@ def queue_run(endpoint_id: int, stack_id: int | None) -> int:
 
 
 def _record_success(endpoint: WebhookEndpoint, delivery: WebhookDelivery, outcome: Outcome) -> None:
+    WEBHOOK_DELIVERIES.labels("delivered").inc()
     now = clock()
     WebhookDelivery.objects.filter(pk=delivery.pk).update(
         status=WebhookDelivery.Status.DELIVERED, attempts=delivery.attempts + 1,
@@ -191,6 +193,7 @@ def _record_success(endpoint: WebhookEndpoint, delivery: WebhookDelivery, outcom
 
 def _record_failure(endpoint: WebhookEndpoint, delivery: WebhookDelivery, outcome: Outcome) -> bool:
     """Record a failed attempt; True if the delivery was given up (the queue may move on)."""
+    WEBHOOK_DELIVERIES.labels("failed").inc()
     now = clock()
     attempts = delivery.attempts + 1
     given_up = now - delivery.created_at >= RETRY_WINDOW

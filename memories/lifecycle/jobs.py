@@ -32,6 +32,7 @@ from django.utils import timezone
 from memories.models import JobRun
 from memories.writes.hooks import MemoryChange, register_listener, unregister_listener
 from memoryhub.errors import InvalidInput
+from memoryhub.metrics import JOB_DURATION, JOB_RUNS
 from stacks.models import Stack
 
 logger = logging.getLogger(__name__)
@@ -129,6 +130,7 @@ def run_job(name: str, work: Callable[[dict[str, Any]], None]) -> JobRun:
     with job_lock(name) as acquired:
         if not acquired:
             logger.info("job %s skipped: a previous run still holds the lock", name)
+            JOB_RUNS.labels(name, JobRun.Status.SKIPPED).inc()
             return JobRun.objects.create(
                 name=name, status=JobRun.Status.SKIPPED, finished_at=timezone.now(), duration_ms=0,
                 counts={"reason": "previous run still in progress"},
@@ -157,6 +159,8 @@ def run_job(name: str, work: Callable[[dict[str, Any]], None]) -> JobRun:
             run.counts = counts
             run.finished_at = timezone.now()
             run.duration_ms = int((time.monotonic() - started) * 1000)
+            JOB_RUNS.labels(name, run.status).inc()
+            JOB_DURATION.labels(name).observe(run.duration_ms / 1000)
             run.save(update_fields=["status", "error", "counts", "organization_counts", "finished_at",
                                     "duration_ms"])
         return run

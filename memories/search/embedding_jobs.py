@@ -50,6 +50,7 @@ from memories.search.embedding_model import (
 )
 from memories.search.embeddings import Embedder, get_embedder, vector_literal
 from memories.writes.rows import lock_stack_changes
+from memoryhub.metrics import EMBEDDINGS_STORED
 
 logger = logging.getLogger(__name__)
 
@@ -227,6 +228,7 @@ def memories_embed(*, ids: Iterable[str | uuid.UUID], embedder: Embedder | None 
             vectors = embedder.embed([text for _, _, text in rows])
             stored = store_vectors([(str(mid), version) for mid, version, _ in rows], vectors, embedder.model_id)
             result.embedded += stored
+            EMBEDDINGS_STORED.inc(stored)
             result.skipped_stale += len(rows) - stored
             result.ids.extend(str(mid) for mid, _, _ in rows)
     return result

@@ -56,6 +56,7 @@ from memories.search.embedding_model import deployment_model_id
 from memories.search.embeddings import Vector, embed_query, get_embedder, vector_literal
 from memories.search.vector_indexes import stacks_with_vector_index
 from memoryhub.errors import ServiceUnavailable
+from memoryhub.metrics import SEARCH_LATENCY
 
 logger = logging.getLogger(__name__)
 
@@ -413,7 +414,9 @@ def search_memories(*, stack_ids: Sequence[int], query: SearchQuery, now: dateti
         # well inside that is cancelled (-> 503, which also makes the client fall back).
         with connection.cursor() as cursor:
             cursor.execute(f"SET LOCAL statement_timeout = {int(STATEMENT_TIMEOUT_MS)}")
-        return _search(stack_ids=stack_ids, query=query, now=now, fetch=fetch, stats=stats, started=started)
+        result = _search(stack_ids=stack_ids, query=query, now=now, fetch=fetch, stats=stats, started=started)
+    SEARCH_LATENCY.observe(time.perf_counter() - started)
+    return result
 
 
 def _search(*, stack_ids: Sequence[int], query: SearchQuery, now: datetime, fetch: int, stats: dict[str, Any],

@@ -30,6 +30,7 @@ from memories.sync.protocol import (
     wire_key,
 )
 from memoryhub.errors import DomainError, InvalidInput, NotFound, PayloadTooLarge, QuotaExceeded, utf8_encodable
+from memoryhub.metrics import PUSH_OPERATIONS
 from stacks.models import Stack
 from stacks.selectors import stack_for_principal
 from stacks.services import stack_create, stack_id_validated
@@ -121,6 +122,8 @@ def _kernle_push(principal: Principal, stack_id: Any, operations: list[Any], per
         else:
             conflicts.append({"table": table, "record_id": None if record_id is None else str(record_id),
                               "operation": operation, "error": results[index].error or "rejected"})
+    PUSH_OPERATIONS.labels("kernle", "applied").inc(len(operations) - len(conflicts))
+    PUSH_OPERATIONS.labels("kernle", "conflict").inc(len(conflicts))
     return KernlePushResult(synced=len(operations) - len(conflicts), conflicts=conflicts,
                             acknowledged=acknowledged, server_time=now)
 
@@ -167,5 +170,7 @@ def _native_push(principal: Principal, stack_slug: str, operations: Any, per_rec
             entry["error"] = {"code": result.code or "invalid", "message": result.error, "fields": result.fields}
         body.append(entry)
     applied = sum(1 for r in results if r.ok)
+    PUSH_OPERATIONS.labels("native", "applied").inc(applied)
+    PUSH_OPERATIONS.labels("native", "conflict").inc(len(results) - applied)
     return NativePushResult(results=body, applied=applied, rejected=len(results) - applied, server_time=now)
 
