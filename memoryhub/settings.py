@@ -83,6 +83,7 @@ if DB_POOL_MAX_SIZE:
     }
 
 INSTALLED_APPS = [
+    "memoryhub",  # the project package, for its operator commands (manage.py backup / restore)
     "django.contrib.admin",
     "django.contrib.auth",
     "django.contrib.contenttypes",

@@ -1,0 +1,134 @@
+"""Backup and restore (manage.py backup / restore): a data dir with 3 schools and 50,000 memories,
+restored into an empty one, has every count, every embedding and the same search results."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from django.core.management import CommandError, call_command
+from django.db import connection
+
+from memories.models import Memory
+from memoryhub.backup import MANIFEST_NAME
+from memoryhub.database import database_conninfo
+from memoryhub.embedded import EmbeddedPostgres, free_port
+from tests.factories import make_org, make_stack
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+MEMORIES = 50_000
+T0 = datetime(2026, 11, 1, tzinfo=UTC)
+TOPICS = ("fractions", "photosynthesis", "the French revolution", "volcanoes", "poetry", "algebra")
+
+
+def seed() -> None:
+    """3 schools, 2 stacks each, 50,000 memories with vectors (set-based: the write kernel's own
+    paths are tested elsewhere; here the bytes matter)."""
+    stacks = [make_stack(make_org(f"School {s}"), f"student-{s}-{n}") for s in range(3) for n in range(2)]
+    rows = [Memory(stack=stacks[i % len(stacks)], kind="note", record_id=f"r-{i}",
+                   text=f"Note {i} about {TOPICS[i % len(TOPICS)]} and practice {i % 97}",
+                   created_at=T0, server_updated_at=T0, size_bytes=40) for i in range(MEMORIES)]
+    with connection.cursor() as cursor:
+        # Filling 50,000 vectors through the HNSW index row by row takes minutes; building it
+        # afterwards takes seconds. The index is put back exactly as the migrations made it.
+        cursor.execute("SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'memories_memory' "
+                       "AND indexdef ILIKE '%%hnsw%%'")
+        vector_indexes = cursor.fetchall()
+        for name, _ in vector_indexes:
+            cursor.execute(f'DROP INDEX "{name}"')
+    Memory.objects.bulk_create(rows, batch_size=5_000)
+    with connection.cursor() as cursor:  # a deterministic 384-d vector per row
+        cursor.execute("""
+            UPDATE memories_memory m
+               SET embedding = v.vec, embedding_model = 'hash-v1/384', embedded_version = m.version
+            FROM (SELECT id, (SELECT array_agg(sin(ord * (1 + (abs(hashtext(id::text)) % 1000))))
+                              FROM generate_series(1, 384) ord)::vector AS vec FROM memories_memory) v
+            WHERE v.id = m.id""")
+        for _, definition in vector_indexes:
+            cursor.execute(definition)
+
+
+FINGERPRINT_SQL = {
+    "memories": ("SELECT count(*), md5(string_agg(id::text || text || change_seq, ',' ORDER BY id)) "
+                 "FROM memories_memory"),
+    "embeddings": "SELECT count(embedding), md5(string_agg(embedding::text, ',' ORDER BY id)) FROM memories_memory",
+    "stacks": "SELECT count(*), md5(string_agg(slug || memory_count || bytes_used, ',' ORDER BY id)) FROM stacks_stack",
+    "schools": "SELECT count(*), md5(string_agg(slug, ',' ORDER BY id)) FROM accounts_organization",
+    "revisions": "SELECT count(*) FROM memories_memoryrevision",
+    # A search: exact nearest neighbours of one stored vector, and the full-text leg's top hits.
+    "vector search": """SET enable_indexscan = off; SELECT string_agg(id::text, ',') FROM (
+        SELECT id FROM memories_memory ORDER BY embedding <=> (SELECT embedding FROM memories_memory
+        WHERE record_id = 'r-12345') , id LIMIT 10) t""",
+    "keyword search": """SELECT string_agg(id::text, ',') FROM (SELECT id FROM memories_memory
+        WHERE search_vector @@ plainto_tsquery('english', 'volcanoes practice')
+        ORDER BY ts_rank_cd(search_vector, plainto_tsquery('english', 'volcanoes practice')) DESC, id LIMIT 10) t""",
+}
+
+
+def fingerprint(conninfo: str) -> dict[str, Any]:
+    result = {}
+    with psycopg.connect(conninfo) as conn:
+        for name, sql in FINGERPRINT_SQL.items():
+            *setup, query = [part for part in sql.split(";") if part.strip()]
+            for statement in setup:
+                conn.execute(statement)
+            result[name] = conn.execute(query).fetchone()
+            conn.execute("RESET ALL")
+    return result
+
+
+@pytest.fixture
+def restored_server() -> Iterator[list[EmbeddedPostgres]]:
+    started: list[EmbeddedPostgres] = []
+    yield started
+    for server in started:
+        server.stop()
+
+
+def test_a_backup_restores_into_an_empty_data_dir_with_everything_equal(
+        tmp_path: Path, settings: Any, restored_server: list[EmbeddedPostgres], capsys: Any) -> None:
+    seed()
+    source_dir = tmp_path / "source"
+    source_dir.mkdir()
+    (source_dir / "secrets.json").write_text(json.dumps({"SECRET_KEY": "s" * 50}))
+    settings.DATA_DIR = source_dir
+    before = fingerprint(database_conninfo())
+    assert before["memories"][0] == MEMORIES and before["embeddings"][0] == MEMORIES
+
+    call_command("backup", str(tmp_path / "backup"))
+    manifest = json.loads((tmp_path / "backup" / MANIFEST_NAME).read_text())
+    assert manifest["counts"]["memories_memory"] == MEMORIES and "files/secrets.json" in manifest["files"]
+    assert "dumped" in capsys.readouterr().out  # progress, table by table
+
+    target = tmp_path / "restored"
+    call_command("restore", str(tmp_path / "backup"), "--data-dir", str(target))
+    assert (target / "secrets.json").read_text() == (source_dir / "secrets.json").read_text()
+    server = EmbeddedPostgres(target / "postgres", free_port(), log_path=tmp_path / "restored.log")
+    server.prepare()
+    server.start()
+    restored_server.append(server)
+    assert fingerprint(server.url("memoryhub")) == before
+
+
+def test_restore_refuses_a_damaged_backup_or_a_data_dir_in_use(tmp_path: Path, settings: Any) -> None:
+    settings.DATA_DIR = tmp_path / "data"
+    make_stack(make_org())
+    call_command("backup", str(tmp_path / "backup"))
+    with pytest.raises(CommandError, match="not empty"):
+        call_command("backup", str(tmp_path / "backup"))
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    (busy / "something").write_text("x")
+    with pytest.raises(CommandError, match="not empty"):
+        call_command("restore", str(tmp_path / "backup"), "--data-dir", str(busy))
+    with (tmp_path / "backup" / "database.dump").open("ab") as dump:
+        dump.write(b"tampered")
+    with pytest.raises(CommandError, match="damaged"):
+        call_command("restore", str(tmp_path / "backup"), "--data-dir", str(tmp_path / "new"))
+    assert not (tmp_path / "new").exists()
