@@ -49,7 +49,14 @@ $(NODE_STAMP): package.json package-lock.json
 	@touch $(NODE_STAMP)
 	@echo "[memoryhub] front-end packages ready"
 
-install: $(STAMP) $(NODE_STAMP)
+# The development chain's USDC-like token (contracts/TestUSDC.sol), compiled from source with solc-js
+# (npm `solc`); the artifact is its own stamp and is rebuilt when the source or the compiler changes.
+CONTRACTS := build/contracts/TestUSDC.json
+
+$(CONTRACTS): contracts/TestUSDC.sol contracts/compile.mjs $(NODE_STAMP)
+	@node contracts/compile.mjs build/contracts
+
+install: $(STAMP) $(NODE_STAMP) $(CONTRACTS)
 
 # The browser tests (tests/e2e) drive Debian's chromium through Playwright; install it when missing.
 browser:

@@ -135,6 +135,13 @@ LOGIN_THROTTLES = _pair("login")
 KEY_CREATE_THROTTLES = _pair("key_create")  # POST /auth/keys, cycle, native key issue
 SYNC_PUSH_THROTTLES = _pair("sync_push")
 SYNC_PULL_THROTTLES = _pair("sync_pull")
+# billing.api: each subscription change has its own limit (§12.3: "5/min each").
+SUBSCRIPTION_UPGRADE_THROTTLES = _pair("subscription_upgrade")
+SUBSCRIPTION_DOWNGRADE_THROTTLES = _pair("subscription_downgrade")
+SUBSCRIPTION_CANCEL_THROTTLES = _pair("subscription_cancel")
+SUBSCRIPTION_REACTIVATE_THROTTLES = _pair("subscription_reactivate")
+PAYMENT_CONFIRM_THROTTLES = _pair("payment_confirm")
+WALLET_LINK_THROTTLES = _pair("wallet_link")
 
 
 # --- what failed authentications cost ------------------------------------------------------------

@@ -133,15 +133,16 @@ class StackConsumer(LiveConsumer):
             await self.send_json(message)
 
     def _catch_up(self) -> dict[str, Any] | None:
-        _, stack = live.stack_access(self.user, str(self.slug))
+        principal, stack = live.stack_access(self.user, str(self.slug))
         change, too_far = live.catch_up(stack, int(self.since or 0))
         if too_far:
             return {"type": "reload"}
-        return live.student_message(stack.pk, self.filters, change) if change is not None else None
+        return live.student_message(principal, stack.pk, self.filters, change) if change is not None else None
 
     def _render(self, event: dict[str, Any]) -> dict[str, Any]:
-        live.stack_access(self.user, str(self.slug))  # still within reach? (NotFound: close)
-        return live.student_message(self.stack_id, self.filters, live.change_of(event))
+        principal, _ = live.stack_access(self.user, str(self.slug))  # still within reach? (NotFound: close)
+        # The principal's grants decide which of the event's memories this socket is told about.
+        return live.student_message(principal, self.stack_id, self.filters, live.change_of(event))
 
     async def stack_change(self, message: dict[str, Any]) -> None:
         event = message.get("event") or {}

@@ -17,6 +17,7 @@ NAVIGATION = (
     ("Keys", "dashboard:keys", {ADMIN}),
     ("Audit", "dashboard:audit", {ADMIN}),
     ("Webhooks", "dashboard:webhooks", {ADMIN}),
+    ("Privacy", "dashboard:privacy", {ADMIN}),
     ("Billing", "dashboard:billing", {ADMIN, BILLING}),
 )
 

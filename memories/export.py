@@ -3,8 +3,10 @@
 Sections, in order: header, boot config, values (≤ 20 by priority), active goals (≤ 20 by
 priority), beliefs with confidence ≥ 0.4 (≤ 50 by confidence), key relationships (top 10 by
 interactions, notes cut at 80 characters), the last checkpoint. Forgotten, deleted and expired
-memories never appear. Every memory line is flattened to one line, so no stored text can inject
-markdown structure (headings, lists) into the file.
+memories never appear, nor, for a requester other than the stack's own credentials, memories its
+privacy grants do not admit (memories.grants; the boot config and checkpoint carry no grants).
+Every memory line is flattened to one line, so no stored text can inject markdown structure
+(headings, lists) into the file.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Cast, Coalesce
 from django.utils import timezone
 
+from memories.grants import Audience
 from memories.schemas import goal_priority_rank
 from memories.selectors import boot_config_entries, checkpoint_latest, checkpoint_warnings, memories_list
 from stacks.models import Stack
@@ -43,9 +46,10 @@ def one_line(text: object, limit: int = LINE_MAX) -> str:
     return flat
 
 
-def stack_memory_md(*, stack: Stack, now: datetime | None = None, include_checkpoint: bool = True) -> str:
+def stack_memory_md(*, stack: Stack, now: datetime | None = None, include_checkpoint: bool = True,
+                    audience: Audience | None = None) -> str:
     now = now or timezone.now()
-    live = memories_list(stack=stack, forgotten="exclude")
+    live = memories_list(stack=stack, forgotten="exclude", audience=audience)
     lines = [
         "# MEMORY.md — Long-Term Memory",
         "",

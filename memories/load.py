@@ -38,11 +38,13 @@ import math
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import cache
 from typing import Any
 
 from django.db import connection, transaction
 from django.utils import timezone
 
+from memories.grants import Audience, grants_sql
 from memories.selectors import checkpoint_latest, checkpoint_warnings
 from stacks.models import Stack
 
@@ -142,9 +144,11 @@ _KIND_FILTER = {
 }
 
 
-def _kind_candidates_sql(rank: int, kind: str) -> str:
+def _kind_candidates_sql(rank: int, kind: str, grants: str) -> str:
     # A literal kind per branch lets each branch walk the (stack, kind, -created_at) index and stop
     # after CANDIDATES_PER_KIND rows: no sort of the stack's rows, no scan of the other kinds.
+    # `grants`: the privacy-grants predicate for a requester other than the stack's own credentials
+    # (memories.grants), inside each branch and before its LIMIT; empty for the stack's own.
     return f"""(SELECT id, created_at, {rank} AS kind_rank, '{kind}'::text AS kind, {_score_sql(kind)} AS score,
             ceil(floor(LEAST(length(text), %(cap)s) / 4) * 1.3)::int AS bound,
             LEAST(length(text), %(cap)s) AS chars
@@ -152,14 +156,21 @@ def _kind_candidates_sql(rank: int, kind: str) -> str:
      WHERE stack_id = %(stack)s AND kind = '{kind}'
        AND deleted_at IS NULL AND forgotten_at IS NULL
        AND (expires_at IS NULL OR expires_at > %(now)s)
-       AND strength >= {LOAD_MIN_STRENGTH} {_KIND_FILTER.get(kind, "")}
+       AND strength >= {LOAD_MIN_STRENGTH} {_KIND_FILTER.get(kind, "")} {grants}
      ORDER BY created_at DESC
      LIMIT {CANDIDATES_PER_KIND})"""  # noqa: S608 (module constants only)
 
 
-_CANDIDATES_SQL = f"""
+@cache
+def _candidates_sql(grants: str = "") -> str:
+    """The candidates query; `grants` is "" or "AND <grants predicate>" (two or three variants in all)."""
+    return _CANDIDATES_SQL_TEMPLATE.replace("{scored}", " UNION ALL ".join(
+        _kind_candidates_sql(rank, kind, grants) for rank, kind in enumerate(LOAD_KINDS)))
+
+
+_CANDIDATES_SQL_TEMPLATE = f"""
 WITH scored AS (
-    {" UNION ALL ".join(_kind_candidates_sql(rank, kind) for rank, kind in enumerate(LOAD_KINDS))}
+    {{scored}}
 ), ranked AS (
     SELECT id, kind, score, bound, chars,
            row_number() OVER w AS pos,
@@ -256,8 +267,12 @@ def _chars_for_tokens(tokens: int) -> int:
 
 
 def stack_load(*, stack: Stack, budget: int | None = None, item_chars: int | None = None,
-               now: datetime | None = None, track_access: bool = True) -> LoadResult:
-    """Assemble the load for `stack` (see module docstring)."""
+               now: datetime | None = None, track_access: bool = True,
+               audience: Audience | None = None) -> LoadResult:
+    """Assemble the load for `stack` (see module docstring). `audience`: the requester when it is not
+    the stack's own credentials (memories.grants): only memories its grants admit are candidates, and
+    echoes come from those too. The checkpoint and boot config are the stack's working state, not
+    memories, and carry no grants: whoever may read the stack gets them."""
     now = now or timezone.now()
     total = clamp_budget(budget)
     cap = clamp_item_chars(item_chars)
@@ -296,8 +311,9 @@ def stack_load(*, stack: Stack, budget: int | None = None, item_chars: int | Non
         settings_sql = f"SET LOCAL random_page_cost = {CANDIDATE_RANDOM_PAGE_COST}; "
         if own_transaction:
             settings_sql += "SET LOCAL synchronous_commit = off; "
-        cursor.execute(settings_sql + _CANDIDATES_SQL,
-                       {"cap": cap, "stack": stack.pk, "now": now, "budget": max(remaining, 0)})
+        grants, grant_params = grants_sql(audience, "memories_memory") if audience is not None else ("", {})
+        cursor.execute(settings_sql + _candidates_sql(f"AND {grants}" if grants else ""),
+                       {"cap": cap, "stack": stack.pk, "now": now, "budget": max(remaining, 0), **grant_params})
         while cursor.description is None and cursor.nextset():
             pass  # past the SET statements to the candidates
         candidates = cursor.fetchall()

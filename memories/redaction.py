@@ -14,8 +14,17 @@ services.
   For a memory the report counts the placeholders in the final record, so re-normalising an
   already redacted record (sync merges list fields into stored records) is idempotent and keeps
   its report.
+* Per school (docs/privacy.md "Redaction"): secrets — every key and token shape, JWTs and
+  Luhn-checked card numbers — are always redacted, and CRITICAL refusals always apply; the PII
+  categories (`PII_CATEGORIES`: e-mail addresses, phone numbers, IP addresses) are the school's
+  choice, `Organization.redaction_categories` (None: all of them). A `RedactionPolicy` carries that
+  choice: writers resolve it once per request or batch (`stack_policy`, from the stack row and the
+  organization it was loaded with) and hand it to the kernel.
 * Speed: the patterns are compiled once, and one combined trigger search over the record's JSON
   renderings (which the schema already made) lets clean records through without walking them.
+* For benchmarks only, `MEMORYHUB_REDACTION=off` turns the kernel's step off (bench/redaction.py
+  measures a push with and without it); settings refuse it outside a benchmark run on development
+  secrets (`memoryhub.settings.REDACTION_OFF_FOR_BENCH`).
 """
 
 from __future__ import annotations
@@ -26,10 +35,16 @@ import re
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from functools import cache
+from typing import TYPE_CHECKING, Any
+
+from django.conf import settings
 
 from memories.schemas import NormalizedMemory, assemble_memory, normalize_memory
-from memoryhub.errors import Unprocessable
+from memoryhub.errors import InvalidInput, Unprocessable
+
+if TYPE_CHECKING:
+    from stacks.models import Stack
 
 PLACEHOLDER = "<REDACTED:{}>"
 _PLACEHOLDER = re.compile(r"<REDACTED:([A-Z0-9_]+)>")
@@ -53,7 +68,8 @@ class Rule:
     pattern: re.Pattern[str]
     group: int = 0  # the group replaced (a label such as `api_key=` stays readable)
     check: Callable[[str], bool] | None = None  # e.g. Luhn: a match that fails it is left alone
-    secret: bool = True  # secrets are redacted everywhere, PII not in entity-id fields
+    in_ids: bool = True  # also applied to the entity-id columns (secrets are; PII and card numbers not)
+    category: str = ""  # a PII category a school may switch off ("" : always applied)
 
 
 def _luhn(candidate: str) -> bool:
@@ -82,6 +98,9 @@ _AUTH_VALUE = re.compile(r"(?i)^\s*(?:bearer|basic)\s+" + _TOKEN)
 
 # docs/algorithms.md §11.2, in the order they apply: the secrets (the §10.2 order, MemoryHub's own
 # key shapes after GitHub's, the JWT before any PII rule can cut a token apart), then the PII.
+# Card numbers count as a secret (always redacted): a card number is a payment credential whose
+# storage no school purpose needs (PCI DSS keeps it out of systems like this), not a contact detail
+# a school may want its tutors to remember.
 RULES: tuple[Rule, ...] = (
     Rule("api_key", re.compile(r"(?i)\bapi[_-]?key[\"']?\s*[=:]\s*[\"']?([A-Za-z0-9_\-]{32,})"), group=1),
     Rule("aws_access_key", re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b")),
@@ -97,17 +116,81 @@ RULES: tuple[Rule, ...] = (
     Rule("bearer_token", re.compile(r"(?i)\bbearer\s+((?=[A-Za-z0-9\-._~+/]*\d)[A-Za-z0-9\-._~+/]{8,}=*)"), group=1),
     Rule("jwt", re.compile(r"\beyJ[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]*")),
     Rule("email", re.compile(r"\b[A-Za-z0-9._%+\-]+@[A-Za-z0-9\-]+(?:\.[A-Za-z0-9\-]+)*\.[A-Za-z]{2,}\b"),
-         secret=False),
-    Rule("credit_card", re.compile(r"(?<![\d-])\d(?:[ -]?\d){12,18}(?![\d-])"), check=_luhn, secret=False),
+         in_ids=False, category="EMAIL"),
+    Rule("credit_card", re.compile(r"(?<![\d-])\d(?:[ -]?\d){12,18}(?![\d-])"), check=_luhn, in_ids=False),
     Rule("phone", re.compile(
         r"(?<![\w+])(?:\+?1[-.\s]?)?(?:\(\d{3}\)\s?|\d{3}[-.\s]?)\d{3}[-.\s]?\d{4}(?!\d)"
-        r"|(?<![\w+])\+[2-9]\d{0,2}[-.\s]?\d{1,4}(?:[-.\s]?\d{2,4}){2,3}(?!\d)"), secret=False),
+        r"|(?<![\w+])\+[2-9]\d{0,2}[-.\s]?\d{1,4}(?:[-.\s]?\d{2,4}){2,3}(?!\d)"), in_ids=False, category="PHONE"),
     Rule("ip_address", re.compile(
         r"(?<![\d.])(?:(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)\.){3}(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)(?![\d.])"),
-         secret=False),
+         in_ids=False, category="IP_ADDRESS"),
 )
 RULE_NAMES = tuple(rule.name for rule in RULES)
-_SECRET_RULES = tuple(rule for rule in RULES if rule.secret)
+
+# The PII categories a school chooses from (Organization.redaction_categories), in rule order. These
+# names are stable: they are stored in schools' settings and are the placeholders' names. Every
+# other rule — and every CRITICAL refusal — applies whatever a school chose.
+PII_CATEGORIES: tuple[str, ...] = tuple(rule.category for rule in RULES if rule.category)
+
+
+def redaction_categories_validated(value: Any) -> list[str] | None:
+    """A school's PII category choice as stored: None (every category, the default) or a list of
+    `PII_CATEGORIES` names (case-insensitive in, upper-case, deduplicated and in rule order out;
+    an empty list redacts no PII — secrets still are). `InvalidInput` names unknown categories."""
+    if value is None:
+        return None
+    if not isinstance(value, (list, tuple)) or not all(isinstance(item, str) for item in value):
+        raise InvalidInput("Redaction categories must be a list of names.", code="invalid",
+                           fields={"redaction_categories": [f"A list of: {', '.join(PII_CATEGORIES)}."]})
+    chosen = {item.strip().upper() for item in value}
+    unknown = sorted(chosen - set(PII_CATEGORIES))
+    if unknown:
+        raise InvalidInput("Unknown redaction categories.", code="invalid", fields={"redaction_categories": [
+            f"Unknown: {', '.join(unknown)}. Choose from {', '.join(PII_CATEGORIES)} "
+            "(secrets are always redacted)."]})
+    return [name for name in PII_CATEGORIES if name in chosen]
+
+
+@dataclass(frozen=True)
+class RedactionPolicy:
+    """The rules one school's writes apply: every secret rule plus its PII categories."""
+
+    categories: frozenset[str]
+    rules: tuple[Rule, ...]  # in order, for free text
+    id_rules: tuple[Rule, ...]  # in order, for the entity-id columns
+
+
+@cache
+def _policy(categories: frozenset[str]) -> RedactionPolicy:
+    rules = tuple(rule for rule in RULES if not rule.category or rule.category in categories)
+    return RedactionPolicy(categories=categories, rules=rules, id_rules=tuple(r for r in rules if r.in_ids))
+
+
+def policy_for(categories: Any) -> RedactionPolicy:
+    """The policy of a stored choice (`Organization.redaction_categories`). A stored value that is no
+    longer valid (a category since renamed) redacts everything rather than failing a write."""
+    if categories is None:
+        return ALL_CATEGORIES
+    try:
+        chosen = redaction_categories_validated(categories)
+    except InvalidInput:
+        return ALL_CATEGORIES
+    return _policy(frozenset(chosen or ()))
+
+
+def stack_policy(stack: Stack) -> RedactionPolicy:
+    """The policy of the school owning `stack`: resolve it once per request or batch. Reads
+    `stack.organization`, which the access decision (stacks.selectors) loads with the stack."""
+    return policy_for(stack.organization.redaction_categories)
+
+
+ALL_CATEGORIES = _policy(frozenset(PII_CATEGORIES))
+
+
+@cache
+def _disabled() -> bool:
+    """The benchmark-only switch (module docstring); settings decide whether it may be honoured."""
+    return bool(getattr(settings, "REDACTION_OFF_FOR_BENCH", False))
 
 # The cheap pre-check (`_suspicious`): substring tests and one digit search that find nothing in
 # clean text. Together a superset of every rule's necessary part (and of an existing placeholder, so
@@ -138,13 +221,15 @@ _TEXT_COLUMNS = ("tags", "emotional_tags", "source_entity")
 
 
 def redact_text(text: str, *, field: str = "", secrets_only: bool = False,
-                counts: Counter[str] | None = None) -> str:
-    """One string: CRITICAL → `RedactionRefused`; otherwise every rule in order. `counts` (if
-    given) gains one per replacement."""
+                counts: Counter[str] | None = None, policy: RedactionPolicy | None = None) -> str:
+    """One string: CRITICAL → `RedactionRefused`; otherwise the policy's rules in order (every rule
+    without one; with `secrets_only` those for entity-id columns). `counts` (if given) gains one
+    per replacement."""
     for name, pattern in CRITICAL:
         if pattern.search(text) is not None:
             raise RedactionRefused(name, field)
-    for rule in _SECRET_RULES if secrets_only else RULES:
+    policy = policy or ALL_CATEGORIES
+    for rule in policy.id_rules if secrets_only else policy.rules:
         if rule.pattern.search(text) is None:
             continue
         text, hits = _apply(rule, text)
@@ -173,11 +258,11 @@ def _apply(rule: Rule, text: str) -> tuple[str, int]:
 
 
 def redact_value(value: Any, *, field: str = "", secrets_only: bool = False,
-                 counts: Counter[str] | None = None) -> Any:
+                 counts: Counter[str] | None = None, policy: RedactionPolicy | None = None) -> Any:
     """A JSON value (strings, lists, dicts — keys included — at any depth) with every string redacted.
     A dict key naming an Authorization header with a bearer/basic value is CRITICAL too."""
     if isinstance(value, str):
-        return redact_text(value, field=field, secrets_only=secrets_only, counts=counts)
+        return redact_text(value, field=field, secrets_only=secrets_only, counts=counts, policy=policy)
     if isinstance(value, dict):
         result = {}
         for key, item in value.items():
@@ -185,12 +270,13 @@ def redact_value(value: Any, *, field: str = "", secrets_only: bool = False,
             if (isinstance(key, str) and isinstance(item, str) and "authoriz" in key.lower()
                     and _AUTH_VALUE.match(item)):
                 raise RedactionRefused("auth_header", path)
-            new_key = redact_text(key, field=path, secrets_only=secrets_only, counts=counts) \
+            new_key = redact_text(key, field=path, secrets_only=secrets_only, counts=counts, policy=policy) \
                 if isinstance(key, str) else key
-            result[new_key] = redact_value(item, field=path, secrets_only=secrets_only, counts=counts)
+            result[new_key] = redact_value(item, field=path, secrets_only=secrets_only, counts=counts, policy=policy)
         return result
     if isinstance(value, list):
-        return [redact_value(item, field=field, secrets_only=secrets_only, counts=counts) for item in value]
+        return [redact_value(item, field=field, secrets_only=secrets_only, counts=counts, policy=policy)
+                for item in value]
     return value
 
 
@@ -217,21 +303,22 @@ def _needs_scan(normalized: NormalizedMemory) -> bool:
     return _suspicious("\n".join(parts))
 
 
-def redact_memory(normalized: NormalizedMemory) -> NormalizedMemory:
-    """The kernel's redaction step: a self-consistent, redacted NormalizedMemory (text, JSON and size
-    rebuilt from the redacted fields) carrying its report. Idempotent."""
-    if not _needs_scan(normalized):
+def redact_memory(normalized: NormalizedMemory, policy: RedactionPolicy) -> NormalizedMemory:
+    """The kernel's redaction step under a school's policy: a self-consistent, redacted
+    NormalizedMemory (text, JSON and size rebuilt from the redacted fields) carrying its report.
+    Idempotent."""
+    if _disabled() or not _needs_scan(normalized):
         return normalized
     counts: Counter[str] = Counter()
-    data = redact_value(normalized.data, counts=counts)
-    extra = redact_value(normalized.extra, field="extra", counts=counts)
+    data = redact_value(normalized.data, counts=counts, policy=policy)
+    extra = redact_value(normalized.extra, field="extra", counts=counts, policy=policy)
     columns = dict(normalized.columns)
     for name in _TEXT_COLUMNS:
         if columns.get(name):
-            columns[name] = redact_value(columns[name], field=name, counts=counts)
+            columns[name] = redact_value(columns[name], field=name, counts=counts, policy=policy)
     for name in _ID_COLUMNS:
         if columns.get(name):
-            columns[name] = redact_value(columns[name], field=name, secrets_only=True, counts=counts)
+            columns[name] = redact_value(columns[name], field=name, secrets_only=True, counts=counts, policy=policy)
     # The report counts the placeholders now in the record: what this write redacted plus what an
     # earlier write did (a stored, redacted record normalised again keeps its report).
     final: Counter[str] = Counter()
@@ -259,10 +346,11 @@ def _count_placeholders(value: Any, counts: Counter[str]) -> None:
             _count_placeholders(item, counts)
 
 
-def redaction_preview(kind: str, record: dict[str, Any]) -> dict[str, Any]:
-    """The dry run (POST …/redaction/preview): the record as a create would store it — the schema's
-    errors, `RedactionRefused` for a CRITICAL secret — and its report. Stores nothing."""
-    normalized = redact_memory(normalize_memory(kind, record))
+def redaction_preview(kind: str, record: dict[str, Any], policy: RedactionPolicy) -> dict[str, Any]:
+    """The dry run (POST …/redaction/preview): the record as a create into the stack would store it
+    under its school's policy — the schema's errors, `RedactionRefused` for a CRITICAL secret — and
+    its report. Stores nothing."""
+    normalized = redact_memory(normalize_memory(kind, record), policy)
     return {"kind": kind, "text": normalized.text, "data": normalized.data, "extra": normalized.extra,
             "tags": normalized.columns.get("tags", []), "redaction": normalized.redaction_report,
             "stored": False}

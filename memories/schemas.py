@@ -146,6 +146,10 @@ class NormalizedMemory:
     # What redaction replaced, as [{"rule", "count"}] — never the values (memories.redaction;
     # docs/algorithms.md §11). Stored on the memory as `redaction_report`.
     redaction_report: list[dict[str, Any]] = field(default_factory=list)
+    # A raw entry's canonical text as submitted, set by the write kernel (`prepare_memory`) only when
+    # redaction changed it; never a column: the kernel seals it (memories.originals) when the school
+    # opted in, and drops it otherwise.
+    original_text: str | None = None
 
     def as_model_fields(self) -> dict[str, Any]:
         """Keyword arguments for `Memory(...)` / attribute assignment."""

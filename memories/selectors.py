@@ -4,7 +4,9 @@ access decisions of the memories API that go beyond "may this caller reach this 
 Callers pass a stack already resolved through `stacks.selectors.stack_for_principal`.
 Rules: soft-deleted rows (sync deletes) are never returned; expired rows (`expires_at <= now`)
 are invisible to every read from that instant, before the purge job removes them; forgotten rows
-are only returned when asked for (`forgotten="include"|"only"`).
+are only returned when asked for (`forgotten="include"|"only"`). A requester other than the stack's
+own credentials passes its `audience` (memories.grants.audience_for): it sees only the memories whose
+privacy grants admit it, and a hidden memory is a 404 like one that does not exist.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from accounts.principal import Principal
+from memories.grants import Audience, grants_filter
 from memories.models import BootConfigEntry, Checkpoint, ErasureCertificate, Memory
 from memoryhub.errors import Forbidden, InvalidInput, NotFound
 from stacks.models import Stack
@@ -36,19 +39,21 @@ def not_expired(now: datetime | None = None) -> Q:
     return Q(expires_at__isnull=True) | Q(expires_at__gt=now or timezone.now())
 
 
-def memories_live(*, stack: Stack, now: datetime | None = None) -> QuerySet[Memory]:
-    """The stack's stored, unexpired memories (forgotten ones included)."""
-    return Memory.objects.filter(stack_id=stack.pk, deleted_at__isnull=True).filter(not_expired(now))
+def memories_live(*, stack: Stack, now: datetime | None = None, audience: Audience | None = None) -> QuerySet[Memory]:
+    """The stack's stored, unexpired memories (forgotten ones included) that `audience` may see
+    (None: all of them — the stack's own credentials, or a system job)."""
+    live = Memory.objects.filter(stack_id=stack.pk, deleted_at__isnull=True).filter(not_expired(now))
+    return grants_filter(live, audience)
 
 
-def memory_get(*, stack: Stack, memory_id: uuid.UUID | str) -> Memory:
+def memory_get(*, stack: Stack, memory_id: uuid.UUID | str, audience: Audience | None = None) -> Memory:
     """One memory of the stack by id (forgotten ones too: they can be inspected and recovered).
-    An id that is not a UUID names no memory: 404 like any other."""
+    An id that is not a UUID names no memory, and one `audience` may not see is hidden: 404 like any other."""
     try:
         pk = memory_id if isinstance(memory_id, uuid.UUID) else uuid.UUID(memory_id)
     except (TypeError, ValueError):
         raise NotFound("Memory not found.", code="memory_not_found") from None
-    memory = memories_live(stack=stack).filter(pk=pk).first()
+    memory = memories_live(stack=stack, audience=audience).filter(pk=pk).first()
     if memory is None:
         raise NotFound("Memory not found.", code="memory_not_found")
     return memory
@@ -56,9 +61,9 @@ def memory_get(*, stack: Stack, memory_id: uuid.UUID | str) -> Memory:
 
 def memories_list(*, stack: Stack, kinds: list[str] | None = None, tags: list[str] | None = None,
                   created_after: datetime | None = None, created_before: datetime | None = None,
-                  forgotten: ForgottenFilter = "exclude") -> QuerySet[Memory]:
-    """Filtered memories of a stack; `tags` matches memories carrying ALL given tags."""
-    queryset = memories_live(stack=stack)
+                  forgotten: ForgottenFilter = "exclude", audience: Audience | None = None) -> QuerySet[Memory]:
+    """Filtered memories of a stack that `audience` may see; `tags` matches memories carrying ALL given tags."""
+    queryset = memories_live(stack=stack, audience=audience)
     if kinds:
         queryset = queryset.filter(kind__in=kinds)
     if tags:
@@ -194,6 +199,13 @@ def stack_for_erasure(principal: Principal, slug: str) -> Stack:
 def ensure_may_erase(principal: Principal) -> None:
     if principal.read_only or not principal.is_org_wide:
         raise Forbidden("Only school admins may erase student data.", code="admin_required")
+
+
+def erasure_certificates_of(principal: Principal) -> QuerySet[ErasureCertificate]:
+    """The certificates of the caller's school, newest first, for its admins (none for anyone else)."""
+    if not principal.is_org_wide:
+        return ErasureCertificate.objects.none()
+    return ErasureCertificate.objects.filter(organization_id=principal.organization.pk).order_by("-requested_at")
 
 
 def erasure_certificate_get(principal: Principal, certificate_id: str) -> ErasureCertificate:

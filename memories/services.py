@@ -35,7 +35,7 @@ from django.utils import timezone
 from billing.entitlements import ensure_can_store
 from memories.events import BOOT_CONFIG, CHECKPOINT, record_change
 from memories.models import BootConfigEntry, Checkpoint, Memory
-from memories.redaction import RedactionRefused, redact_value
+from memories.redaction import RedactionRefused, redact_value, stack_policy
 from memories.schemas import clean_json, clean_text
 from memories.writes.columns import CONTENT_COLUMNS
 from memories.writes.hooks import prepare_memory
@@ -72,7 +72,7 @@ def memory_create(*, stack: Stack, kind: str, payload: dict[str, Any], source: s
                   record_id: str | None = None) -> Memory:
     """Validate and store one new memory. A record id already used for this kind is a 409."""
     record_id = _clean_record_id(record_id)
-    normalized = prepare_memory(kind, payload)
+    normalized = prepare_memory(kind, payload, redaction=stack_policy(stack))
     ensure_can_store(stack=stack, additional_bytes=normalized.size_bytes)
     memory = new_memory(stack=stack, normalized=normalized, record_id=record_id, now=timezone.now())
     try:
@@ -98,6 +98,7 @@ def memory_batch_create(*, stack: Stack, items: Sequence[dict[str, Any]], source
         raise PayloadTooLarge(f"At most {BATCH_MAX_ITEMS} items per batch.",
                               fields={"items": [f"At most {BATCH_MAX_ITEMS} items (got {len(items)})."]})
     now = timezone.now()
+    policy = stack_policy(stack)  # once for the batch
     errors: dict[str, Any] = {}
     memories: list[Memory] = []
     seen: set[tuple[str, str]] = set()
@@ -109,7 +110,8 @@ def memory_batch_create(*, stack: Stack, items: Sequence[dict[str, Any]], source
             if not isinstance(kind, str):
                 raise InvalidInput("Invalid item.", fields={"kind": ["This field is required."]})
             record_id = _clean_record_id(item.get("record_id"))
-            normalized = prepare_memory(kind, {k: v for k, v in item.items() if k not in ("kind", "record_id")})
+            normalized = prepare_memory(kind, {k: v for k, v in item.items() if k not in ("kind", "record_id")},
+                                        redaction=policy)
         except RedactionRefused as exc:  # a CRITICAL secret refuses the whole batch (422), naming the item
             raise RedactionRefused(exc.rule, f"items.{index}.{next(iter(exc.fields), 'non_field_errors')}") from None
         except (InvalidInput, PayloadTooLarge) as exc:
@@ -140,8 +142,9 @@ def memory_update(*, memory: Memory, payload: dict[str, Any], source: str, parti
 
     `client_version` / `client_updated_at` are the Kernle echo fields.
     """
+    policy = stack_policy(memory.stack)  # from the caller's row: its stack (and school) are usually loaded
     memory = locked_memory(memory)
-    normalized = prepare_memory(memory.kind, payload, partial=partial, existing=memory)
+    normalized = prepare_memory(memory.kind, payload, redaction=policy, partial=partial, existing=memory)
     new_values = normalized.as_model_fields()
     new_values.pop("created_at", None)  # creation time is fixed once stored
     if client_updated_at is None:
@@ -167,7 +170,7 @@ def memory_update(*, memory: Memory, payload: dict[str, Any], source: str, parti
     if client_updated_at is not None:
         memory.client_updated_at = client_updated_at
     return save_change(memory, before=before, source=source, action="update", fields=[*changed, *echo_changed],
-                       text_changed=text_changed, bytes_delta=bytes_delta)
+                       text_changed=text_changed, bytes_delta=bytes_delta, original_text=normalized.original_text)
 
 
 @transaction.atomic
@@ -259,9 +262,10 @@ def checkpoint_save(*, stack: Stack, checkpoint: CheckpointInput, source: str = 
     if errors:
         raise InvalidInput("The checkpoint is invalid.", fields=errors)
     # Redacted like a memory (docs/algorithms.md §11): placeholders, or RedactionRefused (422).
-    task = redact_value(task, field="task")
-    texts = {name: redact_value(value, field=name) for name, value in texts.items()}
-    context = redact_value(context, field="context")
+    policy = stack_policy(stack)
+    task = redact_value(task, field="task", policy=policy)
+    texts = {name: redact_value(value, field=name, policy=policy) for name, value in texts.items()}
+    context = redact_value(context, field="context", policy=policy)
     # The stack lock orders this write's event among the stack's others (memories.events: seq).
     lock_stack_changes(stack.pk)
     saved = Checkpoint.objects.create(stack=stack, task=task, context=context, **texts)
@@ -293,7 +297,8 @@ def boot_config_set(*, stack: Stack, key: str, value: Any, source: str = "api") 
     text = clean_text(str(value))
     if len(text) > BOOT_VALUE_MAX:
         raise InvalidInput("Invalid boot config value.", fields={"value": [f"At most {BOOT_VALUE_MAX} characters."]})
-    text = redact_value(text, field="value")  # docs/algorithms.md §11; RedactionRefused (422) for a CRITICAL secret
+    # docs/algorithms.md §11; RedactionRefused (422) for a CRITICAL secret
+    text = redact_value(text, field="value", policy=stack_policy(stack))
     lock_stack_changes(stack.pk)  # orders the event (memories.events: seq) and the BOOT_MAX_ENTRIES count
     exists = BootConfigEntry.objects.filter(stack=stack, key=key).exists()
     if not exists and BootConfigEntry.objects.filter(stack=stack).count() >= BOOT_MAX_ENTRIES:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from memories.api import archive, erasure, lifecycle, memories, redaction, search, sync
+from memories.api import archive, erasure, lifecycle, memories, privacy, redaction, search, sessions, sync, usage
 
 urlpatterns = (memories.urlpatterns + sync.urlpatterns + search.urlpatterns + lifecycle.urlpatterns
-               + archive.urlpatterns + erasure.urlpatterns + redaction.urlpatterns)
+               + archive.urlpatterns + erasure.urlpatterns + redaction.urlpatterns + privacy.urlpatterns
+               + sessions.urlpatterns + usage.urlpatterns)

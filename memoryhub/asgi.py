@@ -1,4 +1,5 @@
-"""ASGI entry point: HTTP through Django, websockets through Channels (origin- and auth-checked).
+"""ASGI entry point: HTTP through Django, websockets through Channels (origin- and auth-checked), and
+MCP at /mcp (agents/mcp_server.py), whose session manager runs from lifespan startup to shutdown.
 
 In front of both, memoryhub/limits.py: request bodies over the limit are refused with 413 before
 they are read (`RequestBodyLimit`), and every websocket has a message rate and size limit
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import MutableMapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -102,12 +104,58 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402  (needs Django set u
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
+from agents.mcp_server import MCP_PATHS, endpoint  # noqa: E402
 from memoryhub.limits import RequestBodyLimit, WebsocketGuard  # noqa: E402
 from memoryhub.routing import websocket_urlpatterns  # noqa: E402
 
-application = ProtocolTypeRouter(
+
+class McpOrDjango:
+    """HTTP to `/mcp` (and `/mcp/`) goes to the MCP endpoint (agents/mcp_server.py), the rest to Django."""
+
+    def __init__(self, mcp: Any, django_app: Any) -> None:
+        self.mcp = mcp
+        self.django_app = django_app
+
+    async def __call__(self, scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
+        app = self.mcp if scope.get("path") in MCP_PATHS else self.django_app
+        await app(scope, receive, send)
+
+
+class WithLifespan:
+    """The outermost app: answers ASGI lifespan events itself and passes everything else on.
+
+    WHY: the MCP session manager needs a task group that lives from startup to shutdown, and
+    neither Django's handler nor Channels' router takes lifespan events. Startup enters the MCP
+    endpoint's `running()`, shutdown leaves it, in the same task (as an async context manager must).
+    """
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "lifespan":
+            await self.app(scope, receive, send)
+            return
+        message = await receive()
+        if message["type"] != "lifespan.startup":
+            return
+        started = False
+        try:
+            async with endpoint.running():
+                await send({"type": "lifespan.startup.complete"})
+                started = True
+                while (await receive())["type"] != "lifespan.shutdown":
+                    pass
+        except Exception as exc:
+            failed = "lifespan.shutdown.failed" if started else "lifespan.startup.failed"
+            await send({"type": failed, "message": f"MCP endpoint: {type(exc).__name__}"})
+            return
+        await send({"type": "lifespan.shutdown.complete"})
+
+
+application = WithLifespan(ProtocolTypeRouter(
     {
-        "http": RequestBodyLimit(django_asgi_app),
+        "http": RequestBodyLimit(McpOrDjango(endpoint, django_asgi_app)),
         "websocket": WebsocketGuard(AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns)))),
     }
-)
+))

@@ -5,11 +5,26 @@ from __future__ import annotations
 import os
 
 from celery import Celery
+from celery.signals import setup_logging
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "memoryhub.settings")
 
 app = Celery("memoryhub")
 app.config_from_object("django.conf:settings", namespace="CELERY")
+
+
+def _configure_logging(**_: object) -> None:
+    """The worker and beat log through settings.LOGGING, not Celery's own setup: its formatter and
+    filter keep database errors' messages (which can quote a stored row) out of the log
+    (docs/privacy.md "Logs")."""
+    from logging.config import dictConfig
+
+    from django.conf import settings
+
+    dictConfig(settings.LOGGING)
+
+
+setup_logging.connect(_configure_logging)
 app.autodiscover_tasks()
 # Infrastructure tasks live in the project package, which is not an installed app.
 app.conf.imports = ("memoryhub.tasks", "memories.lifecycle_tasks")

@@ -148,6 +148,20 @@ class EmbeddedPostgres:
                 # Postgres touches the pages only as it uses them.
                 "-c", f"shared_buffers={env_int('EMBEDDED_PG_SHARED_BUFFERS_MB', 2048, minimum=16)}MB",
                 "-c", "fsync=on",
+                # No memory text in the server log (docs/privacy.md "Logs"): no statement is logged,
+                # however slow or failing, nor its parameters, and no client error — the app gets
+                # every error and logs only its type. An ERROR's DETAIL would carry values ("Failing
+                # row contains (…)", a deadlock's queries). The log keeps the server's own events
+                # (start, checkpoints, FATAL and PANIC).
+                "-c", "log_statement=none",
+                "-c", "log_min_duration_statement=-1",
+                "-c", "log_min_duration_sample=-1",
+                "-c", "log_min_error_statement=panic",
+                "-c", "log_parameter_max_length=0",
+                "-c", "log_parameter_max_length_on_error=0",
+                "-c", "log_min_messages=log",
+                "-c", "log_error_verbosity=terse",
+                "-c", "log_lock_waits=off",
             ],
             user=self.user,
             log_path=log_path,
@@ -251,6 +265,11 @@ class EmbeddedRedis:
                 "--save", "60 1",
                 "--daemonize", "no",
                 "--protected-mode", "yes",
+                # Its log holds server events only (no keys or values at any level); "warning"
+                # keeps it short. The slow log keeps commands with their arguments (a channel
+                # message, a task's): off.
+                "--loglevel", "warning",
+                "--slowlog-log-slower-than", "-1",
             ],
             log_path=log_path,
             stop_signal=signal.SIGTERM,

@@ -29,7 +29,7 @@ from typing import Any
 
 from django.conf import settings
 from rest_framework.exceptions import ParseError
-from rest_framework.parsers import JSONParser
+from rest_framework.parsers import BaseParser, JSONParser
 from rest_framework.utils.json import strict_constant
 
 from memoryhub.errors import InvalidInput, PayloadTooLarge, error_body
@@ -185,6 +185,18 @@ def json_shape_problem(data: Any, *, body_bytes: int, openers: int) -> InvalidIn
         level = children
         depth += 1
     return None
+
+
+class BoundedBodyParser(BaseParser):
+    """A raw (non-JSON) body, read to at most `max_bytes()` + 1 bytes: the view refuses a body over
+    its limit without the rest ever being read (teleport's tar.gz uploads)."""
+
+    def max_bytes(self) -> int:
+        raise NotImplementedError
+
+    def parse(self, stream: Any, media_type: str | None = None,  # type: ignore[override]  # bytes, not a mapping
+              parser_context: Mapping[str, Any] | None = None) -> bytes:
+        return stream.read(self.max_bytes() + 1) if stream is not None else b""
 
 
 class BoundedJSONParser(JSONParser):

@@ -26,6 +26,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from memoryhub.chain_dev import chain_lines, run_dev_chain, write_chain_file
 from memoryhub.embedded import EmbeddedPostgres, EmbeddedRedis, ManagedProcess, port_open
 from memoryhub.schedule import WORKER_QUEUES
 
@@ -161,6 +162,9 @@ def main() -> int:
         port = env_int("PORT", 8000, minimum=1, maximum=65535)
         pg_port = env_int("MEMORYHUB_PG_PORT", 54320, minimum=1, maximum=65535)
         redis_port = env_int("MEMORYHUB_REDIS_PORT", 63790, minimum=1, maximum=65535)
+        anvil_port = env_int("MEMORYHUB_ANVIL_PORT", 58545, minimum=1, maximum=65535)
+        # Base makes a block every 2 s: payments in development reach their confirmations the same way.
+        anvil_block_time = env_int("ANVIL_BLOCK_TIME", 2, minimum=1)
         web_workers = env_int("WEB_WORKERS", 1, minimum=1)
         concurrency = env_int("CELERY_CONCURRENCY", 2, minimum=1)
         import memoryhub.settings  # noqa: F401  (validates every setting before anything starts)
@@ -224,6 +228,18 @@ def main() -> int:
             log(f"embedded Redis on 127.0.0.1:{redis_port} (data {redis_server.data_dir})")
         else:
             log("using external Redis from REDIS_URL")
+        chain_lines_to_print: list[str] = []
+        if not env.get("CHAIN_RPC_URL"):
+            # The development chain (memoryhub/chain_dev.py): Anvil with the USDC-like token deployed
+            # once (its state persists in the data dir) and recorded in chain.json for settings.
+            anvil, dev_chain, deployed_now = run_dev_chain(data, anvil_port, block_time=anvil_block_time)
+            supervisor.children.append(anvil.process)
+            write_chain_file(data, dev_chain)
+            log(f"embedded Anvil on 127.0.0.1:{anvil_port} (chain id {dev_chain.chain_id}; "
+                f"{'deployed' if deployed_now else 'found'} TestUSDC at {dev_chain.usdc_contract})")
+            chain_lines_to_print = chain_lines(dev_chain)
+        else:
+            log("using the payment chain from CHAIN_RPC_URL")
         # Only embedded servers are recorded (they need no password); an external URL stays in the
         # environment it came from and never lands in a file.
         if recorded["database_url"] or recorded["redis_url"]:
@@ -249,7 +265,9 @@ def main() -> int:
         supervisor.add(ManagedProcess(
             name="web",
             argv=[python, "-m", "uvicorn", "memoryhub.asgi:application", "--host", host, "--port", str(port),
-                  "--workers", str(web_workers), "--no-access-log", "--lifespan", "off",
+                  "--workers", str(web_workers), "--no-access-log",
+                  # On: the MCP endpoint's session manager runs from lifespan startup to shutdown (memoryhub.asgi).
+                  "--lifespan", "on",
                   "--loop", "uvloop", "--http", "httptools",
                   # The client address is decided by accounts.network from TRUSTED_PROXIES only; uvicorn
                   # would otherwise believe X-Forwarded-For from 127.0.0.1 itself (its default).
@@ -279,7 +297,11 @@ def main() -> int:
             log(f"not ready after {READY_TIMEOUT_SECONDS:.0f}s, still failing: {not_ready}. The web, worker "
                 f"and beat output is above; the embedded servers log to {logs}. Stopping.")
             return 1
+        # The URLs first (each answers 200 to a browser), then the development chain's token,
+        # treasury and demo wallets (its RPC URL answers JSON-RPC POSTs only).
         for line in up_message(base_url, time.monotonic() - started, runtime if wrote_runtime else None):
+            log(line)
+        for line in chain_lines_to_print:
             log(line)
         while not supervisor.stopping:
             supervisor.watch_once()

@@ -88,3 +88,31 @@ BEAT_SCHEDULE["webhooks-prune"] = {
     "schedule": crontab(hour=3, minute=41),
     "options": {"expires": 60 * 60},
 }
+
+# Billing (billing/tasks.py; README "Billing"). The lifecycle runs daily: renewal warnings 3 days
+# ahead, grace after an unpaid renewal, expiry to free, scheduled downgrades. Claimed transfers
+# are re-checked until confirmed and then until final (reorgs); the treasury watcher matches
+# transfers from linked wallets to open intents, so paying needs no pasted hash.
+BEAT_SCHEDULE["billing-lifecycle"] = {
+    "task": "billing.lifecycle",
+    "schedule": crontab(hour=3, minute=7),
+    "options": {"expires": 12 * 3600},
+}
+BEAT_SCHEDULE["billing-payments-recheck"] = {
+    "task": "billing.payments_recheck",
+    "schedule": 15.0,
+    "options": {"expires": 14},
+}
+BEAT_SCHEDULE["billing-treasury-watch"] = {
+    "task": "billing.treasury_watch",
+    "schedule": 10.0,
+    "options": {"expires": 9},
+}
+
+# Teleport (teleport/services.py): expired snapshots and codes are removed, with their blobs and
+# quota bytes; blobs no snapshot names are removed after an hour. Readers already ignore expired ones.
+BEAT_SCHEDULE["teleport-purge"] = {
+    "task": "teleport.purge",
+    "schedule": crontab(minute=29),
+    "options": {"expires": 50 * 60},
+}

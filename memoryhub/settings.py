@@ -8,6 +8,8 @@ default ports; set them to point at external PostgreSQL (with pgvector) and Redi
 from __future__ import annotations
 
 import ipaddress
+import os
+import re
 from datetime import timedelta
 from pathlib import Path
 
@@ -15,6 +17,8 @@ import dj_database_url
 from csp import constants as csp_constants
 from django.core.exceptions import ImproperlyConfigured
 
+from memoryhub.chain_dev import read_chain_file
+from memoryhub.encryption import keyring_from_environment
 from memoryhub.environment import (
     data_dir,
     env_bool,
@@ -25,7 +29,7 @@ from memoryhub.environment import (
     env_url,
     running_service,
 )
-from memoryhub.secrets import load_secrets
+from memoryhub.secrets import is_test_suite, load_secrets
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 DATA_DIR = data_dir()
@@ -40,6 +44,22 @@ SECRET_KEY = _SECRETS.secret_key
 JWT_SIGNING_KEY = _SECRETS.jwt_signing_key
 API_KEY_PEPPER = _SECRETS.api_key_pepper
 API_KEY_PEPPERS_PREVIOUS = _SECRETS.previous_api_key_peppers
+# Encryption at rest (memoryhub/encryption.py; docs/privacy.md "Encryption at rest"): the keys in
+# MEMORYHUB_ENCRYPTION_KEYS, parsed strictly here so a bad value stops the start. A key derived from
+# SECRET_KEY serves the test suite and DEBUG only: production seals with configured keys or not at all.
+ENCRYPTION_KEYRING = keyring_from_environment(
+    os.environ, secret_key=SECRET_KEY,
+    development=(DEBUG or is_test_suite()) and not env_bool("MEMORYHUB_PRODUCTION", False))
+# Redaction at ingest can be switched off for one thing only: bench/redaction.py measuring a push
+# with and without it (MEMORYHUB_REDACTION=off next to MEMORYHUB_BENCH=1). Anywhere else the switch
+# stops the start: never in production, never with secrets supplied by the environment (what a real
+# deployment does) — only on development secrets (the test suite's, or <data dir>/secrets.json).
+REDACTION_OFF_FOR_BENCH = env_choice("MEMORYHUB_REDACTION", "on", ("on", "off")) == "off"
+if REDACTION_OFF_FOR_BENCH and (not env_bool("MEMORYHUB_BENCH", False) or env_bool("MEMORYHUB_PRODUCTION", False)
+                                or any(os.environ.get(name) for name in ("SECRET_KEY", "JWT_SIGNING_KEY",
+                                                                          "API_KEY_PEPPER"))):
+    raise ImproperlyConfigured("MEMORYHUB_REDACTION=off is for benchmarks only (MEMORYHUB_BENCH=1 on development "
+                               "secrets, never with MEMORYHUB_PRODUCTION); unset it.")
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]", "testserver"])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 
@@ -101,8 +121,10 @@ INSTALLED_APPS = [
     "stacks",
     "memories",
     "billing",
+    "teleport",
     "webhooks",
     "dashboard",
+    "agents",  # MCP at /mcp (agents/mcp_server.py, mounted in memoryhub/asgi.py)
 ]
 
 MIDDLEWARE = [
@@ -177,6 +199,11 @@ WHITENOISE_USE_FINDERS = not (STATIC_ROOT / "staticfiles.json").is_file()
 
 # Sync pushes carry up to 1,000 full records; the kernle contract needs at least 10 MB.
 DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("MAX_REQUEST_BYTES", 16 * 1024 * 1024, minimum=1024 * 1024)
+# Teleport (docs/teleport.md): ONE limit on a workspace snapshot, applied to the upload and to the
+# bytes its gzip stream unpacks to (a zip-bomb guard); no larger than a request body may be.
+TELEPORT_MAX_BYTES = env_int("TELEPORT_MAX_BYTES", 16 * 1024 * 1024, minimum=64 * 1024,
+                             maximum=DATA_UPLOAD_MAX_MEMORY_SIZE)
+TELEPORT_DIR = DATA_DIR / "teleport"  # sealed snapshot blobs, content-addressed (teleport/blobs.py)
 DATA_UPLOAD_MAX_NUMBER_FIELDS = 10_000
 # Bodies of the routes anyone may call (register, logins) and of requests with no credential;
 # both limits are enforced before the body is read (memoryhub/limits.py).
@@ -225,6 +252,36 @@ WEBHOOKS_ALLOW_LOOPBACK_HTTP = env_bool("WEBHOOKS_ALLOW_LOOPBACK_HTTP", False)
 # /metrics (Prometheus): readable with `Authorization: Bearer $METRICS_TOKEN`; without a token, only
 # from loopback and not through a proxy (memoryhub.metrics).
 METRICS_TOKEN = env_str("METRICS_TOKEN", "")
+
+# Payments in USDC, checked on the chain itself (billing/chain.py; README "Payments in USDC").
+# Production: Base mainnet — CHAIN_RPC_URL of a Base node, CHAIN_ID 8453, USDC_CONTRACT defaults to
+# Base's USDC there, TREASURY_ADDRESS your receiving wallet, CHAIN_RELAYER_KEY the key that submits
+# agents' x402 authorizations (it pays their gas; keep little ETH on it). Unset CHAIN_RPC_URL means
+# the development chain `make run` starts and records in <data dir>/chain.json (never in the test
+# suite, whose fixtures set these). No RPC or no treasury: billing answers 503, it never guesses.
+BASE_USDC_CONTRACT = "0x833589fCD6eDb6E08f4c7C32D4f71b54bdA02913"
+_DEV_CHAIN = {} if os.environ.get("CHAIN_RPC_URL") or is_test_suite() else read_chain_file(DATA_DIR)
+CHAIN_RPC_URL = env_str("CHAIN_RPC_URL", _DEV_CHAIN.get("rpc_url", ""))
+if CHAIN_RPC_URL and not CHAIN_RPC_URL.startswith(("http://", "https://")):
+    raise ImproperlyConfigured(f"CHAIN_RPC_URL must be an http(s) URL, got {CHAIN_RPC_URL!r}")
+CHAIN_ID = env_int("CHAIN_ID", int(_DEV_CHAIN.get("chain_id", 8453)), minimum=1)
+USDC_CONTRACT = env_str("USDC_CONTRACT",
+                        _DEV_CHAIN.get("usdc_contract") or (BASE_USDC_CONTRACT if CHAIN_ID == 8453 else ""))
+TREASURY_ADDRESS = env_str("TREASURY_ADDRESS", _DEV_CHAIN.get("treasury", ""))
+for _name, _address in (("USDC_CONTRACT", USDC_CONTRACT), ("TREASURY_ADDRESS", TREASURY_ADDRESS)):
+    # The legacy default treasury was the zero address, which would count burns as payments.
+    if _address and (not re.fullmatch(r"0x[0-9a-fA-F]{40}", _address) or int(_address, 16) == 0):
+        raise ImproperlyConfigured(f"{_name} must be a non-zero 0x-prefixed 20-byte address, got {_address!r}")
+PAYMENT_CONFIRMATIONS = env_int("PAYMENT_CONFIRMATIONS", 10, minimum=1)
+CHAIN_RELAYER_KEY = env_str("CHAIN_RELAYER_KEY", _DEV_CHAIN.get("relayer_key", ""))
+CHAIN_LOG_RANGE = env_int("CHAIN_LOG_RANGE", 2000, minimum=1)  # blocks per eth_getLogs (providers cap it)
+CHAIN_RPC_TIMEOUT_SECONDS = env_int("CHAIN_RPC_TIMEOUT_SECONDS", 10, minimum=1)
+CHAIN_EXPLORER_URL = env_str("CHAIN_EXPLORER_URL", "https://basescan.org" if CHAIN_ID == 8453 else "")
+# Subscriptions (billing/services.py): a confirmed payment is watched for reorgs until this deep
+# (0: twice PAYMENT_CONFIRMATIONS). SIWE wallet links must be signed for SIWE_DOMAIN (empty: the
+# request's own host, which ALLOWED_HOSTS already vets).
+PAYMENT_FINALITY_CONFIRMATIONS = env_int("PAYMENT_FINALITY_CONFIRMATIONS", 0, minimum=0)
+SIWE_DOMAIN = env_str("SIWE_DOMAIN", "")
 
 CACHES = {
     "default": {
@@ -278,6 +335,12 @@ REST_FRAMEWORK = {
         "key_create": "10/min",
         "sync_push": "60/min",
         "sync_pull": "60/min",
+        "subscription_upgrade": "5/min",  # billing routes (docs/kernle-protocol.md §12.3)
+        "subscription_downgrade": "5/min",
+        "subscription_cancel": "5/min",
+        "subscription_reactivate": "5/min",
+        "payment_confirm": "10/min",
+        "wallet_link": "10/min",  # SIWE nonce and link
     },
 }
 
@@ -315,13 +378,21 @@ LOG_LEVEL = env_choice("LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR"
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    # SafeFormatter: a logged database error's message (which may quote a stored row) is withheld
+    # (memoryhub/logsafety.py). No memory text in logs: messages name ids, types and counts only.
+    "formatters": {"plain": {"()": "memoryhub.logsafety.SafeFormatter",
+                             "format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "filters": {"withhold_database_errors": {"()": "memoryhub.logsafety.WithholdDatabaseErrors"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain",
+                             "filters": ["withhold_database_errors"]}},
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
     # httpx logs every request's full URL at INFO: a webhook receiver's URL may carry a token in its
     # query string, and no secret goes into our logs.
     "loggers": {"django.db.backends": {"level": "WARNING"}, "httpx": {"level": "WARNING"},
-                "httpcore": {"level": "WARNING"}},
+                "httpcore": {"level": "WARNING"},
+                # The MCP transport logs a line per stateless request at INFO; its warnings (a refused
+                # Host or Origin) still show.
+                "mcp": {"level": "WARNING"}},
 }
 
 # OpenAI-compatible embeddings endpoint (EMBEDDING_PROVIDER=openai); it must return 384 dimensions.

@@ -38,8 +38,10 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("", include("accounts.urls")),
     path("", include("stacks.urls")),
+    path("", include("billing.urls")),
     path("", include("dashboard.urls")),
     path("", include("memories.urls")),
+    path("", include("teleport.urls")),
 ]
 
 handler400 = "memoryhub.errors.json_bad_request"

@@ -15,8 +15,9 @@ from django.urls import reverse
 from django.utils import timezone
 
 from accounts.invitations import invitation_create
-from accounts.models import ApiKey, Invitation, User
+from accounts.models import ApiKey, Invitation, Organization, User
 from accounts.principal import Principal
+from billing.models import ChainCursor, Payment, SiweNonce, Subscription, Wallet
 from memories.erasure import memory_erase_request
 from memories.models import (
     DeploymentEmbeddingModel,
@@ -26,6 +27,7 @@ from memories.models import (
     SyncWatermark,
 )
 from memories.services import CheckpointInput, boot_config_set, checkpoint_save, memory_create, memory_update
+from teleport.models import Snapshot, TeleportCode
 from tests.actors import School
 from tests.factories import make_user
 from webhooks.models import WebhookDelivery
@@ -35,6 +37,8 @@ pytestmark = pytest.mark.django_db
 
 # A vector component no page may print (the admin would render the vector as a list of floats).
 EMBEDDING_MARK = 0.8765432
+# An address redaction takes out of a raw entry: only its sealed original holds it, and no page opens that.
+SEALED_MARK = "sealed.original@example.org"
 
 
 @pytest.fixture
@@ -46,6 +50,8 @@ def everything(school: School, settings: Any) -> dict[str, Any]:
                            source="api", record_id="note-1")
     memory_update(memory=memory, payload={"content": "Fractions click with pizza diagrams"}, source="api")
     Memory.objects.filter(pk=memory.pk).update(embedding=[EMBEDDING_MARK] * 384, embedding_model="hash-v1/384")
+    Organization.objects.filter(pk=school.org.pk).update(keep_raw_originals=True)  # a RawOriginal row
+    memory_create(stack=school.stack, kind="raw", payload={"content": f"Mum: {SEALED_MARK}"}, source="api")
     MemorySalience.objects.create(memory=memory, salience=0.42, computed_at=timezone.now())
     checkpoint_save(stack=school.stack, checkpoint=CheckpointInput(task="Fractions practice"))
     boot_config_set(stack=school.stack, key="tone", value="warm")
@@ -62,6 +68,17 @@ def everything(school: School, settings: Any) -> dict[str, Any]:
     endpoint, _ = endpoint_create(organization=school.org, url="http://127.0.0.1:9/hook", event_types=["*"])
     WebhookDelivery.objects.create(endpoint=endpoint, stack=school.stack, event_type="memory.created",
                                    data={"memory_ids": [str(memory.pk)]})
+    # Billing and teleport rows as their services leave them (those services need a chain or an
+    # upload; what the admin shows is the row).
+    now = timezone.now()
+    Subscription.objects.create(organization=school.org, tier="core", status="active", starts_at=now, renews_at=now)
+    Wallet.objects.create(organization=school.org, address="0x" + "ab" * 20, linked_at=now)
+    SiweNonce.objects.create(organization=school.org, nonce_hash="f" * 64, created_at=now, expires_at=now)
+    Payment.objects.create(organization=school.org, tier="core", amount=5_000_000, created_at=now, expires_at=now)
+    ChainCursor.objects.create(name="31337:treasury", last_block=7)
+    snapshot = Snapshot.objects.create(stack=school.stack, blob_sha256="e" * 64, key_id="dev", stored_bytes=10,
+                                       unpacked_bytes=10, file_count=1, created_at=now, expires_at=now)
+    TeleportCode.objects.create(snapshot=snapshot, code_hash="d" * 64, created_at=now, expires_at=now)
     return {"memory": memory}
 
 
@@ -80,7 +97,7 @@ def _admin_url(model: type[Model], view: str, *args: Any) -> str:
 def test_every_model_of_our_apps_is_registered() -> None:
     from django.apps import apps
 
-    ours = {"accounts", "stacks", "billing", "memories", "webhooks", "dashboard"}
+    ours = {"accounts", "stacks", "billing", "memories", "webhooks", "dashboard", "teleport", "agents"}
     models = {m for m in apps.get_models() if m._meta.app_label in ours}
     missing = {m.__name__ for m in models if m not in admin.site._registry}
     assert not missing
@@ -102,6 +119,7 @@ def test_every_list_and_change_page_opens_and_never_shows_a_key_hash_or_an_embed
             page = response.content.decode()
             assert not any(h in page for h in hashes), f"{url} shows a key or token hash"
             assert str(EMBEDDING_MARK) not in page, f"{url} shows an embedding"
+            assert SEALED_MARK not in page and 'name="ciphertext"' not in page, f"{url} shows a sealed original"
             assert 'name="embedding"' not in page and "search_vector" not in page
         opened.append(model.__name__)
     assert {"Memory", "MemoryRevision", "ApiKey", "ErasureCertificate", "Stack", "Organization"} <= set(opened)

@@ -13,7 +13,7 @@ import pytest
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
-PACKAGES = ("memoryhub", "accounts", "stacks", "billing", "memories", "webhooks", "dashboard")
+PACKAGES = ("memoryhub", "accounts", "stacks", "billing", "teleport", "memories", "webhooks", "dashboard", "agents")
 
 
 def test_ruff_finds_nothing() -> None:

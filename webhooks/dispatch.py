@@ -11,6 +11,10 @@
   until it succeeds or, 24 hours after it was recorded, is given up (`failed`). An endpoint whose
   attempts have all failed for 24 hours is disabled, audited, and its school's admins are told.
 * `sweep()` (beat, every 30 s) re-queues due deliveries whose task message was lost.
+* `payload(delivery, endpoint)` builds the body at send time. An endpoint is never a stack's own
+  credentials, so its privacy grants apply (memories.grants: `webhook:<endpoint id>`,
+  `role:webhook`, `org:<school>`, `*`): the event's memory ids are narrowed in one SQL query to
+  the memories whose current grants admit the endpoint, before the body lists any id or text.
 
 `clock` and `enqueue` are module attributes so tests can move time and run the task in-process.
 """
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
+import uuid
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from functools import partial
@@ -33,6 +38,7 @@ from django.utils import timezone
 from accounts.models import Membership
 from accounts.services import audit_record
 from memories.events import event_dict
+from memories.grants import audience_for_webhook, grants_filter
 from memories.models import ChangeEvent, Memory
 from memoryhub.metrics import WEBHOOK_DELIVERIES
 from stacks.models import Stack
@@ -108,20 +114,42 @@ def consume_event(event: ChangeEvent) -> None:
 # --- sending -------------------------------------------------------------------------------------
 
 
+def _is_uuid(value: str) -> bool:
+    try:
+        uuid.UUID(value)
+    except ValueError:
+        return False
+    return True
+
+
 def payload(delivery: WebhookDelivery, endpoint: WebhookEndpoint) -> dict[str, Any]:
+    data = delivery.data
+    rows: list[dict[str, Any]] = []
+    if delivery.stack_id is not None and data.get("memory_ids"):
+        # The endpoint's grants, in SQL, over this delivery's stack only (so only this school): an id
+        # of a memory they do not admit - or of one gone for good, whose grants cannot be read - is
+        # left out of `data.memory_ids` and `memories` alike.
+        audience = audience_for_webhook(endpoint_public_id=endpoint.public_id, organization=endpoint.organization)
+        named = [str(memory_id) for memory_id in data["memory_ids"]]
+        wanted = [memory_id for memory_id in named if _is_uuid(memory_id)]
+        columns = ("id", "kind", "text", "forgotten_at", "deleted_at") if endpoint.include_text else ("id",)
+        rows = list(grants_filter(Memory.objects.filter(stack_id=delivery.stack_id, pk__in=wanted), audience)
+                    .values(*columns))
+        # A name that is not a UUID is no memory's id (memories are keyed by UUIDs): there is nothing
+        # behind it for a grant to hide, so it stays as the event named it.
+        admitted = {str(row["id"]) for row in rows} | {memory_id for memory_id in named if not _is_uuid(memory_id)}
+        data = {**data, "memory_ids": [memory_id for memory_id in named if memory_id in admitted]}
     body: dict[str, Any] = {
         "id": delivery.public_id,
         "type": delivery.event_type,
         "created_at": delivery.created_at.isoformat(),
         "school": endpoint.organization.public_id,
-        "data": delivery.data,
+        "data": data,
     }
     if endpoint.include_text and delivery.stack_id is not None:
-        ids = [str(memory_id) for memory_id in delivery.data.get("memory_ids", [])]
-        # Only this delivery's stack (so only this school) and only what is still stored: a forgotten
-        # or deleted memory is listed without its text. The text is the memory's current text.
-        rows = (Memory.objects.filter(stack_id=delivery.stack_id, pk__in=ids[:MAX_MEMORIES_WITH_TEXT])
-                .values("id", "kind", "text", "forgotten_at", "deleted_at"))
+        ids = list(data.get("memory_ids") or [])
+        # Only what is still stored: a forgotten or deleted memory is listed without its text. The
+        # text is the memory's current text.
         found = {str(row["id"]): row for row in rows}
         memories = []
         for memory_id in ids[:MAX_MEMORIES_WITH_TEXT]:

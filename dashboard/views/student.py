@@ -21,8 +21,12 @@ from accounts.principal import Principal
 from dashboard import live
 from dashboard import student as reads
 from dashboard.access import ADMIN, STAFF, dashboard_page, request_ip
+from memories.archive import archive_chunks, archive_filename
+from memories.cards import session_cards
 from memories.export import stack_memory_md
+from memories.grants import audience_for
 from memories.selectors import boot_config_entries, checkpoint_latest, checkpoint_warnings, memory_get
+from memories.usage import growth_chart, stack_usage
 from memoryhub.errors import NotFound
 from memoryhub.streaming import streamed_content
 from stacks.selectors import stack_for_principal
@@ -53,7 +57,8 @@ def student_page(request: HttpRequest, principal: Principal, slug: str) -> HttpR
     if not form.is_valid():
         return render(request, "dashboard/student/page.html", context, status=400)
     filters = reads.MemoryFilters.of(form.cleaned_data)
-    counts = reads.kind_counts(stack, filters)
+    audience = audience_for(principal, stack_id=stack.pk)  # the privacy grants this viewer passes
+    counts = reads.kind_counts(stack, filters, audience=audience)
     query = request.GET.copy()
     query.pop("page", None)
     tab_query = query.copy()
@@ -61,24 +66,27 @@ def student_page(request: HttpRequest, principal: Principal, slug: str) -> HttpR
     context.update(filters=filters, counts=counts, total=sum(counts.values()), query=query.urlencode(),
                    tab_query=tab_query.urlencode(), live_seq=live_seq)
     if filters.q:
-        context["search"] = reads.memory_search(stack, filters)
+        context["search"] = reads.memory_search(stack, filters, audience=audience)
     else:
-        context["page"] = reads.memory_page(stack, filters)
+        context["page"] = reads.memory_page(stack, filters, audience=audience)
     checkpoint = checkpoint_latest(stack=stack)
     context.update(
         checkpoint=checkpoint, checkpoint_warnings=checkpoint_warnings(checkpoint) if checkpoint else [],
-        boot_config=list(boot_config_entries(stack=stack)), retention=reads.retention(stack),
+        boot_config=list(boot_config_entries(stack=stack)), retention=reads.retention(stack, audience=audience),
+        session_cards=session_cards(stack, audience=audience),
     )
+    usage = stack_usage(stack=stack, principal=principal)
+    context.update(usage=usage, usage_chart=growth_chart(usage))
     return render(request, "dashboard/student/page.html", context)
 
 
 def _detail(request: HttpRequest, principal: Principal, slug: str, memory_id: str, *,
             forget_form: reads.ForgetForm | None = None, status: int = 200) -> HttpResponse:
     stack = stack_for_principal(principal, slug)
-    memory = memory_get(stack=stack, memory_id=memory_id)
+    memory = memory_get(stack=stack, memory_id=memory_id, audience=audience_for(principal, stack_id=stack.pk))
     return render(request, "dashboard/student/memory.html", {
         "stack": stack, "detail": reads.memory_detail(memory), "memory": memory,
-        "forget_form": forget_form or reads.ForgetForm(),
+        "forget_form": forget_form or reads.ForgetForm(), "is_admin": principal.role == ADMIN,
     }, status=status)
 
 
@@ -95,7 +103,7 @@ def memory_action(request: HttpRequest, principal: Principal, slug: str, memory_
     if action not in reads.MEMORY_ACTIONS:
         raise NotFound("There is no such action.", code="not_found")
     stack = stack_for_principal(principal, slug, write=True)
-    memory = memory_get(stack=stack, memory_id=memory_id)
+    memory = memory_get(stack=stack, memory_id=memory_id, audience=audience_for(principal, stack_id=stack.pk))
     reason = ""
     if action == "forget":
         form = reads.ForgetForm(request.POST)
@@ -118,10 +126,25 @@ def export_json(request: HttpRequest, principal: Principal, slug: str) -> HttpRe
     stack = stack_for_principal(principal, slug)
     now = timezone.now()
     reads.audit_export(principal=principal, stack=stack, ip=request_ip(request), export_format="json")
-    chunks = reads.memories_json_chunks(stack=stack, now=now)
+    chunks = reads.memories_json_chunks(stack=stack, now=now, audience=audience_for(principal, stack_id=stack.pk))
     content = streamed_content(request, chunks)
     response = StreamingHttpResponse(content, content_type="application/json; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="{reads.export_filename(stack, now, ".json")}"'
+    response["Cache-Control"] = "private, no-store"
+    return response
+
+
+@require_GET
+@dashboard_page(roles=STAFF)
+def export_archive(request: HttpRequest, principal: Principal, slug: str) -> HttpResponseBase:
+    """The same ZIP as `GET /api/v1/stacks/{stack}/export/archive` (memories.archive), streamed, audited."""
+    stack = stack_for_principal(principal, slug)
+    now = timezone.now()
+    reads.audit_export(principal=principal, stack=stack, ip=request_ip(request), export_format="zip")
+    # As the API's: only what this viewer's privacy grants admit (memories.grants).
+    chunks = archive_chunks(stack=stack, now=now, audience=audience_for(principal, stack_id=stack.pk))
+    response = StreamingHttpResponse(streamed_content(request, chunks), content_type="application/zip")
+    response["Content-Disposition"] = f'attachment; filename="{archive_filename(stack, now)}"'
     response["Cache-Control"] = "private, no-store"
     return response
 
@@ -132,7 +155,8 @@ def export_markdown(request: HttpRequest, principal: Principal, slug: str) -> Ht
     stack = stack_for_principal(principal, slug)
     now = timezone.now()
     reads.audit_export(principal=principal, stack=stack, ip=request_ip(request), export_format="memory.md")
-    response = HttpResponse(stack_memory_md(stack=stack, now=now), content_type="text/markdown; charset=utf-8")
+    body = stack_memory_md(stack=stack, now=now, audience=audience_for(principal, stack_id=stack.pk))
+    response = HttpResponse(body, content_type="text/markdown; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="{reads.export_filename(stack, now, "-MEMORY.md")}"'
     response["Cache-Control"] = "private, no-store"
     return response

@@ -18,6 +18,7 @@ from accounts.principal import principal_of
 from accounts.selectors import ensure_may_manage_organization
 from accounts.services import audit_record
 from memories.archive import ARCHIVE_FORMAT_VERSION, archive_chunks, archive_filename
+from memories.grants import audience_for
 from memories.lifecycle.ttl import retention_of, retention_set
 from memories.models import MemoryKind
 from memoryhub.streaming import streamed_content
@@ -44,7 +45,7 @@ class StackArchiveView(APIView):
         audit_record(organization=target.organization, action="stack.exported", principal=principal,
                      target_type="stack", target_id=target.slug, ip=client_ip(request),
                      metadata={"format": "zip", "format_version": ARCHIVE_FORMAT_VERSION})
-        chunks = archive_chunks(stack=target, now=now)
+        chunks = archive_chunks(stack=target, now=now, audience=audience_for(principal, stack_id=target.pk))
         content = streamed_content(request._request, chunks)
         response = StreamingHttpResponse(content, content_type="application/zip")
         response["Content-Disposition"] = f'attachment; filename="{archive_filename(target, now)}"'

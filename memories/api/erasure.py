@@ -100,10 +100,9 @@ class MemoryEraseView(APIView):
         return Response(certificate_document(cert))
 
 
-_PAGE = engines["django"].from_string("""<!doctype html>
+_PAGE = engines["django"].from_string("""{% load static %}<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>Erasure certificate {{ c.id }}</title>
-<style>body{font-family:serif;max-width:46em;margin:2em auto}th{text-align:left;padding-right:1em}
-td,th{vertical-align:top}code{word-break:break-all}</style></head><body>
+<link rel="stylesheet" href="{% static 'css/certificate.css' %}"></head><body>
 <h1>Certificate of erasure</h1>
 <p>MemoryHub certifies that the data below was erased irreversibly. No memory content is kept.</p>
 <table>

@@ -21,6 +21,7 @@ from rest_framework.views import APIView
 
 from accounts.principal import principal_of
 from memories import selectors
+from memories.grants import Audience, audience_for
 from memories.lifecycle.decay import Grade
 from memories.lifecycle.decay_pass import forgetting_candidates
 from memories.lifecycle.jobs import JOB_NAMES, job_run_share, job_runs_recent
@@ -38,6 +39,11 @@ GRADE_NAMES = {"again": Grade.AGAIN, "hard": Grade.HARD, "good": Grade.GOOD, "ea
 
 def _stack(request: Request, slug: str, *, write: bool = False) -> Stack:
     return stack_for_principal(principal_of(request), slug, write=write)
+
+
+def _audience(request: Request, target: Stack) -> Audience | None:
+    """The caller's privacy-grants audience on `target` (None: the stack's own credentials)."""
+    return audience_for(principal_of(request), stack_id=target.pk)
 
 
 # --- forgetting candidates ----------------------------------------------------------------------
@@ -90,7 +96,8 @@ class ForgettingCandidatesView(APIView):
         target = _stack(request, stack)
         query = validated(CandidatesQuerySerializer, request.query_params)
         at = query.get("as_of") or timezone.now()
-        memories = forgetting_candidates(stack=target, now=at, limit=query["limit"])
+        memories = forgetting_candidates(stack=target, now=at, limit=query["limit"],
+                                         audience=_audience(request, target))
         return Response(CandidatesSerializer({
             "stack": target.slug, "as_of": at, "threshold": target.organization.forget_threshold,
             "candidates": [_candidate(m, at) for m in memories],
@@ -130,7 +137,7 @@ class MemoryRecallView(APIView):
     def post(self, request: Request, stack: str, memory_id: str) -> Response:
         target = _stack(request, stack, write=True)
         body = validated(RecallInSerializer, request.data)
-        memory = selectors.memory_get(stack=target, memory_id=memory_id)
+        memory = selectors.memory_get(stack=target, memory_id=memory_id, audience=_audience(request, target))
         grade = _grade(body["grade"])
         result = record_review(memory=memory, grade=grade, source="recall")
         return Response(RecallOutSerializer({

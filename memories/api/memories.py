@@ -14,17 +14,19 @@ from django.http import HttpResponse
 from django.urls import path
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiExample, OpenApiParameter, OpenApiResponse, extend_schema
-from rest_framework import status
+from rest_framework import serializers, status
 from rest_framework.renderers import BaseRenderer, JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from accounts.principal import principal_of
-from memories import selectors, services
+from memories import originals, selectors, services
 from memories.export import stack_memory_md
+from memories.grants import Audience, audience_for
 from memories.lifecycle.promotion import promote_lessons
 from memories.load import MAX_ITEM_CHARS, stack_load
+from memories.models import Memory
 from memories.schemas import clean_json
 from memories.serializers import (
     BootConfigEntrySerializer,
@@ -56,6 +58,19 @@ def _stack(request: Request, slug: str, *, write: bool = False) -> Stack:
     return stack_for_principal(principal_of(request), slug, write=write)
 
 
+def _reach(request: Request, slug: str, *, write: bool = False) -> tuple[Stack, Audience | None]:
+    """The stack, and the caller's privacy-grants audience on it (None: the stack's own credentials)."""
+    principal = principal_of(request)
+    target = stack_for_principal(principal, slug, write=write)
+    return target, audience_for(principal, stack_id=target.pk)
+
+
+def _memory(request: Request, slug: str, memory_id: str, *, write: bool = False) -> Memory:
+    """A memory the caller may see (hidden by its grants: 404, like a missing one)."""
+    target, audience = _reach(request, slug, write=write)
+    return selectors.memory_get(stack=target, memory_id=memory_id, audience=audience)
+
+
 PAGE_PARAMS = [
     OpenApiParameter("cursor", OpenApiTypes.STR, description="`next` of the previous page"),
     OpenApiParameter("limit", OpenApiTypes.INT, description="Page size"),
@@ -66,12 +81,12 @@ class MemoryListView(APIView):
     @extend_schema(tags=[TAG], parameters=[MemoryListQuerySerializer, *PAGE_PARAMS],
                    responses=MemorySerializer(many=True), summary="List memories (cursor-paginated, newest first)")
     def get(self, request: Request, stack: str) -> Response:
-        target = _stack(request, stack)
+        target, audience = _reach(request, stack)
         filters = validated(MemoryListQuerySerializer, request.query_params)
         queryset = selectors.memories_list(
             stack=target, kinds=filters.get("kind") or None, tags=filters.get("tags") or None,
             created_after=filters.get("created_after"), created_before=filters.get("created_before"),
-            forgotten=filters["forgotten"])
+            forgotten=filters["forgotten"], audience=audience)
         paginator = StableCursorPagination()
         page = paginator.paginate_queryset(queryset, request, view=self)
         return paginator.get_paginated_response(MemorySerializer(page, many=True).data)
@@ -119,7 +134,7 @@ class MemoryBatchView(APIView):
 class MemoryDetailView(APIView):
     @extend_schema(tags=[TAG], responses=MemorySerializer, summary="Read a memory")
     def get(self, request: Request, stack: str, memory_id: str) -> Response:
-        memory = selectors.memory_get(stack=_stack(request, stack), memory_id=memory_id)
+        memory = _memory(request, stack, memory_id)
         return Response(MemorySerializer(memory).data)
 
     @extend_schema(tags=[TAG], request=MemoryUpdateSerializer, responses=MemorySerializer,
@@ -127,17 +142,39 @@ class MemoryDetailView(APIView):
                        "statement": "Pictures help a lot", "tags": ["math", "visual"]})],
                    summary="Update a memory (partial; null resets a field)")
     def patch(self, request: Request, stack: str, memory_id: str) -> Response:
-        memory = selectors.memory_get(stack=_stack(request, stack, write=True), memory_id=memory_id)
+        memory = _memory(request, stack, memory_id, write=True)
         record = validated(MemoryUpdateSerializer, request.data, context={"kind": memory.kind})["record"]
         memory = services.memory_update(memory=memory, payload=record, source="api")
         return Response(MemorySerializer(memory).data)
+
+
+class RawOriginalSerializer(serializers.Serializer):
+    text = serializers.CharField(help_text="The raw entry's text as submitted, before redaction")
+    key_id = serializers.CharField(help_text="Id of the key it is sealed with (MEMORYHUB_ENCRYPTION_KEYS)")
+    sealed_at = serializers.DateTimeField()
+
+
+class MemoryOriginalView(APIView):
+    @extend_schema(tags=[TAG], responses={
+        200: RawOriginalSerializer,
+        404: OpenApiResponse(description="No original kept (the school did not opt in, redaction changed "
+                                         "nothing, not a raw entry), or the caller is neither the stack's own "
+                                         "credentials nor a school admin: `original_not_found`"),
+        503: OpenApiResponse(description="The kept original cannot be opened (its key is not configured, or "
+                                         "wrong key or tampered data): `original_unreadable`")},
+        summary="A raw entry's original (unredacted) text, if the school keeps it (audited)")
+    def get(self, request: Request, stack: str, memory_id: str) -> Response:
+        kept = originals.raw_original_text(principal_of(request), _memory(request, stack, memory_id))
+        response = Response(RawOriginalSerializer(kept).data)
+        response["Cache-Control"] = "private, no-store"
+        return response
 
 
 class MemoryForgetView(APIView):
     @extend_schema(tags=[TAG], request=ForgetSerializer, responses=MemorySerializer,
                    summary="Forget a memory (reversible tombstone)")
     def post(self, request: Request, stack: str, memory_id: str) -> Response:
-        memory = selectors.memory_get(stack=_stack(request, stack, write=True), memory_id=memory_id)
+        memory = _memory(request, stack, memory_id, write=True)
         reason = validated(ForgetSerializer, clean_json(request.data))["reason"]  # null bytes removed, not refused
         return Response(MemorySerializer(services.memory_forget(memory=memory, reason=reason)).data)
 
@@ -145,7 +182,7 @@ class MemoryForgetView(APIView):
 class MemoryRecoverView(APIView):
     @extend_schema(tags=[TAG], request=None, responses=MemorySerializer, summary="Recover a forgotten memory")
     def post(self, request: Request, stack: str, memory_id: str) -> Response:
-        memory = selectors.memory_get(stack=_stack(request, stack, write=True), memory_id=memory_id)
+        memory = _memory(request, stack, memory_id, write=True)
         return Response(MemorySerializer(services.memory_recover(memory=memory)).data)
 
 
@@ -155,7 +192,7 @@ class MemoryProtectView(APIView):
     @extend_schema(tags=[TAG], request=None, responses=MemorySerializer,
                    summary="Protect / unprotect a memory from decay and forgetting")
     def post(self, request: Request, stack: str, memory_id: str) -> Response:
-        memory = selectors.memory_get(stack=_stack(request, stack, write=True), memory_id=memory_id)
+        memory = _memory(request, stack, memory_id, write=True)
         memory = services.memory_set_protected(memory=memory, protected=self.protected)
         return Response(MemorySerializer(memory).data)
 
@@ -242,10 +279,10 @@ class LoadView(APIView):
                        "generated_at": "2026-11-24T09:30:00+00:00"})],
                    summary="Budget-aware load: checkpoint, boot config, then memories by priority")
     def get(self, request: Request, stack: str) -> Response:
-        target = _stack(request, stack)
+        target, audience = _reach(request, stack)
         query = validated(LoadQuerySerializer, request.query_params)
         item_chars = MAX_ITEM_CHARS if query.get("no_truncate") else query.get("item_chars")
-        result = stack_load(stack=target, budget=query.get("budget"), item_chars=item_chars)
+        result = stack_load(stack=target, budget=query.get("budget"), item_chars=item_chars, audience=audience)
         return Response({
             "checkpoint": result.checkpoint,
             "boot_config": result.boot_config,
@@ -276,8 +313,8 @@ class ExportMemoryMdView(APIView):
     @extend_schema(tags=[TAG], responses={(200, "text/markdown"): OpenApiTypes.STR},
                    summary="MEMORY.md for the stack (text/markdown)")
     def get(self, request: Request, stack: str) -> HttpResponse:
-        target = _stack(request, stack)
-        body = stack_memory_md(stack=target)
+        target, audience = _reach(request, stack)
+        body = stack_memory_md(stack=target, audience=audience)
         response = HttpResponse(body, content_type="text/markdown; charset=utf-8")
         response["Content-Disposition"] = 'inline; filename="MEMORY.md"'
         response["Cache-Control"] = "private, no-store"
@@ -301,6 +338,7 @@ urlpatterns = [
     path(_BASE + "memories", MemoryListView.as_view(), name="memory-list"),
     path(_BASE + "memories/batch", MemoryBatchView.as_view(), name="memory-batch"),
     path(_BASE + "memories/<uuid:memory_id>", MemoryDetailView.as_view(), name="memory-detail"),
+    path(_BASE + "memories/<uuid:memory_id>/original", MemoryOriginalView.as_view(), name="memory-original"),
     path(_BASE + "memories/<uuid:memory_id>/forget", MemoryForgetView.as_view(), name="memory-forget"),
     path(_BASE + "memories/<uuid:memory_id>/recover", MemoryRecoverView.as_view(), name="memory-recover"),
     path(_BASE + "memories/<uuid:memory_id>/protect", MemoryProtectView.as_view(), name="memory-protect"),

@@ -2,7 +2,8 @@
 
 The body is a memory as for create; the answer is what a create would store (redacted text and
 fields, the report) — or the same 4xx a create would get (422 `redaction_refused` for a CRITICAL
-secret). Nothing is stored. The same access decision as a create (write access to the stack), so a
+secret). Nothing is stored. The stack's school's PII categories apply, as on a create. The same
+access decision as a create (write access to the stack), so a
 preview cannot probe a stack the caller could not write to.
 """
 
@@ -16,7 +17,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from accounts.principal import principal_of
-from memories.redaction import redaction_preview
+from memories.redaction import redaction_preview, stack_policy
 from memories.serializers import MemoryWriteSerializer, validated
 from stacks.selectors import stack_for_principal
 
@@ -37,9 +38,9 @@ class RedactionPreviewView(APIView):
                        "kind": "note", "content": "Ada's mother: ada.mum@example.org"})],
                    summary="Dry-run redaction of a memory (stores nothing)")
     def post(self, request: Request, stack: str) -> Response:
-        stack_for_principal(principal_of(request), stack, write=True)
+        target = stack_for_principal(principal_of(request), stack, write=True)
         data = validated(MemoryWriteSerializer, request.data)
-        return Response(redaction_preview(data["kind"], data["record"]))
+        return Response(redaction_preview(data["kind"], data["record"], stack_policy(target)))
 
 
 urlpatterns = [

@@ -23,6 +23,7 @@ from rest_framework.views import APIView
 
 from accounts.principal import principal_of
 from memories import selectors
+from memories.grants import audience_for
 from memories.models import Memory
 from memories.search.hybrid import SearchHit, SearchQuery, SearchResult, search_memories
 from memories.search.retrieval_feedback import memory_feedback
@@ -123,9 +124,11 @@ class StackSearchView(APIView):
                        "query": "fractions", "limit": 5, "kinds": ["note", "belief"], "tags": ["math"]})],
                    summary="Hybrid (full-text + vector, RRF) search of one stack")
     def post(self, request: Request, stack: str) -> Response:
-        target = stack_for_principal(principal_of(request), stack)
+        principal = principal_of(request)
+        target = stack_for_principal(principal, stack)
         query = validated(SearchInSerializer, request.data)["search"]
-        result = search_memories(stack_ids=[target.pk], query=query)
+        result = search_memories(stack_ids=[target.pk], query=query,
+                                 audience=audience_for(principal, stack_id=target.pk))
         return Response(_result_json(result, query, [target]))
 
 
@@ -138,7 +141,9 @@ class SchoolSearchView(APIView):
         selectors.ensure_may_search_across_stacks(principal)  # before reading the body: 403 wins over 400
         data = validated(SchoolSearchInSerializer, request.data)
         stacks = selectors.stacks_for_school_search(principal, slugs=data["stacks"])
-        result = search_memories(stack_ids=[s.pk for s in stacks], query=data["search"])
+        # Only school keys get here (never a stack's own credentials): the grants always apply.
+        result = search_memories(stack_ids=[s.pk for s in stacks], query=data["search"],
+                                 audience=audience_for(principal))
         return Response(_result_json(result, data["search"], stacks))
 
 
@@ -190,7 +195,8 @@ class KernleSearchView(APIView):
         data = validated(KernleSearchInSerializer, request.data)
         query = data["search"]
         stack = selectors.stack_for_kernle_search(principal, stack_id=data.get("stack_id"))
-        result = search_memories(stack_ids=[stack.pk], query=query)
+        result = search_memories(stack_ids=[stack.pk], query=query,
+                                 audience=audience_for(principal, stack_id=stack.pk))
         results = [
             {
                 "id": hit.memory.record_id,
@@ -273,9 +279,12 @@ class MemoryFeedbackView(APIView):
                    responses={200: _FEEDBACK_RESPONSE, **WRITE_ERRORS},
                    summary="Promote or demote a memory (explicit retrieval feedback)")
     def post(self, request: Request, stack: str, memory_id: str) -> Response:
-        target = stack_for_principal(principal_of(request), stack, write=True)
+        principal = principal_of(request)
+        target = stack_for_principal(principal, stack, write=True)
         data = validated(RetrievalFeedbackInSerializer, request.data)
-        memory = selectors.memory_get(stack=target, memory_id=memory_id)  # expired: 404, like every read
+        # Expired or hidden by its grants: 404, like every read.
+        memory = selectors.memory_get(stack=target, memory_id=memory_id,
+                                      audience=audience_for(principal, stack_id=target.pk))
         outcome = memory_feedback(memory=memory, action=data["action"], reason=data["reason"])
         return Response({"memory_id": str(memory.pk), "action": data["action"],
                          "stability_before": outcome.stability_before, "stability_after": outcome.stability_after,

@@ -31,6 +31,7 @@ from django.db.models import FloatField
 from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
+from memories.grants import Audience, grants_filter
 from memories.lifecycle.decay import (
     FORGOTTEN_REASON_DECAY,
     NEVER_FADE_KINDS,
@@ -397,11 +398,14 @@ def decay_pass(*, now: datetime | None = None, batch_size: int = DECAY_BATCH_SIZ
         now=at, batch_size=batch_size, tolerance=tolerance, workers=workers, counts=counts, progress=progress))
 
 
-def forgetting_candidates(*, stack: Stack, now: datetime | None = None, limit: int = 50) -> list[Memory]:
+def forgetting_candidates(*, stack: Stack, now: datetime | None = None, limit: int = 50,
+                          audience: Audience | None = None) -> list[Memory]:
     """What the decay pass at `now` would forget in this stack, most faded first (a read).
 
     Each memory carries `current_salience` (at `now`). The caller resolved `stack` through
-    `stacks.selectors`. Archived stacks are not decayed, so they have no candidates.
+    `stacks.selectors`. Archived stacks are not decayed, so they have no candidates. A requester
+    other than the stack's own credentials passes its `audience` (memories.grants): only memories
+    its grants admit are listed.
     """
     at = now or timezone.now()
     if stack.is_archived:
@@ -420,7 +424,7 @@ def forgetting_candidates(*, stack: Stack, now: datetime | None = None, limit: i
         .extra(where=[f"NOT {recovered}"], params=[at, threshold])  # noqa: S610
         .order_by("current_salience", "created_at", "id")
     )
-    return list(queryset[:limit])
+    return list(grants_filter(queryset, audience)[:limit])
 
 
 

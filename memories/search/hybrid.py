@@ -50,6 +50,7 @@ from typing import Any
 from django.db import connection, transaction
 from django.utils import timezone
 
+from memories.grants import Audience, grants_sql
 from memories.lifecycle.decay import DecayState, memory_retrievability
 from memories.models import Memory
 from memories.search.embedding_model import deployment_model_id
@@ -145,8 +146,10 @@ def pgvector_version() -> tuple[int, ...]:
 _PLAIN_QUERY = re.compile(r'^[^"]*$')
 
 
-def _filters(query: SearchQuery, params: dict[str, Any]) -> str:
-    """The WHERE clause every leg shares; the stack scope is mandatory, never optional."""
+def _filters(query: SearchQuery, params: dict[str, Any], audience: Audience | None = None) -> str:
+    """The WHERE clause every leg shares; the stack scope is mandatory, never optional. A requester
+    other than the stack's own credentials also gets the privacy-grants predicate (memories.grants),
+    here, inside each leg's SQL and before its LIMIT, so a hidden memory never takes a slot."""
     clauses = [
         "m.stack_id = ANY(%(stack_ids)s)",
         "m.deleted_at IS NULL",
@@ -154,6 +157,10 @@ def _filters(query: SearchQuery, params: dict[str, Any]) -> str:
         "(m.expires_at IS NULL OR m.expires_at > %(now)s)",
     ]
     params["now"] = timezone.now()
+    if audience is not None:
+        grants, grant_params = grants_sql(audience, "m")
+        clauses.append(grants)
+        params.update(grant_params)
     if query.kinds:
         clauses.append("m.kind = ANY(%(kinds)s)")
         params["kinds"] = list(query.kinds)
@@ -195,7 +202,8 @@ def _keyword_sql(where: str, tsquery_sql: str, *, all_terms_sql: str, score_sql:
     """  # noqa: S608 - only fixed clauses are interpolated; values are parameters
 
 
-def _keyword_leg(query: SearchQuery, stack_ids: Sequence[int], fetch: int) -> list[tuple[Any, ...]]:
+def _keyword_leg(query: SearchQuery, stack_ids: Sequence[int], fetch: int,
+                 audience: Audience | None = None) -> list[tuple[Any, ...]]:
     """Full-text candidates, ranked in two tiers, from ONE scan of the scope.
 
     1. Memories containing every term (websearch_to_tsquery: AND, quotes, -exclusions, or),
@@ -214,7 +222,7 @@ def _keyword_leg(query: SearchQuery, stack_ids: Sequence[int], fetch: int) -> li
     `_strict_scan_is_cheap`): then tier 1 is ranked within the capped sample, like tier 2.
     """
     params: dict[str, Any] = {"stack_ids": list(stack_ids), "q": query.text, "cap": KEYWORD_RANK_CAP}
-    where = _filters(query, params)
+    where = _filters(query, params, audience)
     strict = "websearch_to_tsquery('english', %(q)s)"
     plain = bool(_PLAIN_QUERY.match(query.text)) and not re.search(r"(^|\s)-\w|\bor\b", query.text, re.I)
     strict_sql = _keyword_sql(where, strict, all_terms_sql="true",
@@ -310,12 +318,13 @@ def _table_rows() -> float:
 
 
 def _vector_sql(query: SearchQuery, stack_ids: Sequence[int], vector: Vector, fetch: int, *,
-                exact: bool, single_stack: bool = False) -> tuple[str, dict[str, Any]]:
+                exact: bool, single_stack: bool = False,
+                audience: Audience | None = None) -> tuple[str, dict[str, Any]]:
     params: dict[str, Any] = {
         "stack_ids": list(stack_ids), "v": vector_literal(vector), "fetch": fetch,
         "model": get_embedder().model_id,
     }
-    where = _filters(query, params)
+    where = _filters(query, params, audience)
     if single_stack:
         # `stack_id = <literal>` (not `= ANY(array)`), so the planner can prove the partial
         # index's predicate (memories.search.vector_indexes) and walk that stack's own graph.
@@ -339,7 +348,7 @@ def stack_index_ef_search(fetch: int) -> int:
 
 
 def _vector_leg(query: SearchQuery, stack_ids: Sequence[int], vector: Vector, fetch: int,
-                stats: dict[str, Any]) -> tuple[list[tuple[Any, ...]], str]:
+                stats: dict[str, Any], audience: Audience | None = None) -> tuple[list[tuple[Any, ...]], str]:
     iterative = pgvector_version() >= (0, 8)
     if len(stack_ids) == 1 and stack_ids[0] in stacks_with_vector_index():
         # The stack's own partial HNSW index: no other stack's rows in the graph, no post-filter loss.
@@ -351,7 +360,8 @@ def _vector_leg(query: SearchQuery, stack_ids: Sequence[int], vector: Vector, fe
         # with ef (~20 ms at 300 on a busy box), so ef 240 (= 8x a default over-fetch of 30) is
         # where recall stays above 0.95 without paying for more width (vector_indexes.py).
         ef = stack_index_ef_search(fetch)
-        sql, params = _vector_sql(query, stack_ids, vector, fetch, exact=False, single_stack=True)
+        sql, params = _vector_sql(query, stack_ids, vector, fetch, exact=False, single_stack=True,
+                                  audience=audience)
         # SET LOCAL needs a transaction; inside search's own one no savepoint is needed (an error
         # fails the whole search anyway, and a leftover ef_search affects no later query of it).
         with transaction.atomic(savepoint=False), connection.cursor() as cursor:
@@ -367,7 +377,7 @@ def _vector_leg(query: SearchQuery, stack_ids: Sequence[int], vector: Vector, fe
         # Expected in-scope rows from an ef-wide walk ≈ ef x share; ask for 3x what we need.
         ef = min(HNSW_MAX_EF_SEARCH, max(fetch * 2, 40, math.ceil(fetch * 3 / max(share, 1e-9))))
         if iterative or ef < HNSW_MAX_EF_SEARCH or share >= 0.5:
-            sql, params = _vector_sql(query, stack_ids, vector, fetch, exact=False)
+            sql, params = _vector_sql(query, stack_ids, vector, fetch, exact=False, audience=audience)
             with transaction.atomic(savepoint=False), connection.cursor() as cursor:
                 cursor.execute(f"SET LOCAL hnsw.ef_search = {int(ef)}")
                 if iterative:
@@ -382,7 +392,7 @@ def _vector_leg(query: SearchQuery, stack_ids: Sequence[int], vector: Vector, fe
             method = "exact"
     else:
         method = "exact"
-    sql, params = _vector_sql(query, stack_ids, vector, fetch, exact=True)
+    sql, params = _vector_sql(query, stack_ids, vector, fetch, exact=True, audience=audience)
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         return cursor.fetchall(), method
@@ -399,9 +409,12 @@ def _timed_embed(text: str) -> tuple[Vector, float]:
     return vector, round((time.perf_counter() - started) * 1000, 2)
 
 
-def search_memories(*, stack_ids: Sequence[int], query: SearchQuery, now: datetime | None = None) -> SearchResult:
+def search_memories(*, stack_ids: Sequence[int], query: SearchQuery, now: datetime | None = None,
+                    audience: Audience | None = None) -> SearchResult:
     """Hybrid search over the given stacks. The caller has already decided the caller may read
-    every one of `stack_ids` (stacks.selectors); this function never widens that scope."""
+    every one of `stack_ids` (stacks.selectors); this function never widens that scope.
+    `audience`: the requester when it is not the stacks' own credentials (memories.grants.audience_for);
+    None searches everything in scope (the stack's own agent, a system job)."""
     started = time.perf_counter()
     now = now or timezone.now()
     stats: dict[str, Any] = {}
@@ -414,13 +427,14 @@ def search_memories(*, stack_ids: Sequence[int], query: SearchQuery, now: dateti
         # well inside that is cancelled (-> 503, which also makes the client fall back).
         with connection.cursor() as cursor:
             cursor.execute(f"SET LOCAL statement_timeout = {int(STATEMENT_TIMEOUT_MS)}")
-        result = _search(stack_ids=stack_ids, query=query, now=now, fetch=fetch, stats=stats, started=started)
+        result = _search(stack_ids=stack_ids, query=query, now=now, fetch=fetch, stats=stats, started=started,
+                         audience=audience)
     SEARCH_LATENCY.observe(time.perf_counter() - started)
     return result
 
 
 def _search(*, stack_ids: Sequence[int], query: SearchQuery, now: datetime, fetch: int, stats: dict[str, Any],
-            started: float) -> SearchResult:
+            started: float, audience: Audience | None) -> SearchResult:
 
     # A query vector is only comparable with stored vectors of its own model: when this process
     # embeds with another model than the deployment's, the semantic leg is skipped, and says so.
@@ -439,7 +453,7 @@ def _search(*, stack_ids: Sequence[int], query: SearchQuery, now: datetime, fetc
     # database, so a search costs max(embed, keyword) + vector rather than their sum.
     clock = time.perf_counter()
     pending = None if semantic_skipped else _embedding_pool().submit(_timed_embed, query.text)
-    keyword_rows = _keyword_leg(query, stack_ids, fetch)
+    keyword_rows = _keyword_leg(query, stack_ids, fetch, audience)
     stats["keyword_ms"] = round((time.perf_counter() - clock) * 1000, 2)
     vector_rows: list[tuple[Any, ...]] = []
     method = "none"
@@ -452,10 +466,10 @@ def _search(*, stack_ids: Sequence[int], query: SearchQuery, now: datetime, fetc
             semantic_skipped = SKIPPED_EMBEDDER_UNAVAILABLE
         else:
             clock = time.perf_counter()
-            vector_rows, method = _vector_leg(query, stack_ids, vector, fetch, stats)
+            vector_rows, method = _vector_leg(query, stack_ids, vector, fetch, stats, audience)
             stats["vector_ms"] = round((time.perf_counter() - clock) * 1000, 2)
             if not vector_rows:
-                semantic_skipped = _why_no_vectors(query, stack_ids, query_model)
+                semantic_skipped = _why_no_vectors(query, stack_ids, query_model, audience)
     if query.min_similarity > 0:  # 0 means "no threshold" (cosine itself can be negative)
         vector_rows = [row for row in vector_rows if float(row[_SCORE]) >= query.min_similarity]
 
@@ -514,13 +528,14 @@ def _search(*, stack_ids: Sequence[int], query: SearchQuery, now: datetime, fetc
     )
 
 
-def _why_no_vectors(query: SearchQuery, stack_ids: Sequence[int], query_model: str) -> str | None:
+def _why_no_vectors(query: SearchQuery, stack_ids: Sequence[int], query_model: str,
+                    audience: Audience | None = None) -> str | None:
     """Why the vector leg found no row of `query_model` in scope, or None when the scope (with its
     filters) is simply empty. Runs only after an empty vector leg, so it costs nothing otherwise:
     either the scope's vectors are of another model (a switch or a heal still under way), or none
     of its memories has been embedded yet (the embedding backlog)."""
     params: dict[str, Any] = {"stack_ids": list(stack_ids), "model": query_model}
-    where = _filters(query, params)
+    where = _filters(query, params, audience)
     with connection.cursor() as cursor:
         cursor.execute(f"SELECT m.embedding_model FROM memories_memory m WHERE {where} "  # noqa: S608 - fixed clauses
                        f"AND m.embedding IS NOT NULL AND m.embedding_model <> %(model)s LIMIT 1", params)

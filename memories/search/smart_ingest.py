@@ -43,6 +43,7 @@ from django.utils import timezone
 
 from memories.lifecycle.decay import DecayState, Grade, base_stability, review
 from memories.models import Memory
+from memories.redaction import stack_policy
 from memories.search.embedding_jobs import store_vectors
 from memories.search.embedding_model import deployment_model_mismatch
 from memories.search.embeddings import get_embedder, vector_literal
@@ -157,7 +158,7 @@ def smart_ingest(*, stack: Stack, kind: str, payload: dict[str, Any], force_crea
     thresholds = thresholds or Thresholds()
     # The payload as it would be stored (schema + the kernel's transforms), so similarity is computed
     # on the stored text; InvalidInput / PayloadTooLarge before anything else.
-    normalized = prepare_memory(kind, payload)
+    normalized = prepare_memory(kind, payload, redaction=stack_policy(stack))
     measure = "none"
 
     if supersedes is not None:

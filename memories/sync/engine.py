@@ -33,6 +33,7 @@ from django.db import DatabaseError, transaction
 from billing import entitlements
 from memories.erasure import erased_keys
 from memories.models import Memory
+from memories.redaction import RedactionPolicy, stack_policy
 from memories.schemas import NormalizedMemory, memory_payload_view
 from memories.sync.lookup import _lookup_existing
 from memories.sync.protocol import (
@@ -110,7 +111,7 @@ def _wire_view(row: Memory) -> dict[str, Any]:
     return memory_payload_view(row)
 
 
-def _apply_upsert(state: _State, op: SyncOp, now: datetime) -> None:
+def _apply_upsert(state: _State, op: SyncOp, now: datetime, redaction: RedactionPolicy) -> None:
     row = state.row
     assert op.normalized is not None
     known = not state.is_new or state.populated  # stored, or created earlier in this batch
@@ -137,7 +138,7 @@ def _apply_upsert(state: _State, op: SyncOp, now: datetime) -> None:
             # The stored copy is newer: keep it, take only the incoming list items (set union).
             merged = _wire_view(row)
             _merge_lists(merged, merged, op.payload, fields)
-            normalized = normalize_payload(row.kind, merged) if fields else None
+            normalized = normalize_payload(row.kind, merged, redaction) if fields else None
             if normalized is not None:
                 changed, text_changed = _assign(row, normalized)
                 state.changed |= changed
@@ -150,10 +151,12 @@ def _apply_upsert(state: _State, op: SyncOp, now: datetime) -> None:
             stored = _wire_view(row)
             payload = dict(payload)
             _merge_lists(payload, payload, stored, fields)
-            normalized = normalize_payload(row.kind, payload)
+            normalized = normalize_payload(row.kind, payload, redaction)
         else:
             normalized = op.normalized
         changed, text_changed = _assign(row, normalized)
+        if text_changed:
+            state.normalized = normalized  # its original text, for the write kernel (memories.originals)
         if row.client_updated_at != op.client_updated_at or row.client_version != op.client_version:
             row.client_updated_at = op.client_updated_at
             row.client_version = op.client_version
@@ -186,9 +189,10 @@ def apply_native_operations(*, stack: Stack, operations: list[Any], now: datetim
     archive import both write this way."""
     results = [OpResult(index=i, ok=False) for i in range(len(operations))]
     parsed: list[SyncOp] = []
+    redaction = stack_policy(stack)  # the school's choice, once for the batch
     for index, raw in enumerate(operations):
         try:
-            parsed.append(parse_native_op(index, raw, now))
+            parsed.append(parse_native_op(index, raw, now, redaction))
         except OpRejected as rejected:
             results[index] = OpResult(index=index, ok=False, error=rejected.message, code=rejected.code,
                                       fields=rejected.fields)
@@ -208,6 +212,7 @@ def apply_batch(*, stack: Stack, ops: list[SyncOp], results: list[OpResult], now
     change listeners follow the commit (the write kernel's `finish_set`).
     """
     keys = {(op.kind, op.record_id) for op in ops}
+    redaction = stack_policy(stack)  # for records re-normalised when list fields merge
     states: dict[tuple[str, str], _State] = {}
     if keys:
         for row in _lookup_existing(stack, keys):
@@ -217,7 +222,8 @@ def apply_batch(*, stack: Stack, ops: list[SyncOp], results: list[OpResult], now
                 snapshot=None, snapshot_version=row.version)
 
     # Erased records stay erased: an old device re-pushing their ids is refused (memories.erasure).
-    erased = erased_keys(stack, keys - states.keys()) if keys else set()
+    # A stack never erased from has no tombstones: its flag, read with the locked row, spares the query.
+    erased = erased_keys(stack, keys - states.keys()) if keys and stack.has_erasures else set()
     remaining = entitlements.storage_remaining(organization=stack.organization) if storage_limited else None
     added_bytes = 0
     for op in ops:
@@ -243,7 +249,7 @@ def apply_batch(*, stack: Stack, ops: list[SyncOp], results: list[OpResult], now
             if op.delete:
                 _apply_delete(state, now)
             else:
-                _apply_upsert(state, op, now)
+                _apply_upsert(state, op, now, redaction)
         except OpRejected as rejected:
             _restore(state, before_image)
             results[op.index] = OpResult(index=op.index, ok=False, error=rejected.message, code=rejected.code,
@@ -287,7 +293,7 @@ def _size_of(state: _State) -> int:
     return 0 if state.row.deleted_at is not None else state.row.size_bytes
 
 
-_FLAGS = ("changed", "touched", "text_changed", "action", "populated")
+_FLAGS = ("changed", "touched", "text_changed", "action", "populated", "normalized")
 
 
 def _image(state: _State) -> dict[str, Any]:

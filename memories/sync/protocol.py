@@ -25,6 +25,7 @@ from django.db import connection
 
 from accounts.principal import Principal
 from memories.models import MemoryKind
+from memories.redaction import RedactionPolicy
 from memories.schemas import (
     KIND_FOR_TABLE,
     LIST_ITEMS,
@@ -148,7 +149,7 @@ def _client_version(value: Any) -> int | None:
     return None
 
 
-def _prepare_upsert(op: SyncOp, data: Any, op_time: Any, now: datetime) -> None:
+def _prepare_upsert(op: SyncOp, data: Any, op_time: Any, now: datetime, redaction: RedactionPolicy) -> None:
     """Interpret the sync keys of `data`, strip server-controlled fields, validate through the schema."""
     if not isinstance(data, dict):
         raise OpRejected("Missing data for insert/update", fields={"data": ["Must be an object."]})
@@ -165,15 +166,16 @@ def _prepare_upsert(op: SyncOp, data: Any, op_time: Any, now: datetime) -> None:
         if isinstance(value, str) and _NAIVE_ISO.match(value):
             # Stored with an explicit offset, so every later pull echoes an aware timestamp (§4.2).
             op.payload[key] = value + "+00:00"
-    op.normalized = normalize_payload(op.kind, op.payload)
+    op.normalized = normalize_payload(op.kind, op.payload, redaction)
 
 
-def normalize_payload(kind: str, payload: dict[str, Any]) -> NormalizedMemory:
-    """A record's payload made storable (the kernel's `prepare_memory`), or the operation's rejection."""
+def normalize_payload(kind: str, payload: dict[str, Any], redaction: RedactionPolicy) -> NormalizedMemory:
+    """A record's payload made storable (the kernel's `prepare_memory`, under the stack's school's
+    redaction policy), or the operation's rejection."""
     try:
         # A drive / relationship / playbook without its natural key is stored, not refused: it is
         # the device's data. It is only kept out of kernle pulls (§3.9, `_APPLIABLE_SQL`).
-        return prepare_memory(kind, payload, natural_key_optional=True)
+        return prepare_memory(kind, payload, redaction=redaction, natural_key_optional=True)
     except (InvalidInput, PayloadTooLarge, Unprocessable) as exc:  # Unprocessable: a CRITICAL secret
         raise OpRejected(_describe(exc), code=exc.code, fields=exc.fields) from None
 
@@ -205,7 +207,7 @@ def wire_key(raw_op: Any) -> tuple[Any, Any, Any]:
             utf8_encodable(operation) if isinstance(operation, str) else None)
 
 
-def parse_kernle_op(index: int, raw: Any, now: datetime) -> SyncOp:
+def parse_kernle_op(index: int, raw: Any, now: datetime, redaction: RedactionPolicy) -> SyncOp:
     if not isinstance(raw, dict):
         raise OpRejected("operation must be an object")
     table = raw.get("table")
@@ -220,11 +222,11 @@ def parse_kernle_op(index: int, raw: Any, now: datetime) -> SyncOp:
     if not op.delete:
         if raw.get("data") is None:
             raise OpRejected("Missing data for insert/update", code="missing_data")
-        _prepare_upsert(op, raw.get("data"), raw.get("local_updated_at"), now)
+        _prepare_upsert(op, raw.get("data"), raw.get("local_updated_at"), now, redaction)
     return op
 
 
-def parse_native_op(index: int, raw: Any, now: datetime) -> SyncOp:
+def parse_native_op(index: int, raw: Any, now: datetime, redaction: RedactionPolicy) -> SyncOp:
     if not isinstance(raw, dict):
         raise OpRejected("An operation must be an object.")
     kind = raw.get("kind")
@@ -238,7 +240,7 @@ def parse_native_op(index: int, raw: Any, now: datetime) -> SyncOp:
     if not op.delete:
         if raw.get("data") is None:
             raise OpRejected("An upsert needs data.", code="missing_data", fields={"data": ["Required."]})
-        _prepare_upsert(op, raw.get("data"), raw.get("updated_at"), now)
+        _prepare_upsert(op, raw.get("data"), raw.get("updated_at"), now, redaction)
     return op
 
 

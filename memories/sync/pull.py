@@ -3,6 +3,11 @@
 Pulls wait for an in-flight push to the stack to commit (FOR SHARE on the stack row) and render
 JSON without decoding records (see `_record_json`): a complete kernle change set of 10,000 records
 is one query and string joins.
+
+A credential other than the stack's own (a school key pulling a student's stack) gets only the
+memories its privacy grants admit (memories.grants), filtered inside the query; its cursor still
+advances past the hidden ones (kernle: the watermark; native: see `native_pull`). The stack's own
+credentials run the same SQL as before, with no predicate.
 """
 
 from __future__ import annotations
@@ -10,12 +15,14 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from datetime import datetime
+from functools import cache
 from typing import Any
 
 from django.db import connection, transaction
 from django.utils import timezone
 
 from accounts.principal import Principal
+from memories.grants import audience_for, grants_sql
 from memories.models import SyncWatermark
 from memories.schemas import parse_timestamp
 from memories.sync.protocol import (
@@ -73,7 +80,8 @@ _APPLIABLE_SQL = " AND ".join(
     f"NOT (m.kind = '{kind}' AND btrim(COALESCE(m.data ->> '{key}', '')) = '')"
     for kind, key in REQUIRED_FOR_PULL.items()
 )
-# Built from module constants only; every value is a bound parameter.
+# Built from module constants only; every value is a bound parameter. `{grants}` is filled by
+# `_kernle_pull_sql`: nothing for the stack's own credentials, the grants predicate otherwise.
 _KERNLE_PULL_SQL = f"""
 SELECT {_TABLE_SQL}, to_json(m.record_id)::text,
        CASE WHEN m.kind = 'episode' THEN COALESCE(m.data -> 'lessons', '[]'::jsonb)::text END,
@@ -88,9 +96,14 @@ FROM memories_memory m
 WHERE m.stack_id = %(stack)s AND m.deleted_at IS NULL AND m.forgotten_at IS NULL
   AND m.kind IN ({", ".join(f"'{k}'" for k in PULL_TABLE_FOR_KIND)})
   AND (%(since)s::timestamptz IS NULL OR m.server_updated_at > %(since)s::timestamptz)
-  AND {_APPLIABLE_SQL}
+  AND {_APPLIABLE_SQL} {{grants}}
 ORDER BY m.change_seq
 """  # noqa: S608
+
+
+@cache
+def _kernle_pull_sql(grants: str) -> str:
+    return _KERNLE_PULL_SQL.replace("{grants}", grants)
 
 
 def _record_json(*objects: str | None) -> str:
@@ -136,8 +149,9 @@ def kernle_pull(*, principal: Principal, stack_id: Any, since: Any) -> KernlePul
         # The client's clock may be ahead of ours, and a commit may have raced its last pull; the
         # earlier of its clock and our record of its last read never skips a change (§4.4).
         effective = min(since_time, watermark) if watermark is not None else since_time
+    grants, grant_params = _grants_clause(principal, stack, alias="m")
     with connection.cursor() as cursor:
-        cursor.execute(_KERNLE_PULL_SQL, {"stack": stack.pk, "since": effective})
+        cursor.execute(_kernle_pull_sql(grants), {"stack": stack.pk, "since": effective, **grant_params})
         rows = [_kernle_operation_json(row) for row in cursor.fetchall()]
     SyncWatermark.objects.update_or_create(stack=stack, credential_id=principal.credential_id,
                                            defaults={"pulled_at": now})
@@ -166,10 +180,24 @@ SELECT m.change_seq,
        CASE WHEN m.deleted_at IS NULL THEN m.data::text END,
        CASE WHEN m.deleted_at IS NULL THEN {_COLUMNS_JSON} END
 FROM (SELECT {_NATIVE_PULL_COLUMNS} FROM memories_memory
-      WHERE stack_id = %(stack)s AND change_seq > %(after)s
+      WHERE stack_id = %(stack)s AND change_seq > %(after)s {{grants}}
       ORDER BY stack_id, change_seq LIMIT %(limit)s) m
 ORDER BY m.change_seq
 """  # noqa: S608
+
+
+@cache
+def _native_pull_sql(grants: str) -> str:
+    return _NATIVE_PULL_SQL.replace("{grants}", grants)
+
+
+def _grants_clause(principal: Principal, stack: Stack, *, alias: str) -> tuple[str, dict[str, Any]]:
+    """("AND <grants predicate>", params) for a credential other than the stack's own; ("", {}) for its own."""
+    audience = audience_for(principal, stack_id=stack.pk)
+    if audience is None:
+        return "", {}
+    sql, params = grants_sql(audience, alias)
+    return f"AND {sql}", params
 
 
 def _native_change_json(row: tuple[Any, ...]) -> str:
@@ -197,17 +225,26 @@ def native_pull(*, principal: Principal, stack_slug: str, cursor: str | None, li
     Resuming with the returned `next_cursor` continues exactly after the last change delivered:
     the cursor is the `change_seq` of that change, and pushes stamp sequence numbers under the
     stack lock, which this read waits for (FOR SHARE), so no earlier number can commit later.
+    For a credential the privacy grants apply to, hidden changes are skipped inside the query; on
+    the last page the cursor moves to the stack's newest change, so the hidden ones at the end are
+    not walked again on every pull (the cursor says nothing about them but a number).
     """
     after = cursor_decode(cursor)
     page_size = _page_size(limit)
     stack = stack_for_principal(principal, stack_slug)
     _lock_stack_shared(stack)
+    grants, grant_params = _grants_clause(principal, stack, alias="")
     with connection.cursor() as db:
-        db.execute(_NATIVE_PULL_SQL, {"stack": stack.pk, "after": after, "limit": page_size + 1})
+        db.execute(_native_pull_sql(grants), {"stack": stack.pk, "after": after, "limit": page_size + 1,
+                                              **grant_params})
         rows = db.fetchall()
-    has_more = len(rows) > page_size
-    rows = rows[:page_size]
-    last = rows[-1][0] if rows else after
+        has_more = len(rows) > page_size
+        rows = rows[:page_size]
+        last = rows[-1][0] if rows else after
+        if grants and not has_more:
+            db.execute("SELECT max(change_seq) FROM memories_memory WHERE stack_id = %s", [stack.pk])
+            newest = db.fetchone()[0]
+            last = max(last, newest or 0)
     return NativePullResult(changes_json="[" + ",".join(_native_change_json(r) for r in rows) + "]", count=len(rows),
                             next_cursor=cursor_encode(last), has_more=has_more)
 

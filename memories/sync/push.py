@@ -18,6 +18,7 @@ from django.db import transaction
 from accounts.models import Organization
 from accounts.principal import Principal
 from billing import entitlements
+from memories.redaction import ALL_CATEGORIES, stack_policy
 from memories.sync.engine import apply_batch, apply_native_operations, with_retry_per_record
 from memories.sync.protocol import (
     NATIVE_MAX_OPERATIONS,
@@ -95,9 +96,11 @@ def _kernle_push(principal: Principal, stack_id: Any, operations: list[Any], per
     now = db_now()
     results: list[OpResult] = [OpResult(index=i, ok=False) for i in range(len(operations))]
     parsed: list[SyncOp] = []
+    # The school's redaction choice, once for the push (no stack: its upserts are refused anyway).
+    redaction = stack_policy(stack) if stack is not None else ALL_CATEGORIES
     for index, raw in enumerate(operations):
         try:
-            op = parse_kernle_op(index, raw, now)
+            op = parse_kernle_op(index, raw, now, redaction)
         except OpRejected as rejected:
             results[index] = OpResult(index=index, ok=False, error=rejected.message, code=rejected.code,
                                       fields=rejected.fields)

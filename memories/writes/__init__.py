@@ -22,6 +22,11 @@ leaves the same traces, and they are made here, not re-implemented per writer:
   and the registered change listeners;
 * **before anything is stored**, every payload goes through `hooks.prepare_memory`: the schema
   (`memories.schemas.normalize_memory`) and then the registered transforms (where redaction plugs in).
+* **a raw entry's original**: when redaction changed a raw entry's text, `prepare_memory` hands the
+  text as submitted along (`NormalizedMemory.original_text`, never a column), and the writer — the
+  single-row insert / change, or `sets.finish_set` once per batch — seals it into `RawOriginal` in the
+  writing transaction if the school opted in, and drops an original its text change made stale
+  (memories.originals; docs/privacy.md "Encryption at rest").
 
 The package, by data flow:
 

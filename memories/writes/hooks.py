@@ -28,6 +28,7 @@ run); otherwise both lists are empty and cost one loop each.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -37,8 +38,8 @@ from celery import current_app
 from django.db import transaction
 
 from memories.events import MEMORY, record_change
-from memories.models import Memory
-from memories.redaction import redact_memory
+from memories.models import Memory, MemoryKind
+from memories.redaction import RedactionPolicy, redact_memory
 from memories.schemas import NormalizedMemory, normalize_memory
 
 logger = logging.getLogger(__name__)
@@ -90,19 +91,29 @@ def unregister_listener(listener: Listener) -> None:
         _listeners.remove(listener)
 
 
-def prepare_memory(kind: str, payload: Any, *, partial: bool = False, existing: Memory | None = None,
-                   natural_key_optional: bool = False) -> NormalizedMemory:
+def prepare_memory(kind: str, payload: Any, *, redaction: RedactionPolicy, partial: bool = False,
+                   existing: Memory | None = None, natural_key_optional: bool = False) -> NormalizedMemory:
     """THE way a payload becomes storable: `memories.schemas.normalize_memory` (its contract, its
-    errors), then redaction (`memories.redaction.redact_memory`: `RedactionRefused`, 422, for a
-    CRITICAL secret), then every registered transform.
+    errors), then redaction under the stack's school's policy (`memories.redaction.redact_memory`:
+    `RedactionRefused`, 422, for a CRITICAL secret), then every registered transform.
+
+    `redaction` is required, not defaulted: every writer resolves its school's choice
+    (`memories.redaction.stack_policy`, once per request or batch) instead of silently getting
+    another one.
 
     Redaction is called here, not registered: it must hold for every process and every path
     whatever the registry holds (a worker or command that writes before the app registry is
     ready, a test that empties the list), and it must run before any other transform sees the text."""
-    normalized = redact_memory(normalize_memory(kind, payload, partial=partial, existing=existing,
-                                                natural_key_optional=natural_key_optional))
+    submitted = normalize_memory(kind, payload, partial=partial, existing=existing,
+                                 natural_key_optional=natural_key_optional)
+    normalized = redact_memory(submitted, redaction)
     for transform in _transforms:
         normalized = transform(normalized)
+    if normalized is not submitted and submitted.kind == MemoryKind.RAW and normalized.text != submitted.text:
+        # A raw entry redaction changed: its text as submitted goes along (never stored as is; the
+        # writer seals it when the school opted in, memories.originals). Unchanged text needs no
+        # copy: what is stored IS the original.
+        normalized = dataclasses.replace(normalized, original_text=submitted.text)
     return normalized
 
 

@@ -16,13 +16,17 @@ from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from memories.models import Memory, MemoryRevision, NextChangeSeq, StackDailyActivity
+from memories.models import Memory, MemoryKind, MemoryRevision, NextChangeSeq, StackDailyActivity
+from memories.originals import keep_originals
 from memories.schemas import NormalizedMemory
 from memories.writes.columns import SNAPSHOT_COLUMNS
 from memories.writes.hooks import SMALL_EMBED_MESSAGE_IDS, after_commit
 from stacks.models import Stack
 
 _STACK_TABLE = Stack._meta.db_table
+# A new raw memory's text as submitted when redaction changed it (`NormalizedMemory.original_text`):
+# set on the unsaved Memory by `new_memory`, sealed by `insert_memories` (memories.originals).
+_ORIGINAL_TEXT = "_original_text"
 _COUNTERS_SQL = (f"UPDATE {_STACK_TABLE} SET memory_count = memory_count + %s, "  # noqa: S608 - constants only
                  "bytes_used = bytes_used + %s WHERE id = %s")
 _SYNC_COUNTERS_SQL = (f"UPDATE {_STACK_TABLE} SET memory_count = memory_count + %s, "  # noqa: S608 - constants only
@@ -114,10 +118,13 @@ def new_memory(*, stack: Stack, normalized: NormalizedMemory, record_id: str | N
     memory_id = uuid.uuid4()
     fields = normalized.as_model_fields()
     fields.setdefault("created_at", now)
-    return Memory(
+    memory = Memory(
         id=memory_id, stack=stack, kind=normalized.kind, record_id=record_id or str(memory_id),
         server_updated_at=now, embedded_version=None, **fields,
     )
+    if normalized.original_text is not None:
+        setattr(memory, _ORIGINAL_TEXT, normalized.original_text)
+    return memory
 
 
 def insert_memories(*, stack: Stack, memories: Sequence[Memory], source: str) -> None:
@@ -139,6 +146,9 @@ def insert_memories(*, stack: Stack, memories: Sequence[Memory], source: str) ->
             memories[0].save(force_insert=True)
         else:
             Memory.objects.bulk_create(memories)
+    originals = {m.pk: getattr(m, _ORIGINAL_TEXT) for m in memories if hasattr(m, _ORIGINAL_TEXT)}
+    if originals:
+        keep_originals(stack_id=stack.pk, originals=originals)
     move_counters(stack_id=stack.pk, count_delta=len(memories), bytes_delta=sum(m.size_bytes for m in memories),
                   written=len(memories))
     ids = [m.pk for m in memories]
@@ -147,7 +157,8 @@ def insert_memories(*, stack: Stack, memories: Sequence[Memory], source: str) ->
 
 
 def save_change(memory: Memory, *, before: dict[str, Any], source: str, action: str, fields: Sequence[str],
-                reason: str = "", text_changed: bool = False, count_delta: int = 0, bytes_delta: int = 0) -> Memory:
+                reason: str = "", text_changed: bool = False, count_delta: int = 0, bytes_delta: int = 0,
+                original_text: str | None = None) -> Memory:
     """Write a change already made to `memory` in memory (attributes set by the caller).
 
     `memory` was read with `locked_memory` (stack lock, then row lock); `before` is its
@@ -155,8 +166,14 @@ def save_change(memory: Memory, *, before: dict[str, Any], source: str, action: 
     Keeps the revision, bumps `version`, stamps `change_seq` and `server_updated_at` (and
     `embedded_version = NULL` when `text_changed`), moves the counters by the deltas and, after
     commit, queues embedding (text changed) and tells the listeners (`action`).
+    A raw memory whose text changed gets its kept original replaced: by `original_text` (its text as
+    submitted, when redaction changed it; sealed if the school opted in) or by none.
     Returns the memory with its new `version` and `change_seq`.
     """
+    if memory.kind == MemoryKind.RAW and (text_changed or action == "delete"):
+        keep_originals(stack_id=memory.stack_id,
+                       originals={memory.pk: original_text} if original_text is not None and action != "delete" else {},
+                       stale=[memory.pk])
     MemoryRevision.objects.create(memory=memory, version=before["version"], source=source, action=action,
                                   reason=reason, snapshot=before)
     memory.version = F("version") + 1

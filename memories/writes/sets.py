@@ -23,7 +23,8 @@ from typing import Any
 
 from django.db import connection
 
-from memories.models import Memory, MemoryRevision, NextChangeSeq
+from memories.models import Memory, MemoryKind, MemoryRevision, NextChangeSeq
+from memories.originals import keep_originals
 from memories.schemas import NormalizedMemory
 from memories.writes.columns import ARRAY_COLUMNS, COPY_COLUMNS, COPY_TYPES, JSON_COLUMNS, SET_UPDATE_COLUMNS
 from memories.writes.hooks import after_commit
@@ -78,8 +79,9 @@ class RecordWrite:
     touched: bool = False  # only change_seq / server_updated_at move (a stale write's echo)
     text_changed: bool = False
     action: str = "update"  # the revision's action: update | forget | recover | delete
-    # The normalised record a new row was filled from: COPY reuses its pre-rendered JSON while the row
-    # still holds that very `data` / `extra` (checked by identity).
+    # The normalised record the row was last filled from: COPY reuses a new row's pre-rendered JSON
+    # while the row still holds that very `data` / `extra` (checked by identity), and `finish_set`
+    # takes a raw row's original text from it (memories.originals) while the row holds its text.
     normalized: NormalizedMemory | None = None
 
 
@@ -128,9 +130,13 @@ def finish_set(*, stack_id: int, records: Sequence[RecordWrite], source: str, sy
     written = 0  # created or changed in content: what the activity rollup counts (move_counters)
     embed: list[Any] = []
     by_action: dict[str, list[Any]] = {}
+    originals: dict[Any, str] = {}
+    stale: list[Any] = []
     for record in records:
         row = record.row
         live = row.deleted_at is None
+        if row.kind == MemoryKind.RAW and (record.text_changed or not live):
+            _original_of(record, live, originals, stale)
         count_delta += int(live) - int(record.original_live)
         bytes_delta += (row.size_bytes if live else 0) - record.original_size
         if record.text_changed and live:
@@ -139,9 +145,24 @@ def finish_set(*, stack_id: int, records: Sequence[RecordWrite], source: str, sy
             action = "create" if record.is_new and live else record.action
             by_action.setdefault(action, []).append(row.pk)
             written += action in ("create", "update")
+    if originals or stale:
+        keep_originals(stack_id=stack_id, originals=originals, stale=stale)  # one upsert, one delete at most
     move_counters(stack_id=stack_id, count_delta=count_delta, bytes_delta=bytes_delta, sync_at=sync_at,
                   written=written)
     after_commit(stack_id=stack_id, source=source, changes=by_action.items(), embed_ids=embed)
+
+
+def _original_of(record: RecordWrite, live: bool, originals: dict[Any, str], stale: list[Any]) -> None:
+    """A raw row whose text changed or that is deleted: a stored one's kept original is stale; a
+    live one's text as submitted is kept when redaction changed it — taken from the record it was
+    filled from, only while the row still holds that record's text."""
+    row = record.row
+    if not record.is_new and (record.text_changed or record.action == "delete"):
+        stale.append(row.pk)
+    filled_from = record.normalized
+    if (live and record.text_changed and filled_from is not None and filled_from.original_text is not None
+            and filled_from.text == row.text):
+        originals[row.pk] = filled_from.original_text
 
 
 # --- COPY of new rows ----------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import pytest
 from django.core import mail
 
 from accounts.models import Membership, Organization, User
-from memories.models import MemoryKind
+from memories.models import Memory, MemoryKind
 from memories.services import memory_create
 from stacks.models import Stack
 from tests.e2e.browser import WatchedPage, check_page, sign_in
@@ -106,3 +106,47 @@ def test_password_reset_pages_read_well_and_send_the_link(open_page: Callable[[]
     check_page(watched, "password-reset-new-password")
     assert urlsplit(page.url).path.startswith("/password-reset/")
     sign_in(watched, dashboard_url, admin.email, PASSWORD)
+
+
+def test_privacy_settings_and_erasing_a_student_read_well(open_page: Callable[[], WatchedPage],
+                                                          dashboard_url: str) -> None:
+    org = make_org("Willow School")
+    admin = staff(org, Membership.Role.ADMIN, "office@willow.example")
+    stack = make_stack(org, "w-0001")
+    Stack.objects.filter(pk=stack.pk).update(display_name="Wren Willow")
+    memory_create(stack=Stack.objects.select_related("organization").get(pk=stack.pk), kind=MemoryKind.NOTE,
+                  source="api", payload={"content": "Wren's mum reads e-mail at mum@willow.example"})
+    watched = open_page()
+    page = watched.page
+    sign_in(watched, dashboard_url, admin.email, PASSWORD)
+
+    # The settings with the written policy; a bad value is refused on the form (400), nothing stored.
+    watched.goto(f"{dashboard_url}/dashboard/privacy/")
+    check_page(watched, "privacy")
+    page.get_by_label("Raw entries", exact=True).fill("0")
+    page.get_by_role("button", name="Save privacy settings").click()
+    page.wait_for_load_state("load")
+    check_page(watched, "privacy-refused", status=400)
+    assert Organization.objects.get(pk=org.pk).retention_days == {}
+    page.get_by_label("Raw entries", exact=True).fill("365")
+    page.get_by_label("Phone numbers").uncheck()
+    page.get_by_role("button", name="Save privacy settings").click()
+    page.wait_for_load_state("load")
+    check_page(watched, "privacy-saved")
+    saved = Organization.objects.get(pk=org.pk)
+    assert saved.retention_days == {"raw": 365} and saved.redaction_categories == ["EMAIL", "IP_ADDRESS"]
+
+    # The student's page: the redaction badge, then the erase confirmation and the certificate.
+    watched.goto(f"{dashboard_url}/dashboard/students/{stack.slug}/")
+    check_page(watched, "student-redacted")
+    assert "redacted: email" in page.locator("main").inner_text()
+    page.get_by_role("link", name="Erase student…").click()
+    page.wait_for_load_state("load")
+    check_page(watched, "erase-student")
+    page.get_by_label("Type the student's name or ID to confirm").fill("Wren Willow")
+    page.get_by_label("Requested by (optional)").fill("Wren's mother, letter of 20 November 2026")
+    page.get_by_role("button", name="Erase Wren Willow for good").click()
+    page.wait_for_load_state("load")
+    check_page(watched, "erasure-certificate")
+    assert "Valid" in page.locator("main").inner_text()
+    assert not Memory.objects.filter(stack_id=stack.pk).exists()

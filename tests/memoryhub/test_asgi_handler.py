@@ -25,7 +25,7 @@ pytestmark = pytest.mark.django_db(transaction=True)  # the handler's threads us
 
 def _requests(*calls: tuple[str, str, dict[str, Any]]) -> list[httpx.Response]:
     async def run() -> list[httpx.Response]:
-        transport = httpx.ASGITransport(app=application)
+        transport = httpx.ASGITransport(app=application)  # type: ignore[arg-type]  # ASGI types spelled loosely
         async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as client:
             return [await client.request(method, path, **kwargs) for method, path, kwargs in calls]
 

@@ -68,7 +68,8 @@ def test_make_run_prints_only_urls_that_work_and_commands_find_the_service(tmp_p
     data_dir = tmp_path / "var"
     web_port, pg_port, redis_port = free_port(), free_port(), free_port()
     env = _without_service_env(data_dir, PORT=str(web_port), MEMORYHUB_PG_PORT=str(pg_port),
-                               MEMORYHUB_REDIS_PORT=str(redis_port), EMBEDDING_PROVIDER="hash",
+                               MEMORYHUB_REDIS_PORT=str(redis_port), MEMORYHUB_ANVIL_PORT=str(free_port()),
+                               EMBEDDING_PROVIDER="hash",
                                CELERY_CONCURRENCY="1")
     log_path = tmp_path / "runner.log"
     with open(log_path, "ab") as log:

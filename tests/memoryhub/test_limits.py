@@ -27,7 +27,7 @@ from websockets.typing import Origin
 
 from memories.models import Memory
 from memoryhub.embedded import ManagedProcess, free_port
-from memoryhub.limits import JSON_MAX_DEPTH, JSON_MAX_STRING_CHARS, BoundedJSONParser
+from memoryhub.limits import JSON_MAX_DEPTH, JSON_MAX_STRING_CHARS, BoundedBodyParser, BoundedJSONParser
 from stacks.services import personal_account_register
 from tests.factories import bearer_client, database_url_for_processes, make_key, make_org, make_stack, wait_for_health
 
@@ -202,7 +202,7 @@ def test_the_parser_caps_the_body_under_any_server(settings: Any) -> None:
 
 
 def test_every_api_view_parses_bodies_with_the_bounded_parser() -> None:
-    """The bounds hold only if no view brings its own parser: walk the live URLconf."""
+    """The bounds hold only if no view brings an unbounded parser of its own: walk the live URLconf."""
     views: list[type[APIView]] = []
 
     def walk(patterns: list[URLPattern | URLResolver]) -> None:
@@ -217,5 +217,5 @@ def test_every_api_view_parses_bodies_with_the_bounded_parser() -> None:
     walk(get_resolver().url_patterns)
     assert len(views) > 20
     unbounded = sorted({f"{v.__module__}.{v.__name__}" for v in views
-                        if not all(issubclass(p, BoundedJSONParser) for p in v.parser_classes)})
+                        if not all(issubclass(p, BoundedJSONParser | BoundedBodyParser) for p in v.parser_classes)})
     assert unbounded == []

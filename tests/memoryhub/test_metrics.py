@@ -38,7 +38,7 @@ def value(text: str, name: str, **labels: str) -> float:
     {"REMOTE_ADDR": "203.0.113.9", "HTTP_AUTHORIZATION": "Bearer wrong-token"},
     {"REMOTE_ADDR": "127.0.0.1", "HTTP_X_FORWARDED_FOR": "203.0.113.9"},  # relayed by a local proxy
 ])
-def test_metrics_are_not_readable_from_elsewhere_without_the_token(settings: Any, extra: dict[str, str]) -> None:
+def test_metrics_are_not_readable_from_elsewhere_without_the_token(settings: Any, extra: dict[str, Any]) -> None:
     settings.METRICS_TOKEN = TOKEN
     response = Client().get("/metrics", **extra)
     assert response.status_code == 404

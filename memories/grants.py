@@ -1,0 +1,105 @@
+"""Privacy grants: which memories of a stack a requester other than the stack's own credentials sees
+(README "Privacy grants", docs/privacy.md "Privacy grants").
+
+A memory carries `access_grants`, a list of entity ids (Kernle Phase 8). A requester is described by
+an `Audience`: the entity ids it answers to and what its school says an empty list means.
+
+* The stack's own credentials (an agent key bound to the stack, or a JWT issued for that key) see all
+  of the stack: `audience_for` returns None for them, and None means "no grants predicate at all",
+  so the agent's own reads are exactly as fast as before.
+* Anyone else — a school key, a signed-in admin or teacher, a webhook endpoint — sees a memory only
+  when `access_grants && <its ids>` (Postgres array overlap) or, under the school policy "school"
+  (the default), when `access_grants` is empty. Under "owner" an empty list means "the stack's own
+  credentials only".
+
+Entity ids (every requester also answers to `*` and to its school, `org:<school public id>`):
+
+    signed-in admin / teacher / billing user   human:<user public id>, role:admin|teacher|billing
+    school (organization-wide) key             key:<key public id>, role:school_key
+    webhook endpoint                           webhook:<endpoint public id>, role:webhook
+
+The user's public id (`usr_…`) is the stable one: an e-mail address can change or be reused.
+
+This module is the ONE predicate builder: `grants_q` for ORM querysets and `grants_sql` for the raw
+SQL paths (search, load, pull). Every read a non-self requester can make goes through one of them,
+inside SQL and before any LIMIT, so a hidden memory never takes a slot in a page or a result list.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from django.db.models import Q
+
+from accounts.models import Membership, Organization
+from accounts.principal import Principal
+
+EVERYONE = "*"
+ROLE_SCHOOL_KEY = "school_key"
+ROLE_WEBHOOK = "webhook"
+# Keys of the parameters grants_sql adds; chosen not to collide with the callers' own names.
+IDS_PARAM = "grant_ids"
+
+
+@dataclass(frozen=True)
+class Audience:
+    """A requester as the grants see it (hashable: the live pages key shared renders by it)."""
+
+    entity_ids: tuple[str, ...]
+    # True under the school policy "school": an empty `access_grants` admits this requester.
+    empty_admits: bool
+
+
+def _audience(organization: Organization, *ids: str) -> Audience:
+    policy = organization.empty_grants_policy or Organization.EmptyGrantsPolicy.SCHOOL
+    return Audience(entity_ids=(*ids, f"org:{organization.public_id}", EVERYONE),
+                    empty_admits=policy == Organization.EmptyGrantsPolicy.SCHOOL)
+
+
+def audience_for(principal: Principal, *, stack_id: int | None = None) -> Audience | None:
+    """The principal's audience; None for the stack's own credentials (they see everything).
+
+    A stack-bound credential only ever reaches its own stack (stacks.selectors), so it is "own"
+    unless `stack_id` names another stack (then it gets a key audience, which fails closed)."""
+    key = principal.api_key
+    if principal.bound_stack_id is not None and stack_id in (None, principal.bound_stack_id):
+        return None
+    if key is not None:
+        return _audience(principal.organization, f"key:{key.public_id}", f"role:{ROLE_SCHOOL_KEY}")
+    role = principal.role or Membership.Role.ADMIN
+    return _audience(principal.organization, f"human:{principal.user.public_id}", f"role:{role}")
+
+
+def audience_for_webhook(*, endpoint_public_id: str, organization: Organization) -> Audience:
+    """What a webhook endpoint of `organization` may receive."""
+    return _audience(organization, f"webhook:{endpoint_public_id}", f"role:{ROLE_WEBHOOK}")
+
+
+def grants_q(audience: Audience | None, *, prefix: str = "") -> Q | None:
+    """The ORM predicate (None: no predicate, own credentials). `prefix` reaches a memory through a
+    relation, e.g. "memory__" from a revision."""
+    if audience is None:
+        return None
+    admitted = Q(**{f"{prefix}access_grants__overlap": list(audience.entity_ids)})
+    if audience.empty_admits:
+        admitted |= Q(**{f"{prefix}access_grants": []})
+    return admitted
+
+
+def grants_filter(queryset: Any, audience: Audience | None, *, prefix: str = "") -> Any:
+    """`queryset` narrowed to what `audience` sees (unchanged for own credentials)."""
+    predicate = grants_q(audience, prefix=prefix)
+    return queryset if predicate is None else queryset.filter(predicate)
+
+
+def grants_sql(audience: Audience | None, alias: str = "m") -> tuple[str, dict[str, Any]]:
+    """The raw-SQL predicate over `<alias>.access_grants` with its named parameters; ("TRUE", {})
+    for own credentials. Callers add it with AND: `WHERE … AND {sql}`."""
+    if audience is None:
+        return "TRUE", {}
+    column = f"{alias}.access_grants" if alias else "access_grants"
+    sql = f"{column} && %({IDS_PARAM})s::text[]"
+    if audience.empty_admits:
+        sql = f"({sql} OR cardinality({column}) = 0)"
+    return sql, {IDS_PARAM: list(audience.entity_ids)}
