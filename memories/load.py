@@ -217,6 +217,18 @@ class LoadResult:
     excluded_count: int
     generated_at: datetime = field(default_factory=timezone.now)
 
+    def as_json(self) -> dict[str, Any]:
+        """The wire form, the same on REST (`GET …/load`) and MCP (`memory_load`)."""
+        return {
+            "checkpoint": self.checkpoint,
+            "boot_config": self.boot_config,
+            "memories": [item.__dict__ for item in self.memories],
+            "echoes": self.echoes,
+            "meta": {"budget_total": self.budget_total, "budget_used": self.budget_used,
+                     "excluded_count": self.excluded_count, "item_chars": self.item_chars},
+            "generated_at": self.generated_at,
+        }
+
 
 # Small kind-specific fields returned beside the text (structure, not content: counted under the
 # 1.3 JSON overhead of the token estimate).

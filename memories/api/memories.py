@@ -283,15 +283,7 @@ class LoadView(APIView):
         query = validated(LoadQuerySerializer, request.query_params)
         item_chars = MAX_ITEM_CHARS if query.get("no_truncate") else query.get("item_chars")
         result = stack_load(stack=target, budget=query.get("budget"), item_chars=item_chars, audience=audience)
-        return Response({
-            "checkpoint": result.checkpoint,
-            "boot_config": result.boot_config,
-            "memories": [item.__dict__ for item in result.memories],
-            "echoes": result.echoes,
-            "meta": {"budget_total": result.budget_total, "budget_used": result.budget_used,
-                     "excluded_count": result.excluded_count, "item_chars": result.item_chars},
-            "generated_at": result.generated_at,
-        })
+        return Response(result.as_json())
 
 
 class MarkdownRenderer(BaseRenderer):
