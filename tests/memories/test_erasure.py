@@ -166,6 +166,8 @@ def test_erasing_a_stack_leaves_nothing_of_it_and_a_certificate_that_verifies(ca
     assert cast.admin_api.get(f"/api/v1/erasures/{cert['id']}").json() == cert
     page = cast.admin_api.get(f"/api/v1/erasures/{cert['id']}?format=html")
     assert page.status_code == 200 and b"parent of Alice" in page.content and cert["digest"].encode() in page.content
+    # Styled by a file: the Content-Security-Policy refuses inline <style>.
+    assert b"<style" not in page.content and b"css/certificate" in page.content
     anyone = type(cast.admin_api)()
     assert anyone.get(f"/api/v1/erasures/{cert['id']}/verify").json() == {"valid": True}
     assert anyone.post(f"/api/v1/erasures/{cert['id']}/verify", cert,
