@@ -26,7 +26,7 @@ import hashlib
 import hmac
 import json
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from django.conf import settings
@@ -60,6 +60,17 @@ _DIGEST_SALT = "memoryhub.erasure-certificate.v1"
 REQUESTED_BY_MAX = 1000
 ERASURE_SOURCE = "erasure"  # the change events' source
 _ERASED_TOPICS = {"checkpoints": CHECKPOINT, "boot_config_entries": BOOT_CONFIG}
+
+# Apps above this one keep per-stack data of their own (webhooks: deliveries waiting to be sent).
+# Each registers `eraser(stack_id) -> {label: rows deleted}`, run in the stack erasure's final
+# transaction; its counts go on the certificate.
+StackEraser = Callable[[int], dict[str, int]]
+_stack_erasers: list[StackEraser] = []
+
+
+def register_stack_eraser(eraser: StackEraser) -> None:
+    if eraser not in _stack_erasers:
+        _stack_erasers.append(eraser)
 
 # One batch: pick memories, leave a tombstone of each, delete their revisions, salience rows, kept
 # originals and themselves, and say what went, by kind (with the ids, for the batch's change
@@ -303,6 +314,8 @@ def erasure_run(cert_id: Any) -> ErasureCertificate:
                 snapshots = snapshots_erase(stack_id=cert.stack_ref)
                 if snapshots:
                     counts["teleport_snapshots"] = snapshots
+                for eraser in _stack_erasers:
+                    counts.update({label: n for label, n in eraser(cert.stack_ref).items() if n})
                 # Nothing is left in it: usage is zero whatever drifted.
                 Stack.objects.filter(pk=cert.stack_ref).update(memory_count=0, bytes_used=0, last_write_at=None)
             _drop_stack_vector_index(cert.stack_ref)

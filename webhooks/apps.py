@@ -11,7 +11,11 @@ class WebhooksConfig(AppConfig):
     def ready(self) -> None:
         # Every committed ChangeEvent (and every relay of an unpublished one) reaches the fan-out,
         # which is idempotent: a delivery is unique per (endpoint, event).
+        from memories.erasure import register_stack_eraser
         from memories.events import register_event_consumer
         from webhooks.dispatch import consume_event
+        from webhooks.services import deliveries_erase_for_stack
 
         register_event_consumer(consume_event)
+        # An erased student's pending (and logged) deliveries go with the rest of the stack.
+        register_stack_eraser(deliveries_erase_for_stack)

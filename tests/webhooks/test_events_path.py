@@ -34,3 +34,28 @@ def test_a_rolled_back_write_records_no_delivery(school: School, receiver: Recei
         memory_create(stack=school.stack, kind="note", payload={"content": "never"}, source="api")
         raise RuntimeError("the write fails after its insert")
     assert not WebhookDelivery.objects.exists() and not queued
+
+
+def test_erasing_a_student_deletes_the_deliveries_about_them_and_announces_the_erasure(
+        school: School, receiver: Receiver, clock: Clock, queued: list[Any],
+        django_capture_on_commit_callbacks: Any) -> None:
+    from memories import events
+
+    endpoint, _ = make_endpoint(school.org, receiver.url)
+    with django_capture_on_commit_callbacks(execute=True):
+        memory_create(stack=school.stack, kind="note", payload={"content": "Worried about the move"}, source="api")
+        memory_create(stack=school.other_stack, kind="note", payload={"content": "Bob's note"}, source="api")
+    assert events.wait_published()
+    assert WebhookDelivery.objects.filter(stack=school.stack).count() == 1  # pending: the receiver was not called
+
+    with django_capture_on_commit_callbacks(execute=True):
+        response = school.admin_api.post(school.stack_url("erase"), {"requested_by": "a parent", "confirm": "alice"},
+                                         format="json")
+    assert response.status_code == 200, response.content
+    assert response.json()["counts"]["webhook_deliveries"] == 1
+    assert events.wait_published()
+    # What is left about the student is the erasure's own notice: memory ids only, no text.
+    left = list(WebhookDelivery.objects.filter(stack=school.stack).values_list("event_type", "data"))
+    assert {(event_type, data["action"]) for event_type, data in left} == {("memory.deleted", "erase")}
+    assert "Worried" not in str(left)
+    assert WebhookDelivery.objects.filter(stack=school.other_stack).count() == 1  # another student's: untouched
