@@ -41,7 +41,7 @@ def test_erasing_a_student_deletes_the_deliveries_about_them_and_announces_the_e
         django_capture_on_commit_callbacks: Any) -> None:
     from memories import events
 
-    endpoint, _ = make_endpoint(school.org, receiver.url)
+    make_endpoint(school.org, receiver.url)
     with django_capture_on_commit_callbacks(execute=True):
         memory_create(stack=school.stack, kind="note", payload={"content": "Worried about the move"}, source="api")
         memory_create(stack=school.other_stack, kind="note", payload={"content": "Bob's note"}, source="api")
