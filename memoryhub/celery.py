@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 
 from celery import Celery
-from celery.signals import setup_logging
+from celery.signals import before_task_publish, setup_logging, task_postrun, task_prerun
+
+from memoryhub import requestid
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "memoryhub.settings")
 
@@ -25,6 +27,10 @@ def _configure_logging(**_: object) -> None:
 
 
 setup_logging.connect(_configure_logging)
+# A request's id follows the tasks it sends into the worker's log lines (memoryhub/requestid.py).
+before_task_publish.connect(requestid.add_to_task_headers)
+task_prerun.connect(requestid.enter_task)
+task_postrun.connect(requestid.leave_task)
 app.autodiscover_tasks()
 # Infrastructure tasks live in the project package, which is not an installed app.
 app.conf.imports = ("memoryhub.tasks", "memories.lifecycle_tasks")

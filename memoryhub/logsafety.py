@@ -16,6 +16,8 @@ import traceback
 from types import TracebackType
 from typing import Any
 
+from pythonjsonlogger.json import JsonFormatter
+
 _Info = tuple[type[BaseException], BaseException, TracebackType | None] | tuple[None, None, None]
 
 
@@ -61,6 +63,13 @@ def safe_exception_text(exc_info: _Info) -> str:
 
 class SafeFormatter(logging.Formatter):
     """`logging.Formatter` whose tracebacks withhold database errors' messages."""
+
+    def formatException(self, ei: Any) -> str:
+        return safe_exception_text(ei)
+
+
+class SafeJsonFormatter(JsonFormatter):
+    """One JSON object per line (LOG_FORMAT=json, python-json-logger), tracebacks as above."""
 
     def formatException(self, ei: Any) -> str:
         return safe_exception_text(ei)

@@ -130,6 +130,8 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     # First: counts and times every request, whatever the middleware below answer (memoryhub.metrics).
     "memoryhub.metrics.MetricsMiddleware",
+    # The request id on every log line of the request and of the tasks it queues (memoryhub.requestid).
+    "memoryhub.requestid.RequestIdMiddleware",
     "django.middleware.security.SecurityMiddleware",
     # Static files answer here, before sessions and CSRF, in every mode (memoryhub/staticfiles.py).
     "memoryhub.staticfiles.StaticFilesMiddleware",
@@ -375,16 +377,25 @@ SIMPLE_JWT = {
 EMBEDDING_PROVIDER = env_choice("EMBEDDING_PROVIDER", "minilm", ("hash", "minilm", "openai"))
 
 LOG_LEVEL = env_choice("LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR"))
+# "json" for a log pipeline (the default with MEMORYHUB_PRODUCTION), "plain" for a terminal.
+LOG_FORMAT = env_choice("LOG_FORMAT", "json" if env_bool("MEMORYHUB_PRODUCTION", False) else "plain",
+                        ("plain", "json"))
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     # SafeFormatter: a logged database error's message (which may quote a stored row) is withheld
     # (memoryhub/logsafety.py). No memory text in logs: messages name ids, types and counts only.
+    # LOG_FORMAT=json: one JSON object per line for a log pipeline; both carry the request id, which
+    # follows a request into the Celery tasks it queued (memoryhub/requestid.py).
     "formatters": {"plain": {"()": "memoryhub.logsafety.SafeFormatter",
-                             "format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "filters": {"withhold_database_errors": {"()": "memoryhub.logsafety.WithholdDatabaseErrors"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain",
-                             "filters": ["withhold_database_errors"]}},
+                             "format": "%(asctime)s %(levelname)s %(name)s [%(request_id)s]: %(message)s"},
+                   "json": {"()": "memoryhub.logsafety.SafeJsonFormatter",
+                            "format": "%(asctime)s %(levelname)s %(name)s %(request_id)s %(message)s",
+                            "rename_fields": {"asctime": "time", "levelname": "level", "name": "logger"}}},
+    "filters": {"withhold_database_errors": {"()": "memoryhub.logsafety.WithholdDatabaseErrors"},
+                "request_id": {"()": "memoryhub.requestid.RequestIdFilter"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT,
+                             "filters": ["withhold_database_errors", "request_id"]}},
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
     # httpx logs every request's full URL at INFO: a webhook receiver's URL may carry a token in its
     # query string, and no secret goes into our logs.
