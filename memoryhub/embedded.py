@@ -73,6 +73,8 @@ class ManagedProcess:
     user: str | None = None
     log_path: Path | None = None
     stop_signal: int = signal.SIGTERM
+    # How long `stop()` lets it finish what it is doing (drain requests, finish tasks) before SIGKILL.
+    stop_timeout: float = 15.0
     process: subprocess.Popen[bytes] | None = field(default=None, init=False)
     _log: IO[bytes] | None = field(default=None, init=False)
 
@@ -104,13 +106,13 @@ class ManagedProcess:
     def returncode(self) -> int | None:
         return None if self.process is None else self.process.poll()
 
-    def stop(self, timeout: float = 15.0) -> None:
+    def stop(self, timeout: float | None = None) -> None:
         if self.process is None:
             return
         if self.process.poll() is None:
             self._signal_group(self.stop_signal)
             try:
-                self.process.wait(timeout)
+                self.process.wait(self.stop_timeout if timeout is None else timeout)
             except subprocess.TimeoutExpired:
                 self._signal_group(signal.SIGKILL)
                 self.process.wait(5)

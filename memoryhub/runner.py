@@ -35,6 +35,10 @@ MAX_BACKOFF_SECONDS = 30.0
 # A child that ran this long before it died was healthy: its next restart starts again at 1 s
 # (without this, kills twenty minutes apart waited 1, 2, 4, 8, 16 s and every API call was a 503).
 HEALTHY_RUN_SECONDS = 60.0
+# Graceful shutdown (SIGTERM / Ctrl-C): how long the web server drains requests in flight and the
+# worker finishes its running tasks before they are killed.
+GRACEFUL_WEB_SECONDS = 20.0
+GRACEFUL_WORKER_SECONDS = 60.0
 # From "web, worker and beat started" to /readyz 200. A first start imports torch and Django in
 # three processes at once; ~20 s on a busy 2-core machine.
 READY_TIMEOUT_SECONDS = 180.0
@@ -274,14 +278,18 @@ def main() -> int:
                   "--no-proxy-headers",
                   # Websocket frames larger than the guard's 64 Ki characters (memoryhub/limits.py, up to
                   # 4 bytes each in UTF-8) are refused by uvicorn before they are buffered.
-                  "--ws-max-size", str(256 * 1024)],
-            env=env, cwd=BASE_DIR,
+                  "--ws-max-size", str(256 * 1024),
+                  # SIGTERM: stop accepting, let requests in flight finish for up to this long.
+                  "--timeout-graceful-shutdown", str(int(GRACEFUL_WEB_SECONDS))],
+            env=env, cwd=BASE_DIR, stop_timeout=GRACEFUL_WEB_SECONDS + 5,
         ))
         supervisor.add(ManagedProcess(
             name="worker",
             argv=[python, "-m", "celery", "-A", "memoryhub", "worker", "--loglevel", "INFO",
                   "--concurrency", str(concurrency), "--hostname", "worker@%h", "--queues", WORKER_QUEUES],
-            env=env, cwd=BASE_DIR,
+            # SIGTERM is Celery's warm shutdown: running tasks finish (a task cut off by the SIGKILL
+            # after this is redelivered: acks_late), no new one starts.
+            env=env, cwd=BASE_DIR, stop_timeout=GRACEFUL_WORKER_SECONDS,
         ))
         supervisor.add(ManagedProcess(
             name="beat",

@@ -87,3 +87,31 @@ def test_periodic_runs_have_their_own_queue_which_the_worker_consumes(celery_wor
     # A periodic task sent the way beat sends it is run by the worker from that queue.
     result = app.send_task("memoryhub.ping", queue=PERIODIC_QUEUE)
     assert result.get(timeout=30) == "pong"
+
+
+DRAINING_CHILD = """
+import pathlib, signal, sys, time
+def drain(signum, frame):
+    time.sleep(0.5)  # finishing what is in flight
+    pathlib.Path(sys.argv[1]).write_text("drained")
+    sys.exit(0)
+signal.signal(signal.SIGTERM, drain)
+pathlib.Path(sys.argv[1] + ".ready").write_text("up")
+while True:
+    time.sleep(0.05)
+"""
+
+
+@pytest.mark.parametrize(("stop_timeout", "drained"), [(5.0, True), (0.1, False)])
+def test_a_stopped_child_may_finish_its_work_within_its_stop_timeout(tmp_path: Path, stop_timeout: float,
+                                                                    drained: bool) -> None:
+    marker = tmp_path / "marker"
+    child = ManagedProcess(name="draining", argv=[sys.executable, "-c", DRAINING_CHILD, str(marker)],
+                           stop_timeout=stop_timeout)
+    child.start()
+    deadline = time.monotonic() + 10
+    while not (tmp_path / "marker.ready").exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    child.stop()  # SIGTERM, then SIGKILL once stop_timeout has passed
+    assert not child.running()
+    assert marker.exists() is drained
