@@ -10,6 +10,7 @@ connected.
 from __future__ import annotations
 
 import contextlib
+import ctypes  # here, not in _die_with_parent: the child may already run as an account that cannot read the stdlib
 import os
 import pwd
 import shutil
@@ -30,12 +31,8 @@ _PR_SET_PDEATHSIG = 1
 def _die_with_parent() -> None:
     """Runs in the child before exec: if the process that started us dies (even by SIGKILL),
     the kernel sends us SIGTERM, so no server outlives its supervisor."""
-    try:
-        import ctypes
-
+    with contextlib.suppress(OSError):  # not Linux: the supervisor's own shutdown path still stops us
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    except OSError:
-        pass  # not Linux: the supervisor's own shutdown path still stops us
 
 
 def pgserver_bin() -> Path:
