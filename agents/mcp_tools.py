@@ -155,13 +155,13 @@ def _load(principal: Principal, args: Payload) -> Payload:
 
 
 def _remember(principal: Principal, args: Payload) -> Payload:
-    target, _ = _reach(principal, args, write=True)
+    target, audience = _reach(principal, args, write=True)
     data = validated(SmartIngestInSerializer, {"kind": MemoryKind.NOTE, **_body(args)})
     supersedes = data.get("supersedes")
     decision = smart_ingest(stack=target, kind=data["kind"], payload=data["record"],
                             force_create=data["force_create"],
                             supersedes=None if supersedes is None else str(supersedes),
-                            thresholds=data.get("thresholds"))
+                            thresholds=data.get("thresholds"), audience=audience)
     memory = decision.memory
     return {
         "decision": decision.decision,

@@ -14,7 +14,9 @@ Figures, all from one run:
 * HTTP p50/p95/p99 of `POST /api/v1/stacks/{stack}/search` (limit 10) for the largest stack and
   for typical stacks, next to the bare query-embedding time measured in the same run;
 * vector-leg recall@10 of the plan the server uses (exact or HNSW with over-fetch) against an
-  exact ranking of the same stack, and its in-process latency next to the exact plan's.
+  exact ranking of the same stack, and its in-process latency next to the exact plan's;
+* in-process search latency of ranking v2 next to v1 (docs/algorithms.md §7.5), same queries,
+  interleaved, each paying its own query embedding.
 
     .venv/bin/python bench/search.py --scale 0.2 --queries 200
 """
@@ -170,10 +172,11 @@ def main() -> None:
         typical = stacks[1:]
         queries = [synthetic_sentence(rng, words=rng.randint(3, 8)) for _ in range(args.queries * 2)]
 
-        # --- baselines: the query embedding alone, as the server computes it (the traced one-text
+        # --- baselines: the query embedding alone, as the server computes it (MINILM_RUNTIME, one text
         # path) and as sentence-transformers' own `encode` does -------------------------------------
-        model = MiniLMEmbedder()
+        model = MiniLMEmbedder()  # the server's runtime (MINILM_RUNTIME)
         model.embed(["warm up"])
+        reference = MiniLMEmbedder(runtime="torch")  # sentence-transformers' own `encode`, for comparison
         embed_ms: list[float] = []
         encode_ms: list[float] = []
         for q in queries[: args.queries]:
@@ -181,7 +184,7 @@ def main() -> None:
             model.embed([q])
             embed_ms.append((time.perf_counter() - started) * 1000)
             started = time.perf_counter()
-            model._load().encode([q], normalize_embeddings=True, show_progress_bar=False)
+            reference._load().encode([q], normalize_embeddings=True, show_progress_bar=False)
             encode_ms.append((time.perf_counter() - started) * 1000)
 
         def measure_recall(label: str, candidates: list) -> dict:  # type: ignore[type-arg]
@@ -272,10 +275,32 @@ def main() -> None:
         ph = percentiles(health_ms)
         rows.append({"what": "baseline: HTTP round trip of GET /health", "n": ph["n"], "p50 ms": ph["p50"],
                      "p95 ms": ph["p95"], "p99 ms": ph["p99"], "plan": "-"})
-        for label, samples_ms in (("baseline: query embedding alone (MiniLM traced, 1 thread)", embed_ms),
+        for label, samples_ms in (("baseline: query embedding alone (the server's MiniLM runtime, 1 thread)", embed_ms),
                                   ("baseline: sentence-transformers encode() of the query", encode_ms)):
             pe = percentiles(samples_ms)
             rows.append({"what": label, "n": pe["n"], "p50 ms": pe["p50"], "p95 ms": pe["p95"], "p99 ms": pe["p99"],
+                         "plan": "-"})
+
+        # --- ranking v2 (docs/algorithms.md §7.5) against v1, in process, same queries, interleaved --
+        from memories.search.embeddings import query_cache
+        from memories.search.hybrid import search_memories
+
+        ranking_ms: dict[str, dict[str, list[float]]] = {}
+        for label, pick in (("largest stack", lambda i: big), ("typical stacks", lambda i: typical[i % len(typical)])):
+            for i in range(args.queries):
+                for ranking in ("v1", "v2") if i % 2 else ("v2", "v1"):
+                    query_cache.clear()  # each pays its own query embedding
+                    started = time.perf_counter()
+                    search_memories(stack_ids=[pick(i).pk], query=SearchQuery(text=queries[i], limit=10,
+                                                                              ranking=ranking))
+                    ranking_ms.setdefault(label, {}).setdefault(ranking, []).append(
+                        (time.perf_counter() - started) * 1000)
+        for label, by_ranking in ranking_ms.items():
+            p1, p2 = percentiles(by_ranking["v1"]), percentiles(by_ranking["v2"])
+            ratio = p2["p95"] / p1["p95"]
+            rows.append({"what": f"in-process search, {label}: ranking v2 (v1) - p95 ratio {ratio:.2f}x",
+                         "n": p2["n"], "p50 ms": f"{p2['p50']:.1f} ({p1['p50']:.1f})",
+                         "p95 ms": f"{p2['p95']:.1f} ({p1['p95']:.1f})", "p99 ms": f"{p2['p99']:.1f} ({p1['p99']:.1f})",
                          "plan": "-"})
 
         print_table(f"Search: {total:,} memories, {n_stacks} stacks (largest {largest:,}, typical {sizes[2]:,}); "

@@ -14,7 +14,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from accounts.network import client_ip
-from accounts.principal import principal_of
+from accounts.principal import Principal, principal_of
 from accounts.schema import ERRORS, FORBIDDEN
 from accounts.throttles import (
     PAYMENT_CONFIRM_THROTTLES,
@@ -90,10 +90,36 @@ class TierSerializer(serializers.Serializer[Any]):
     tier = serializers.ChoiceField(choices=TIERS)
 
 
+class UpgradeSerializer(TierSerializer):
+    def get_fields(self) -> dict[str, serializers.Field[Any, Any, Any, Any]]:
+        # Added here rather than as a class attribute, which only DRF would read (vulture's dead code).
+        fields = super().get_fields()
+        fields["pay_with"] = serializers.ChoiceField(choices=["transfer", "x402"], default="transfer", help_text=(
+            "`transfer` (default): a payment intent to pay from a linked wallet. `x402`: answered 402 with x402 "
+            "PaymentRequirements; repeat the request with the `PAYMENT-SIGNATURE` header."))
+        return fields
+
+
+# What a confirm or an x402 payment answers (named once for the OpenAPI document: settings'
+# ENUM_NAME_OVERRIDES "PaymentResultStatusEnum").
+PAYMENT_RESULT_STATUSES = ("confirmed", "pending_verification", "failed")
+
+# x402 v2 names these headers; v1 clients send X-PAYMENT.
+X402_HEADERS = ("PAYMENT-SIGNATURE", "X-PAYMENT")
+_PAYMENT_RESULT = inline_serializer("PaymentResult", {
+    "payment_id": serializers.CharField(),
+    "status": serializers.ChoiceField(PAYMENT_RESULT_STATUSES),
+    "reason": serializers.CharField(allow_null=True), "tier": serializers.CharField(),
+    "tx_hash": serializers.CharField(), "activated_at": serializers.DateTimeField(allow_null=True),
+    "message": serializers.CharField()})
+
+
 class UpgradeView(APIView):
     throttle_classes = [RequestRateThrottle, *SUBSCRIPTION_UPGRADE_THROTTLES]
 
-    @extend_schema(operation_id="subscriptions_upgrade", tags=["billing"], request=TierSerializer,
+    @extend_schema(operation_id="subscriptions_upgrade", tags=["billing"], request=UpgradeSerializer,
+                   parameters=[OpenApiParameter("PAYMENT-SIGNATURE", str, OpenApiParameter.HEADER, required=False,
+                                                description="x402 v2 payment payload (with pay_with=x402)")],
                    responses={201: inline_serializer("PaymentIntent", {
                        "payment_id": serializers.CharField(), "amount": serializers.CharField(),
                        "amount_base_units": serializers.IntegerField(), "currency": serializers.CharField(),
@@ -101,13 +127,22 @@ class UpgradeView(APIView):
                        "chain_id": serializers.IntegerField(), "usdc_contract": serializers.CharField(),
                        "tier": serializers.CharField(), "expires_at": serializers.DateTimeField(),
                        "payment_link": serializers.CharField(), "message": serializers.CharField()}),
+                       200: OpenApiResponse(_PAYMENT_RESULT, description="x402: settled on the chain; "
+                                            "`PAYMENT-RESPONSE` header carries the x402 settlement"),
+                       402: OpenApiResponse(description="x402: PaymentRequirements (body and `PAYMENT-REQUIRED` "
+                                                        "header); sign and repeat with `PAYMENT-SIGNATURE`"),
+                       422: OpenApiResponse(description="x402: the authorization was refused (`payment_refused`, "
+                                                        "fields.reason); nothing was transferred"),
                        **FORBIDDEN, **CHAIN_DOWN, **ERRORS},
-                   summary="Open a 24-hour payment intent for core or pro (admins, billing members)")
+                   summary="Open a 24-hour payment intent for core or pro, or pay it at once over x402")
     def post(self, request: Request) -> Response:
         principal = principal_of(request)
-        serializer = TierSerializer(data=request.data)
+        serializer = UpgradeSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        payment = services.upgrade(principal=principal, tier=serializer.validated_data["tier"], ip=client_ip(request))
+        tier = serializer.validated_data["tier"]
+        if serializer.validated_data["pay_with"] == "x402":
+            return self._x402(request, principal, tier)
+        payment = services.upgrade(principal=principal, tier=tier, ip=client_ip(request))
         config = chain.chain_config()
         return Response({
             "payment_id": payment.public_id, "amount": usdc(payment.amount), "amount_base_units": payment.amount,
@@ -119,6 +154,22 @@ class UpgradeView(APIView):
                         "within 24 hours, then confirm with the transaction hash (or wait: transfers from "
                         "linked wallets are matched automatically)."),
         }, status=status.HTTP_201_CREATED)
+
+    def _x402(self, request: Request, principal: Principal, tier: str) -> Response:
+        header = next((request.headers[name] for name in X402_HEADERS if request.headers.get(name)), None)
+        if header is None:
+            amount = services.x402_offer(principal=principal, tier=tier)
+            body, required = chain.x402_payment_required(
+                amount, resource_url=request.build_absolute_uri(),
+                description=f"MemoryHub {tier}, one month ({usdc(amount)} USDC)")
+            return Response(body, status=status.HTTP_402_PAYMENT_REQUIRED, headers={"PAYMENT-REQUIRED": required})
+        paid = services.x402_pay(principal=principal, tier=tier, payment_header=header, ip=client_ip(request))
+        result = paid.confirm
+        return Response({"payment_id": result.payment.public_id, "status": result.status, "reason": result.reason,
+                         "tier": result.payment.tier, "tx_hash": paid.tx_hash,
+                         "activated_at": _iso(result.payment.confirmed_at), "message": result.message},
+                        headers={"PAYMENT-RESPONSE": chain.x402_settle_response_header(
+                            paid.tx_hash, paid.payer, result.payment.amount)})
 
 
 class ConfirmSerializer(serializers.Serializer[Any]):
@@ -133,7 +184,7 @@ class ConfirmView(APIView):
     @extend_schema(operation_id="subscriptions_payments_confirm", tags=["billing"], request=ConfirmSerializer,
                    responses={200: inline_serializer("PaymentConfirmed", {
                        "payment_id": serializers.CharField(),
-                       "status": serializers.ChoiceField(["confirmed", "pending_verification", "failed"]),
+                       "status": serializers.ChoiceField(PAYMENT_RESULT_STATUSES),
                        "reason": serializers.CharField(allow_null=True), "tier": serializers.CharField(),
                        "activated_at": serializers.DateTimeField(allow_null=True),
                        "message": serializers.CharField()}),

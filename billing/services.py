@@ -45,7 +45,7 @@ from billing.selectors import (
     tier_rank,
     usdc,
 )
-from memoryhub.errors import Conflict, InvalidInput
+from memoryhub.errors import BillingUnavailable, Conflict, InvalidInput
 from memoryhub.metrics import PAYMENT_VERIFICATIONS
 
 logger = logging.getLogger(__name__)
@@ -126,8 +126,21 @@ def chain_name(chain_id: int) -> str:
 def upgrade(*, principal: Principal, tier: str, ip: str | None = None, now: datetime | None = None) -> Payment:
     """Open a 24-hour payment intent for a higher paid tier (§12.8). 400 for free, enterprise
     (a contract, not a payment), an unknown tier, or the same or a lower tier than the current."""
-    ensure_may_manage_billing(principal)
+    _ensure_upgradable(principal, tier)
     now = _now(now)
+    organization = principal.organization
+    payment = Payment.objects.create(organization=organization, created_by=principal.user, kind=Payment.Kind.UPGRADE,
+                                     tier=tier, amount=PRICES[tier], created_at=now,
+                                     expires_at=now + INTENT_LIFETIME)
+    _audit(organization, "billing.intent_created", principal=principal, target_id=payment.public_id, ip=ip,
+           tier=tier, amount=payment.amount)
+    return payment
+
+
+def _ensure_upgradable(principal: Principal, tier: str) -> None:
+    """The checks before any upgrade intent (by transfer or by x402): who, which tier, and a chain
+    and treasury to pay on."""
+    ensure_may_manage_billing(principal)
     if tier not in PAID_TIERS:
         message = ("Enterprise is arranged by contract, not paid here." if tier == Subscription.Tier.ENTERPRISE
                    else "Upgrade to core or pro.")
@@ -139,12 +152,6 @@ def upgrade(*, principal: Principal, tier: str, ip: str | None = None, now: date
                            " at the end of the period: POST /api/v1/subscriptions/downgrade).",
                            code="not_an_upgrade", fields={"tier": [f"higher than {current}"]})
     chain.chain_config()  # no chain or no treasury configured: 503, never an intent nobody can pay
-    payment = Payment.objects.create(organization=organization, created_by=principal.user, kind=Payment.Kind.UPGRADE,
-                                     tier=tier, amount=PRICES[tier], created_at=now,
-                                     expires_at=now + INTENT_LIFETIME)
-    _audit(organization, "billing.intent_created", principal=principal, target_id=payment.public_id, ip=ip,
-           tier=tier, amount=payment.amount)
-    return payment
 
 
 def _open_renewal(subscription: Subscription, *, now: datetime) -> Payment | None:
@@ -259,6 +266,54 @@ def _claim(payment: Payment, check: chain.TransferCheck, *, now: datetime) -> No
                                         "block_number", "block_hash", "claimed_at", "failure_reason", "status"])
     except IntegrityError:
         raise Conflict("This transfer has already paid another payment.", code="transfer_already_claimed") from None
+
+
+# --- x402: an agent pays with a signed authorization that we settle ourselves ---------------------
+
+
+def x402_offer(*, principal: Principal, tier: str) -> int:
+    """The price an x402 upgrade asks for (base units), after every check an upgrade makes; no
+    intent yet: the 402 answer is a quote, the intent opens when the signed payment arrives."""
+    _ensure_upgradable(principal, tier)
+    if not chain.chain_config().relayer_key:
+        raise BillingUnavailable("x402 payments are not configured on this server (no CHAIN_RELAYER_KEY).")
+    return PRICES[tier]
+
+
+@dataclass(frozen=True)
+class X402Result:
+    confirm: ConfirmResult
+    tx_hash: str
+    payer: str
+
+
+def x402_pay(*, principal: Principal, tier: str, payment_header: str, ip: str | None = None,
+             now: datetime | None = None) -> X402Result:
+    """Upgrade paid with an x402 `exact` authorization: open the intent, settle the authorization
+    on our chain (billing.chain checks recipient, amount, linked sender, signature, validity and
+    nonce before submitting), then claim the settled transfer exactly as a pasted hash is claimed
+    (`claim_transfer`: pending_verification until PAYMENT_CONFIRMATIONS, then the tier).
+
+    The intent is committed before the transfer is submitted, so the transfer's block is never
+    older than the intent (billing.chain's before_intent). A refused authorization leaves that
+    intent `failed` with the reason, nothing sent and nothing activated."""
+    decoded = chain.x402_decode_payment(payment_header)  # malformed: 400 before anything is stored
+    payment = upgrade(principal=principal, tier=tier, ip=ip, now=now)
+    try:
+        tx_hash = chain.settle_transfer_with_authorization(
+            decoded.authorization, decoded.signature, expected_amount=payment.amount,
+            expected_from=linked_addresses(payment.organization))
+    except chain.SettlementRefused as refused:
+        Payment.objects.filter(pk=payment.pk, status=Payment.Status.PENDING).update(
+            status=Payment.Status.FAILED, failure_reason=f"x402_{refused.reason}"[:64])
+        _audit(payment.organization, "billing.transfer_refused", principal=principal, target_id=payment.public_id,
+               ip=ip, reason=refused.reason, method="x402")
+        raise
+    # Settled (or submitted and not yet mined: the claim then answers pending and the re-check
+    # task, or a confirm with this hash, carries on). Should the chain fail after submitting, the
+    # intent stays open and the treasury watcher matches the transfer to it.
+    result = claim_transfer(payment=payment, tx_hash=tx_hash, principal=principal, ip=ip, now=now)
+    return X402Result(confirm=result, tx_hash=tx_hash, payer=decoded.payer)
 
 
 def _snapshot(subscription: Subscription, organization: Organization) -> dict[str, Any]:

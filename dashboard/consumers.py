@@ -139,9 +139,10 @@ class StackConsumer(LiveConsumer):
             return {"type": "reload"}
         return live.student_message(principal, stack.pk, self.filters, change) if change is not None else None
 
-    def _render(self, event: dict[str, Any]) -> dict[str, Any]:
+    def _render(self, event: dict[str, Any]) -> dict[str, Any] | None:
         principal, _ = live.stack_access(self.user, str(self.slug))  # still within reach? (NotFound: close)
-        # The principal's grants decide which of the event's memories this socket is told about.
+        # The principal's grants decide which of the event's memories this socket is told about
+        # (None: all of them are hidden, so it is told nothing).
         return live.student_message(principal, self.stack_id, self.filters, live.change_of(event))
 
     async def stack_change(self, message: dict[str, Any]) -> None:
@@ -153,7 +154,8 @@ class StackConsumer(LiveConsumer):
         except NotFound:
             await self.close(live.CLOSE_NO_ACCESS)
             return
-        await self.send_json(payload)
+        if payload is not None:
+            await self.send_json(payload)
 
 
 class SchoolConsumer(LiveConsumer):

@@ -20,8 +20,11 @@ functions they call off the event loop.
   per event, not fifty.
 * Grants: the event's memory ids are narrowed to those the viewer's grants admit (memories.grants)
   in one SQL query before anything is rendered, so a socket never receives the id or text of a
-  memory the viewer cannot see, not even as "removed". (A memory whose grants stop admitting the
-  viewer stays on an open page until it is reloaded.)
+  memory the viewer cannot see, not even as "removed". A change whose memories are ALL hidden from
+  the viewer (and that touched no checkpoint or boot config) is not sent to that viewer at all —
+  no message, no count, not even that something changed; a change too big to resolve row by row
+  reports only how many of its memories the viewer may see. (A memory whose grants stop admitting
+  the viewer stays on an open page until it is reloaded.)
 * Close codes (for clients; dashboard/consumers.py lists the messages): CLOSE_SIGNED_OUT 4401 (the
   session ended), CLOSE_NO_ACCESS 4403 (the stack or school is no longer within reach); the
   handshake itself is refused (HTTP 403) for no session, a stack out of reach, or a foreign Origin.
@@ -229,24 +232,29 @@ def _stack_figures(stack: Stack) -> dict[str, Any]:
 
 
 def student_message(principal: Principal, stack_id: int, filters: reads.MemoryFilters,
-                    change: Change) -> dict[str, Any]:
-    """What a student page needs to show `change` to `principal` (see the module doc). Shared by
-    every socket on the same stack, filters and grants audience: rendered once per change."""
+                    change: Change) -> dict[str, Any] | None:
+    """What a student page needs to show `change` to `principal` (see the module doc), or None when
+    every memory it names is hidden from them: nothing is sent. Shared by every socket on the same
+    stack, filters and grants audience: rendered once per change."""
     audience = audience_for(principal, stack_id=stack_id)
     return _shared((change.event_ids, stack_id, filters, audience),
                    lambda: _student_message(stack_id, filters, change, audience))
 
 
 def _student_message(stack_id: int, filters: reads.MemoryFilters, change: Change,
-                     audience: Audience | None) -> dict[str, Any]:
+                     audience: Audience | None) -> dict[str, Any] | None:
     stack = Stack.objects.select_related("organization").get(pk=stack_id)
     message: dict[str, Any] = {"type": "change", "events": list(change.event_ids), "seq": change.seq,
                                "rows": [], "removed": [], "unresolved": 0}
-    ids = memory_ids(change.memory_ids)
+    named = memory_ids(change.memory_ids)
+    ids = _admitted(stack, named, audience)
+    working_state = bool(change.topics & {change_events.CHECKPOINT, change_events.BOOT_CONFIG})
+    if named and not ids and not working_state:
+        return None  # only memories this viewer may not see: even the fact of the change stays hidden
     if len(ids) > RESOLVE_IDS_MAX:
         message["unresolved"] = len(ids)
     elif ids:
-        message.update(_rows(stack, filters, _admitted(stack, ids, audience), audience))
+        message.update(_rows(stack, filters, ids, audience))
     counts = reads.kind_counts(stack, filters, audience=audience)
     message.update(counts=counts, total=sum(counts.values()), figures=_stack_figures(stack))
     if change_events.CHECKPOINT in change.topics:
@@ -330,11 +338,11 @@ def overview_message(principal: Principal, slugs: Iterable[str]) -> dict[str, An
 
 _SHARED_MAX = 256
 _shared_lock = threading.Lock()
-_shared_results: OrderedDict[Any, dict[str, Any]] = OrderedDict()
+_shared_results: OrderedDict[Any, dict[str, Any] | None] = OrderedDict()
 _shared_inflight: dict[Any, threading.Lock] = {}
 
 
-def _shared(key: Any, compute: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+def _shared(key: Any, compute: Callable[[], dict[str, Any] | None]) -> dict[str, Any] | None:
     """compute() once per key in this process, however many sockets ask at once (the others wait
     for the first); the newest _SHARED_MAX results are kept."""
     with _shared_lock:

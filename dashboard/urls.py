@@ -60,6 +60,15 @@ urlpatterns: list[URLPattern | URLResolver] = [
     path("dashboard/audit/", audit.audit, name="audit"),
     # --- billing -----------------------------------------------------------------------------
     path("dashboard/billing/", billing.billing, name="billing"),
+    path("dashboard/billing/upgrade", billing.billing_upgrade, name="billing-upgrade"),
+    path("dashboard/billing/downgrade", billing.billing_downgrade, name="billing-downgrade"),
+    path("dashboard/billing/cancel", billing.billing_cancel, name="billing-cancel"),
+    path("dashboard/billing/reactivate", billing.billing_reactivate, name="billing-reactivate"),
+    path("dashboard/billing/payments/<str:payment_id>/", billing.billing_payment, name="billing-payment"),
+    path("dashboard/billing/payments/<str:payment_id>/confirm", billing.billing_confirm, name="billing-confirm"),
+    path("dashboard/billing/wallets/message", billing.billing_wallet_message, name="billing-wallet-message"),
+    path("dashboard/billing/wallets/<str:address>/unlink", billing.billing_wallet_unlink,
+         name="billing-wallet-unlink"),
     # --- the signed-in person's own account --------------------------------------------------
     path("account/password/", account.password_change, name="password-change"),
     path("password-reset/", account.PasswordReset.as_view(), name="password-reset"),

@@ -143,6 +143,8 @@ def _unavailable(part: str) -> Response:
         error_body("service_unavailable", f"{part} is unavailable; retry shortly"), status=503
     )
     response["Retry-After"] = str(retry_after_seconds(part))
+    # The caller logged a WARNING naming the part; Django would add an ERROR line per request.
+    response._has_been_logged = True  # type: ignore[attr-defined]
     return response
 
 

@@ -206,6 +206,16 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = env_int("MAX_REQUEST_BYTES", 16 * 1024 * 1024, min
 TELEPORT_MAX_BYTES = env_int("TELEPORT_MAX_BYTES", 16 * 1024 * 1024, minimum=64 * 1024,
                              maximum=DATA_UPLOAD_MAX_MEMORY_SIZE)
 TELEPORT_DIR = DATA_DIR / "teleport"  # sealed snapshot blobs, content-addressed (teleport/blobs.py)
+# An S3-compatible bucket instead of TELEPORT_DIR when a bucket is named (docs/teleport.md §3). The
+# endpoint is for MinIO, R2, Ceph and the like (unset: AWS S3). Credentials come the standard AWS way
+# (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY env vars, a profile or an instance role), never from here.
+TELEPORT_S3_BUCKET = env_str("TELEPORT_S3_BUCKET", "")
+if TELEPORT_S3_BUCKET and not re.fullmatch(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]", TELEPORT_S3_BUCKET):
+    raise ImproperlyConfigured(f"TELEPORT_S3_BUCKET must be a bucket name (3-63 of a-z 0-9 . -), "
+                               f"got {TELEPORT_S3_BUCKET!r}")
+TELEPORT_S3_ENDPOINT_URL = env_url("TELEPORT_S3_ENDPOINT_URL", "", ("http", "https")) \
+    if env_str("TELEPORT_S3_ENDPOINT_URL", "") else ""
+TELEPORT_S3_REGION = env_str("TELEPORT_S3_REGION", "")
 DATA_UPLOAD_MAX_NUMBER_FIELDS = 10_000
 # Bodies of the routes anyone may call (register, logins) and of requests with no credential;
 # both limits are enforced before the body is read (memoryhub/limits.py).
@@ -375,6 +385,11 @@ SIMPLE_JWT = {
 # records the one model its vectors are of; a process set for another one writes no vector
 # (memories.search.embedding_model, docs/algorithms.md §10.3).
 EMBEDDING_PROVIDER = env_choice("EMBEDDING_PROVIDER", "minilm", ("hash", "minilm", "openai"))
+# How `minilm` runs (memories/search/embeddings.py, docs/algorithms.md §10.1): ONNX Runtime over the
+# int8 export made by `make install` (the default; a model id of its own), the fp32 export (torch's
+# vectors and model id), or torch itself. A missing export falls back to torch, with a warning.
+MINILM_RUNTIME = env_choice("MINILM_RUNTIME", "onnx-int8", ("onnx-int8", "onnx", "torch"))
+MINILM_ONNX_DIR = Path(env_str("MINILM_ONNX_DIR", str(BASE_DIR / "build" / "models" / "all-MiniLM-L6-v2")))
 
 LOG_LEVEL = env_choice("LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR"))
 # "json" for a log pipeline (the default with MEMORYHUB_PRODUCTION), "plain" for a terminal.
@@ -403,7 +418,11 @@ LOGGING = {
                 "httpcore": {"level": "WARNING"},
                 # The MCP transport logs a line per stateless request at INFO; its warnings (a refused
                 # Host or Origin) still show.
-                "mcp": {"level": "WARNING"}},
+                "mcp": {"level": "WARNING"},
+                # At DEBUG botocore logs each signed request's headers, session token included
+                # (the teleport bucket, teleport/blobs.py): never, whatever LOG_LEVEL says.
+                "botocore": {"level": "WARNING"}, "boto3": {"level": "WARNING"},
+                "s3transfer": {"level": "WARNING"}},
 }
 
 # OpenAI-compatible embeddings endpoint (EMBEDDING_PROVIDER=openai); it must return 384 dimensions.
@@ -436,4 +455,5 @@ AUTH_FAILURE_LIMITS = {
 SPECTACULAR_SETTINGS.setdefault("ENUM_NAME_OVERRIDES", {}).update({  # type: ignore[attr-defined]
     "StackKindEnum": "stacks.models.Stack.Kind",
     "MemoryKindEnum": "memories.models.MemoryKind",
+    "PaymentResultStatusEnum": "billing.api.PAYMENT_RESULT_STATUSES",
 })

@@ -15,6 +15,11 @@
   credentials, so its privacy grants apply (memories.grants: `webhook:<endpoint id>`,
   `role:webhook`, `org:<school>`, `*`): the event's memory ids are narrowed in one SQL query to
   the memories whose current grants admit the endpoint, before the body lists any id or text.
+* An event whose memories are all hidden from an endpoint is never announced to it: `fan_out`
+  records no delivery for that endpoint, and if the grants changed between recording and sending,
+  the pending delivery is dropped (deleted, not sent) at send time. "Hidden" means the memory still
+  exists and its grants do not admit the endpoint; an event about memories gone for good (an
+  erasure, a purge) has no grants left to read and is announced with the ids narrowed away.
 
 `clock` and `enqueue` are module attributes so tests can move time and run the task in-process.
 """
@@ -35,7 +40,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from accounts.models import Membership
+from accounts.models import Membership, Organization
 from accounts.services import audit_record
 from memories.events import event_dict
 from memories.grants import audience_for_webhook, grants_filter
@@ -90,11 +95,15 @@ def fan_out(event: ChangeEvent) -> int:
     if organization_id is None or slug is None:
         organization_id, slug = Stack.objects.values_list("organization_id", "slug").get(pk=event.stack_id)
     endpoints = [endpoint for endpoint in WebhookEndpoint.objects.filter(
-        organization_id=organization_id, enabled=True).only("pk", "event_types")
+        organization_id=organization_id, enabled=True).only("pk", "public_id", "event_types")
         if event_types.subscribed(endpoint.event_types, name)]
     if not endpoints:
         return 0
     data = event_dict(event, slug)
+    # Not even the fact of a change goes to an endpoint whose grants hide every memory it names.
+    endpoints = _admitting(endpoints, event.stack_id, data["memory_ids"], organization_id)
+    if not endpoints:
+        return 0
     now = clock()
     WebhookDelivery.objects.bulk_create([
         WebhookDelivery(endpoint=endpoint, stack_id=event.stack_id, event_id=event.pk, seq=event.seq,
@@ -104,6 +113,22 @@ def fan_out(event: ChangeEvent) -> int:
     for endpoint in endpoints:
         transaction.on_commit(partial(enqueue, endpoint.pk, event.stack_id))
     return len(endpoints)
+
+
+def _admitting(endpoints: list[WebhookEndpoint], stack_id: int, named: list[str],
+               organization_id: int) -> list[WebhookEndpoint]:
+    """The endpoints that may hear of an event naming `named`: all of them, unless every name is a
+    memory that still exists, and then those whose grants admit at least one (one SQL query each,
+    through the grants predicate builder). An event naming no memory, a name that is not a UUID, or
+    only memories gone for good (no grants left to read) hides nothing."""
+    if not named or not all(_is_uuid(memory_id) for memory_id in named):
+        return endpoints
+    stored = Memory.objects.filter(stack_id=stack_id, pk__in=named)
+    if not stored.exists():
+        return endpoints
+    organization = Organization.objects.get(pk=organization_id)
+    return [endpoint for endpoint in endpoints if grants_filter(stored, audience_for_webhook(
+        endpoint_public_id=endpoint.public_id, organization=organization)).exists()]
 
 
 def consume_event(event: ChangeEvent) -> None:
@@ -122,7 +147,9 @@ def _is_uuid(value: str) -> bool:
     return True
 
 
-def payload(delivery: WebhookDelivery, endpoint: WebhookEndpoint) -> dict[str, Any]:
+def payload(delivery: WebhookDelivery, endpoint: WebhookEndpoint) -> dict[str, Any] | None:
+    """The body to send, or None when every memory the event names still exists and the endpoint's
+    current grants admit none of them: then nothing is sent (module doc)."""
     data = delivery.data
     rows: list[dict[str, Any]] = []
     if delivery.stack_id is not None and data.get("memory_ids"):
@@ -138,6 +165,8 @@ def payload(delivery: WebhookDelivery, endpoint: WebhookEndpoint) -> dict[str, A
         # A name that is not a UUID is no memory's id (memories are keyed by UUIDs): there is nothing
         # behind it for a grant to hide, so it stays as the event named it.
         admitted = {str(row["id"]) for row in rows} | {memory_id for memory_id in named if not _is_uuid(memory_id)}
+        if not admitted and Memory.objects.filter(stack_id=delivery.stack_id, pk__in=wanted).exists():
+            return None  # all hidden (the grants changed after the fan-out recorded it)
         data = {**data, "memory_ids": [memory_id for memory_id in named if memory_id in admitted]}
     body: dict[str, Any] = {
         "id": delivery.public_id,
@@ -170,12 +199,12 @@ def _head(endpoint_id: int, stack_id: int | None) -> WebhookDelivery | None:
             .order_by("seq", "event_id", "pk").first())
 
 
-def _attempt(endpoint: WebhookEndpoint, delivery: WebhookDelivery) -> Outcome:
+def _attempt(endpoint: WebhookEndpoint, delivery: WebhookDelivery, content: dict[str, Any]) -> Outcome:
     try:
         secret = unseal(endpoint.secret_sealed)
     except SecretUnreadable:
         return Outcome(None, "secret unreadable: rotate the endpoint's secret")
-    body = json.dumps(payload(delivery, endpoint), separators=(",", ":"), ensure_ascii=False).encode()
+    body = json.dumps(content, separators=(",", ":"), ensure_ascii=False).encode()
     event_id = str(delivery.event_id) if delivery.event_id is not None else delivery.public_id
     return post(endpoint.url, body=body, secret=secret, event_id=event_id, attempt=delivery.attempts + 1)
 
@@ -198,7 +227,11 @@ def queue_run(endpoint_id: int, stack_id: int | None) -> int:
                    .update(claimed_until=now + CLAIM))
         if not claimed:
             return delivered  # another worker is sending it; it carries the queue on
-        outcome = _attempt(endpoint, head)  # HTTP: no transaction is open here
+        content = payload(head, endpoint)
+        if content is None:  # every memory it names is now hidden from this endpoint: no delivery at all
+            WebhookDelivery.objects.filter(pk=head.pk, status=WebhookDelivery.Status.PENDING).delete()
+            continue
+        outcome = _attempt(endpoint, head, content)  # HTTP: no transaction is open here
         if outcome.ok:
             _record_success(endpoint, head, outcome)
             delivered += 1

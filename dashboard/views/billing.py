@@ -2,8 +2,12 @@
 
 The plan is accounts.tiers (the one table of tiers); storage is measured exactly as it is enforced,
 by billing.entitlements.storage_used (the sum of the stacks' `bytes_used` counters). The page reads
-counters only, so it costs the same at 20 students as at 2,000. Paying (in USDC) comes with the
-billing issue; until then this page shows and compares, it sells nothing.
+counters only, so it costs the same at 20 students as at 2,000.
+
+Paying, downgrading, cancelling and wallets go through billing.services and billing.siwe_wallets,
+the same functions the API calls; these views only read forms and redirect. A browser wallet
+(EIP-1193) is driven by static/dashboard/billing.js: it signs the SIWE message built here and
+calls the API routes with the dashboard's session and CSRF token (README "Billing").
 
 A billing user sees this page and nothing else of the dashboard (dashboard.access roles), and no
 student's name: usage is shown for the school as a whole.
@@ -11,17 +15,42 @@ student's name: usage is shown for the school as a whole.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
+import segno
+import siwe
+from django.contrib import messages
+from django.core.paginator import Paginator
 from django.db.models import Count, Q, Sum
-from django.http import HttpRequest, HttpResponse
-from django.shortcuts import render
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import redirect, render
 from django.template.defaultfilters import filesizeformat
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.safestring import mark_safe
+from django.views.decorators.http import require_POST
+from eth_utils import is_address, to_checksum_address
 
 from accounts.principal import Principal
 from accounts.tiers import TIERS, Tier, tier_for
+from billing import chain, services, siwe_wallets
 from billing.entitlements import storage_used
-from dashboard.access import BILLING_PAGES, dashboard_page
+from billing.models import Payment, Subscription
+from billing.selectors import (
+    API_PAYMENT_STATUS,
+    PAID_TIERS,
+    PRICES,
+    may_manage_billing,
+    payment_for,
+    payments_of,
+    subscription_of,
+    tier_rank,
+    usdc,
+    wallets_of,
+)
+from dashboard.access import BILLING_PAGES, dashboard_page, request_ip
+from memoryhub.errors import BillingUnavailable, InvalidInput
 from stacks.models import Stack
 
 # Tiers a school can be on; "unlimited" is the operators' own (docs/kernle-protocol.md §7.4) and is
@@ -59,6 +88,48 @@ def _chart(stacks: dict[str, Any], storage: dict[str, Any]) -> dict[str, Any] | 
             "y_label": "% of limit", "stacked": False, "max": 100}
 
 
+PAYMENTS_PER_PAGE = 10
+
+
+def _payments_configured() -> chain.ChainConfig | None:
+    try:
+        return chain.chain_config()
+    except BillingUnavailable:
+        return None
+
+
+def _plan(organization: Any, subscription: Subscription | None, *, now: datetime) -> dict[str, Any]:
+    """Status, dates and the changes the subscription allows now (the services re-check each)."""
+    current = subscription.tier if subscription and subscription.status != Subscription.Status.EXPIRED \
+        else organization.tier
+    status = subscription.status if subscription else Subscription.Status.ACTIVE
+    renews_at = subscription.renews_at if subscription else None
+    paid = subscription is not None and subscription.tier in PAID_TIERS and status != Subscription.Status.EXPIRED
+    return {
+        "status": status, "status_label": status.replace("_", " "), "renews_at": renews_at,
+        "grace_ends": renews_at + services.GRACE_PERIOD if renews_at and status == Subscription.Status.GRACE_PERIOD
+        else None,
+        "scheduled_tier": subscription.scheduled_tier if subscription else "",
+        "renewal_amount": usdc(PRICES[subscription.scheduled_tier or subscription.tier])
+        if paid and subscription and (subscription.scheduled_tier or subscription.tier) in PRICES else None,
+        "upgrades": [{"name": t, "price": usdc(PRICES[t])} for t in PAID_TIERS if tier_rank(t) > tier_rank(current)],
+        "downgrades": [t for t in ("free", *PAID_TIERS) if tier_rank(t) < tier_rank(current)] if paid
+        and status == Subscription.Status.ACTIVE else [],
+        "may_cancel": paid and status == Subscription.Status.ACTIVE,
+        "may_reactivate": bool(status == Subscription.Status.CANCELLED and renews_at and renews_at > now),
+    }
+
+
+def _payment_row(payment: Payment) -> dict[str, Any]:
+    return {"id": payment.public_id, "tier": payment.tier, "kind": payment.kind, "amount": usdc(payment.amount),
+            "status": API_PAYMENT_STATUS[Payment.Status(payment.status)], "state": payment.status,
+            "state_label": payment.status.replace("_", " "), "reason": payment.failure_reason,
+            "created_at": payment.created_at, "tx_hash": payment.tx_hash,
+            "explorer_url": chain.explorer_tx_url(payment.tx_hash) if payment.tx_hash else None,
+            "open": payment.status in (Payment.Status.PENDING, Payment.Status.PENDING_VERIFICATION)
+            and payment.expires_at > timezone.now()}
+
+
 @dashboard_page(roles=BILLING_PAGES)
 def billing(request: HttpRequest, principal: Principal) -> HttpResponse:
     organization = principal.organization
@@ -75,8 +146,107 @@ def billing(request: HttpRequest, principal: Principal) -> HttpResponse:
     shown = [TIERS[name] for name in OFFERED_TIERS]
     if tier.name not in OFFERED_TIERS:
         shown.append(tier)
+    page = Paginator(payments_of(principal), PAYMENTS_PER_PAGE).get_page(request.GET.get("page"))
+    config = _payments_configured()
     return render(request, "dashboard/billing/billing.html", {
         "organization": organization, "tier": tier, "stacks": stacks, "storage": storage,
         "archived": totals["archived"], "memories": int(totals["memories"] or 0),
         "tiers": [_tier_row(t, tier) for t in shown], "chart": _chart(stacks, storage),
+        "plan": _plan(organization, subscription_of(organization), now=timezone.now()),
+        "may_manage": may_manage_billing(principal), "payments_configured": config is not None,
+        "chain_id": config.chain_id if config else None,
+        "wallets": list(wallets_of(organization)), "page": page,
+        "payments": [_payment_row(p) for p in page.object_list],
     })
+
+
+@dashboard_page(roles=BILLING_PAGES)
+@require_POST
+def billing_upgrade(request: HttpRequest, principal: Principal) -> HttpResponse:
+    payment = services.upgrade(principal=principal, tier=request.POST.get("tier", ""), ip=request_ip(request))
+    return redirect("dashboard:billing-payment", payment_id=payment.public_id)
+
+
+@dashboard_page(roles=BILLING_PAGES)
+def billing_payment(request: HttpRequest, principal: Principal, payment_id: str) -> HttpResponse:
+    """One payment: how to pay it (amount, treasury, EIP-681 link and its QR code) while it is
+    open, and where it stands."""
+    payment = payment_for(principal, payment_id)
+    config = chain.chain_config()
+    link = services.payment_link(payment, config)
+    # Server-side SVG (no script, no image request): segno writes paths only, which the CSP allows.
+    qr = segno.make(link, error="m").svg_inline(scale=4, title="QR code of the payment link")
+    return render(request, "dashboard/billing/payment.html", {
+        "organization": principal.organization, "payment": _payment_row(payment), "record": payment,
+        "config": config, "chain_name": services.chain_name(config.chain_id), "link": link,
+        "qr_svg": mark_safe(qr),  # noqa: S308 - segno's own SVG of our own link
+        "amount_base_units": payment.amount, "chain_id_hex": hex(config.chain_id),
+        "may_manage": may_manage_billing(principal),
+    })
+
+
+@dashboard_page(roles=BILLING_PAGES)
+@require_POST
+def billing_confirm(request: HttpRequest, principal: Principal, payment_id: str) -> HttpResponse:
+    payment = payment_for(principal, payment_id)
+    tx_hash = request.POST.get("tx_hash", "").strip()
+    result = services.confirm(principal=principal, payment=payment, tx_hash=chain.normalize_tx_hash(tx_hash),
+                              ip=request_ip(request))
+    level = {"confirmed": messages.SUCCESS, "failed": messages.ERROR}.get(result.status, messages.INFO)
+    messages.add_message(request, level, result.message)
+    return redirect("dashboard:billing-payment", payment_id=payment.public_id)
+
+
+@dashboard_page(roles=BILLING_PAGES)
+@require_POST
+def billing_downgrade(request: HttpRequest, principal: Principal) -> HttpResponse:
+    subscription = services.downgrade(principal=principal, tier=request.POST.get("tier", ""), ip=request_ip(request))
+    messages.success(request, f"{subscription.tier.capitalize()} stays until the end of the period; then "
+                              f"{subscription.scheduled_tier}.")
+    return redirect("dashboard:billing")
+
+
+@dashboard_page(roles=BILLING_PAGES)
+@require_POST
+def billing_cancel(request: HttpRequest, principal: Principal) -> HttpResponse:
+    services.cancel(principal=principal, ip=request_ip(request))
+    messages.success(request, "Cancelled: the plan stays until the end of the paid period, then the free tier.")
+    return redirect("dashboard:billing")
+
+
+@dashboard_page(roles=BILLING_PAGES)
+@require_POST
+def billing_reactivate(request: HttpRequest, principal: Principal) -> HttpResponse:
+    services.reactivate(principal=principal, ip=request_ip(request))
+    messages.success(request, "Reactivated: the plan renews at the end of the period.")
+    return redirect("dashboard:billing")
+
+
+@dashboard_page(roles=BILLING_PAGES)
+@require_POST
+def billing_wallet_unlink(request: HttpRequest, principal: Principal, address: str) -> HttpResponse:
+    siwe_wallets.wallet_unlink(principal=principal, address=address, ip=request_ip(request))
+    messages.success(request, f"Wallet {address} was unlinked; its transfers no longer pay for this school.")
+    return redirect("dashboard:billing")
+
+
+@dashboard_page(roles=BILLING_PAGES)
+@require_POST
+def billing_wallet_message(request: HttpRequest, principal: Principal) -> HttpResponse:
+    """The EIP-4361 message a browser wallet signs to link itself: a fresh single-use nonce
+    (siwe_wallets.nonce_issue, as GET /api/v1/wallets/nonce) and the address in EIP-55 form,
+    which a browser cannot compute without a Keccak library. billing.js signs it and posts it to
+    POST /api/v1/wallets/link, which checks everything again."""
+    address = request.POST.get("address", "")
+    if not is_address(address):
+        raise InvalidInput("address must be an Ethereum address.", code="invalid_address",
+                           fields={"address": ["0x followed by 40 hexadecimal characters"]})
+    issued = siwe_wallets.nonce_issue(principal=principal, request_host=request.get_host())
+    message = siwe.SiweMessage(
+        domain=issued.domain, address=to_checksum_address(address),
+        statement=f"Link this wallet to {principal.organization.name} on MemoryHub, so that its USDC "
+                  "transfers pay for the organization's plan.",
+        uri=request.build_absolute_uri(reverse("dashboard:billing")), version="1", chain_id=issued.chain_id,
+        nonce=issued.nonce, issued_at=siwe.ISO8601Datetime.from_datetime(datetime.now(UTC)),
+        expiration_time=siwe.ISO8601Datetime.from_datetime(issued.expires_at)).prepare_message()
+    return JsonResponse({"message": message}, headers={"Cache-Control": "no-store"})

@@ -317,10 +317,12 @@ class PromoteView(APIView):
     @extend_schema(tags=[TAG], request=PromoteInSerializer, responses=PromotionResultSerializer,
                    summary="Promote recurring episode lessons to beliefs (suggest, or create with auto)")
     def post(self, request: Request, stack: str) -> Response:
-        target = _stack(request, stack)
+        target, audience = _reach(request, stack)
         data = validated(PromoteInSerializer, request.data)
         selectors.ensure_may_promote(principal_of(request), target, auto=data["auto"])
-        result = promote_lessons(stack=target, auto=data["auto"], limit=data["limit"], source="api")
+        # Only the episodes (and beliefs) the caller's grants admit are read: no hidden lesson comes back.
+        result = promote_lessons(stack=target, auto=data["auto"], limit=data["limit"], source="api",
+                                 audience=audience)
         return Response(result.as_dict())
 
 

@@ -72,6 +72,8 @@ def _hit_json(hit: SearchHit, stack_slugs: dict[int, str]) -> dict[str, Any]:
         "semantic_score": None if hit.semantic_score is None else round(hit.semantic_score, 6),
         "match_type": hit.match_type,
         "retention": round(hit.retention, 6),
+        "boosts": hit.boosts,  # e.g. {"context": …}: what lifted it above its legs' score (algorithms §7.5)
+        "context_of": None if hit.context_of is None else str(hit.context_of),
     }
 
 
@@ -97,6 +99,9 @@ _HIT = inline_serializer("SearchHit", {
     "combined_score": serializers.FloatField(), "fused_score": serializers.FloatField(),
     "keyword_score": serializers.FloatField(allow_null=True), "semantic_score": serializers.FloatField(allow_null=True),
     "match_type": serializers.CharField(help_text="keyword | semantic | both"), "retention": serializers.FloatField(),
+    "boosts": serializers.DictField(child=serializers.FloatField(), help_text=(
+        "What lifted the hit above its legs' own score: `context` = the share a neighbouring turn lent")),
+    "context_of": serializers.UUIDField(allow_null=True, help_text="The hit that lent the context boost"),
 })
 # Which legs ran (memories.search.hybrid, docs/algorithms.md §7.1): a search never drops to
 # keyword-only without saying so here.
@@ -235,13 +240,15 @@ class SmartIngestView(APIView):
                    ],
                    summary="Store a memory through prediction-error gating (create/reinforce/update/supersede)")
     def post(self, request: Request, stack: str) -> Response:
-        target = stack_for_principal(principal_of(request), stack, write=True)
+        principal = principal_of(request)
+        target = stack_for_principal(principal, stack, write=True)
         data = validated(SmartIngestInSerializer, request.data)
         supersedes = data.get("supersedes")
         decision = smart_ingest(stack=target, kind=data["kind"], payload=data["record"],
                                 force_create=data["force_create"],
                                 supersedes=None if supersedes is None else str(supersedes),
-                                thresholds=data.get("thresholds"))
+                                thresholds=data.get("thresholds"),
+                                audience=audience_for(principal, stack_id=target.pk))
         memory = decision.memory
         created = decision.decision in ("create", "supersede")
         response = Response(

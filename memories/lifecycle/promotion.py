@@ -12,6 +12,13 @@
   source_entity "promotion", derived_from up to 10 `episode:<record_id>` refs, source_episodes the
   same ids) through `memory_create` — quotas and validation apply as for any write.
   `auto=False` only suggests.
+* Privacy grants (docs/privacy.md "Privacy grants"): a request through the API passes the caller's
+  `audience` (None for the stack's own credentials and for the scheduled job, which runs as the
+  system). Both reads — the episodes scanned and the beliefs a pattern is checked against — carry
+  the grants predicate, so a hidden episode is neither counted nor quoted (its lessons, its record
+  id) and a hidden belief is treated as absent: the suggestion is made (and, in auto mode, a
+  belief created) as if it did not exist, rather than `skipped_existing` telling the caller that a
+  memory it cannot see holds that text.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
+from memories.grants import Audience
 from memories.lifecycle.jobs import JOB_PROMOTION, Progress, run_job
 from memories.models import JobRun, Memory
 from memories.selectors import memories_list
@@ -77,11 +85,11 @@ class PromotionResult:
 
 @transaction.atomic
 def promote_lessons(*, stack: Stack, auto: bool = True, limit: int = DEFAULT_LIMIT,
-                    source: str = "promotion") -> PromotionResult:
+                    source: str = "promotion", audience: Audience | None = None) -> PromotionResult:
+    """`audience`: the requester's privacy grants (None: the stack's own credentials or the system)."""
     limit = max(1, min(MAX_LIMIT, int(limit)))
-    episodes = list(
-        memories_list(stack=stack, kinds=["episode"]).order_by("-created_at").values_list("record_id", "data")[:limit]
-    )
+    episodes = list(memories_list(stack=stack, kinds=["episode"], audience=audience)
+                    .order_by("-created_at").values_list("record_id", "data")[:limit])
     result = PromotionResult(episodes_scanned=len(episodes))
     if len(episodes) < MIN_EPISODES:
         result.reason = "not_enough_episodes"
@@ -105,7 +113,7 @@ def promote_lessons(*, stack: Stack, auto: bool = True, limit: int = DEFAULT_LIM
 
     existing = {
         normalize_lesson(statement or "")
-        for statement in memories_list(stack=stack, kinds=["belief"])
+        for statement in memories_list(stack=stack, kinds=["belief"], audience=audience)
         .exclude(data__is_active=False)
         .values_list("data__statement", flat=True)
     }

@@ -28,7 +28,9 @@ def _provider_setting(model_id: str) -> str:
     if name == HashEmbedder.name:
         return "EMBEDDING_PROVIDER=hash"
     if name == MiniLMEmbedder.name:
-        return "EMBEDDING_PROVIDER=minilm"
+        return "EMBEDDING_PROVIDER=minilm with MINILM_RUNTIME=onnx or torch"
+    if name == MiniLMEmbedder.int8_name:
+        return "EMBEDDING_PROVIDER=minilm (MINILM_RUNTIME=onnx-int8, the default)"
     return f"EMBEDDING_PROVIDER=openai with EMBEDDING_MODEL={name}"
 
 

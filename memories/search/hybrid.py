@@ -10,6 +10,11 @@ The ranking, stated once so it can be tested (docs/algorithms.md §7.2):
     combined    = rrf · weight / (2/60)                      ∈ [0, 1]
 
 so a memory ranked first by both legs, fully retained, fully confident and new scores 1.0.
+That is ranking "v1", kept selectable for the benchmark. The default, "v2" (docs/algorithms.md §7.5),
+keeps the weight and the scale but scores the keyword leg with BM25, fuses the legs' scores
+(0.4 keyword + 0.6 min-max cosine, times 2/60) instead of their ranks, and lets the best hits lend
+0.3 of their score to the turns just before and after (0.15 two away; memories.search.context);
+`SearchHit.boosts` says so.
 
 Each leg over-fetches (3x the limit, at least 30, at most max(limit, 100)) before fusion.
 `min_similarity` applies only to the semantic leg, so a keyword-only hit is never dropped.
@@ -53,6 +58,7 @@ from django.utils import timezone
 from memories.grants import Audience, grants_sql
 from memories.lifecycle.decay import DecayState, memory_retrievability
 from memories.models import Memory
+from memories.search.context import neighbour_rows
 from memories.search.embedding_model import deployment_model_id
 from memories.search.embeddings import Vector, embed_query, get_embedder, vector_literal
 from memories.search.vector_indexes import stacks_with_vector_index
@@ -93,6 +99,23 @@ class SearchQuery:
     created_after: datetime | None = None
     created_before: datetime | None = None
     min_similarity: float = DEFAULT_MIN_SIMILARITY
+    ranking: str = "v2"  # a key of RANKINGS; "v1" is the ranking before issue 20, kept for the benchmark
+
+
+# Which ranking changes (docs/algorithms.md §7.5) a ranking uses. The API always searches with the
+# default; "v1" and the ablations exist so bench/retrieval_quality.py can measure before and after,
+# and each change on its own, in one run.
+RANKINGS: dict[str, frozenset[str]] = {
+    "v1": frozenset(),
+    "v2": frozenset({"bm25", "score_fusion", "context"}),
+}
+DEFAULT_RANKING = "v2"
+ABLATIONS: dict[str, frozenset[str]] = {
+    "v1 + bm25": frozenset({"bm25"}),
+    "v1 + context": frozenset({"context"}),
+    "v1 + bm25 + score fusion": frozenset({"bm25", "score_fusion"}),
+    "v2 without bm25": frozenset({"score_fusion", "context"}),
+}
 
 
 @dataclass
@@ -106,6 +129,9 @@ class SearchHit:
     semantic_rank: int | None
     retention: float
     weight: float
+    # What lifted the hit above its legs' own score (§7.5): {"context": the score its neighbour lent}.
+    boosts: dict[str, float] = field(default_factory=dict)
+    context_of: Any = None  # the id of the hit that lent the context boost
 
     @property
     def match_type(self) -> str:
@@ -146,6 +172,11 @@ def pgvector_version() -> tuple[int, ...]:
 _PLAIN_QUERY = re.compile(r'^[^"]*$')
 
 
+def _is_plain(text: str) -> bool:
+    """Plain words: no websearch syntax (quotes, `or`, -exclusions)."""
+    return bool(_PLAIN_QUERY.match(text)) and not re.search(r"(^|\s)-\w|\bor\b", text, re.I)
+
+
 def _filters(query: SearchQuery, params: dict[str, Any], audience: Audience | None = None) -> str:
     """The WHERE clause every leg shares; the stack scope is mandatory, never optional. A requester
     other than the stack's own credentials also gets the privacy-grants predicate (memories.grants),
@@ -182,7 +213,52 @@ _LEG_COLUMNS = ("m.id, m.stability, m.confidence, m.created_at, m.last_reviewed_
 _SCORE = 9  # index of the leg's own score column (after _LEG_COLUMNS)
 
 
-def _keyword_sql(where: str, tsquery_sql: str, *, all_terms_sql: str, score_sql: str, limit: int) -> str:
+# BM25 (Robertson/Sparck Jones), the textbook constants: k1 = 1.2 saturates a term's repeats (a
+# third "pizza" adds little), b = 0.75 normalises for length (a long memory matches more words by
+# chance). On the LoCoMo dev split k1 1.2 / b 0.75 were within noise of the best of a small grid.
+BM25_K1 = 1.2
+BM25_B = 0.75
+
+
+def _bm25_keyword_sql(where: str, tsquery_sql: str, *, all_terms_sql: str, limit: int) -> str:
+    """The keyword leg scored by BM25 rather than ts_rank (docs/algorithms.md §7.5).
+
+    tf = the lexeme's positions in the memory's tsvector, dl = the tsvector's length (distinct
+    lexemes), avgdl = the mean over the matched rows, df = how many matched rows hold the lexeme and
+    N = the scope's live rows (%(scope_rows)s). The matched rows are every row of the scope holding
+    any query term (the OR query), so df is exact unless the scan reached KEYWORD_RANK_CAP - then df
+    counts within those rows, which only happens for terms common enough to carry little weight."""
+    return f"""
+        WITH matched AS MATERIALIZED (
+                 SELECT {_LEG_COLUMNS}, m.search_vector, {all_terms_sql} AS all_terms
+                   FROM memories_memory m
+                  WHERE {where} AND numnode({tsquery_sql}) > 0 AND m.search_vector @@ {tsquery_sql}
+                  LIMIT %(cap)s),
+             terms AS (
+                 SELECT h.id, u.lexeme, coalesce(array_length(u.positions, 1), 1) AS tf,
+                        length(h.search_vector) AS dl
+                   FROM matched h, unnest(h.search_vector) u
+                  WHERE u.lexeme = ANY(tsvector_to_array(to_tsvector('english', %(q)s)))),
+             df AS (SELECT lexeme, count(*) AS df FROM terms GROUP BY lexeme),
+             avgdl AS (SELECT greatest(avg(length(search_vector)), 1) AS avgdl FROM matched),
+             bm25 AS (
+                 SELECT t.id, sum(ln(1 + (greatest(%(scope_rows)s, d.df) - d.df + 0.5) / (d.df + 0.5))
+                                  * t.tf * ({BM25_K1} + 1)
+                                  / (t.tf + {BM25_K1} * (1 - {BM25_B} + {BM25_B} * t.dl / a.avgdl))) AS score
+                   FROM terms t JOIN df d USING (lexeme) CROSS JOIN avgdl a
+                  GROUP BY t.id)
+        SELECT {_LEG_COLUMNS.replace("m.", "h.")}, h.all_terms, coalesce(s.score, 0) AS score,
+               count(*) OVER () AS matched
+          FROM matched h LEFT JOIN bm25 s ON s.id = h.id
+         ORDER BY score DESC, h.id
+         LIMIT {int(limit)}
+    """  # noqa: S608 - only fixed clauses are interpolated; values are parameters
+
+
+def _keyword_sql(where: str, tsquery_sql: str, *, all_terms_sql: str, score_sql: str, limit: int,
+                 bm25: bool = False) -> str:
+    if bm25:
+        return _bm25_keyword_sql(where, tsquery_sql, all_terms_sql=all_terms_sql, limit=limit)
     # The tsquery is written inline (not in a CTE) so the planner folds it to a constant and can
     # estimate its selectivity: a common word makes it scan the stack's rows through the stack
     # B-tree instead of walking the table-wide GIN posting lists of every stack. The inner LIMIT
@@ -223,20 +299,28 @@ def _keyword_leg(query: SearchQuery, stack_ids: Sequence[int], fetch: int,
     """
     params: dict[str, Any] = {"stack_ids": list(stack_ids), "q": query.text, "cap": KEYWORD_RANK_CAP}
     where = _filters(query, params, audience)
+    bm25 = "bm25" in ranking_features(query)
+    if bm25:
+        params["scope_rows"] = _scope_rows(stack_ids)
     strict = "websearch_to_tsquery('english', %(q)s)"
-    plain = bool(_PLAIN_QUERY.match(query.text)) and not re.search(r"(^|\s)-\w|\bor\b", query.text, re.I)
+    plain = _is_plain(query.text)
     strict_sql = _keyword_sql(where, strict, all_terms_sql="true",
-                              score_sql=f"ts_rank(h.search_vector, {strict}, 1)", limit=fetch)
+                              score_sql=f"ts_rank(h.search_vector, {strict}, 1)", limit=fetch, bm25=bm25)
     if not plain:
         return [row[:-1] for row in _fetch(strict_sql, params)]
     loose = f"replace({strict}::text, ' & ', ' | ')::tsquery"
     rows = _fetch(_keyword_sql(where, loose, all_terms_sql=f"(m.search_vector @@ {strict})",
                                score_sql=(f"CASE WHEN h.all_terms THEN ts_rank(h.search_vector, {strict}, 1) "
                                           f"ELSE ts_rank(h.search_vector, {loose}, 1) END"),
-                               limit=fetch), params)
+                               limit=fetch, bm25=bm25), params)
     complete = not rows or int(rows[0][-1]) < KEYWORD_RANK_CAP
     first_tier = [row[:-1] for row in rows if row[_SCORE]]
-    if complete or len(first_tier) >= fetch or not _strict_scan_is_cheap(query.text):
+    if bm25 and not complete and len(first_tier) < fetch and _strict_scan_is_cheap(query.text):
+        # BM25 ranks by score, not by tier: the every-term rows of a separate scan join the capped sample.
+        seen = {row[0] for row in first_tier}
+        extra = [row[:-1] for row in _fetch(strict_sql, params) if row[0] not in seen]
+        return sorted([row[:-1] for row in rows] + extra, key=lambda r: -float(r[_SCORE + 1]))[:fetch]
+    if bm25 or complete or len(first_tier) >= fetch or not _strict_scan_is_cheap(query.text):
         return [row[:-1] for row in rows]
     first_tier = [row[:-1] for row in _fetch(strict_sql, params)]
     return (first_tier + [row[:-1] for row in rows if not row[_SCORE]])[:fetch]
@@ -295,6 +379,16 @@ _SCOPE_CACHE: dict[tuple[int, ...], tuple[float, int]] = {}
 _SCOPE_CACHE_SECONDS = 60.0
 
 
+def _scope_rows(stack_ids: Sequence[int]) -> int:
+    """N for BM25's idf: the scope's row count, cached for a minute (an idf moves little in a
+    minute, and a stack with its own vector index is never counted per search)."""
+    return _scope_size_cached(stack_ids)
+
+
+def ranking_features(query: SearchQuery) -> frozenset[str]:
+    return RANKINGS.get(query.ranking, RANKINGS[DEFAULT_RANKING])
+
+
 def _scope_size_cached(stack_ids: Sequence[int]) -> int:
     """Exact row count of a large scope, cached for a minute: it only sizes `ef_search`."""
     key = tuple(sorted(stack_ids))
@@ -348,8 +442,13 @@ def stack_index_ef_search(fetch: int) -> int:
 
 
 def _vector_leg(query: SearchQuery, stack_ids: Sequence[int], vector: Vector, fetch: int,
-                stats: dict[str, Any], audience: Audience | None = None) -> tuple[list[tuple[Any, ...]], str]:
+                stats: dict[str, Any], audience: Audience | None = None,
+                depth: int = 0) -> tuple[list[tuple[Any, ...]], str]:
+    """`fetch` rows are needed and size the HNSW walk; up to `depth` (≥ fetch) are returned when the
+    walk or the exact ranking yields them, so a deeper list never widens the walk."""
     iterative = pgvector_version() >= (0, 8)
+    wanted = fetch
+    fetch = max(fetch, depth)
     if len(stack_ids) == 1 and stack_ids[0] in stacks_with_vector_index():
         # The stack's own partial HNSW index: no other stack's rows in the graph, no post-filter loss.
         # It exists because the stack passed STACK_INDEX_MIN_ROWS, so the scope is not counted first
@@ -359,7 +458,7 @@ def _vector_leg(query: SearchQuery, stack_ids: Sequence[int], vector: Vector, fe
         # ef 200 gave recall@10 0.955, ef 300 0.97 and ef 400 0.977; the walk grows about linearly
         # with ef (~20 ms at 300 on a busy box), so ef 240 (= 8x a default over-fetch of 30) is
         # where recall stays above 0.95 without paying for more width (vector_indexes.py).
-        ef = stack_index_ef_search(fetch)
+        ef = stack_index_ef_search(wanted)
         sql, params = _vector_sql(query, stack_ids, vector, fetch, exact=False, single_stack=True,
                                   audience=audience)
         # SET LOCAL needs a transaction; inside search's own one no savepoint is needed (an error
@@ -369,13 +468,13 @@ def _vector_leg(query: SearchQuery, stack_ids: Sequence[int], vector: Vector, fe
             cursor.execute(sql, params)
             rows = cursor.fetchall()
         stats["ef_search"] = ef
-        if len(rows) >= fetch:
+        if len(rows) >= wanted:
             return rows, "hnsw-stack"
         method = "hnsw-stack+exact"
     elif _scope_size(stack_ids, EXACT_SEARCH_MAX_ROWS) > EXACT_SEARCH_MAX_ROWS:
         share = 1.0 if iterative else min(1.0, _scope_size_cached(stack_ids) / _table_rows())
         # Expected in-scope rows from an ef-wide walk ≈ ef x share; ask for 3x what we need.
-        ef = min(HNSW_MAX_EF_SEARCH, max(fetch * 2, 40, math.ceil(fetch * 3 / max(share, 1e-9))))
+        ef = min(HNSW_MAX_EF_SEARCH, max(wanted * 2, 40, math.ceil(wanted * 3 / max(share, 1e-9))))
         if iterative or ef < HNSW_MAX_EF_SEARCH or share >= 0.5:
             sql, params = _vector_sql(query, stack_ids, vector, fetch, exact=False, audience=audience)
             with transaction.atomic(savepoint=False), connection.cursor() as cursor:
@@ -385,7 +484,7 @@ def _vector_leg(query: SearchQuery, stack_ids: Sequence[int], vector: Vector, fe
                 cursor.execute(sql, params)
                 rows = cursor.fetchall()
             stats["ef_search"] = ef
-            if len(rows) >= fetch:
+            if len(rows) >= wanted:
                 return rows, "hnsw"
             method = "hnsw+exact"  # the index walk came up short: rank exactly instead
         else:
@@ -453,7 +552,13 @@ def _search(*, stack_ids: Sequence[int], query: SearchQuery, now: datetime, fetc
     # database, so a search costs max(embed, keyword) + vector rather than their sum.
     clock = time.perf_counter()
     pending = None if semantic_skipped else _embedding_pool().submit(_timed_embed, query.text)
-    keyword_rows = _keyword_leg(query, stack_ids, fetch, audience)
+    depth = fetch
+    if "score_fusion" in ranking_features(query):
+        # Score fusion reads deeper lists (§7.5). The keyword leg scores every matching row (up to
+        # KEYWORD_RANK_CAP) whatever its LIMIT, and the vector leg's walk stays sized by `fetch`,
+        # so the extra rows cost only their transfer.
+        depth = max(fetch, min(FUSION_DEPTH, MAX_LIMIT))
+    keyword_rows = _keyword_leg(query, stack_ids, depth, audience)
     stats["keyword_ms"] = round((time.perf_counter() - clock) * 1000, 2)
     vector_rows: list[tuple[Any, ...]] = []
     method = "none"
@@ -466,7 +571,7 @@ def _search(*, stack_ids: Sequence[int], query: SearchQuery, now: datetime, fetc
             semantic_skipped = SKIPPED_EMBEDDER_UNAVAILABLE
         else:
             clock = time.perf_counter()
-            vector_rows, method = _vector_leg(query, stack_ids, vector, fetch, stats, audience)
+            vector_rows, method = _vector_leg(query, stack_ids, vector, fetch, stats, audience, depth)
             stats["vector_ms"] = round((time.perf_counter() - clock) * 1000, 2)
             if not vector_rows:
                 semantic_skipped = _why_no_vectors(query, stack_ids, query_model, audience)
@@ -483,22 +588,30 @@ def _search(*, stack_ids: Sequence[int], query: SearchQuery, now: datetime, fetc
         entry = candidates.setdefault(row[0], {"row": row})
         entry["semantic_rank"] = rank
         entry["semantic_score"] = min(1.0, max(0.0, float(row[_SCORE])))
+        entry["similarity"] = float(row[_SCORE])
 
     scored: list[tuple[float, Any, dict[str, Any]]] = []
+    features = ranking_features(query)
+    if "score_fusion" in features and vector_rows:
+        # A keyword hit the vector leg did not reach still has a cosine: read it (by primary key,
+        # rows the keyword leg already admitted) so the fusion does not count it as 0.
+        missing = [memory_id for memory_id, entry in candidates.items() if "similarity" not in entry]
+        for memory_id, similarity in _similarities(missing, vector):
+            candidates[memory_id]["similarity"] = similarity
+    semantic_floor, semantic_span = _semantic_range([e["similarity"] for e in candidates.values() if "similarity" in e])
     for memory_id, entry in candidates.items():
-        (_, stability, confidence, created_at, last_reviewed_at, kind, times_accessed, valence,
-         arousal) = entry["row"][:_SCORE]
-        fused = sum(1.0 / (RRF_K + entry[leg]) for leg in ("keyword_rank", "semantic_rank") if leg in entry)
-        state = DecayState(kind=kind, confidence=float(confidence), times_accessed=int(times_accessed),
-                           emotional_valence=float(valence), emotional_arousal=float(arousal),
-                           stability=float(stability), last_reviewed_at=last_reviewed_at, created_at=created_at)
-        retention = memory_retrievability(state, now)
-        weight = ranking_weight(retention=retention, confidence=float(confidence),
-                                age_days=(now - created_at).total_seconds() / 86400)
+        if "score_fusion" in features:
+            fused = _score_fusion(entry, semantic_floor, semantic_span)
+        else:
+            fused = sum(1.0 / (RRF_K + entry[leg]) for leg in ("keyword_rank", "semantic_rank") if leg in entry)
+        retention, weight = _retention_and_weight(entry["row"], now)
         combined = min(1.0, fused * weight / (2.0 / RRF_K))
         entry.update(fused=fused, retention=retention, weight=weight)
         scored.append((combined, memory_id, entry))
     scored.sort(key=lambda item: (-item[0], str(item[1])))
+    if "context" in ranking_features(query) and _is_plain(query.text):
+        # Only for plain words: quotes, `or` and -exclusions ask for exactly the matching memories.
+        scored = _lend_context(scored, candidates, query, stack_ids, now, audience, stats)
     top = scored[: query.limit]
 
     memories = Memory.objects.defer("embedding", "search_vector").in_bulk([memory_id for _, memory_id, _ in top])
@@ -513,6 +626,8 @@ def _search(*, stack_ids: Sequence[int], query: SearchQuery, now: datetime, fetc
             semantic_rank=entry.get("semantic_rank"),
             retention=entry["retention"],
             weight=entry["weight"],
+            boosts=entry.get("boosts", {}),
+            context_of=entry.get("context_of"),
         )
         for combined, memory_id, entry in top
         if memory_id in memories  # deleted between the legs and this read: skip, don't fail
@@ -526,6 +641,92 @@ def _search(*, stack_ids: Sequence[int], query: SearchQuery, now: datetime, fetc
         stats=stats,
         legs={"keyword": LEG_RAN, "semantic": semantic_skipped or LEG_RAN},
     )
+
+
+# Neighbouring-turn context (memories.search.context, docs/algorithms.md §7.5): the best
+# CONTEXT_SEEDS hits each lend CONTEXT_SHARE of their combined score to the memory just before and
+# just after them in the same session, and half that to the turns two away. Chosen on the LoCoMo dev
+# split (see §7.5 for the grid).
+CONTEXT_SEEDS = 10
+CONTEXT_SHARE = 0.3
+CONTEXT_WINDOW = 2  # turns on each side
+CONTEXT_DECAY = 0.5  # the share's factor per further turn: the second turn away gets half
+
+
+# Score fusion (§7.5): each leg's score scaled to [0, 1] within this search - BM25 by the best
+# keyword hit, the cosine min-max over the vector leg's candidates - then mixed with KEYWORD_WEIGHT,
+# and put on RRF's scale (a hit first in both legs gets 2/RRF_K) so `combined` reads as before.
+KEYWORD_WEIGHT = 0.4
+FUSION_DEPTH = 50
+
+
+def _semantic_range(sims: Sequence[float]) -> tuple[float, float]:
+    if not sims:
+        return 0.0, 1.0
+    low, high = min(sims), max(sims)
+    if high - low < 1e-9:  # one candidate, or all alike: each is the best the leg found
+        return high - 1.0, 1.0
+    return low, high - low
+
+
+def _similarities(memory_ids: Sequence[Any], vector: Vector) -> list[tuple[Any, float]]:
+    if not memory_ids:
+        return []
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT id, 1 - (embedding <=> %s::vector) FROM memories_memory "
+                       "WHERE id = ANY(%s::uuid[]) AND embedding IS NOT NULL AND embedding_model = %s",
+                       [vector_literal(vector), list(memory_ids), get_embedder().model_id])
+        return [(row[0], float(row[1])) for row in cursor.fetchall()]
+
+
+def _score_fusion(entry: dict[str, Any], semantic_floor: float, semantic_span: float) -> float:
+    keyword = entry.get("keyword_score") or 0.0
+    semantic = 0.0
+    if "similarity" in entry:
+        semantic = min(1.0, max(0.0, (entry["similarity"] - semantic_floor) / semantic_span))
+    return (2.0 / RRF_K) * (KEYWORD_WEIGHT * keyword + (1 - KEYWORD_WEIGHT) * semantic)
+
+
+def _lend_context(scored: list[tuple[float, Any, dict[str, Any]]], candidates: dict[Any, dict[str, Any]],
+                  query: SearchQuery, stack_ids: Sequence[int], now: datetime, audience: Audience | None,
+                  stats: dict[str, Any]) -> list[tuple[float, Any, dict[str, Any]]]:
+    clock = time.perf_counter()
+    seeds = {memory_id: combined for combined, memory_id, _ in scored[:CONTEXT_SEEDS]}
+    params: dict[str, Any] = {"stack_ids": list(stack_ids)}
+    where = _filters(query, params, audience)
+    rows = neighbour_rows(seeds=list(seeds), where=where, params=params, columns=_LEG_COLUMNS,
+                          window=CONTEXT_WINDOW)
+    lent: dict[Any, tuple[float, Any]] = {}
+    neighbour: dict[Any, tuple[Any, ...]] = {}
+    for seed_id, *row, distance in rows:
+        share = CONTEXT_SHARE * CONTEXT_DECAY ** (int(distance) - 1) * seeds[seed_id]
+        if share > lent.get(row[0], (0.0, None))[0]:
+            lent[row[0]] = (share, seed_id)
+            neighbour[row[0]] = tuple(row)
+    by_id = {memory_id: (combined, entry) for combined, memory_id, entry in scored}
+    for memory_id, (share, seed_id) in lent.items():
+        if memory_id in by_id:
+            combined, entry = by_id[memory_id]
+        else:  # found by neither leg: only its neighbour's share puts it in the ranking
+            combined, entry = 0.0, candidates.setdefault(memory_id, {"row": neighbour[memory_id]})
+            retention, weight = _retention_and_weight(neighbour[memory_id], now)
+            entry.update(fused=0.0, retention=retention, weight=weight)
+        entry["boosts"] = {"context": round(share, 6)}
+        entry["context_of"] = seed_id
+        by_id[memory_id] = (min(1.0, combined + share), entry)
+    stats["context_ms"] = round((time.perf_counter() - clock) * 1000, 2)
+    return sorted(((c, i, e) for i, (c, e) in by_id.items()), key=lambda item: (-item[0], str(item[1])))
+
+
+def _retention_and_weight(row: Sequence[Any], now: datetime) -> tuple[float, float]:
+    """A leg row's retrievability and ranking weight (§7.2)."""
+    (_, stability, confidence, created_at, last_reviewed_at, kind, times_accessed, valence, arousal) = row[:_SCORE]
+    retention = memory_retrievability(DecayState(
+        kind=kind, confidence=float(confidence), times_accessed=int(times_accessed),
+        emotional_valence=float(valence), emotional_arousal=float(arousal), stability=float(stability),
+        last_reviewed_at=last_reviewed_at, created_at=created_at), now)
+    return retention, ranking_weight(retention=retention, confidence=float(confidence),
+                                     age_days=(now - created_at).total_seconds() / 86400)
 
 
 def _why_no_vectors(query: SearchQuery, stack_ids: Sequence[int], query_model: str,

@@ -20,6 +20,17 @@ docs/algorithms.md §6 (the rules MemoryHub adopts), in the order they are appli
    before-state, so a merge can be inspected and undone.
 8. Otherwise CREATE, with prediction error 1 - similarity.
 
+Privacy grants (docs/privacy.md "Privacy grants"): a requester other than the stack's own
+credentials (a school key, a signed-in admin or teacher) passes its `audience`, and the neighbour
+query carries the grants predicate (memories.grants.grants_sql) before its LIMIT. A memory the
+requester may not see is therefore absent from the gate, as if it did not exist: it is never
+reinforced, merged into, linked, superseded or listed in `considered`, and when it is the only close
+neighbour the new memory is simply created. The answer (`memory`, `target_id`, `reason`,
+`considered`) can only name memories the requester sees. Independently of who asks, new text is
+only folded into a memory (reinforce, merge) whose `access_grants` are the same set as its own:
+otherwise the two audiences differ, and a linked new memory is created instead, its note on the
+neighbour without the incoming text.
+
 Every decision is written down: in the response (`decision, similarity, measure,
 prediction_error, target_id, reason`) and as a `MemoryRevision(source="ingest")` on the memory it
 touched (the reinforced, merged, linked or superseded one).
@@ -41,6 +52,7 @@ from typing import Any
 from django.db import connection, transaction
 from django.utils import timezone
 
+from memories.grants import Audience, grants_filter, grants_sql
 from memories.lifecycle.decay import DecayState, Grade, base_stability, review
 from memories.models import Memory
 from memories.redaction import stack_policy
@@ -120,24 +132,33 @@ def appears_contradictory(new_text: str, old_text: str) -> bool:
     return any(_has(p, new_text) for p in _CORRECTIONS)
 
 
-def _neighbours(stack: Stack, kind: str, vector: list[float]) -> tuple[list[tuple[Memory, float]], str]:
+def _neighbours(stack: Stack, kind: str, vector: list[float],
+                audience: Audience | None) -> tuple[list[tuple[Memory, float]], str]:
     embedder = get_embedder()
+    # The requester's grants inside the query, before the LIMIT: a hidden memory takes no candidate slot.
+    grants, grant_params = grants_sql(audience, "m")
     with connection.cursor() as cursor:
         cursor.execute(
-            """
-            SELECT id, 1 - (embedding <=> %(v)s::vector) AS similarity
-              FROM memories_memory
-             WHERE stack_id = %(stack)s AND kind = %(kind)s AND deleted_at IS NULL AND forgotten_at IS NULL
-               AND embedding IS NOT NULL AND embedding_model = %(model)s
-             ORDER BY (embedding <=> %(v)s::vector) + 0
+            f"""
+            SELECT m.id, 1 - (m.embedding <=> %(v)s::vector) AS similarity
+              FROM memories_memory m
+             WHERE m.stack_id = %(stack)s AND m.kind = %(kind)s AND m.deleted_at IS NULL
+               AND m.forgotten_at IS NULL AND m.embedding IS NOT NULL AND m.embedding_model = %(model)s
+               AND {grants}
+             ORDER BY (m.embedding <=> %(v)s::vector) + 0
              LIMIT %(limit)s
-            """,
+            """,  # noqa: S608 (the predicate is memories.grants' own SQL; its values are parameters)
             {"v": vector_literal(vector), "stack": stack.pk, "kind": kind, "model": embedder.model_id,
-             "limit": CANDIDATES},
+             "limit": CANDIDATES, **grant_params},
         )
         rows = cursor.fetchall()[:CONSIDERED]
     memories = Memory.objects.defer("embedding", "search_vector").in_bulk([r[0] for r in rows])
     return [(memories[r[0]], float(r[1])) for r in rows if r[0] in memories], f"cosine:{embedder.model_id}"
+
+
+def _same_grants(memory: Memory, incoming: list[str] | None) -> bool:
+    """Whether folding text into `memory` keeps it before the same audience the writer chose."""
+    return set(memory.access_grants or ()) == set(incoming or ())
 
 
 def _is_strong(memory: Memory, feedback: str | None) -> bool:
@@ -150,10 +171,13 @@ def _note(memory: Memory, action: str, reason: str, snapshot: dict[str, Any]) ->
 
 @transaction.atomic
 def smart_ingest(*, stack: Stack, kind: str, payload: dict[str, Any], force_create: bool = False,
-                 supersedes: str | None = None, thresholds: Thresholds | None = None) -> IngestDecision:
+                 supersedes: str | None = None, thresholds: Thresholds | None = None,
+                 audience: Audience | None = None) -> IngestDecision:
     """Store `payload` as a `kind` memory of `stack`, or fold it into an existing one (module docstring).
 
-    Precondition: the caller resolved `stack` with write access (stacks.selectors).
+    Precondition: the caller resolved `stack` with write access (stacks.selectors). `audience`: the
+    requester's privacy grants (memories.grants.audience_for; None for the stack's own credentials):
+    memories it may not see are left out of the gate and `supersedes` (a hidden one is a 404).
     """
     thresholds = thresholds or Thresholds()
     # The payload as it would be stored (schema + the kernel's transforms), so similarity is computed
@@ -162,7 +186,8 @@ def smart_ingest(*, stack: Stack, kind: str, payload: dict[str, Any], force_crea
     measure = "none"
 
     if supersedes is not None:
-        old = Memory.objects.filter(stack=stack, pk=_uuid(supersedes), deleted_at__isnull=True).first()
+        old = grants_filter(Memory.objects.filter(stack=stack, pk=_uuid(supersedes), deleted_at__isnull=True),
+                            audience).first()
         if old is None:
             raise NotFound("The memory to supersede was not found in this stack.", code="memory_not_found",
                            fields={"supersedes": ["No such memory in this stack."]})
@@ -181,7 +206,7 @@ def smart_ingest(*, stack: Stack, kind: str, payload: dict[str, Any], force_crea
     # model than the deployment's (memories.search.embedding_model) compares nothing and says so.
     refusal = deployment_model_mismatch(get_embedder().model_id) if normalized.text else None
     vector = get_embedder().embed([normalized.text])[0] if normalized.text and refusal is None else None
-    candidates, measure = _neighbours(stack, kind, vector) if vector is not None else ([], "none")
+    candidates, measure = _neighbours(stack, kind, vector, audience) if vector is not None else ([], "none")
 
     def create() -> Memory:
         memory = memory_create(stack=stack, kind=kind, payload=payload, source=INGEST_SOURCE)
@@ -201,18 +226,25 @@ def smart_ingest(*, stack: Stack, kind: str, payload: dict[str, Any], force_crea
     best, similarity = candidates[0]
     error = round(1.0 - max(0.0, similarity), 6)
     feedback = latest_feedback([str(best.pk)]).get(str(best.pk))
+    same_grants = _same_grants(best, normalized.columns.get("access_grants"))
 
     def linked_create(why: str, action: str = "linked", contradiction: bool = False) -> IngestDecision:
         new = create()
         reason = f"{why}; created {new.pk} linked to {best.pk} (similarity {similarity:.3f})"
-        _note(best, action, reason, {"linked_memory": str(new.pk), "similarity": similarity, "text": best.text,
-                                     "incoming_text": normalized.text})
+        snapshot: dict[str, Any] = {"linked_memory": str(new.pk), "similarity": similarity, "text": best.text}
+        if same_grants:  # the note is read with `best`: the new text only where its own grants admit the same
+            snapshot["incoming_text"] = normalized.text
+        _note(best, action, reason, snapshot)
         return IngestDecision("create", new, similarity, measure, error, str(best.pk), reason,
                               contradiction=contradiction, considered=considered)
 
     if similarity >= thresholds.correction and appears_contradictory(normalized.text, best.text):
         return linked_create("the new text contradicts a similar memory, which is never reinforced or merged "
                              "and is left for review", action="contradicted", contradiction=True)
+
+    if similarity >= thresholds.update and not same_grants:
+        return linked_create("similar to a memory with other access grants, which is never reinforced or merged "
+                             "into (the two would be read by different audiences)")
 
     if similarity >= thresholds.near_identical:
         now = timezone.now()

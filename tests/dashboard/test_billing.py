@@ -5,17 +5,24 @@ from __future__ import annotations
 
 import json
 import re
+from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.test import Client
+from django.test import Client, override_settings
 from django.urls import URLPattern, URLResolver, reverse
+from eth_account import Account
+from eth_account.messages import encode_defunct
 
 from accounts.models import Membership, Organization
 from accounts.tiers import MB
+from billing.models import Payment, Subscription, Wallet
 from memories.services import memory_create
 from stacks.models import Stack
 from tests.actors import School
+from tests.billing.chain import USDC, DevChain
+from tests.billing.conftest import chain, dev_chain_node  # noqa: F401 - the chain fixtures
+from tests.billing.test_payments import Payer, now_on_chain
 from tests.dashboard.pages import client_for
 from tests.factories import make_org, make_stack, make_user
 
@@ -49,7 +56,8 @@ def test_an_admin_sees_the_plan_and_usage_measured_as_billing_enforces_it(school
     spec = chart(page)
     assert spec["type"] == "bar" and spec["labels"] == ["Active stacks", "Storage"]
     assert spec["datasets"][0]["data"][0] == 20.0 and 29 < spec["datasets"][0]["data"][1] < 30
-    # Every plan a school can be on, to compare; the school's own marked. No way to pay yet.
+    # Every plan a school can be on, to compare; the school's own marked. No chain configured in
+    # this test: nothing to pay with, so no form.
     for name in ("free", "core", "pro", "enterprise"):
         assert f'data-tier="{name}"' in page
     assert 'data-tier="unlimited"' not in page
@@ -94,7 +102,7 @@ def test_who_may_see_it(school: School, other_school: School) -> None:
 
 # Pages for anyone signed in (or about to be), not dashboard pages of a role.
 FOR_EVERYONE = {"billing", "password-change", "invitation-accept"}
-FOR_EVERYONE_PREFIXES = ("password-reset", "login", "logout")
+FOR_EVERYONE_PREFIXES = ("password-reset", "login", "logout", "billing")  # billing-*: the billing page's own
 
 
 def _dashboard_routes() -> list[tuple[str, list[str]]]:
@@ -147,3 +155,119 @@ def test_every_other_dashboard_page_is_a_404_for_a_billing_user(school: School) 
     # The navigation offers the billing page only.
     nav = client.get(URL).content.decode().split('aria-label="Main"')[1].split("</nav>")[0]
     assert re.findall(r'href="([^"]+)"', nav) == [URL]
+
+
+# --- paying, changing the plan and wallets (on the session's real Anvil node) -------------------------
+
+def payment_id_of(response: Any) -> str:
+    assert response.status_code == 302, response.content
+    match = re.search(r"/dashboard/billing/payments/(pay_[0-9a-f]+)/$", response["Location"])
+    assert match is not None, response["Location"]
+    return match.group(1)
+
+
+def test_a_billing_user_upgrades_pays_by_hash_and_manages_the_plan(chain: DevChain) -> None:  # noqa: F811
+    payer = Payer(chain, chain.accounts[5])
+    payer.link_wallet()
+    web = client_for(payer.user)
+    page = web.get(URL).content.decode()
+    assert 'id="upgrade-button"' in page and payer.wallet.address in page and 'id="connect-wallet"' in page
+
+    payment_id = payment_id_of(web.post("/dashboard/billing/upgrade", {"tier": "core"}))
+    pay_page = web.get(f"/dashboard/billing/payments/{payment_id}/").content.decode()
+    link = f"ethereum:{chain.usdc}@31337/transfer?address={chain.treasury.address}&amp;uint256={5 * USDC}"
+    assert link in pay_page and "Send exactly 5 USDC" in pay_page
+    assert re.search(r'<div class="qr" role="img" aria-label="QR code of the payment link"><svg', pay_page)
+    assert f'data-amount="{5 * USDC}"' in pay_page and f'data-treasury="{chain.treasury.address}"' in pay_page
+
+    now_on_chain(chain)
+    tx_hash = chain.send_usdc(payer.wallet, chain.treasury.address, 5 * USDC)
+    confirm = f"/dashboard/billing/payments/{payment_id}/confirm"
+    pending = web.post(confirm, {"tx_hash": tx_hash}, follow=True).content.decode()
+    assert "1 of 10 confirmations" in pending and "pending verification" in pending
+    assert payer.tier() == "free"
+    chain.confirm()
+    confirmed = web.post(confirm, {"tx_hash": tx_hash}, follow=True).content.decode()
+    assert "Payment confirmed: core is active." in confirmed and payer.tier() == "core"
+
+    page = web.get(URL).content.decode()
+    assert re.search(r'id="plan-name">Core<', page) and "Renews on" in page and "for 5 USDC" in page
+    assert re.search(rf'data-payment="{payment_id}">.*?confirmed.*?{tx_hash[:10]}', page, re.S)
+    assert "basescan" not in page  # no explorer on the development chain
+    assert 'id="upgrade-button"' in page  # pro is still above
+    # Downgrade, cancel, reactivate: forms that ask first, and the page says what will happen.
+    assert page.count("data-confirm=") >= 3
+    web.post("/dashboard/billing/downgrade", {"tier": "free"})
+    assert "Moves to Free on" in web.get(URL).content.decode()
+    web.post("/dashboard/billing/cancel")
+    page = web.get(URL).content.decode()
+    assert "Active until" in page and "Reactivate" in page
+    web.post("/dashboard/billing/reactivate")
+    assert Subscription.objects.get(organization=payer.org).status == "active"
+    # A refused change is an error page with the reason, never a 500.
+    again = web.post("/dashboard/billing/reactivate")
+    assert again.status_code == 400 and "can be reactivated" in again.content.decode()
+    bad_hash = web.post(confirm, {"tx_hash": "0x123"})
+    assert bad_hash.status_code == 400
+
+
+def test_connect_wallet_message_links_by_signature_and_unlink_removes_it(chain: DevChain) -> None:  # noqa: F811
+    payer = Payer(chain, chain.accounts[6])
+    web = client_for(payer.user)
+    answer = web.post("/dashboard/billing/wallets/message", {"address": payer.wallet.address.lower()})
+    assert answer.status_code == 200 and answer["Cache-Control"] == "no-store"
+    message = answer.json()["message"]
+    assert payer.wallet.address in message and "Chain ID: 31337" in message  # EIP-55, from lowercase
+    signature = Account.from_key(payer.wallet.key).sign_message(encode_defunct(text=message)).signature.hex()
+    linked = payer.client.post("/api/v1/wallets/link", {"message": message, "signature": "0x" +
+                                                        signature.removeprefix("0x")}, format="json")
+    assert linked.status_code == 201, linked.content
+    assert payer.wallet.address in web.get(URL).content.decode()
+    assert web.post("/dashboard/billing/wallets/message", {"address": "0x12"}).status_code == 400
+    web.post(f"/dashboard/billing/wallets/{payer.wallet.address}/unlink")
+    assert not Wallet.objects.filter(organization=payer.org).exists()
+
+
+def test_payment_history_is_paginated_with_explorer_links(school: School) -> None:
+    from django.utils import timezone
+
+    now = timezone.now()
+    for n in range(12):
+        Payment.objects.create(organization=school.org, tier="core", amount=5 * USDC, created_at=now,
+                               expires_at=now, status="confirmed", chain_id=8453, tx_hash=f"0x{n:064x}",
+                               log_index=0)
+    web = client_for(school.admin)
+    with override_settings(CHAIN_EXPLORER_URL="https://basescan.org"):
+        first = web.get(URL).content.decode()
+        second = web.get(URL + "?page=2").content.decode()
+    assert first.count("data-payment=") == 10 and second.count("data-payment=") == 2
+    assert "Page 1 of 2" in first and f'href="https://basescan.org/tx/0x{0:064x}"' in second + first
+    assert web.get(URL + "?page=abc").status_code == 200  # a bad page number shows the first page
+
+
+def test_another_schools_payments_and_wallets_are_404(chain: DevChain, school: School,  # noqa: F811
+                                                       other_school: School) -> None:
+    from django.utils import timezone
+
+    now = timezone.now()
+    theirs = Payment.objects.create(organization=other_school.org, tier="core", amount=5 * USDC, created_at=now,
+                                    expires_at=now + timedelta(hours=24))
+    wallet = Wallet.objects.create(organization=other_school.org, address=chain.accounts[7].address, linked_at=now)
+    web = client_for(school.admin)
+    for method, url in (("get", f"/dashboard/billing/payments/{theirs.public_id}/"),
+                        ("post", f"/dashboard/billing/payments/{theirs.public_id}/confirm"),
+                        ("post", f"/dashboard/billing/wallets/{wallet.address}/unlink")):
+        response = getattr(web, method)(url, {"tx_hash": "0x" + "1" * 64} if "confirm" in url else {})
+        assert response.status_code == 404, url
+        assert other_school.org.name not in response.content.decode()
+    assert Wallet.objects.filter(pk=wallet.pk).exists()
+    assert Payment.objects.get(pk=theirs.pk).status == "pending"
+    # A teacher of the school sees none of it, not even its own school's payment.
+    mine = Payment.objects.create(organization=school.org, tier="core", amount=5 * USDC, created_at=now,
+                                  expires_at=now + timedelta(hours=24))
+    teacher = client_for(school.teacher)
+    for method, url in (("get", URL), ("get", f"/dashboard/billing/payments/{mine.public_id}/"),
+                        ("post", "/dashboard/billing/upgrade"), ("post", "/dashboard/billing/cancel"),
+                        ("post", "/dashboard/billing/wallets/message")):
+        assert getattr(teacher, method)(url).status_code == 404, url
+    assert Payment.objects.filter(organization=school.org).count() == 1

@@ -7,6 +7,10 @@ native pull, a live dashboard event, a webhook payload): each requester sees exa
 its grants admit, and the school policy "owner" takes the empty list away from everyone but the
 stack's own credentials. The check is in SQL: the captured queries of search, load, list and pull
 carry the overlap predicate (`&&`) for a non-self requester, and none for the stack's own key.
+
+Then the paths that read memories to decide something: smart ingest and promotion treat a memory
+hidden from the requester as absent (never touched, never named), and a live event or webhook about
+hidden memories only is not sent to that receiver at all.
 """
 
 from __future__ import annotations
@@ -30,8 +34,8 @@ from accounts.selectors import principal_for_session
 from dashboard import live
 from dashboard import student as reads
 from memories.grants import audience_for, audience_for_webhook, grants_q, grants_sql
-from memories.models import Memory
-from memories.services import memory_create
+from memories.models import Memory, MemoryRevision
+from memories.services import memory_create, memory_forget
 from tests.accounts.clients import csrf_session_client
 from tests.actors import School
 from tests.factories import make_key
@@ -260,6 +264,7 @@ def test_a_live_event_names_only_admitted_memories(school: School, requester: st
     change = live.Change(event_ids=(1,), seq=1, topics=frozenset({"memory"}),
                          memory_ids=tuple(str(m.pk) for m in cast.memories.values()))
     message = live.student_message(principal, school.stack.pk, reads.MemoryFilters(), change)
+    assert message is not None
     assert cast.labels(row["id"] for row in message["rows"]) == ADMITTED[requester]
     assert message["removed"] == []
     text = json.dumps(message)
@@ -283,6 +288,7 @@ def test_a_webhook_payload_lists_only_memories_its_grants_admit(school: School) 
         delivery = WebhookDelivery(endpoint=endpoint, stack=school.stack, event_id=1, seq=1,
                                    event_type="memory.created", data={"memory_ids": ids})
         body = dispatch.payload(delivery, endpoint)
+        assert body is not None
         assert cast.labels(body["data"]["memory_ids"]) == want
         assert cast.labels(m["id"] for m in body["memories"]) == want
         text = json.dumps(body)
@@ -375,3 +381,222 @@ async def test_a_teachers_socket_receives_only_admitted_memories(school: School)
         if label not in ADMITTED["teacher"]:
             assert memory_id not in text and f"({label})" not in text
     await communicator.disconnect()
+
+
+# --- smart ingest: a hidden memory is absent from the gate ----------------------------------------
+
+INGEST_TEXT = "Ada learns fractions best when the teacher uses pizza slices and paper strips in class"
+HIDDEN = ["human:someone-else"]
+
+
+def _ingest(client: APIClient, school: School, content: str, **extra: Any) -> Any:
+    return client.post(school.stack_url("ingest"), {"kind": "note", "content": content, **extra}, format="json")
+
+
+def _stored_hidden_note(school: School, content: str = INGEST_TEXT) -> Memory:
+    response = _ingest(school.agent, school, content, access_grants=HIDDEN)
+    assert response.status_code == 201 and response.json()["decision"] == "create", response.content
+    return Memory.objects.get(pk=response.json()["memory"]["id"])
+
+
+@pytest.mark.parametrize("requester", ["school_key", "teacher"])
+def test_smart_ingest_by_a_non_self_requester_never_touches_or_names_a_hidden_memory(
+        school: School, requester: str) -> None:
+    hidden = _stored_hidden_note(school)
+    # The stack's own key sees it: the same text (same grants) reinforces it.
+    own = _ingest(school.agent, school, INGEST_TEXT, access_grants=HIDDEN).json()
+    assert own["decision"] == "reinforce" and own["target_id"] == str(hidden.pk)
+
+    client = client_of(school, requester)
+    for extra in ({}, {"thresholds": {"near_identical": 0.99, "update": 0.5}}):  # the reinforce and merge bands
+        response = _ingest(client, school, INGEST_TEXT + (" on Mondays" if extra else ""), **extra)
+        assert response.status_code == 201, response.content
+        body = response.json()
+        assert body["decision"] == "create" and body["target_id"] is None and body["similarity"] is None
+        assert body["considered"] == [] and str(hidden.pk) not in json.dumps(body)
+        memory_forget(memory=Memory.objects.get(pk=body["memory"]["id"]), reason="test")  # out of the next gate
+    after = Memory.objects.get(pk=hidden.pk)
+    assert (after.text, after.version) == (INGEST_TEXT, 1)  # never merged into
+    assert not hidden.revisions.filter(action__in=("merge", "linked", "contradicted")).exists()
+    # A memory the requester does see is still gated as before: the same text again reinforces it.
+    first = _ingest(client, school, INGEST_TEXT).json()
+    again = _ingest(client, school, INGEST_TEXT).json()
+    assert again["decision"] == "reinforce" and again["target_id"] == first["memory"]["id"]
+    assert [c["id"] for c in again["considered"]] == [first["memory"]["id"]]
+
+
+def test_smart_ingest_cannot_supersede_a_hidden_memory(school: School) -> None:
+    hidden = _stored_hidden_note(school)
+    response = _ingest(school.admin_api, school, "Ada now prefers number lines", supersedes=str(hidden.pk))
+    assert response.status_code == 404 and response.json()["error"]["code"] == "memory_not_found"
+    assert Memory.objects.get(pk=hidden.pk).forgotten_at is None
+    assert not Memory.objects.filter(stack=school.stack, text="Ada now prefers number lines").exists()
+    own = _ingest(school.agent, school, "Ada now prefers number lines", supersedes=str(hidden.pk))
+    assert own.status_code == 201 and own.json()["decision"] == "supersede"
+
+
+def test_smart_ingest_neighbour_query_carries_the_grants_predicate_for_non_self_only(school: School) -> None:
+    _stored_hidden_note(school)
+    for client, wanted in ((school.admin_api, True), (school.agent, False)):
+        with CaptureQueriesContext(connection) as queries:
+            assert _ingest(client, school, "Pizza fractions again", force_create=False).status_code in (200, 201)
+        neighbour = [q["sql"] for q in queries.captured_queries if "<=>" in q["sql"]]
+        assert neighbour and bool(OVERLAP.search(neighbour[0])) is wanted
+
+
+def test_smart_ingest_never_folds_text_into_a_memory_read_by_another_audience(school: School) -> None:
+    """Also for the stack's own key: text with narrower grants is not merged into, or noted on, a wider memory."""
+    wide = _ingest(school.agent, school, INGEST_TEXT, access_grants=["*"]).json()["memory"]["id"]
+    body = _ingest(school.agent, school, INGEST_TEXT, access_grants=HIDDEN).json()
+    assert body["decision"] == "create" and body["target_id"] == wide and "access grants" in body["reason"]
+    assert Memory.objects.get(pk=wide).version == 1
+    note = MemoryRevision.objects.get(memory_id=wide, action="linked")
+    assert "incoming_text" not in note.snapshot and note.snapshot["linked_memory"] == body["memory"]["id"]
+
+
+# --- promotion: hidden episodes are not read --------------------------------------------------------
+
+def _episode(school: School, record_id: str, lessons: list[str], grants: list[str] | None = None) -> Memory:
+    return memory_create(stack=school.stack, kind="episode", source="test", record_id=record_id,
+                         payload={"objective": f"session {record_id}", "outcome": "ok", "lessons": lessons,
+                                  "access_grants": grants or []})
+
+
+@pytest.mark.parametrize("requester", ["school_key", "teacher"])
+def test_promotion_reads_only_the_episodes_the_requester_sees(school: School, requester: str) -> None:
+    for record_id in ("open-1", "open-2", "open-3"):
+        _episode(school, record_id, ["Draw the pie", "Check the homework"])
+    for record_id in ("secret-1", "secret-2"):
+        _episode(school, record_id, ["Ada cries when rushed"], grants=HIDDEN)
+    # A belief the requester cannot see already holds one of the visible lessons.
+    memory_create(stack=school.stack, kind="belief", source="api", payload={
+        "statement": "Check the homework", "confidence": 0.9, "access_grants": HIDDEN})
+
+    response = client_of(school, requester).post(school.stack_url("promote"), {"auto": False}, format="json")
+    assert response.status_code == 200, response.content
+    body = response.json()
+    assert body["episodes_scanned"] == 3
+    # The hidden belief is treated as absent: no `skipped_existing` tells that a hidden memory holds that text.
+    assert {s["lesson"] for s in body["suggestions"]} == {"Draw the pie", "Check the homework"}
+    assert body["skipped_existing"] == 0
+    text = json.dumps(body)
+    assert "cries" not in text and "secret-" not in text
+
+    own = school.agent.post(school.stack_url("promote"), {"auto": False}, format="json").json()
+    assert own["episodes_scanned"] == 5 and own["skipped_existing"] == 1
+    assert {s["lesson"] for s in own["suggestions"]} == {"Draw the pie", "Ada cries when rushed"}
+
+
+def test_promotion_by_a_school_key_creates_beliefs_from_visible_episodes_only(school: School) -> None:
+    from memories.lifecycle.promotion import promote_lessons
+
+    for record_id in ("open-1", "open-2", "open-3"):
+        _episode(school, record_id, ["Draw the pie"])
+    for record_id in ("secret-1", "secret-2"):
+        _episode(school, record_id, ["Ada cries when rushed"], grants=HIDDEN)
+    response = school.admin_api.post(school.stack_url("promote"), {"auto": True}, format="json")
+    assert response.status_code == 200 and response.json()["created"] == 1
+    assert list(Memory.objects.filter(stack=school.stack, kind="belief").values_list("text", flat=True)) == [
+        "Draw the pie"]
+    # The scheduled job runs as the system: every episode counts.
+    result = promote_lessons(stack=school.stack, auto=True)
+    assert result.episodes_scanned == 5 and [s.lesson for s in result.suggestions] == ["Ada cries when rushed"]
+
+
+# --- live events and webhooks: a change of hidden memories only is not announced --------------------
+
+_EVENT_IDS = iter(range(10_000, 20_000))
+
+
+def _change(*memories: Memory, topics: frozenset[str] = frozenset({"memory"})) -> live.Change:
+    event_id = next(_EVENT_IDS)  # one render is shared per event id (live._shared): each change its own
+    return live.Change(event_ids=(event_id,), seq=event_id, topics=topics,
+                       memory_ids=tuple(str(m.pk) for m in memories))
+
+
+@pytest.mark.parametrize("requester", ["admin", "teacher"])
+def test_a_live_change_of_hidden_memories_only_sends_nothing(school: School, requester: str) -> None:
+    cast = _cast(school)
+    principal = principal_of_requester(school, requester)
+    hidden = cast.memories["someone_else"]
+    assert live.student_message(principal, school.stack.pk, reads.MemoryFilters(), _change(hidden)) is None
+    # Another change that also touched the checkpoint is still sent, without the hidden memory.
+    message = live.student_message(principal, school.stack.pk, reads.MemoryFilters(),
+                                   _change(hidden, topics=frozenset({"memory", "checkpoint"})))
+    assert message is not None and message["rows"] == [] and message["unresolved"] == 0
+    assert str(hidden.pk) not in json.dumps(message)
+    # One visible memory in the change: it is sent, naming only that one.
+    visible = live.student_message(principal, school.stack.pk, reads.MemoryFilters(),
+                                   _change(hidden, cast.memories["everyone"]))
+    assert visible is not None and cast.labels(row["id"] for row in visible["rows"]) == {"everyone"}
+
+
+@pytest.mark.parametrize("requester", ["admin", "teacher"])
+def test_a_live_change_too_big_to_resolve_counts_only_admitted_memories(
+        school: School, requester: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    cast = _cast(school)
+    monkeypatch.setattr(live, "RESOLVE_IDS_MAX", 2)
+    message = live.student_message(principal_of_requester(school, requester), school.stack.pk,
+                                   reads.MemoryFilters(), _change(*cast.memories.values()))
+    assert message is not None and message["unresolved"] == len(ADMITTED[requester])
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.anyio
+async def test_a_teachers_socket_is_not_told_of_a_hidden_change(school: School,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    from asgiref.sync import sync_to_async
+
+    from memories.writes import hooks
+    from tests.dashboard.test_live import WAIT, open_socket, signed_in
+
+    # No embedding task: the suite's Celery worker would otherwise send an "embedded" change of the
+    # shown memory while the test listens for silence.
+    monkeypatch.setattr(hooks, "_send_embedding", lambda ids, message_ids: None)
+
+    _, headers = await signed_in(school.teacher)
+    communicator, connected = await open_socket(f"/ws/stacks/{school.stack.slug}/", headers)
+    assert connected
+    hidden = await sync_to_async(memory_create)(stack=school.stack, kind="note", source="api", payload={
+        "content": "Pizza fractions (hidden)", "access_grants": HIDDEN})
+    shown = await sync_to_async(memory_create)(stack=school.stack, kind="note", source="api", payload={
+        "content": "Pizza fractions (shown)", "access_grants": ["role:teacher"]})
+    # The first message the socket gets is the visible change's: the hidden one sent nothing at all.
+    message = await communicator.receive_json_from(timeout=WAIT)
+    assert [row["id"] for row in message["rows"]] == [str(shown.pk)]
+    assert str(hidden.pk) not in json.dumps(message)
+    assert await communicator.receive_nothing(timeout=0.3)
+    await communicator.disconnect()
+
+
+@override_settings(WEBHOOKS_ALLOW_LOOPBACK_HTTP=True)  # the endpoints below are never called
+def test_a_webhook_is_not_told_of_a_change_of_hidden_memories(
+        school: School, django_capture_on_commit_callbacks: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from memories import events
+
+    queued: list[Any] = []
+    monkeypatch.setattr(dispatch, "enqueue", lambda *args, **kwargs: queued.append(args))
+    plain, _ = endpoint_create(organization=school.org, url="http://127.0.0.1:9/a", event_types=["*"])
+    named, _ = endpoint_create(organization=school.org, url="http://127.0.0.1:9/b", event_types=["*"])
+    with django_capture_on_commit_callbacks(execute=True):
+        hidden = memory_create(stack=school.stack, kind="note", source="api", payload={
+            "content": "for one endpoint", "access_grants": [f"webhook:{named.public_id}"]})
+    assert events.wait_published()
+    # The endpoint the grants hide it from records no delivery; the one they name does.
+    assert not WebhookDelivery.objects.filter(endpoint=plain).exists()
+    assert list(WebhookDelivery.objects.filter(endpoint=named).values_list("data__memory_ids", flat=True)) == [
+        [str(hidden.pk)]]
+    with django_capture_on_commit_callbacks(execute=True):
+        memory_create(stack=school.stack, kind="note", source="api", payload={"content": "for everyone"})
+    assert events.wait_published()
+    assert WebhookDelivery.objects.filter(endpoint=plain).count() == 1
+
+    # The grants change before the pending delivery is sent: it is dropped, never sent, and the queue moves on.
+    Memory.objects.filter(pk=hidden.pk).update(access_grants=HIDDEN)
+    head = WebhookDelivery.objects.filter(endpoint=named).order_by("seq").first()
+    assert head is not None and dispatch.payload(head, named) is None
+    WebhookDelivery.objects.filter(endpoint=named).exclude(pk=head.pk).delete()  # only the hidden one is pending
+    assert dispatch.queue_run(named.pk, school.stack.pk) == 0
+    assert not WebhookDelivery.objects.filter(endpoint=named).exists()
+    named.refresh_from_db()
+    assert named.last_attempt_at is None  # no request was made

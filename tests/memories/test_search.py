@@ -355,7 +355,10 @@ def test_every_term_matches_survive_when_partial_matches_fill_the_rank_cap(
     assert set(ids(result.hits[:2])) == {str(m.pk) for m in complete}
     assert len(result.hits) >= 4
     assert set(ids(result.hits[2:])) <= {str(m.pk) for m in partials}
-    assert [h.keyword_rank for h in result.hits] == list(range(len(result.hits)))
+    # Every keyword rank is there; neighbouring-turn context (§7.5) may reorder the partial matches
+    # and add a partial match beyond the cap next to one it found.
+    ranks = sorted(h.keyword_rank for h in result.hits if h.keyword_rank is not None)
+    assert ranks == list(range(len(ranks)))
 
 
 def test_the_every_term_rescan_runs_only_when_a_query_term_is_rare_in_the_table(

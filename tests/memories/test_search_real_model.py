@@ -48,7 +48,7 @@ PARAPHRASES = [
 def minilm(settings: Any) -> Iterator[Any]:
     settings.EMBEDDING_PROVIDER = "minilm"
     embedder = get_embedder()
-    assert embedder.model_id == "all-MiniLM-L6-v2/384"
+    assert embedder.model_id == "all-MiniLM-L6-v2-int8/384"  # the default runtime: ONNX int8 (§10.1)
     deployment_model_switch(embedder.model_id)  # this test's deployment embeds with MiniLM (docs/algorithms.md §10.3)
     yield embedder
 
@@ -208,14 +208,15 @@ def test_queries_take_the_traced_single_text_path_and_fall_back_to_eager_when_tr
     from memories.search.embeddings import MiniLMEmbedder
 
     text = "how does this student learn fractions?"
-    (expected,) = minilm.embed([text, "a second text so the batched path runs"])[:1]
-    assert minilm._single is not None  # the loaded model traced its one-text encoder
+    torch_runtime = MiniLMEmbedder(runtime="torch")  # the trace is the torch runtime's query path
+    (expected,) = torch_runtime.embed([text, "a second text so the batched path runs"])[:1]
+    assert torch_runtime._single is not None  # the loaded model traced its one-text encoder
 
     def broken_trace(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("tracing unsupported here")
 
     monkeypatch.setattr(torch.jit, "trace", broken_trace)
-    eager_only = MiniLMEmbedder()
+    eager_only = MiniLMEmbedder(runtime="torch")
     (single,) = eager_only.embed([text])
     assert eager_only._single is None
     assert "single-text trace unavailable" in caplog.text

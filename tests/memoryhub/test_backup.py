@@ -28,13 +28,25 @@ TOPICS = ("fractions", "photosynthesis", "the French revolution", "volcanoes", "
 
 
 def seed() -> None:
-    """3 schools, 2 stacks each, 50,000 memories with vectors (set-based: the write kernel's own
-    paths are tested elsewhere; here the bytes matter)."""
+    """3 schools, 2 stacks each, 50,000 memories with vectors, set-based: one template row per stack
+    written by the ORM, copied by one INSERT … SELECT (the write kernel's own paths are tested
+    elsewhere; here the bytes matter)."""
     stacks = [make_stack(make_org(f"School {s}"), f"student-{s}-{n}") for s in range(3) for n in range(2)]
-    rows = [Memory(stack=stacks[i % len(stacks)], kind="note", record_id=f"r-{i}",
-                   text=f"Note {i} about {TOPICS[i % len(TOPICS)]} and practice {i % 97}",
-                   created_at=T0, server_updated_at=T0, size_bytes=40) for i in range(MEMORIES)]
+    Memory.objects.bulk_create([Memory(stack=stack, kind="note", record_id="template", text="template",
+                                       created_at=T0, server_updated_at=T0, size_bytes=40) for stack in stacks])
     with connection.cursor() as cursor:
+        cursor.execute("SELECT column_name FROM information_schema.columns WHERE table_name = 'memories_memory' "
+                       "AND is_generated = 'NEVER' AND column_name NOT IN ('id', 'record_id', 'text', 'stack_id', "
+                       "'change_seq')")
+        columns = ", ".join(f"t.{name}" for (name,) in cursor.fetchall())
+        cursor.execute(
+            f"INSERT INTO memories_memory (id, record_id, text, stack_id, {columns.replace('t.', '')}) "  # noqa: S608
+            f"SELECT gen_random_uuid(), 'r-' || g, 'Note ' || g || ' about ' || (%s::text[])[1 + g %% %s] "
+            f"|| ' and practice ' || (g %% 97), t.stack_id, {columns} "
+            "FROM generate_series(0, %s) g JOIN memories_memory t "
+            "ON t.record_id = 'template' AND t.stack_id = (%s::int[])[1 + g %% %s]",
+            [list(TOPICS), len(TOPICS), MEMORIES - 1, [stack.pk for stack in stacks], len(stacks)])
+        cursor.execute("DELETE FROM memories_memory WHERE record_id = 'template'")
         # Filling 50,000 vectors through the HNSW index row by row takes minutes; building it
         # afterwards takes seconds. The index is put back exactly as the migrations made it.
         cursor.execute("SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'memories_memory' "
@@ -42,16 +54,15 @@ def seed() -> None:
         vector_indexes = cursor.fetchall()
         for name, _ in vector_indexes:
             cursor.execute(f'DROP INDEX "{name}"')
-    Memory.objects.bulk_create(rows, batch_size=5_000)
-    with connection.cursor() as cursor:  # a deterministic 384-d vector per row
+        # A deterministic 384-d vector per row, computed in place.
         cursor.execute("""
             UPDATE memories_memory m
-               SET embedding = v.vec, embedding_model = 'hash-v1/384', embedded_version = m.version
-            FROM (SELECT id, (SELECT array_agg(sin(ord * (1 + (abs(hashtext(id::text)) % 1000))))
-                              FROM generate_series(1, 384) ord)::vector AS vec FROM memories_memory) v
-            WHERE v.id = m.id""")
+               SET embedding = (SELECT array_agg(sin(ord * (1 + (abs(hashtext(m.id::text)) % 1000))))
+                                  FROM generate_series(1, 384) ord)::vector,
+                   embedding_model = 'hash-v1/384', embedded_version = m.version""")
         for _, definition in vector_indexes:
             cursor.execute(definition)
+        cursor.execute("ANALYZE memories_memory")
 
 
 FINGERPRINT_SQL = {

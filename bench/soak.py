@@ -1,0 +1,687 @@
+"""Soak and saturation (issue 19): many agents at once against the whole service as `make run` runs it.
+
+    .venv/bin/python bench/soak.py                         # 100 agents for 10 minutes
+    .venv/bin/python bench/soak.py --minutes 2 --agents 50 # CI-sized
+    .venv/bin/python bench/soak.py --saturate              # closed loop until throughput stops rising
+
+One run starts the real runner (`python -m memoryhub.runner`: embedded Postgres and Redis, the web
+server, one worker, beat) in a throw-away data dir on free ports, makes a school with one stack and
+one stack-bound API key per agent, seeds every stack with 50 memories, then:
+
+* **unloaded baseline**: each operation on its own, one at a time (after a warm-up), p50/p95;
+* **soak**: every agent at an agent's pace, *open loop*: an operation every 1-2 s (uniform),
+  started on schedule whether or not its previous answer came, so a slow server meets the same
+  arrivals (latency is measured from the scheduled start). The mix, per operation:
+  search 30 %, load 15 %, native write (`POST …/memories`) 20 %, kernle push 20 %, kernle pull 15 %:
+  an agent reads its memory more often than it writes, and syncs in between. Push batches are
+  mostly small: 80 % of 1-5 operations, 17 % of 6-50, 3 % of 51-500 (kernle's own batch limit);
+* 20 open live student pages (websocket clients signed in as the school's admin on
+  `ws/stacks/<stack>/`, on the stacks being written), counting the change events they receive;
+* each agent has its own key and, through a trusted local proxy (`TRUSTED_PROXIES`), its own
+  address, as agents behind a load balancer would: per-key and per-address limits apply to each;
+* at the end: every acknowledged write is checked against the database (exactly once), the
+  embedding backlog is read at the middle and the end, and `/metrics` is scraped before and after.
+
+Reported: throughput and p50/p95/p99 per operation next to its unloaded p95, every non-2xx by
+status, the RSS of each process at the start, the middle and the end, and the issue's goals with
+PASS/FAIL: no response >= 500; nothing lost or duplicated; p95 of every operation <= 3x its unloaded
+p95; no process's RSS growing > 20 % over the second half.
+
+`--saturate` instead doubles closed-loop clients (each sends its next request when the last is
+answered) until 2xx/s rises by < 5 %, and prints the peak requests/s of the mix with the cores used
+by the web server, the worker, PostgreSQL and Redis (CPU seconds per second, from /proc of their
+processes and their children, through psutil), next to as many bare psycopg threads running each
+operation's core statement (INSERTs for writes and pushes, a SELECT each for pull, load and search).
+`--web-workers` / `--concurrency` size the service for an A/B of WEB_WORKERS and CELERY_CONCURRENCY.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections import Counter, defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+if str(BASE_DIR) not in sys.path:
+    sys.path.insert(0, str(BASE_DIR))
+
+import httpx  # noqa: E402
+import psutil  # noqa: E402
+
+from bench.harness import log, percentiles, print_table  # noqa: E402
+from memoryhub.embedded import free_port  # noqa: E402
+
+MIX = {"search": 30, "load": 15, "write": 20, "push": 20, "pull": 15}
+PUSH_SIZES = ((80, 1, 5), (17, 6, 50), (3, 51, 500))  # (weight %, smallest, largest) ops per push
+WORDS = (
+    "fractions", "decimals", "algebra", "geometry", "reading", "phonics", "essay", "grammar", "spelling",
+    "history", "biology", "chemistry", "physics", "homework", "quiz", "exam", "practice", "review", "lesson",
+    "teacher", "tutor", "struggled", "improved", "confident", "anxious", "curious", "focused", "remembered",
+    "forgot", "explained", "solved", "measured", "visual", "examples", "patience", "music", "chess", "drawing",
+    "library", "notebook", "diagram", "timeline",
+)
+SEED_MEMORIES = 50
+REQUEST_TIMEOUT = 60.0
+LIVE_PAGES = 20
+
+SETUP_SCRIPT = """
+import json
+from django.conf import settings
+from django.test import Client
+from accounts.models import Organization
+from accounts.services import api_key_issue, school_create
+from stacks.services import stack_create
+org, admin, _ = school_create(name="Soak School", admin_email="soak@example.org", slug="soak-school")
+Organization.objects.filter(pk=org.pk).update(tier="unlimited")
+org.refresh_from_db()
+agents = []
+for n in range(AGENT_COUNT):
+    stack = stack_create(organization=org, slug=f"agent-{n:03d}")
+    _, secret = api_key_issue(organization=org, user=admin, stack_id=stack.pk, name=f"soak agent {n}")
+    agents.append({"stack": stack.slug, "secret": secret})
+browser = Client()
+browser.force_login(admin)
+cookie = f"{settings.SESSION_COOKIE_NAME}={browser.cookies[settings.SESSION_COOKIE_NAME].value}"
+print("SOAK=" + json.dumps({"agents": agents, "cookie": cookie}))
+"""
+
+
+# --- the service ---------------------------------------------------------------------------------------------
+
+@dataclass
+class Service:
+    base_url: str
+    database_url: str
+    runner: subprocess.Popen[bytes]
+    env: dict[str, str]
+
+
+@contextmanager
+def running_service(workdir: Path, embedder: str, extra_env: dict[str, str]) -> Iterator[Service]:
+    """The real runner in `workdir`, on free ports; stopped (everything it started) on exit."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
+    env.update(MEMORYHUB_DATA_DIR=str(workdir / "var"), PORT=str(port), MEMORYHUB_PG_PORT=str(free_port()),
+               MEMORYHUB_REDIS_PORT=str(free_port()), MEMORYHUB_ANVIL_PORT=str(free_port()),
+               EMBEDDING_PROVIDER=embedder, TRUSTED_PROXIES="127.0.0.1/32", LOG_LEVEL="WARNING", **extra_env)
+    base_url = f"http://127.0.0.1:{port}"
+    log_path = workdir / "runner.log"
+    with open(log_path, "ab") as out:
+        runner = subprocess.Popen([sys.executable, "-m", "memoryhub.runner"], cwd=BASE_DIR, env=env, stdout=out,
+                                  stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            if runner.poll() is not None:
+                raise RuntimeError(f"the runner exited with {runner.returncode}:\n{log_path.read_text()[-3000:]}")
+            try:
+                if httpx.get(f"{base_url}/readyz", timeout=5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("the service was not ready in 300 s")
+            time.sleep(0.5)
+        database_url = json.loads((workdir / "var" / "runtime.json").read_text())["database_url"]
+        yield Service(base_url, database_url, runner, env)
+    finally:
+        os.killpg(runner.pid, signal.SIGINT)
+        try:
+            runner.wait(90)
+        except subprocess.TimeoutExpired:
+            os.killpg(runner.pid, signal.SIGKILL)
+            runner.wait(10)
+
+
+def make_school(service: Service, agents: int) -> dict[str, Any]:
+    script = SETUP_SCRIPT.replace("AGENT_COUNT", str(agents))
+    done = subprocess.run([sys.executable, "manage.py", "shell", "-c", script], cwd=BASE_DIR, env=service.env,
+                          capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        raise RuntimeError(done.stderr[-3000:])
+    [line] = [x for x in done.stdout.splitlines() if x.startswith("SOAK=")]
+    return dict(json.loads(line.removeprefix("SOAK=")))
+
+
+def service_processes(runner_pid: int) -> dict[str, list[psutil.Process]]:
+    """The runner's children by role, each with the processes it started (prefork children, backends)."""
+    roles: dict[str, list[psutil.Process]] = {}
+    for child in psutil.Process(runner_pid).children():
+        cmd = " ".join(child.cmdline())
+        if "uvicorn" in cmd:
+            role = "web"
+        elif "celery" in cmd and " worker " in cmd:
+            role = "worker"
+        elif "celery" in cmd and " beat " in cmd:
+            role = "beat"
+        elif cmd.split(" ", 1)[0].endswith("/postgres"):
+            role = "postgres"
+        elif "redis-server" in cmd:
+            role = "redis"
+        else:
+            continue
+        roles[role] = [child, *child.children(recursive=True)]
+    return roles
+
+
+def rss_snapshot(runner_pid: int) -> dict[str, float]:
+    """MB per long-lived process; PostgreSQL's backends (they come and go with the pools) as one sum."""
+    sizes: dict[str, float] = {}
+    for role, procs in service_processes(runner_pid).items():
+        for n, proc in enumerate(procs):
+            try:
+                rss = proc.memory_info().rss / 2**20
+            except psutil.Error:
+                continue
+            if role == "postgres" and n > 0:
+                sizes["postgres backends (sum)"] = sizes.get("postgres backends (sum)", 0.0) + rss
+            else:
+                sizes[role if n == 0 else f"{role} child {n}"] = rss
+    return sizes
+
+
+def cpu_seconds(runner_pid: int) -> dict[str, float]:
+    """user+system CPU seconds so far per role, children included (from /proc through psutil)."""
+    spent: dict[str, float] = {}
+    for role, procs in service_processes(runner_pid).items():
+        total = 0.0
+        for proc in procs:
+            try:
+                times = proc.cpu_times()
+            except psutil.Error:
+                continue
+            total += times.user + times.system
+        spent[role] = total
+    return spent
+
+
+def scrape_metrics(base_url: str) -> dict[str, float]:
+    """Totals of a few counters from /metrics (loopback needs no token)."""
+    text = httpx.get(f"{base_url}/metrics", timeout=30).text
+    totals: dict[str, float] = defaultdict(float)
+    for line in text.splitlines():
+        match = re.match(r"^(memoryhub_[a-z_]+?)(?:_total)?(?:\{[^}]*\})? ([0-9.e+-]+)$", line)
+        if match and not line.startswith(("memoryhub_http_request_duration", "memoryhub_search_duration",
+                                          "memoryhub_job_duration")):
+            totals[match.group(1)] += float(match.group(2))
+    return dict(totals)
+
+
+def backlog(database_url: str) -> int:
+    import psycopg
+
+    with psycopg.connect(database_url) as conn:
+        row = conn.execute("SELECT count(*) FROM memories_memory WHERE embedded_version IS NULL "
+                           "AND deleted_at IS NULL").fetchone()
+    return int(row[0]) if row else 0
+
+
+# --- the agents ----------------------------------------------------------------------------------------------
+
+@dataclass
+class Agent:
+    index: int
+    stack: str
+    secret: str
+    since: str | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # Its own address behind the trusted proxy: 10.<high>.<low>.1 (per-address limits are per agent).
+        self.headers = {"Authorization": f"Bearer {self.secret}",
+                        "X-Forwarded-For": f"10.{self.index // 250}.{self.index % 250}.1"}
+
+
+@dataclass
+class Sample:
+    op: str
+    started: float  # scheduled start (open loop) or send time (closed loop)
+    ms: float
+    status: int  # 0: no answer (timeout / connection error)
+    error: str = ""
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.samples: list[Sample] = []
+        self.acknowledged: list[str] = []  # record ids of writes the service acknowledged
+
+    def by_op(self, since: float = 0.0) -> dict[str, list[Sample]]:
+        grouped: dict[str, list[Sample]] = defaultdict(list)
+        for sample in self.samples:
+            if sample.started >= since:
+                grouped[sample.op].append(sample)
+        return grouped
+
+
+def push_size(rng: random.Random) -> int:
+    _, low, high = rng.choices(PUSH_SIZES, [w for w, _, _ in PUSH_SIZES])[0]
+    return rng.randint(low, high)
+
+
+def sentence(rng: random.Random) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(rng.randint(6, 18)))
+
+
+def kernle_ops(rng: random.Random, stack: str, count: int) -> list[dict[str, Any]]:
+    stamp = datetime.now(UTC).isoformat()
+    ops = []
+    for _ in range(count):
+        rid = str(uuid.uuid4())
+        ops.append({"operation": "update", "table": "notes", "record_id": rid, "local_updated_at": stamp,
+                    "version": 1, "data": {"id": rid, "stack_id": stack, "content": sentence(rng),
+                                           "note_type": "note", "tags": [rng.choice(WORDS)], "created_at": stamp,
+                                           "local_updated_at": stamp, "version": 1, "deleted": False}})
+    return ops
+
+
+async def operate(http: httpx.AsyncClient, agent: Agent, op: str, rng: random.Random, recorder: Recorder,
+                  scheduled: float, *, push_ops: int | None = None) -> None:
+    """One operation of `agent`; its latency is counted from `scheduled`."""
+    acked: list[str] = []
+    base = f"/api/v1/stacks/{agent.stack}"
+    try:
+        if op == "push":
+            ops = kernle_ops(rng, agent.stack, push_ops or push_size(rng))
+            response = await http.post("/sync/push", json={"stack_id": agent.stack, "operations": ops},
+                                       headers=agent.headers)
+            if response.status_code == 200 and not response.json().get("conflicts"):
+                acked = [o["record_id"] for o in ops]
+        elif op == "pull":
+            response = await http.post("/sync/pull", json={"stack_id": agent.stack, "since": agent.since},
+                                       headers=agent.headers)
+            if response.status_code == 200:
+                agent.since = response.json().get("server_time", agent.since)
+        elif op == "search":
+            response = await http.post(f"{base}/search", json={"query": " ".join(rng.sample(WORDS, 2)), "limit": 10},
+                                       headers=agent.headers)
+        elif op == "load":
+            response = await http.get(f"{base}/load", headers=agent.headers)
+        else:
+            response = await http.post(f"{base}/memories", json={"kind": "note", "content": sentence(rng)},
+                                       headers=agent.headers)
+            if response.status_code == 201:
+                acked = [str(response.json()["id"])]
+        status, error = response.status_code, ("" if response.status_code < 400 else response.text[:160])
+    except httpx.HTTPError as exc:
+        status, error = 0, type(exc).__name__
+    recorder.samples.append(Sample(op, scheduled, (time.monotonic() - scheduled) * 1000, status, error))
+    recorder.acknowledged.extend(acked)
+
+
+def pick_op(rng: random.Random) -> str:
+    return rng.choices(list(MIX), list(MIX.values()))[0]
+
+
+def async_client(base_url: str, connections: int) -> httpx.AsyncClient:
+    return httpx.AsyncClient(base_url=base_url, timeout=REQUEST_TIMEOUT,
+                             limits=httpx.Limits(max_connections=connections, max_keepalive_connections=connections))
+
+
+async def seed_and_baseline(base_url: str, agents: list[Agent], samples: int) -> tuple[Recorder, Recorder]:
+    """Seed every stack, warm up, then each operation alone, one at a time: the unloaded baseline."""
+    rng = random.Random(7)
+    seeding, baseline = Recorder(), Recorder()
+    async with async_client(base_url, 16) as http:
+        gate = asyncio.Semaphore(8)
+
+        async def seed(agent: Agent) -> None:
+            async with gate:
+                await operate(http, agent, "push", rng, seeding, time.monotonic(), push_ops=SEED_MEMORIES)
+
+        await asyncio.gather(*(seed(a) for a in agents))
+        for op in MIX:  # warm-up: the first calls import and connect
+            for agent in agents[:3]:
+                await operate(http, agent, op, rng, Recorder(), time.monotonic())
+        for n in range(samples):
+            for k, op in enumerate(MIX):
+                agent = agents[(n * len(MIX) + k) % len(agents)]
+                await operate(http, agent, op, rng, baseline, time.monotonic())
+    return seeding, baseline
+
+
+class LivePage:
+    """A student page's websocket: signed in as the school's admin, counting the change events it gets."""
+
+    def __init__(self, url: str, origin: str, cookie: str) -> None:
+        self.url, self.origin, self.cookie = url, origin, cookie
+        self.events = 0
+        self.closed_early = ""
+
+    async def run(self, stop: asyncio.Event) -> None:
+        from websockets.asyncio.client import connect
+        from websockets.typing import Origin
+
+        try:
+            async with connect(self.url, origin=Origin(self.origin), additional_headers={"Cookie": self.cookie},
+                               open_timeout=30) as socket:
+                while not stop.is_set():
+                    try:
+                        await asyncio.wait_for(socket.recv(), timeout=0.5)
+                    except TimeoutError:
+                        continue
+                    self.events += 1
+        except Exception as exc:  # reported, not raised: one page's failure is a figure of the run
+            self.closed_early = f"{type(exc).__name__}: {exc}"[:160]
+
+
+async def soak(service: Service, agents: list[Agent], cookie: str, seconds: float,
+               on_half: Any) -> tuple[Recorder, list[LivePage], float]:
+    """Every agent open loop for `seconds`; `on_half()` runs once half-way (RSS, backlog)."""
+    recorder = Recorder()
+    stop = asyncio.Event()
+    ws_base = service.base_url.replace("http://", "ws://")
+    pages = [LivePage(f"{ws_base}/ws/stacks/{agents[n % len(agents)].stack}/", service.base_url, cookie)
+             for n in range(LIVE_PAGES)]
+    page_tasks = [asyncio.create_task(page.run(stop)) for page in pages]
+    in_flight: set[asyncio.Task[None]] = set()
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    deadline = started + seconds
+
+    async with async_client(service.base_url, 4 * len(agents)) as http:
+        async def agent_loop(agent: Agent) -> None:
+            rng = random.Random(agent.index)
+            at = started + rng.uniform(0, 2)  # spread the first arrivals
+            while at < deadline:
+                await asyncio.sleep(max(0.0, at - loop.time()))
+                # Open loop: start the operation and schedule the next one, whatever this one takes.
+                scheduled = time.monotonic() - (loop.time() - at)
+                task = asyncio.create_task(operate(http, agent, pick_op(rng), rng, recorder, scheduled))
+                in_flight.add(task)
+                task.add_done_callback(in_flight.discard)
+                at += rng.uniform(1.0, 2.0)
+
+        async def half_way() -> None:
+            await asyncio.sleep(seconds / 2)
+            await asyncio.to_thread(on_half)
+
+        await asyncio.gather(*(agent_loop(a) for a in agents), half_way())
+        if in_flight:
+            await asyncio.wait(in_flight, timeout=REQUEST_TIMEOUT + 5)
+    elapsed = loop.time() - started
+    await asyncio.sleep(1)  # the last writes' events reach the pages
+    stop.set()
+    await asyncio.gather(*page_tasks)
+    return recorder, pages, elapsed
+
+
+def stored_counts(database_url: str, record_ids: list[str]) -> Counter[str]:
+    import psycopg
+
+    counts: Counter[str] = Counter()
+    with psycopg.connect(database_url) as conn:
+        for start in range(0, len(record_ids), 10_000):
+            chunk = record_ids[start:start + 10_000]
+            counts.update(rid for (rid,) in conn.execute(
+                "SELECT record_id FROM memories_memory WHERE record_id = ANY(%s)", [chunk]))
+    return counts
+
+
+def report_soak(args: argparse.Namespace, recorder: Recorder, baseline: Recorder, pages: list[LivePage],
+                elapsed: float, rss: dict[str, dict[str, float]], backlogs: dict[str, int],
+                metrics: dict[str, dict[str, float]], stored: Counter[str]) -> bool:
+    loaded, quiet = recorder.by_op(), baseline.by_op()
+    rows, goals = [], []
+    for op in MIX:
+        samples = loaded.get(op, [])
+        ok = [s.ms for s in samples if 200 <= s.status < 300]
+        figures, unloaded = percentiles(ok), percentiles([s.ms for s in quiet.get(op, []) if 200 <= s.status < 300])
+        rows.append({"operation": op, "requests": len(samples), "per s": len(samples) / elapsed,
+                     "2xx": len(ok), "p50 ms": figures["p50"], "p95 ms": figures["p95"], "p99 ms": figures["p99"],
+                     "unloaded p50": unloaded["p50"], "unloaded p95": unloaded["p95"],
+                     "p95 / unloaded": figures["p95"] / unloaded["p95"] if unloaded["n"] else float("nan")})
+        goals.append((f"{op}: p95 {figures['p95']:.0f} ms <= 3x unloaded p95 {unloaded['p95']:.0f} ms",
+                      figures["p95"] <= 3 * unloaded["p95"]))
+    total = len(recorder.samples)
+    print_table(f"soak: {args.agents} agents, {elapsed:.0f} s, open loop (an operation every 1-2 s each); "
+                f"{total:,} requests = {total / elapsed:.1f}/s", rows)
+    statuses = Counter(s.status for s in recorder.samples if not 200 <= s.status < 300)
+    print("\nnon-2xx by status (0 = no answer): "
+          + (", ".join(f"{status}: {n}" for status, n in sorted(statuses.items())) or "none"))
+    for status in sorted(statuses):
+        example = next(s for s in recorder.samples if s.status == status)
+        print(f"  e.g. {status} on {example.op}: {example.error}")
+    print_table("RSS per process (MB)", [{"process": name, "start": rss["start"].get(name, float("nan")),
+                                          "middle": rss["middle"].get(name, float("nan")),
+                                          "end": rss["end"].get(name, float("nan"))} for name in rss["end"]])
+    print(f"\nembedding backlog: start {backlogs['start']:,}, middle {backlogs['middle']:,}, end {backlogs['end']:,}")
+    print(f"live pages: {sum(p.events for p in pages):,} change events received by {len(pages)} pages; "
+          f"closed early: {sum(bool(p.closed_early) for p in pages)} "
+          f"{next((p.closed_early for p in pages if p.closed_early), '')}")
+    moved = {name: metrics["end"].get(name, 0.0) - metrics["start"].get(name, 0.0) for name in sorted(metrics["end"])}
+    print("/metrics counters moved during the soak: "
+          + ", ".join(f"{name.removeprefix('memoryhub_')} +{value:,.0f}" for name, value in moved.items() if value))
+
+    acknowledged = recorder.acknowledged
+    lost = sum(1 for rid in acknowledged if stored[rid] == 0)
+    duplicated = sum(1 for rid in acknowledged if stored[rid] > 1) + (len(acknowledged) - len(set(acknowledged)))
+    server_errors = sum(1 for s in recorder.samples if s.status >= 500)
+    grown = {name: rss["end"][name] / rss["middle"][name] - 1 for name in rss["end"]
+             if name in rss["middle"] and not name.startswith("postgres backends") and rss["middle"][name] > 0}
+    worst = max(grown.items(), key=lambda item: item[1]) if grown else ("-", 0.0)
+    goals = [(f"responses >= 500: {server_errors}", server_errors == 0),
+             (f"acknowledged writes {len(acknowledged):,}: lost {lost}, duplicated {duplicated}",
+              lost == 0 and duplicated == 0),
+             *goals,
+             (f"RSS growth over the second half: worst {worst[0]} {worst[1]:+.1%}", worst[1] <= 0.20),
+             (f"embedding backlog not growing over the second half ({backlogs['middle']:,} -> {backlogs['end']:,})",
+              backlogs["end"] <= max(backlogs["middle"], 100))]
+    print("\nGoals (issue 19):")
+    for text, passed in goals:
+        print(f"  {'PASS' if passed else 'FAIL'}  {text}")
+    return all(passed for _, passed in goals)
+
+
+def run_soak(args: argparse.Namespace) -> int:
+    workdir = Path(tempfile.mkdtemp(prefix="memoryhub-soak-"))
+    log(f"starting the service (runner) in {workdir}; embedder {args.embedder}")
+    extra = {"WEB_WORKERS": str(args.web_workers)} if args.web_workers else {}
+    if args.concurrency:
+        extra["CELERY_CONCURRENCY"] = str(args.concurrency)
+    try:
+        with running_service(workdir, args.embedder, extra) as service:
+            school = make_school(service, args.agents)
+            agents = [Agent(n, a["stack"], a["secret"]) for n, a in enumerate(school["agents"])]
+            log(f"seeding {args.agents} stacks with {SEED_MEMORIES} memories each, then the unloaded baseline")
+            seeding, baseline = asyncio.run(seed_and_baseline(service.base_url, agents, args.baseline_samples))
+            rss = {"start": rss_snapshot(service.runner.pid)}
+            backlogs = {"start": backlog(service.database_url)}
+            metrics = {"start": scrape_metrics(service.base_url)}
+
+            def half() -> None:
+                rss["middle"] = rss_snapshot(service.runner.pid)
+                backlogs["middle"] = backlog(service.database_url)
+
+            log(f"soak: {args.agents} agents for {args.minutes:g} min")
+            recorder, pages, elapsed = asyncio.run(soak(service, agents, school["cookie"], args.minutes * 60, half))
+            rss["end"] = rss_snapshot(service.runner.pid)
+            backlogs["end"] = backlog(service.database_url)
+            metrics["end"] = scrape_metrics(service.base_url)
+            stored = stored_counts(service.database_url, recorder.acknowledged + seeding.acknowledged)
+            recorder_ok = report_soak(args, recorder, baseline, pages, elapsed, rss, backlogs, metrics, stored)
+            lost_seed = sum(1 for rid in seeding.acknowledged if stored[rid] != 1)
+            print(f"seed writes: {len(seeding.acknowledged):,} acknowledged, {lost_seed} not stored exactly once")
+            return 0 if recorder_ok and lost_seed == 0 else 1
+    finally:
+        import shutil
+
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+# --- saturation ----------------------------------------------------------------------------------------------
+
+async def closed_loop(base_url: str, agents: list[Agent], clients: int, seconds: float) -> tuple[Recorder, float]:
+    """`clients` clients, each sending its next operation when the last is answered. Each request is
+    made as the next agent in turn (client n: agents n, n + clients, …), so the load is spread over
+    every agent's own limits like real traffic, instead of one agent far over its 60 pushes/min."""
+    recorder = Recorder()
+    async with async_client(base_url, clients * 2) as http:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+
+        async def client(n: int) -> None:
+            rng = random.Random(n * 7919 + clients)
+            turn = n
+            while loop.time() - started < seconds:
+                await operate(http, agents[turn % len(agents)], pick_op(rng), rng, recorder, time.monotonic())
+                turn += clients
+
+        await asyncio.gather(*(client(n) for n in range(clients)))
+        return recorder, loop.time() - started
+
+
+def bare_psycopg(database_url: str, stack_ids: list[int], clients: int, seconds: float) -> dict[str, Any]:
+    """The core statement of each operation of the mix, closed loop from `clients` threads: a native
+    write is one INSERT, a push an INSERT of its batch in one transaction, a pull the stack's changes
+    of the last seconds, a load the stack's 200 strongest memories, a search a full-text match (the
+    vector half left out). What the service adds on top (auth, limits, parsing, the write kernel's
+    bookkeeping, JSON) is the difference to the HTTP figure."""
+    import threading
+
+    import psycopg
+
+    columns = ("id, stack_id, kind, record_id, text, data, extra, tags, confidence, source_type, source_entity, "
+               "derived_from, source_episodes, emotional_valence, emotional_arousal, emotional_tags, subject_ids, "
+               "access_grants, consent_grants, strength, times_accessed, is_protected, version, client_version, "
+               "created_at, server_updated_at, client_updated_at, size_bytes, stability, difficulty, "
+               "forgotten_reason, embedding_model")
+    insert = (f"INSERT INTO memories_memory ({columns}) VALUES (%s, %s, 'note', %s, %s, %s, '{{}}', %s, 0.8, '', '', "
+              "'{}', '{}', 0, 0, '{}', '{}', '{}', '{}', 1.0, 0, false, 1, 1, now(), now(), now(), %s, 1.0, 5.0, "
+              "'', '')")
+    reads = {
+        "pull": "SELECT id, kind, record_id, text, data, version, server_updated_at FROM memories_memory "
+                "WHERE stack_id = %s AND server_updated_at > now() - interval '5 seconds' ORDER BY server_updated_at",
+        "load": "SELECT id, kind, text, data, strength FROM memories_memory WHERE stack_id = %s "
+                "AND deleted_at IS NULL ORDER BY strength DESC, created_at DESC LIMIT 200",
+        "search": "SELECT id, text FROM memories_memory WHERE stack_id = %s AND deleted_at IS NULL "
+                  "AND search_vector @@ plainto_tsquery('english', %s) LIMIT 10",
+    }
+    counts: Counter[str] = Counter()
+    deadline = time.monotonic() + seconds
+
+    def client(n: int) -> None:
+        rng = random.Random(n)
+        stack = stack_ids[n % len(stack_ids)]
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            while time.monotonic() < deadline:
+                op = pick_op(rng)
+                if op in ("write", "push"):
+                    texts = [sentence(rng) for _ in range(1 if op == "write" else push_size(rng))]
+                    with conn.transaction(), conn.cursor() as cursor:
+                        cursor.executemany(insert, [(uuid.uuid4(), stack, f"bare-{uuid.uuid4()}", text,
+                                                     json.dumps({"content": text}), [rng.choice(WORDS)], len(text))
+                                                    for text in texts])
+                elif op == "search":
+                    conn.execute(reads["search"], (stack, " ".join(rng.sample(WORDS, 2)))).fetchall()
+                else:
+                    conn.execute(reads[op], (stack,)).fetchall()
+                counts[op] += 1
+
+    threads = [threading.Thread(target=client, args=(n,), daemon=True) for n in range(clients)]
+    started = time.monotonic()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(seconds + 60)
+    elapsed = time.monotonic() - started
+    return {"per s": sum(counts.values()) / elapsed, "counts": dict(counts)}
+
+
+def run_saturate(args: argparse.Namespace) -> int:
+    import psycopg
+
+    workdir = Path(tempfile.mkdtemp(prefix="memoryhub-saturate-"))
+    extra = {"WEB_WORKERS": str(args.web_workers)} if args.web_workers else {}
+    if args.concurrency:
+        extra["CELERY_CONCURRENCY"] = str(args.concurrency)
+    log(f"starting the service (runner) in {workdir}; embedder {args.embedder}; {extra or 'default sizing'}")
+    try:
+        with running_service(workdir, args.embedder, extra) as service:
+            school = make_school(service, args.agents)
+            agents = [Agent(n, a["stack"], a["secret"]) for n, a in enumerate(school["agents"])]
+            asyncio.run(seed_and_baseline(service.base_url, agents, 1))
+            rows, best, peak = [], 0.0, None
+            clients = 2
+            while clients <= args.agents:
+                cpu_before, own_before = cpu_seconds(service.runner.pid), psutil.Process().cpu_times()
+                recorder, elapsed = asyncio.run(closed_loop(service.base_url, agents, clients, args.step_seconds))
+                cpu_after, own_after = cpu_seconds(service.runner.pid), psutil.Process().cpu_times()
+                ok = [s for s in recorder.samples if 200 <= s.status < 300]
+                rate = len(ok) / elapsed
+                used = {role: (cpu_after.get(role, 0.0) - cpu_before.get(role, 0.0)) / elapsed for role in cpu_after}
+                own = (own_after.user + own_after.system - own_before.user - own_before.system) / elapsed
+                latency = percentiles([s.ms for s in ok])
+                failed = Counter(s.status for s in recorder.samples if not 200 <= s.status < 300)
+                row = {"clients": clients, "2xx per s": rate,
+                       "non-2xx": ", ".join(f"{n}x {status}" for status, n in sorted(failed.items())) or "0",
+                       "p50 ms": latency["p50"], "p95 ms": latency["p95"],
+                       "web cores": used.get("web", 0.0), "worker cores": used.get("worker", 0.0),
+                       "postgres cores": used.get("postgres", 0.0), "redis cores": used.get("redis", 0.0),
+                       "load client cores": own}
+                rows.append(row)
+                log(f"{clients} clients: {rate:.1f} req/s (2xx)")
+                for status in sorted(failed):
+                    example = next(s for s in recorder.samples if s.status == status)
+                    log(f"  e.g. {status} on {example.op}: {example.error}")
+                rising = rate > best * 1.05
+                if peak is None or rate > peak["2xx per s"]:
+                    peak = row
+                best = max(best, rate)
+                if not rising:
+                    break
+                clients *= 2
+            print_table(f"saturation: closed-loop clients doubled until 2xx/s rose < 5 % (mix {MIX}; "
+                        f"{args.step_seconds:g} s per step; cores = CPU seconds per second)", rows)
+            assert peak is not None
+            with psycopg.connect(service.database_url) as conn:
+                stack_ids = [pk for (pk,) in conn.execute(
+                    "SELECT id FROM stacks_stack WHERE slug LIKE 'agent-%%' ORDER BY slug")]
+            bare = bare_psycopg(service.database_url, stack_ids, int(peak["clients"]), args.step_seconds)
+            cores = {k: peak[k] for k in ("web cores", "worker cores", "postgres cores")}
+            print(f"\npeak: {peak['2xx per s']:.1f} requests/s with {peak['clients']} clients "
+                  f"(issue 19 goal: >= 246, 10x the 24.6 measured before; "
+                  f"{'PASS' if peak['2xx per s'] >= 246 else 'FAIL'}); CPU split at the peak: "
+                  + ", ".join(f"{k} {v:.2f}" for k, v in cores.items()))
+            print(f"bare psycopg, the mix's core statements, {peak['clients']} threads: {bare['per s']:.1f} ops/s "
+                  f"({bare['counts']}); the service reaches {peak['2xx per s'] / bare['per s']:.2f}x of it")
+            return 0
+    finally:
+        import shutil
+
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--agents", type=int, default=100, help="agents, each with its own stack and key")
+    parser.add_argument("--minutes", type=float, default=10.0, help="length of the soak")
+    parser.add_argument("--baseline-samples", type=int, default=20, help="unloaded samples per operation")
+    parser.add_argument("--embedder", default=os.environ.get("EMBEDDING_PROVIDER", "minilm"),
+                        choices=["minilm", "hash"], help="EMBEDDING_PROVIDER of the service (default: the shipped one)")
+    parser.add_argument("--web-workers", type=int, default=0, help="WEB_WORKERS (default: the runner's own)")
+    parser.add_argument("--concurrency", type=int, default=0, help="CELERY_CONCURRENCY (default: the runner's own)")
+    parser.add_argument("--saturate", action="store_true", help="closed loop, clients added until the peak")
+    parser.add_argument("--step-seconds", type=float, default=20.0, help="--saturate: seconds per step")
+    args = parser.parse_args()
+    return run_saturate(args) if args.saturate else run_soak(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
