@@ -62,7 +62,6 @@ def seed() -> None:
                    embedding_model = 'hash-v1/384', embedded_version = m.version""")
         for _, definition in vector_indexes:
             cursor.execute(definition)
-        cursor.execute("ANALYZE memories_memory")
 
 
 FINGERPRINT_SQL = {
