@@ -162,16 +162,7 @@ def _remember(principal: Principal, args: Payload) -> Payload:
                             force_create=data["force_create"],
                             supersedes=None if supersedes is None else str(supersedes),
                             thresholds=data.get("thresholds"), audience=audience)
-    memory = decision.memory
-    return {
-        "decision": decision.decision,
-        "memory": {"id": str(memory.pk), "record_id": memory.record_id, "kind": memory.kind, "text": memory.text,
-                   "version": memory.version, "redaction_report": memory.redaction_report},
-        "similarity": None if decision.similarity is None else round(decision.similarity, 6),
-        "target_id": decision.target_id,
-        "reason": decision.reason,
-        "contradiction": decision.contradiction,
-    }
+    return decision.as_json()
 
 
 def _get(principal: Principal, args: Payload) -> Payload:

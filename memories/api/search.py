@@ -249,24 +249,8 @@ class SmartIngestView(APIView):
                                 supersedes=None if supersedes is None else str(supersedes),
                                 thresholds=data.get("thresholds"),
                                 audience=audience_for(principal, stack_id=target.pk))
-        memory = decision.memory
-        created = decision.decision in ("create", "supersede")
-        response = Response(
-            {
-                "decision": decision.decision,
-                "memory": {"id": str(memory.pk), "record_id": memory.record_id, "kind": memory.kind,
-                           "text": memory.text, "version": memory.version},
-                "similarity": None if decision.similarity is None else round(decision.similarity, 6),
-                "measure": decision.measure,
-                "prediction_error": decision.prediction_error,
-                "target_id": decision.target_id,
-                "reason": decision.reason,
-                "forced": decision.forced,
-                "contradiction": decision.contradiction,
-                "considered": decision.considered,
-            },
-            status=status.HTTP_201_CREATED if created else status.HTTP_200_OK,
-        )
+        response = Response(decision.as_json(),
+                            status=status.HTTP_201_CREATED if decision.created else status.HTTP_200_OK)
         if data["deprecated_shape"]:  # `{"kind", "data": {…}}`: still served, flagged for the client to move on
             response["Deprecation"] = "true"
         return response

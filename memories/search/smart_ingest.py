@@ -113,6 +113,28 @@ class IngestDecision:
     contradiction: bool = False
     considered: list[dict[str, Any]] = field(default_factory=list)
 
+    @property
+    def created(self) -> bool:
+        """Did the decision store a new memory (a REST answer's 201) rather than change one (200)?"""
+        return self.decision in ("create", "supersede")
+
+    def as_json(self) -> dict[str, Any]:
+        """The decision's wire form, one for the REST route and the MCP `remember` tool."""
+        memory = self.memory
+        return {
+            "decision": self.decision,
+            "memory": {"id": str(memory.pk), "record_id": memory.record_id, "kind": memory.kind,
+                       "text": memory.text, "version": memory.version, "redaction_report": memory.redaction_report},
+            "similarity": None if self.similarity is None else round(self.similarity, 6),
+            "measure": self.measure,
+            "prediction_error": self.prediction_error,
+            "target_id": self.target_id,
+            "reason": self.reason,
+            "forced": self.forced,
+            "contradiction": self.contradiction,
+            "considered": self.considered,
+        }
+
 
 # Word-boundary versions of the §6.2 markers ("badge", "prefixed" and "cannot " must not fire).
 _NEGATIONS = [r"don'?t", r"never", r"avoid", r"wrong", r"bad", r"incorrect", r"deprecated", r"outdated",
