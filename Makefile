@@ -49,11 +49,13 @@ $(NODE_STAMP): package.json package-lock.json
 	@touch $(NODE_STAMP)
 	@echo "[memoryhub] front-end packages ready"
 
-# The development chain's USDC-like token (contracts/TestUSDC.sol), compiled from source with solc-js
-# (npm `solc`); the artifact is its own stamp and is rebuilt when the source or the compiler changes.
-CONTRACTS := build/contracts/TestUSDC.json
+# The development chain's USDC-like token (contracts/TestUSDC.sol) and the tests' EIP-1271 contract
+# wallet (contracts/OwnerWallet.sol), compiled from source with solc-js (npm `solc`) in one run; the
+# artifacts are their own stamps (a grouped target: one compile makes both) and are rebuilt when a
+# source or the compiler changes.
+CONTRACTS := build/contracts/TestUSDC.json build/contracts/OwnerWallet.json
 
-$(CONTRACTS): contracts/TestUSDC.sol contracts/compile.mjs $(NODE_STAMP)
+$(CONTRACTS) &: contracts/TestUSDC.sol contracts/OwnerWallet.sol contracts/compile.mjs $(NODE_STAMP)
 	@node contracts/compile.mjs build/contracts
 
 # all-MiniLM-L6-v2 exported to ONNX (fp32, and int8 for the default runtime) from the weights in

@@ -11,7 +11,9 @@ BillingUnavailable (fail closed); the node does not answer → 503 ChainUnavaila
 Agents pay over HTTP 402 with the x402 "exact" scheme (EIP-3009 `transferWithAuthorization`,
 signed by the agent's wallet with PyPI `x402`'s own client). We settle it ourselves, no
 facilitator: every check below runs before our relayer account submits the authorization, and
-the resulting transaction is then inspected like any other transfer.
+the resulting transaction is then inspected like any other transfer. The relayer account signs
+with consecutive nonces, so every web process takes its turn under one PostgreSQL advisory lock
+keyed on the relayer's address, held from reading the nonce to sending (`_relayer_turn`).
 
 No log line here carries an RPC URL (it may embed a provider's API key) or a key.
 """
@@ -21,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -31,6 +32,7 @@ from functools import lru_cache, partial
 from typing import Any, Literal, TypeVar
 
 from django.conf import settings
+from django.db import OperationalError, connection, transaction
 from eth_account import Account
 from eth_account.messages import encode_typed_data
 from eth_typing import ChecksumAddress
@@ -147,7 +149,14 @@ def chain_config() -> ChainConfig:
 _clients: dict[tuple[str, int], Web3] = {}
 _node_chain_ids: dict[str, int] = {}
 _token_domains: dict[tuple[str, str], tuple[str, str]] = {}
-_relayer_lock = threading.Lock()
+
+# The x402 relayer's turn: a PostgreSQL advisory lock (namespace, hashtext(lowercase relayer
+# address)), shared by every web process and thread on the database ("MH", issue 17; other
+# namespaces: memories/events.py, memories/lifecycle/jobs.py). A settlement waits this long for
+# its turn, then answers 503 chain_unavailable with Retry-After rather than hold the request.
+RELAYER_LOCK_NAMESPACE = 0x4D480011
+RELAYER_LOCK_WAIT_SECONDS = 30
+_LOCK_NOT_AVAILABLE = "55P03"  # SQLSTATE of a lock wait that ran into lock_timeout
 
 
 def _web3(config: ChainConfig) -> Web3:
@@ -594,8 +603,8 @@ def settle_transfer_with_authorization(authorization: dict[str, Any], signature:
         auth.sender, auth.recipient, auth.value, auth.valid_after, auth.valid_before, auth.nonce,
         raw_signature[64] if raw_signature[64] >= 27 else raw_signature[64] + 27,
         raw_signature[:32], raw_signature[32:64])
-    # One relayer account signs with consecutive nonces: one settlement at a time per process.
-    with _relayer_lock:
+    # One relayer account signs with consecutive nonces: one settlement at a time across processes.
+    with _relayer_turn(relayer.address):
         try:
             tx = _call(lambda: call.build_transaction({
                 "from": relayer.address, "chainId": config.chain_id,
@@ -605,7 +614,38 @@ def settle_transfer_with_authorization(authorization: dict[str, Any], signature:
         signed = relayer.sign_transaction(tx)
         sent = _call(lambda: w3.eth.send_raw_transaction(signed.raw_transaction))
     tx_hash = HexBytes(sent).to_0x_hex()
-    # Submitted: wait briefly for its block; if it takes longer, inspect_transfer says "pending".
+    # Submitted (and the relayer's turn over): wait briefly for its block; if it takes longer,
+    # inspect_transfer says "pending".
     with contextlib.suppress(TimeExhausted, Web3RPCError, OSError):
         w3.eth.wait_for_transaction_receipt(sent, timeout=SETTLEMENT_RECEIPT_TIMEOUT_SECONDS, poll_latency=0.2)
     return tx_hash
+
+
+@contextmanager
+def _relayer_turn(relayer_address: str) -> Iterator[None]:
+    """Hold the relayer's advisory lock for the block: from reading its pending nonce to handing
+    the signed transaction to the node, no other settlement (in this or any other process) signs
+    with that account, so two never take the same nonce. A transaction-level lock: it is released
+    when the block's transaction ends, even if the process dies mid-way (the database drops the
+    session's locks). Called outside a transaction (a web request in autocommit), the block is its
+    own short transaction; inside one, the lock lasts until that one ends.
+
+    The wait is bounded by a local lock_timeout: a turn that does not come within
+    RELAYER_LOCK_WAIT_SECONDS is ChainUnavailable (503, retry), never a hung request."""
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SELECT current_setting('lock_timeout')")
+        row = cursor.fetchone()
+        previous = str(row[0]) if row else "0"
+        cursor.execute("SELECT set_config('lock_timeout', %s, true)", [f"{RELAYER_LOCK_WAIT_SECONDS * 1000}ms"])
+        try:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))",
+                           [RELAYER_LOCK_NAMESPACE, relayer_address.lower()])
+        except OperationalError as exc:
+            if getattr(exc.__cause__, "sqlstate", None) != _LOCK_NOT_AVAILABLE:
+                raise
+            logger.warning("x402 relayer busy: no turn within %s s", RELAYER_LOCK_WAIT_SECONDS)
+            raise ChainUnavailable("Another payment is being submitted; retry shortly.",
+                                   code="relayer_busy") from None
+        # The timeout was for this wait only; the rest of the transaction keeps its own.
+        cursor.execute("SELECT set_config('lock_timeout', %s, true)", [previous])
+        yield

@@ -6,8 +6,10 @@
 3. `wallet_link` parses the message, checks the domain (SIWE_DOMAIN, else the request's own host,
    which Django has already checked against ALLOWED_HOSTS), the chain id (CHAIN_ID), the message's
    own validity window and the signature — an externally owned account's by recovering the signer
-   (eth_account), a contract wallet's by asking the contract (EIP-1271) through CHAIN_RPC_URL —
-   and then consumes the nonce with one conditional UPDATE, so a replayed message finds it used.
+   (eth_account), a contract wallet's by asking the contract (EIP-1271 `isValidSignature`, siwe's
+   own check with our node as its web3 provider) through CHAIN_RPC_URL, on a node that must be on
+   CHAIN_ID; the node not answering is 503 chain_unavailable, never "bad signature" — and then
+   consumes the nonce with one conditional UPDATE, so a replayed message finds it used.
 
 Only then is the address linked to the organization; a linked wallet is what ties an on-chain
 transfer to the organization that pays (billing.services).
@@ -16,8 +18,11 @@ transfer to the organization that pays (billing.services).
 from __future__ import annotations
 
 import hashlib
+import re
 import secrets
 import string
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -27,7 +32,8 @@ import siwe
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
-from web3 import HTTPProvider
+from web3 import HTTPProvider, Web3
+from web3.exceptions import Web3Exception
 
 from accounts.principal import Principal
 from accounts.services import audit_record
@@ -39,6 +45,7 @@ NONCE_LIFETIME = timedelta(minutes=10)
 NONCE_LENGTH = 24  # alphanumeric (EIP-4361 wants at least 8): ~143 bits
 MAX_MESSAGE_CHARS = 4000
 _ALPHANUMERIC = string.ascii_letters + string.digits
+_HEX_SIGNATURE = re.compile(r"0x(?:[0-9a-fA-F]{2})*")  # "0x" alone: a Safe's pre-approved message
 
 
 class Gone(DomainError):
@@ -103,16 +110,34 @@ def _verify_signature(parsed: siwe.SiweMessage, signature: str, *, domain: str, 
     if not settings.CHAIN_RPC_URL:
         raise _refuse("The signature does not match the address.", "siwe_bad_signature")
     # Not the address's own key: perhaps a contract wallet (EIP-1271), which only the chain can say.
-    provider = HTTPProvider(settings.CHAIN_RPC_URL,
-                            request_kwargs={"timeout": getattr(settings, "CHAIN_RPC_TIMEOUT_SECONDS", 10)})
+    w3 = Web3(HTTPProvider(settings.CHAIN_RPC_URL, request_kwargs={"timeout": settings.CHAIN_RPC_TIMEOUT_SECONDS}))
+    with _chain_node():
+        if int(w3.eth.chain_id) != int(settings.CHAIN_ID):
+            # The message names CHAIN_ID; a contract at this address on another chain proves nothing.
+            raise ChainUnavailable("The chain node is on another chain than the one configured; retry later.")
+        try:
+            parsed.verify(signature, domain=domain, nonce=nonce, timestamp=now, provider=w3.provider)
+        except siwe.VerificationError:
+            is_contract = len(w3.eth.get_code(parsed.address)) > 0
+        else:
+            return Wallet.Kind.CONTRACT
+    if is_contract:
+        raise _refuse(f"The contract wallet {parsed.address} does not accept this signature (EIP-1271).",
+                      "siwe_bad_signature")
+    raise _refuse("The signature does not match the address.", "siwe_bad_signature")
+
+
+@contextmanager
+def _chain_node() -> Iterator[None]:
+    """Talking to the node: any failure to get an answer is 503 chain_unavailable (Retry-After), so a
+    contract wallet is never refused as "bad signature" because the node was down. siwe itself
+    turns only a revert or an undecodable answer of `isValidSignature` into "invalid"."""
     try:
-        parsed.verify(signature, domain=domain, nonce=nonce, timestamp=now, provider=provider)
-    except siwe.VerificationError:
-        raise _refuse("The signature does not match the address.", "siwe_bad_signature") from None
-    except (requests.RequestException, OSError):
+        yield
+    except (requests.RequestException, OSError, Web3Exception):
+        # requests' errors are OSErrors too; Web3RPCError is a JSON-RPC error answer (rate limit, …).
         raise ChainUnavailable("The chain node cannot be reached to check a contract wallet; retry shortly.",
                                code="chain_unavailable") from None
-    return Wallet.Kind.CONTRACT
 
 
 def wallet_link(*, principal: Principal, message: object, signature: object, request_host: str,
@@ -122,7 +147,7 @@ def wallet_link(*, principal: Principal, message: object, signature: object, req
     ensure_may_manage_billing(principal)
     now = now or timezone.now()
     parsed = _parse(message)
-    if not isinstance(signature, str) or not signature.startswith("0x") or len(signature) > 4000:
+    if not isinstance(signature, str) or len(signature) > 4000 or not _HEX_SIGNATURE.fullmatch(signature):
         raise _refuse("signature must be a 0x-prefixed hexadecimal signature.", "siwe_bad_signature")
     domain = expected_domain(request_host)
     if parsed.domain != domain:

@@ -1,6 +1,9 @@
-// Compile contracts/TestUSDC.sol with solc-js (npm `solc`, pinned in package-lock.json) into
-// build/contracts/TestUSDC.json ({contractName, compiler, abi, bytecode}). Run by `make install`
-// (its own stamp: the output file), so no bytecode is ever committed — it is built from this source.
+// Compile MemoryHub's contracts with solc-js (npm `solc`, pinned in package-lock.json), one
+// artifact per contract: build/contracts/<Name>.json ({contractName, compiler, abi, bytecode}).
+//   TestUSDC.sol     the development chain's USDC-like token (EIP-3009)
+//   OwnerWallet.sol  a minimal EIP-1271 contract wallet for the tests (tests/billing/test_wallets.py)
+// Run by `make install` (the artifacts are their own stamps), so no bytecode is ever committed —
+// it is built from these sources.
 // Usage: node contracts/compile.mjs [output-dir]
 import { mkdirSync, readFileSync, renameSync, writeFileSync } from 'node:fs'
 import { dirname, join } from 'node:path'
@@ -12,11 +15,14 @@ const solc = require('solc')
 
 const here = dirname(fileURLToPath(import.meta.url))
 const outDir = process.argv[2] ?? join(here, '..', 'build', 'contracts')
-const source = 'TestUSDC.sol'
+// Each source holds one contract of the same name.
+const contracts = ['TestUSDC', 'OwnerWallet']
 
 const input = {
   language: 'Solidity',
-  sources: { [source]: { content: readFileSync(join(here, source), 'utf8') } },
+  sources: Object.fromEntries(
+    contracts.map((name) => [`${name}.sol`, { content: readFileSync(join(here, `${name}.sol`), 'utf8') }])
+  ),
   settings: {
     // Paris: no PUSH0/MCOPY surprises on any EVM this may be pointed at; Anvil runs them all.
     evmVersion: 'paris',
@@ -30,16 +36,18 @@ const errors = (output.errors ?? []).filter((e) => e.severity === 'error')
 for (const message of output.errors ?? []) console.error(message.formattedMessage)
 if (errors.length) process.exit(1)
 
-const contract = output.contracts[source].TestUSDC
-const artifact = {
-  contractName: 'TestUSDC',
-  compiler: `solc-js ${solc.version()}`,
-  abi: contract.abi,
-  bytecode: '0x' + contract.evm.bytecode.object
-}
 mkdirSync(outDir, { recursive: true })
-// Write then rename: a reader (or an interrupted build) never sees half an artifact.
-const target = join(outDir, 'TestUSDC.json')
-writeFileSync(target + '.tmp', JSON.stringify(artifact, null, 2) + '\n')
-renameSync(target + '.tmp', target)
-console.log(`[memoryhub] compiled ${source} with ${artifact.compiler} -> ${target}`)
+for (const name of contracts) {
+  const contract = output.contracts[`${name}.sol`][name]
+  const artifact = {
+    contractName: name,
+    compiler: `solc-js ${solc.version()}`,
+    abi: contract.abi,
+    bytecode: '0x' + contract.evm.bytecode.object
+  }
+  // Write then rename: a reader (or an interrupted build) never sees half an artifact.
+  const target = join(outDir, `${name}.json`)
+  writeFileSync(target + '.tmp', JSON.stringify(artifact, null, 2) + '\n')
+  renameSync(target + '.tmp', target)
+  console.log(`[memoryhub] compiled ${name}.sol with ${artifact.compiler} -> ${target}`)
+}

@@ -31,6 +31,8 @@ from memoryhub.embedded import EmbeddedServer, ManagedProcess
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 ARTIFACT = BASE_DIR / "build" / "contracts" / "TestUSDC.json"
+# The tests' EIP-1271 contract wallet (contracts/OwnerWallet.sol), built by the same compile step.
+OWNER_WALLET_ARTIFACT = BASE_DIR / "build" / "contracts" / "OwnerWallet.json"
 DEV_CHAIN_ID = 31337
 TOKEN_NAME = "USD Coin (MemoryHub dev)"  # noqa: S105 - a token's name, not a password
 LOOKALIKE_NAME = "USD Coin"  # a forger's copy: same code, same symbol, another address
@@ -121,13 +123,13 @@ class EmbeddedAnvil(EmbeddedServer):
 
 
 def load_artifact(path: Path = ARTIFACT) -> dict[str, Any]:
-    """The compiled token (abi + bytecode). Built by `make install`; built here when missing
-    (a test run outside `make`), with the same pinned solc-js."""
+    """A compiled contract (abi + bytecode): the token by default. Built by `make install`; built
+    here when missing (a test run outside `make`), with the same pinned solc-js."""
     if not path.exists():
         result = subprocess.run(["node", str(BASE_DIR / "contracts" / "compile.mjs"), str(path.parent)],
                                 cwd=BASE_DIR, capture_output=True, text=True, check=False)
         if result.returncode != 0:
-            raise RuntimeError(f"compiling contracts/TestUSDC.sol failed (run `make install`): {result.stderr.strip()}")
+            raise RuntimeError(f"compiling contracts/*.sol failed (run `make install`): {result.stderr.strip()}")
     artifact: dict[str, Any] = json.loads(path.read_text())
     return artifact
 
@@ -146,6 +148,18 @@ def deploy_token(w3: Any, owner: str, name: str, artifact: dict[str, Any] | None
     receipt = w3.eth.wait_for_transaction_receipt(tx_hash, timeout=60, poll_latency=0.1)
     if receipt["status"] != 1:
         raise RuntimeError("deploying TestUSDC reverted")
+    return str(receipt["contractAddress"])
+
+
+def deploy_owner_wallet(w3: Any, deployer: str, owner: str) -> str:
+    """Deploy one OwnerWallet (an EIP-1271 contract wallet controlled by `owner`'s key) from
+    `deployer` (an unlocked Anvil account); its checksummed address."""
+    artifact = load_artifact(OWNER_WALLET_ARTIFACT)
+    factory = w3.eth.contract(abi=artifact["abi"], bytecode=artifact["bytecode"])
+    tx_hash = factory.constructor(owner).transact({"from": deployer})
+    receipt = w3.eth.wait_for_transaction_receipt(tx_hash, timeout=60, poll_latency=0.1)
+    if receipt["status"] != 1:
+        raise RuntimeError("deploying OwnerWallet reverted")
     return str(receipt["contractAddress"])
 
 

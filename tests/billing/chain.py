@@ -3,7 +3,8 @@ compiled TestUSDC deployed twice — the configured token and a look-alike (same
 events, another address) — and funded payer accounts.
 
 `DevChain` is what tests touch: accounts with their keys, `send_usdc`, `mine`, `snapshot`/`revert`
-(also how a reorg is made), and the settings that point billing/chain.py at this node. The
+(also how a reorg is made), contract wallets (`deploy_wallet`: contracts/OwnerWallet.sol, EIP-1271,
+and `send_usdc_from_wallet`), and the settings that point billing/chain.py at this node. The
 `chain` fixture (tests/billing/conftest.py) reverts every test's blocks when it ends.
 """
 
@@ -19,12 +20,14 @@ from django.test import override_settings
 from memoryhub.chain_dev import (
     LOOKALIKE_NAME,
     OWNER_INDEX,
+    OWNER_WALLET_ARTIFACT,
     RELAYER_INDEX,
     TOKEN_NAME,
     TREASURY_INDEX,
     USDC_DECIMALS,
     DevAccount,
     EmbeddedAnvil,
+    deploy_owner_wallet,
     deploy_token,
     load_artifact,
     mint,
@@ -80,6 +83,21 @@ class DevChain:
             options["gas"] = gas
         tx_hash = self.token(token).functions.transfer(to, amount).transact(options)
         self.w3.eth.wait_for_transaction_receipt(tx_hash, timeout=30, poll_latency=0.05)
+        return str(tx_hash.to_0x_hex())
+
+    def deploy_wallet(self, owner: DevAccount) -> str:
+        """A new OwnerWallet (contracts/OwnerWallet.sol): a contract wallet that accepts what
+        `owner`'s key signs (EIP-1271) and moves funds only at its owner's call."""
+        return deploy_owner_wallet(self.w3, self.owner.address, owner.address)
+
+    def send_usdc_from_wallet(self, wallet: str, owner: DevAccount, to: str, amount: int) -> str:
+        """The contract wallet pays: its owner has it call USDC `transfer`, so the Transfer log's
+        sender is the wallet's address (mined at once); the tx hash, 0x lowercase."""
+        data = self.token().encode_abi("transfer", args=[to, amount])
+        contract = self.w3.eth.contract(address=wallet, abi=load_artifact(OWNER_WALLET_ARTIFACT)["abi"])
+        tx_hash = contract.functions.execute(self.usdc, 0, data).transact({"from": owner.address})
+        if self.w3.eth.wait_for_transaction_receipt(tx_hash, timeout=30, poll_latency=0.05)["status"] != 1:
+            raise RuntimeError("the contract wallet's transfer reverted")
         return str(tx_hash.to_0x_hex())
 
     def balance(self, address: str, *, token: str | None = None) -> int:

@@ -4,15 +4,28 @@ Every refusal a forger could try is checked with a real transaction: a look-alik
 wrong recipient, an amount one base unit off, a reverted transaction, too few confirmations, an
 unknown hash, another chain, a transfer older than the intent, a sender that is not linked; a
 reorg (snapshot/revert) that removes a transfer; the treasury watcher over bounded log ranges;
-x402 settlement with the x402 package's own client, a tampered signature and a replayed nonce.
+x402 settlement with the x402 package's own client, a tampered signature, a replayed nonce, an
+authorization signed for another chain or a look-alike token; and the relayer's turn, a Postgres
+advisory lock: a settlement waits for another process holding it, concurrent settlements (threads,
+and separate processes) each get their own relayer nonce.
 """
 
 from __future__ import annotations
 
+import base64
 import json
+import os
+import subprocess
+import sys
+import threading
 from datetime import timedelta
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
+from django.conf import settings
+from django.db import connection
 from eth_account import Account
 from x402 import x402ClientSync
 from x402.http import x402HTTPClientSync
@@ -23,7 +36,12 @@ from billing import chain as billing_chain
 from memoryhub.embedded import free_port
 from memoryhub.errors import BillingUnavailable, ChainUnavailable, InvalidInput, api_exception_handler
 from tests.billing.chain import USDC, DevChain
+from tests.factories import other_connection
 
+# x402 settlement takes the relayer's turn (a Postgres advisory lock), so these tests use the database.
+pytestmark = pytest.mark.django_db
+
+BASE_DIR = Path(__file__).resolve().parents[2]
 PRICE = 5 * USDC  # the core tier: 5 USDC = 5,000,000 base units
 
 
@@ -309,3 +327,186 @@ def test_x402_authorization_not_valid_yet_is_refused(chain: DevChain) -> None:
         billing_chain.settle_transfer_with_authorization(authorization, signature, expected_amount=PRICE,
                                                          expected_from={payer.address})
     assert excinfo.value.reason == "not_yet_valid"
+
+
+def test_x402_authorizations_signed_for_another_chain_or_a_look_alike_token_are_refused(chain: DevChain) -> None:
+    """EIP-712 binds the signature to a chain id and a token contract: signed for Base, or for the
+    look-alike token's domain, it is not an authorization for our USDC here (the token would refuse
+    it too). Refused before anything is sent; a payload naming another network is not even read."""
+    from eth_account.messages import encode_typed_data
+
+    payer = chain.accounts[0]
+    relayer_nonce = chain.w3.eth.get_transaction_count(chain.relayer.address)
+    now = int(chain.block_time(chain.head()).timestamp())
+    authorization = {"from": payer.address, "to": chain.treasury.address, "value": str(PRICE),
+                     "validAfter": "0", "validBefore": str(now + 3600), "nonce": "0x" + "09" * 32}
+    message = {"from": payer.address, "to": chain.treasury.address, "value": PRICE, "validAfter": 0,
+               "validBefore": now + 3600, "nonce": bytes.fromhex("09" * 32)}
+    domains = {
+        "another chain": {"name": "USD Coin (MemoryHub dev)", "version": "2", "chainId": 8453,
+                          "verifyingContract": chain.usdc},
+        "look-alike token": {"name": "USD Coin", "version": "2", "chainId": 31337,
+                             "verifyingContract": chain.lookalike},
+    }
+    for label, domain in domains.items():
+        typed = {"types": billing_chain._AUTHORIZATION_TYPES, "primaryType": "TransferWithAuthorization",
+                 "domain": domain, "message": message}
+        signature = Account.sign_message(encode_typed_data(full_message=typed), payer.key).signature.to_0x_hex()
+        with pytest.raises(billing_chain.SettlementRefused) as excinfo:
+            billing_chain.settle_transfer_with_authorization(authorization, signature, expected_amount=PRICE,
+                                                             expected_from={payer.address})
+        assert excinfo.value.reason == "bad_signature", label
+    assert chain.w3.eth.get_transaction_count(chain.relayer.address) == relayer_nonce
+    header = agent_payment_header(chain, payer.key)
+    payload = json.loads(base64.b64decode(header))
+    payload["accepted"]["network"] = "eip155:8453"
+    with pytest.raises(InvalidInput) as invalid:
+        billing_chain.x402_decode_payment(base64.b64encode(json.dumps(payload).encode()).decode())
+    assert invalid.value.code == "invalid_payment"
+
+
+# ---------------------------------------------------------------------------------------------
+# The relayer's turn: one settlement at a time per relayer account, across processes
+
+
+def _hold_relayer_lock_elsewhere(chain: DevChain) -> Any:
+    """Another web process in the middle of a settlement: its own database session holds the lock."""
+    other = other_connection(autocommit=True)
+    other.execute("SELECT pg_advisory_lock(%s, hashtext(%s))",
+                  [billing_chain.RELAYER_LOCK_NAMESPACE, chain.relayer.address.lower()])
+    return other
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_settlement_waits_while_another_process_holds_the_relayers_turn(
+        chain: DevChain, monkeypatch: pytest.MonkeyPatch) -> None:
+    payment = billing_chain.x402_decode_payment(agent_payment_header(chain, chain.accounts[0].key))
+    relayer_nonce = chain.w3.eth.get_transaction_count(chain.relayer.address)
+    settled: list[str] = []
+
+    def settle_in_thread() -> None:
+        try:
+            settled.append(settle(chain, payment))
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=settle_in_thread)
+    other = _hold_relayer_lock_elsewhere(chain)
+    try:
+        # No turn within the wait: a clear 503 (retry), nothing sent.
+        monkeypatch.setattr(billing_chain, "RELAYER_LOCK_WAIT_SECONDS", 1)
+        with pytest.raises(ChainUnavailable) as excinfo:
+            settle(chain, payment)
+        assert (excinfo.value.code, excinfo.value.status) == ("relayer_busy", 503)
+        assert chain.w3.eth.get_transaction_count(chain.relayer.address) == relayer_nonce
+        # With the usual wait it waits, sending nothing while the other process has the turn...
+        monkeypatch.setattr(billing_chain, "RELAYER_LOCK_WAIT_SECONDS", 30)
+        thread.start()
+        thread.join(timeout=2)
+        assert thread.is_alive() and not settled
+        assert chain.w3.eth.get_transaction_count(chain.relayer.address) == relayer_nonce
+    finally:
+        # Unlock before closing: the server may drop a closed client's locks only later.
+        other.execute("SELECT pg_advisory_unlock_all()")
+        other.close()
+    # ...and settles as soon as the turn is free.
+    thread.join(timeout=30)
+    assert len(settled) == 1 and chain.w3.eth.get_transaction_receipt(settled[0])["status"] == 1
+    assert chain.w3.eth.get_transaction_count(chain.relayer.address) == relayer_nonce + 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_settlements_each_take_their_own_relayer_nonce(chain: DevChain) -> None:
+    """Four payers settle at once from four threads (each its own database session), and the first
+    payer's authorization is sent twice: four transfers, four consecutive relayer nonces, one refusal."""
+    payments = [billing_chain.x402_decode_payment(agent_payment_header(chain, chain.accounts[i].key))
+                for i in range(4)]
+    jobs = [(payment, i) for i, payment in enumerate(payments)] + [(payments[0], 0)]
+    relayer_nonce = chain.w3.eth.get_transaction_count(chain.relayer.address)
+    treasury_before = chain.balance(chain.treasury.address)
+    start = threading.Barrier(len(jobs))
+    outcomes: list[str | None] = [None] * len(jobs)
+
+    def attempt(n: int, payment: billing_chain.X402Payment, payer_index: int) -> None:
+        try:
+            start.wait(timeout=30)
+            outcomes[n] = settle(chain, payment, payer_index=payer_index)
+        except billing_chain.SettlementRefused as refused:
+            outcomes[n] = refused.reason
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=attempt, args=(n, *job)) for n, job in enumerate(jobs)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=90)
+    hashes = [o for o in outcomes if o and o.startswith("0x")]
+    assert len(hashes) == 4, outcomes
+    # The authorization sent twice paid once; the other copy was refused (checked, or by the token).
+    assert sorted(o for o in (outcomes[0], outcomes[4]) if o and not o.startswith("0x")) in (
+        ["nonce_used"], ["rejected_by_token"]), outcomes
+    nonces = sorted(int(chain.w3.eth.get_transaction(h)["nonce"]) for h in hashes)
+    assert nonces == list(range(relayer_nonce, relayer_nonce + 4))
+    assert all(chain.w3.eth.get_transaction_receipt(h)["status"] == 1 for h in hashes)
+    assert chain.balance(chain.treasury.address) == treasury_before + 4 * PRICE
+
+
+SETTLE_SCRIPT = """
+import json, sys
+import django
+django.setup()
+from billing import chain
+jobs = json.loads(sys.argv[1])
+print("ready", flush=True)
+sys.stdin.readline()  # the test's go: both processes start settling together
+hashes = [chain.settle_transfer_with_authorization(job["authorization"], job["signature"],
+                                                   expected_amount=job["amount"], expected_from=[job["payer"]])
+          for job in jobs]
+print(json.dumps(hashes), flush=True)
+"""
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_web_processes_settling_at_once_never_share_a_relayer_nonce(chain: DevChain) -> None:
+    """Two real processes (as two web workers), each settling four payers' authorizations back to
+    back, released together: eight transfers, eight distinct relayer nonces, none refused or lost."""
+    database = urlsplit(os.environ["DATABASE_URL"])
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "memoryhub.settings",
+           # The session's test database (the URL names the one it was made from).
+           "DATABASE_URL": urlunsplit(database._replace(path="/" + settings.DATABASES["default"]["NAME"])),
+           "CHAIN_RPC_URL": chain.rpc_url, "CHAIN_ID": "31337", "USDC_CONTRACT": chain.usdc,
+           "TREASURY_ADDRESS": chain.treasury.address, "CHAIN_RELAYER_KEY": chain.relayer.key,
+           "PAYMENT_CONFIRMATIONS": str(chain.confirmations)}
+    batches = []
+    for first in (0, 4):
+        batch = []
+        for i in range(first, first + 4):
+            payment = billing_chain.x402_decode_payment(agent_payment_header(chain, chain.accounts[i].key))
+            batch.append({"authorization": payment.authorization, "signature": payment.signature,
+                          "amount": PRICE, "payer": payment.payer})
+        batches.append(batch)
+    relayer_nonce = chain.w3.eth.get_transaction_count(chain.relayer.address)
+    processes = [subprocess.Popen([sys.executable, "-c", SETTLE_SCRIPT, json.dumps(batch)], cwd=BASE_DIR, env=env,
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for batch in batches]
+    try:
+        for process in processes:
+            assert process.stdout is not None and process.stdout.readline().strip() == "ready", process.stderr
+        for process in processes:
+            assert process.stdin is not None
+            process.stdin.write("go\n")
+            process.stdin.flush()
+        results = [process.communicate(timeout=120) for process in processes]
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    for process, (_, err) in zip(processes, results, strict=True):
+        assert process.returncode == 0, err[-2000:]
+    hashes = [h for out, _ in results for h in json.loads(out.strip().splitlines()[-1])]
+    assert len(set(hashes)) == 8
+    nonces = sorted(int(chain.w3.eth.get_transaction(h)["nonce"]) for h in hashes)
+    assert nonces == list(range(relayer_nonce, relayer_nonce + 8))
+    assert all(chain.w3.eth.get_transaction_receipt(h)["status"] == 1 for h in hashes)

@@ -1,6 +1,11 @@
 """Linking wallets by Sign-In with Ethereum, with real signatures from eth_account: the happy path
 and every way a message is refused (replayed, another domain, expired nonce, wrong chain, someone
-else's signature), who may link, and unlinking — each school sees and touches only its own."""
+else's signature), who may link, and unlinking — each school sees and touches only its own.
+
+Contract wallets (EIP-1271) against the session's Anvil node: contracts/OwnerWallet.sol, compiled
+from source, accepts what its owner's key signs; linking asks the contract on chain, another key's
+signature is refused, the node down is a 503 (never "bad signature"), and a payment whose sender
+is the linked contract wallet activates the tier."""
 
 from __future__ import annotations
 
@@ -15,11 +20,15 @@ from eth_account.messages import encode_defunct
 from eth_account.signers.local import LocalAccount
 from rest_framework.test import APIClient
 
-from accounts.models import AuditEvent, Membership
-from billing.models import SiweNonce, Wallet
+from accounts.models import AuditEvent, Membership, Organization
+from billing import services
+from billing.models import Payment, SiweNonce, Wallet
+from memoryhub.embedded import free_port
 from tests.accounts.clients import csrf_session_client
 from tests.actors import School
-from tests.factories import make_user
+from tests.billing.chain import USDC, DevChain
+from tests.billing.test_payments import now_on_chain
+from tests.factories import make_org, make_user
 
 pytestmark = pytest.mark.django_db
 
@@ -29,11 +38,13 @@ def billing_client(school: School) -> APIClient:
     return csrf_session_client(make_user(school.org, role=Membership.Role.BILLING))
 
 
-def siwe_message(account: LocalAccount, nonce: str, *, domain: str = "testserver", chain_id: int | None = None,
+def siwe_message(account: LocalAccount | str, nonce: str, *, domain: str = "testserver", chain_id: int | None = None,
                  expires_in: timedelta | None = None) -> str:
+    """The EIP-4361 message linking `account` (a key's account, or a contract wallet's address)."""
     issued = datetime.now(UTC)
+    address = account if isinstance(account, str) else account.address
     fields: dict[str, Any] = {
-        "domain": domain, "address": account.address, "uri": f"http://{domain}/dashboard/billing/",
+        "domain": domain, "address": address, "uri": f"http://{domain}/dashboard/billing/",
         "version": "1", "chain_id": settings.CHAIN_ID if chain_id is None else chain_id, "nonce": nonce,
         "issued_at": siwe.ISO8601Datetime.from_datetime(issued),
         "statement": "Link this wallet to pay for MemoryHub.",
@@ -184,3 +195,141 @@ def test_the_legacy_claim_route_points_to_siwe(school: School) -> None:
     response = school.admin_api.post("/api/v1/wallets/claim", {"owner_eoa": Account.create().address}, format="json")
     assert response.status_code == 410 and response.json()["error"]["code"] == "wallet_claim_retired"
     assert "/api/v1/wallets/link" in response.json()["detail"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Contract wallets (EIP-1271), on the session's Anvil node
+
+
+def contract_wallet(chain: DevChain) -> tuple[str, LocalAccount]:
+    """A freshly deployed OwnerWallet and its owner's key (an Anvil account, so it can send)."""
+    owner = chain.accounts[5]
+    return chain.deploy_wallet(owner), Account.from_key(owner.key)
+
+
+def test_a_contract_wallet_links_with_its_owners_signature(chain: DevChain, school: School) -> None:
+    client = billing_client(school)
+    wallet, owner = contract_wallet(chain)
+    message = siwe_message(wallet, nonce_for(client))  # the message names the contract
+    signature = sign(owner, message)
+    # Recovering the signer gives the owner, not the wallet: only the contract can vouch for it.
+    assert Account.recover_message(encode_defunct(text=message), signature=signature) == owner.address != wallet
+    response = link(client, message, signature)
+    assert response.status_code == 201, response.content
+    assert (response.json()["address"], response.json()["kind"]) == (wallet, "contract")
+    assert Wallet.objects.get(organization=school.org).kind == Wallet.Kind.CONTRACT
+    event = AuditEvent.objects.get(organization=school.org, action="wallet.linked")
+    assert event.target_id == wallet and event.metadata == {"kind": "contract"}
+
+
+def test_a_contract_wallet_refuses_another_keys_signature(chain: DevChain, school: School) -> None:
+    client = billing_client(school)
+    wallet, owner = contract_wallet(chain)
+    message = siwe_message(wallet, nonce_for(client))
+    stranger = Account.from_key(chain.accounts[6].key)
+    response = link(client, message, sign(stranger, message))
+    assert response.status_code == 400, response.content
+    error = response.json()["error"]
+    assert error["code"] == "siwe_bad_signature" and "EIP-1271" in error["message"] and wallet in error["message"]
+    assert not Wallet.objects.exists()
+    # Neither the owner's own address (a key, not the wallet) nor a wallet owned by someone else links.
+    assert link(client, siwe_message(owner, nonce_for(client)), sign(stranger, message)).status_code == 400
+    others_wallet = chain.deploy_wallet(chain.accounts[6])
+    other_message = siwe_message(others_wallet, nonce_for(client))
+    assert link(client, other_message, sign(owner, other_message)).json()["error"]["code"] == "siwe_bad_signature"
+    assert not Wallet.objects.exists()
+    # The refusals spent no nonce: the owner's signature of the first message still links.
+    assert link(client, message, sign(owner, message)).status_code == 201
+
+
+def test_a_contract_wallet_check_needs_the_node_and_its_outage_is_a_503(chain: DevChain, school: School) -> None:
+    client = billing_client(school)
+    wallet, owner = contract_wallet(chain)
+    message = siwe_message(wallet, nonce_for(client))
+    signature = sign(owner, message)
+    with chain.settings(CHAIN_RPC_URL=f"http://127.0.0.1:{free_port()}", CHAIN_RPC_TIMEOUT_SECONDS=2):
+        down = link(client, message, signature)
+        # An externally owned account needs no node: it links while the node is down.
+        eoa = Account.create()
+        eoa_message = siwe_message(eoa, nonce_for(client))
+        assert link(client, eoa_message, sign(eoa, eoa_message)).status_code == 201
+    assert down.status_code == 503 and down.json()["error"]["code"] == "chain_unavailable", down.content
+    assert int(down["Retry-After"]) >= 1
+    # Configured for another chain than the node's: the contract at this address proves nothing there.
+    with chain.settings(CHAIN_ID=8453):
+        other_chain = siwe_message(wallet, nonce_for(client), chain_id=8453)
+        response = link(client, other_chain, sign(owner, other_chain))
+    assert response.status_code == 503 and response.json()["error"]["code"] == "chain_unavailable"
+    assert not Wallet.objects.filter(address=wallet).exists()
+    # The node back: the same message (its nonce unspent) links.
+    assert link(client, message, signature).status_code == 201
+    assert Wallet.objects.get(address=wallet).kind == Wallet.Kind.CONTRACT
+
+
+def test_a_signature_that_is_not_hex_is_a_clear_400_with_a_chain_configured(chain: DevChain, school: School) -> None:
+    """With a node configured, a signature no key made goes on to the contract check, where siwe
+    decodes its hex: an odd number of digits must be refused as input, not fail there (a 500).
+    129 digits is the treacherous one: eth_account pads it to 65 bytes and recovers some address,
+    so it reaches the contract check, whose bytes.fromhex refuses it."""
+    client = billing_client(school)
+    account = Account.create()
+    message = siwe_message(account, nonce_for(client))
+    for bad in ("0x1" + "ab" * 64, "0x" + "ab" * 32 + "a", "0x" + "ab" * 65 + "c"):
+        response = link(client, message, bad)
+        assert response.status_code == 400 and response.json()["error"]["code"] == "siwe_bad_signature", bad
+    response = link(client, message, "0xzz")
+    assert response.status_code == 400 and "signature" in response.json()["error"]["fields"]
+    assert not Wallet.objects.exists()
+
+
+def test_a_payment_from_a_linked_contract_wallet_activates_the_tier(chain: DevChain) -> None:
+    org = make_org(tier="free")
+    client = csrf_session_client(make_user(org, role=Membership.Role.BILLING))
+    wallet, owner_key = contract_wallet(chain)
+    owner = chain.accounts[5]
+    chain.send_usdc(owner, wallet, 10 * USDC)  # the wallet holds USDC of its own
+    message = siwe_message(wallet, nonce_for(client))
+    assert link(client, message, sign(owner_key, message)).status_code == 201
+    intent = client.post("/api/v1/subscriptions/upgrade", {"tier": "core"}, format="json").json()
+
+    def confirm(tx_hash: str) -> Any:
+        return client.post("/api/v1/subscriptions/payments/confirm",
+                           {"payment_id": intent["payment_id"], "tx_hash": tx_hash}, format="json").json()
+
+    # The owner paying from its own key is not the linked wallet paying.
+    now_on_chain(chain)
+    direct = chain.send_usdc(owner, intent["treasury_address"], intent["amount_base_units"])
+    chain.confirm()
+    assert confirm(direct)["reason"] == "sender_not_linked"
+
+    now_on_chain(chain)
+    tx_hash = chain.send_usdc_from_wallet(wallet, owner, intent["treasury_address"], intent["amount_base_units"])
+    assert confirm(tx_hash)["status"] == "pending_verification"
+    chain.confirm()
+    confirmed = confirm(tx_hash)
+    assert confirmed["status"] == "confirmed" and confirmed["tier"] == "core", confirmed
+    assert Organization.objects.get(pk=org.pk).tier == "core"
+    payment = Payment.objects.get(public_id=intent["payment_id"])
+    assert (payment.from_address, payment.tx_hash) == (wallet, tx_hash)
+    assert chain.balance(wallet) == 5 * USDC
+
+
+def test_the_treasury_watcher_matches_a_contract_wallets_payment(chain: DevChain) -> None:
+    """Paying without pasting a hash works from a contract wallet too: the watcher ties the
+    transfer to the organization by the wallet's address (the Transfer log's sender)."""
+    org = make_org(tier="free")
+    client = csrf_session_client(make_user(org, role=Membership.Role.BILLING))
+    wallet, owner_key = contract_wallet(chain)
+    owner = chain.accounts[5]
+    chain.send_usdc(owner, wallet, 5 * USDC)
+    message = siwe_message(wallet, nonce_for(client))
+    assert link(client, message, sign(owner_key, message)).status_code == 201
+    intent = client.post("/api/v1/subscriptions/upgrade", {"tier": "core"}, format="json").json()
+    now_on_chain(chain)
+    tx_hash = chain.send_usdc_from_wallet(wallet, owner, intent["treasury_address"], intent["amount_base_units"])
+    assert services.watch_treasury().claimed == 1
+    payment = Payment.objects.get(public_id=intent["payment_id"])
+    assert (payment.status, payment.tx_hash, payment.from_address) == ("pending_verification", tx_hash, wallet)
+    chain.confirm()
+    assert services.recheck_claimed() == {"confirmed": 1}
+    assert Organization.objects.get(pk=org.pk).tier == "core"
