@@ -174,6 +174,28 @@ def test_sending_the_amount_is_enough_the_watcher_matches_it(chain: DevChain, pa
     assert payer.tier() == "core"
 
 
+def test_the_watcher_does_not_take_a_transfer_sent_before_the_intent(chain: DevChain, payer: Payer) -> None:
+    """Money sent before the payment was asked for pays nothing: an old transfer of the right amount
+    from the right wallet is not matched to a newer intent (it could be last month's payment)."""
+    payer.link_wallet()
+    now_on_chain(chain)
+    old_hash = chain.send_usdc(payer.wallet, chain.treasury.address, 5 * USDC)
+    sent_at = chain.block_time(chain.head())
+    intent = payer.upgrade("core")
+    # The intent is stamped a few seconds after the transfer's block (the chain's clock may run ahead
+    # of the wall clock after earlier tests' mining; the rule compares the two).
+    Payment.objects.filter(public_id=intent["payment_id"]).update(created_at=sent_at + timedelta(seconds=5))
+    chain.confirm()
+    report = services.watch_treasury()
+    assert report.transfers >= 1 and report.claimed == 0
+    payment = Payment.objects.get(public_id=intent["payment_id"])
+    assert payment.status == "pending" and payment.tx_hash in (None, "")
+    response = payer.confirm(intent["payment_id"], old_hash)  # pasting the hash is refused the same way
+    assert response.status_code == 200, response.content
+    assert response.json()["status"] == "failed" and response.json()["reason"] == "before_intent"
+    assert payer.tier() == "free"
+
+
 @pytest.mark.django_db(transaction=True)
 def test_two_concurrent_confirms_of_one_transfer_cannot_both_win(chain: DevChain) -> None:
     payer = Payer(chain, chain.accounts[2])
