@@ -77,6 +77,12 @@ class Organization(models.Model):
     # Tier name: accounts.tiers maps it to limits; stacks (active stacks) and billing.entitlements
     # (storage) enforce them.
     tier = models.CharField(max_length=32, default="free")
+    # The paid tier whose overflow is billed instead of refused (docs/kernle-protocol.md §12.6-12.7),
+    # "" for hard limits. billing.services keeps it in step with the subscription (a paid tier with
+    # overflow prices, active or running out a cancelled period), beside `tier`; it lives here so
+    # that stacks, below billing, can honour it in the stack quota. It counts only while it names
+    # `tier`, so a tier changed by any other hand falls back to hard limits (`overflow_billed`).
+    overflow_tier = models.CharField(max_length=32, blank=True, default="")
     # Salience below which the decay pass tombstones a non-protected memory (per school).
     forget_threshold = models.FloatField(default=0.05)
     # School policy: may teachers issue, revoke and cycle keys for their assigned stacks? Off by
@@ -104,6 +110,11 @@ class Organization(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.slug})"
+
+    @property
+    def overflow_billed(self) -> bool:
+        """Is growth past the tier's limits (stacks, storage) billed rather than refused?"""
+        return bool(self.overflow_tier) and self.overflow_tier == self.tier
 
 
 class Membership(models.Model):

@@ -10,8 +10,10 @@ so a check costs one aggregate over the organization's stacks, not a scan of its
 The limits follow the subscription: billing.services keeps `Organization.tier` in step with it
 (a confirmed payment raises it, a lapsed period or a downgrade lowers it). A paid tier with
 overflow prices (core, pro; docs/kernle-protocol.md §12.6-12.7) whose subscription is in good
-standing is not refused past its storage limit: the overflow is accepted and billed with the next
-renewal (billing.selectors.overflow_charge).
+standing is not refused past its storage or stack limit: the overflow is accepted and billed with
+the next renewal (billing.selectors.overflow_charge). The stack quota is enforced in stacks, below
+billing, so billing.services writes that standing onto the organization (`Organization.overflow_tier`)
+and both limits read it from there (billing.selectors.overflow_allowed).
 """
 
 from __future__ import annotations
@@ -77,7 +79,8 @@ def ensure_can_create_stack(*, organization: Organization) -> None:
     """Raise QuotaExceeded if the organization already has as many active stacks as its tier allows.
 
     The rule itself is `stacks.selectors.ensure_may_activate_stack`, which `stack_create` and
-    `stack_unarchive` enforce on every path; this is the same question asked through billing's door.
+    `stack_unarchive` enforce on every path; this is the same question asked through billing's door
+    (and it gives the same answer: no refusal while overflow is billed, see `overflow_allowed`).
     """
     ensure_may_activate_stack(organization=organization)
 

@@ -110,18 +110,28 @@ def effective_tier(organization: Organization) -> str:
     return tier_for(organization).name
 
 
+# The statuses in which a paid tier's overflow is billed rather than refused: active, or running
+# out a cancelled period. In grace (the period is unpaid) and after expiry the hard limits apply.
+OVERFLOW_STANDING = (Subscription.Status.ACTIVE, Subscription.Status.CANCELLED)
+
+
+def overflow_tier_for(subscription: Subscription | None, *, organization_tier: str) -> str:
+    """What `Organization.overflow_tier` must say for `subscription` with the organization on
+    `organization_tier`: that tier if it has overflow prices and the subscription pays for it in good
+    standing, else "" (hard limits). billing.services writes it whenever it writes the tier."""
+    if (subscription is None or subscription.tier != organization_tier or subscription.tier not in OVERFLOW
+            or subscription.status not in OVERFLOW_STANDING):
+        return ""
+    return subscription.tier
+
+
 def overflow_allowed(organization: Organization) -> bool:
-    """Does the organization pay for overflow instead of being refused at its limits? Only a paid
-    tier with overflow prices whose subscription is active or running out a cancelled period: the
-    overflow is billed with the next renewal. A tier an operator set without a subscription (or a
-    lapsed one, in grace) keeps its hard limits."""
-    tier = organization.tier
-    if tier not in OVERFLOW:
-        return False
-    return Subscription.objects.filter(
-        organization_id=organization.pk, tier=tier,
-        status__in=(Subscription.Status.ACTIVE, Subscription.Status.CANCELLED),
-    ).exists()
+    """Does the organization pay for overflow instead of being refused at its limits (storage here,
+    stacks in stacks.selectors.stack_room: the same field)? Only a paid tier with overflow prices
+    whose subscription is in good standing (`overflow_tier_for`): the overflow is billed with the
+    next renewal. A tier an operator set without a subscription, or a lapsed one in grace, keeps its
+    hard limits."""
+    return organization.tier in OVERFLOW and organization.overflow_billed
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,7 @@ from billing.selectors import (
     ensure_may_manage_billing,
     linked_addresses,
     overflow_charge,
+    overflow_tier_for,
     tier_rank,
     usdc,
 )
@@ -89,9 +90,15 @@ def _mail(organization: Organization, subject: str, body: str) -> None:
     transaction.on_commit(send)
 
 
-def _set_org_tier(organization: Organization, tier: str) -> None:
-    Organization.objects.filter(pk=organization.pk).update(tier=tier)
+def _set_org_tier(organization: Organization, tier: str, subscription: Subscription) -> None:
+    """Move the organization's limits to `tier` and, beside it, whether its overflow is billed
+    (`Organization.overflow_tier`, which stacks.selectors reads for the stack quota: stacks sit
+    below billing and cannot ask the subscription). Every change of the subscription's tier or
+    standing comes through here, in the same transaction."""
+    overflow = overflow_tier_for(subscription, organization_tier=tier)
+    Organization.objects.filter(pk=organization.pk).update(tier=tier, overflow_tier=overflow)
     organization.tier = tier
+    organization.overflow_tier = overflow
 
 
 def _locked_subscription(organization: Organization) -> Subscription:
@@ -363,7 +370,7 @@ def _activate(payment: Payment, *, now: datetime, principal: Principal | None = 
     subscription.scheduled_tier = ""
     subscription.warned_at = None
     subscription.save()
-    _set_org_tier(organization, payment.tier)
+    _set_org_tier(organization, payment.tier, subscription)
     payment.status = Payment.Status.CONFIRMED
     payment.confirmed_at = now
     payment.period_start = start
@@ -436,7 +443,7 @@ def _revert(payment: Payment, *, now: datetime, reason: str) -> None:
     subscription = _locked_subscription(organization)
     if payment.previous_subscription:
         _restore(subscription, payment.previous_subscription)
-        _set_org_tier(organization, payment.previous_subscription["organization_tier"])
+        _set_org_tier(organization, payment.previous_subscription["organization_tier"], subscription)
     payment.status = Payment.Status.REVERTED
     payment.failure_reason = reason[:64]
     payment.save(update_fields=["status", "failure_reason"])
@@ -452,13 +459,33 @@ def _revert(payment: Payment, *, now: datetime, reason: str) -> None:
 # --- downgrade, cancel, reactivate --------------------------------------------------------------------
 
 
+def _managed_subscription(principal: Principal) -> Subscription:
+    """The caller's organization's subscription, locked, once the caller may manage billing."""
+    ensure_may_manage_billing(principal)
+    return _locked_subscription(principal.organization)
+
+
+def _withdraw_renewal_intents(organization: Organization, *, reason: str) -> None:
+    """Close the open renewal intent (if any): the period it would pay will not come as priced."""
+    Payment.objects.filter(organization=organization, kind=Payment.Kind.RENEWAL,
+                           status=Payment.Status.PENDING).update(status=Payment.Status.EXPIRED,
+                                                                 failure_reason=reason)
+
+
+def _set_renewing(subscription: Subscription, *, renewing: bool, now: datetime) -> None:
+    """Cancel (renewing=False) or reactivate: the tier stays until `renews_at` either way, and so
+    does the overflow billing (a cancelled period is still paid: billing.selectors.OVERFLOW_STANDING)."""
+    subscription.status = Subscription.Status.ACTIVE if renewing else Subscription.Status.CANCELLED
+    subscription.cancelled_at = None if renewing else now
+    subscription.auto_renew = renewing
+    subscription.save(update_fields=["status", "cancelled_at", "auto_renew", "updated_at"])
+
+
 @transaction.atomic
 def downgrade(*, principal: Principal, tier: str, ip: str | None = None,
               now: datetime | None = None) -> Subscription:
     """Schedule a lower tier for the end of the paid period (§12.8)."""
-    ensure_may_manage_billing(principal)
-    organization = principal.organization
-    subscription = _locked_subscription(organization)
+    subscription = _managed_subscription(principal)
     if subscription.tier not in PAID_TIERS or subscription.status == Subscription.Status.EXPIRED:
         raise InvalidInput("Only a paid subscription can be downgraded.", code="not_downgradable")
     if tier not in ("free", *PAID_TIERS) or tier_rank(tier) >= tier_rank(subscription.tier):
@@ -468,12 +495,10 @@ def downgrade(*, principal: Principal, tier: str, ip: str | None = None,
     if subscription.warned_at is not None:
         # A renewal intent for the old tier may be open: withdraw it; the next lifecycle run opens
         # one for the new tier and warns again.
-        Payment.objects.filter(organization=organization, kind=Payment.Kind.RENEWAL,
-                               status=Payment.Status.PENDING).update(status=Payment.Status.EXPIRED,
-                                                                     failure_reason="superseded")
+        _withdraw_renewal_intents(principal.organization, reason="superseded")
         subscription.warned_at = None
     subscription.save(update_fields=["scheduled_tier", "warned_at", "updated_at"])
-    _audit(organization, "billing.downgrade_scheduled", principal=principal, ip=ip, tier=tier,
+    _audit(principal.organization, "billing.downgrade_scheduled", principal=principal, ip=ip, tier=tier,
            effective_at=subscription.renews_at.isoformat() if subscription.renews_at else None)
     return subscription
 
@@ -481,20 +506,12 @@ def downgrade(*, principal: Principal, tier: str, ip: str | None = None,
 @transaction.atomic
 def cancel(*, principal: Principal, ip: str | None = None, now: datetime | None = None) -> Subscription:
     """Stop renewing: the tier stays until the end of the paid period, then the school is on free."""
-    ensure_may_manage_billing(principal)
-    now = _now(now)
-    organization = principal.organization
-    subscription = _locked_subscription(organization)
+    subscription = _managed_subscription(principal)
     if subscription.tier not in PAID_TIERS or subscription.status != Subscription.Status.ACTIVE:
         raise InvalidInput("Only an active paid subscription can be cancelled.", code="not_cancellable")
-    subscription.status = Subscription.Status.CANCELLED
-    subscription.cancelled_at = now
-    subscription.auto_renew = False
-    subscription.save(update_fields=["status", "cancelled_at", "auto_renew", "updated_at"])
-    Payment.objects.filter(organization=organization, kind=Payment.Kind.RENEWAL,
-                           status=Payment.Status.PENDING).update(status=Payment.Status.EXPIRED,
-                                                                 failure_reason="cancelled")
-    _audit(organization, "billing.cancelled", principal=principal, ip=ip,
+    _set_renewing(subscription, renewing=False, now=_now(now))
+    _withdraw_renewal_intents(principal.organization, reason="cancelled")
+    _audit(principal.organization, "billing.cancelled", principal=principal, ip=ip,
            active_until=subscription.renews_at.isoformat() if subscription.renews_at else None)
     return subscription
 
@@ -502,17 +519,13 @@ def cancel(*, principal: Principal, ip: str | None = None, now: datetime | None 
 @transaction.atomic
 def reactivate(*, principal: Principal, ip: str | None = None, now: datetime | None = None) -> Subscription:
     """Undo a cancellation before the paid period ends."""
-    ensure_may_manage_billing(principal)
     now = _now(now)
-    subscription = _locked_subscription(principal.organization)
+    subscription = _managed_subscription(principal)
     if (subscription.status != Subscription.Status.CANCELLED or subscription.renews_at is None
             or subscription.renews_at <= now):
         raise InvalidInput("Only a cancelled subscription whose period has not ended can be reactivated.",
                            code="not_reactivatable")
-    subscription.status = Subscription.Status.ACTIVE
-    subscription.cancelled_at = None
-    subscription.auto_renew = True
-    subscription.save(update_fields=["status", "cancelled_at", "auto_renew", "updated_at"])
+    _set_renewing(subscription, renewing=True, now=now)
     _audit(principal.organization, "billing.reactivated", principal=principal, ip=ip)
     return subscription
 
@@ -567,12 +580,14 @@ def _lifecycle_step(subscription: Subscription, *, now: datetime, report: Lifecy
         if scheduled:
             subscription.tier = scheduled
             subscription.scheduled_tier = ""
-            _set_org_tier(organization, scheduled)
             _audit(organization, "billing.downgraded", tier=scheduled)
             report.downgraded += 1
-        # Not paid for the next period (a paid renewal would have moved renews_at on): grace.
+        # Not paid for the next period (a paid renewal would have moved renews_at on): grace. The
+        # tier's limits stay, but overflow is no longer billed: new stacks and bytes past them are
+        # refused until the renewal is paid.
         subscription.status = Subscription.Status.GRACE_PERIOD
         subscription.save()
+        _set_org_tier(organization, scheduled or organization.tier, subscription)
         _open_renewal(subscription, now=now)
         _audit(organization, "billing.grace_started", tier=subscription.tier,
                grace_until=(renews_at + GRACE_PERIOD).isoformat())
@@ -583,8 +598,7 @@ def _lifecycle_step(subscription: Subscription, *, now: datetime, report: Lifecy
         report.grace += 1
     elif status == Subscription.Status.GRACE_PERIOD and renews_at + GRACE_PERIOD <= now:
         _to_free(subscription, status=Subscription.Status.EXPIRED)
-        Payment.objects.filter(organization=organization, kind=Payment.Kind.RENEWAL,
-                               status=Payment.Status.PENDING).update(status=Payment.Status.EXPIRED)
+        _withdraw_renewal_intents(organization, reason="expired")
         _audit(organization, "billing.expired", tier="free")
         _mail(organization, "plan expired",
               f"{organization.name}'s plan was not renewed within the grace period and is now the free tier "
@@ -621,7 +635,7 @@ def _to_free(subscription: Subscription, *, status: str) -> None:
     subscription.renews_at = None
     subscription.warned_at = None
     subscription.save()
-    _set_org_tier(subscription.organization, Subscription.Tier.FREE)
+    _set_org_tier(subscription.organization, Subscription.Tier.FREE, subscription)
 
 
 def expire_intents(*, now: datetime | None = None) -> int:

@@ -102,8 +102,10 @@ def ensure_may_activate_stack(*, organization: Organization) -> None:
 
     The rule lives here, beside the table it counts, so that `stack_create` and `stack_unarchive`
     enforce it for every path (API, dashboard, commands, kernle's first push); the tier's limit
-    comes from accounts.tiers. A caller that goes on to activate a stack holds the organization's
-    row lock first (stacks.services), or two requests could both see room for one more.
+    comes from accounts.tiers. A paid tier with overflow prices in good standing is not refused:
+    the extra stacks are billed with the next renewal (docs/kernle-protocol.md §12.6-12.7;
+    billing.selectors.overflow_charge). A caller that goes on to activate a stack holds the
+    organization's row lock first (stacks.services), or two requests could both see room for one more.
     """
     if stack_room(organization=organization) == 0:
         tier = tier_for(organization)
@@ -115,10 +117,15 @@ def ensure_may_activate_stack(*, organization: Organization) -> None:
 
 
 def stack_room(*, organization: Organization) -> int | None:
-    """How many more stacks the organization's tier lets it activate (None: no limit). A roster
-    import reads it to refuse a file that would pass the limit before it creates anything."""
+    """How many more stacks the organization's tier lets it activate (None: no limit, or overflow
+    billed). A roster import reads it to refuse a file that would pass the limit before it creates
+    anything.
+
+    Stacks sit below billing, so the subscription is read through the organization: billing.services
+    keeps `Organization.overflow_tier` in step with it, and a lapsed, expired or downgraded plan
+    clears it, after which new stacks past the count are refused again (existing ones keep syncing)."""
     tier = tier_for(organization)
-    if tier.syncing_stacks is None:
+    if tier.syncing_stacks is None or organization.overflow_billed:
         return None
     active = Stack.objects.filter(organization_id=organization.pk, status=Stack.Status.ACTIVE).count()
     return max(0, tier.syncing_stacks - active)

@@ -15,6 +15,7 @@ student's name: usage is shown for the school as a whole.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -44,6 +45,7 @@ from billing.selectors import (
     may_manage_billing,
     payment_for,
     payments_of,
+    renewal_amount,
     subscription_of,
     tier_rank,
     usdc,
@@ -76,16 +78,32 @@ def _tier_row(tier: Tier, current: Tier) -> dict[str, Any]:
             "current": tier.name == current.name}
 
 
-def _chart(stacks: dict[str, Any], storage: dict[str, Any]) -> dict[str, Any] | None:
-    """Share of each limit in use (percent): the one scale both limits have in common."""
-    bars = [(label, gauge["percent"]) for label, gauge in (("Active stacks", stacks), ("Storage", storage))
-            if gauge["percent"] is not None]
-    if not bars:
+# The usage chart's colours: in use (the dashboard's blue), still free (a pale track), past the
+# limit (the warning orange; only a plan that bills overflow gets there).
+USED, FREE, OVER = "#1f4fbf", "#d9dee7", "#c2571a"
+
+
+def _chart(rows: list[tuple[str, dict[str, Any], str]]) -> dict[str, Any] | None:
+    """Each limit as one horizontal bar 100 % long: the share in use, the share still free and,
+    for a plan that bills overflow, the share past the limit, with the numbers in the bar's label.
+
+    A bar of usage beside a bar of the limit drew a new school's 0 bytes of 10 MB as one big limit
+    bar and nothing else; on a track of what is free, an empty plan reads as "all free" and a
+    crowded one as "little left". Drawn by static/dashboard/billing.js (canvas[data-billing-chart])."""
+    shown = [(label, gauge, amount) for label, gauge, amount in rows if gauge["percent"] is not None]
+    if not shown:
         return None
-    return {"type": "bar", "labels": [label for label, _ in bars],
-            "datasets": [{"label": "In use (% of the limit)", "data": [value for _, value in bars]},
-                         {"label": "Your plan's limit", "data": [100 for _ in bars]}],
-            "y_label": "% of limit", "stacked": False, "max": 100}
+    percents = [float(gauge["percent"]) for _, gauge, _ in shown]
+    datasets = [
+        {"label": "In use", "data": [min(p, 100.0) for p in percents], "color": USED},
+        {"label": "Still free", "data": [round(max(0.0, 100.0 - p), 1) for p in percents], "color": FREE},
+    ]
+    if any(p > 100 for p in percents):
+        datasets.append({"label": "Past the limit (billed)", "data": [round(max(0.0, p - 100.0), 1)
+                                                                      for p in percents], "color": OVER})
+    return {"labels": [[label, f"{amount} · {gauge['percent_label']}%"] for label, gauge, amount in shown],
+            "notes": [f"{gauge['percent_label']} % in use" for _, gauge, _ in shown], "datasets": datasets,
+            "x_label": "% of your plan's limit", "max": max(100.0, *percents)}
 
 
 PAYMENTS_PER_PAGE = 10
@@ -110,8 +128,8 @@ def _plan(organization: Any, subscription: Subscription | None, *, now: datetime
         "grace_ends": renews_at + services.GRACE_PERIOD if renews_at and status == Subscription.Status.GRACE_PERIOD
         else None,
         "scheduled_tier": subscription.scheduled_tier if subscription else "",
-        "renewal_amount": usdc(PRICES[subscription.scheduled_tier or subscription.tier])
-        if paid and subscription and (subscription.scheduled_tier or subscription.tier) in PRICES else None,
+        # Overflow included (stacks or GB past the limit on a paid tier), as the renewal intent will ask.
+        "renewal_amount": usdc(amount) if paid and (amount := renewal_amount(organization, subscription)) else None,
         "upgrades": [{"name": t, "price": usdc(PRICES[t])} for t in PAID_TIERS if tier_rank(t) > tier_rank(current)],
         "downgrades": [t for t in ("free", *PAID_TIERS) if tier_rank(t) < tier_rank(current)] if paid
         and status == Subscription.Status.ACTIVE else [],
@@ -151,7 +169,9 @@ def billing(request: HttpRequest, principal: Principal) -> HttpResponse:
     return render(request, "dashboard/billing/billing.html", {
         "organization": organization, "tier": tier, "stacks": stacks, "storage": storage,
         "archived": totals["archived"], "memories": int(totals["memories"] or 0),
-        "tiers": [_tier_row(t, tier) for t in shown], "chart": _chart(stacks, storage),
+        "tiers": [_tier_row(t, tier) for t in shown],
+        "chart": _chart([("Active stacks", stacks, f"{stacks['used']} of {stacks['limit']}"),
+                         ("Storage", storage, f"{storage['used_label']} of {storage['limit_label']}")]),
         "plan": _plan(organization, subscription_of(organization), now=timezone.now()),
         "may_manage": may_manage_billing(principal), "payments_configured": config is not None,
         "chain_id": config.chain_id if config else None,
@@ -197,29 +217,35 @@ def billing_confirm(request: HttpRequest, principal: Principal, payment_id: str)
     return redirect("dashboard:billing-payment", payment_id=payment.public_id)
 
 
+def _plan_changed(request: HttpRequest, principal: Principal, change: Callable[..., Subscription],
+                  said: Callable[[Subscription], str], **fields: Any) -> HttpResponse:
+    """Downgrade, cancel, reactivate: the service (which checks everything) with the form's fields,
+    then what it did as a message on the billing page."""
+    subscription = change(principal=principal, ip=request_ip(request), **fields)
+    messages.success(request, said(subscription))
+    return redirect("dashboard:billing")
+
+
 @dashboard_page(roles=BILLING_PAGES)
 @require_POST
 def billing_downgrade(request: HttpRequest, principal: Principal) -> HttpResponse:
-    subscription = services.downgrade(principal=principal, tier=request.POST.get("tier", ""), ip=request_ip(request))
-    messages.success(request, f"{subscription.tier.capitalize()} stays until the end of the period; then "
-                              f"{subscription.scheduled_tier}.")
-    return redirect("dashboard:billing")
+    return _plan_changed(request, principal, services.downgrade, lambda subscription: (
+        f"{subscription.tier.capitalize()} stays until the end of the period; then {subscription.scheduled_tier}."),
+        tier=request.POST.get("tier", ""))
 
 
 @dashboard_page(roles=BILLING_PAGES)
 @require_POST
 def billing_cancel(request: HttpRequest, principal: Principal) -> HttpResponse:
-    services.cancel(principal=principal, ip=request_ip(request))
-    messages.success(request, "Cancelled: the plan stays until the end of the paid period, then the free tier.")
-    return redirect("dashboard:billing")
+    return _plan_changed(request, principal, services.cancel, lambda _: (
+        "Cancelled: the plan stays until the end of the paid period, then the free tier."))
 
 
 @dashboard_page(roles=BILLING_PAGES)
 @require_POST
 def billing_reactivate(request: HttpRequest, principal: Principal) -> HttpResponse:
-    services.reactivate(principal=principal, ip=request_ip(request))
-    messages.success(request, "Reactivated: the plan renews at the end of the period.")
-    return redirect("dashboard:billing")
+    return _plan_changed(request, principal, services.reactivate,
+                         lambda _: "Reactivated: the plan renews at the end of the period.")
 
 
 @dashboard_page(roles=BILLING_PAGES)

@@ -101,6 +101,66 @@
       .catch(function (error) { say(status, "Not paid: " + reason(error)); });
   }
 
+  // The usage chart (dashboard/views/billing.py _chart): one horizontal bar per limit, 100 % long,
+  // stacked as in use / still free / past the limit, the numbers in each bar's label. Drawn here
+  // rather than by app.js's generic charts, which draw vertical bars side by side.
+  // Writes "N % in use" on each bar, right after its in-use part (inside it, in white, when the
+  // rest of the bar has no room), so even a bar with nothing in use says so on the bar itself.
+  var inUseText = {
+    id: "inUseText",
+    afterDatasetsDraw: function (chart) {
+      var bars = chart.getDatasetMeta(0).data;
+      var notes = chart.options.plugins.inUseText.notes || [];
+      var ctx = chart.ctx;
+      ctx.save();
+      ctx.font = "600 12px system-ui, sans-serif";
+      ctx.textBaseline = "middle";
+      bars.forEach(function (bar, i) {
+        var text = notes[i];
+        if (!text) return;
+        var width = ctx.measureText(text).width;
+        var outside = chart.chartArea.right - bar.x > width + 12;
+        ctx.fillStyle = outside ? "#1b2333" : "#ffffff";
+        ctx.textAlign = outside ? "left" : "right";
+        ctx.fillText(text, outside ? bar.x + 6 : bar.x - 6, bar.y);
+      });
+      ctx.restore();
+    }
+  };
+
+  function drawUsage(canvas) {
+    var source = document.getElementById(canvas.getAttribute("data-billing-chart"));
+    if (!source || typeof window.Chart === "undefined") return;
+    var spec = JSON.parse(source.textContent);
+    new window.Chart(canvas, {
+      type: "bar",
+      data: {
+        labels: spec.labels,
+        datasets: spec.datasets.map(function (set) {
+          return { label: set.label, data: set.data, backgroundColor: set.color, borderColor: set.color,
+                   barPercentage: 0.8, categoryPercentage: 0.9 };
+        })
+      },
+      plugins: [inUseText],
+      options: {
+        indexAxis: "y", responsive: true, maintainAspectRatio: false, animation: false,
+        plugins: {
+          inUseText: { notes: spec.notes },
+          legend: { position: "bottom" },
+          tooltip: { callbacks: { label: function (item) { return item.dataset.label + ": " + item.formattedValue + " %"; } } }
+        },
+        scales: {
+          x: { stacked: true, min: 0, max: spec.max, title: { display: true, text: spec.x_label },
+               ticks: { callback: function (value) { return value + " %"; } } },
+          y: { stacked: true, ticks: { font: { size: 13 } } }
+        }
+      }
+    });
+  }
+  document.addEventListener("DOMContentLoaded", function () {
+    document.querySelectorAll("canvas[data-billing-chart]").forEach(drawUsage);
+  });
+
   document.addEventListener("click", function (event) {
     if (event.target.closest("#connect-wallet")) connect(document.getElementById("wallet-connect"));
     if (event.target.closest("#pay-with-wallet")) pay(document.getElementById("wallet-pay"));

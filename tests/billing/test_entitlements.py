@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import pytest
 
+from accounts.models import Organization
 from accounts.tiers import MB, TIERS
 from billing import entitlements
 from memoryhub.errors import QuotaExceeded, ServiceUnavailable
 from stacks.models import Stack
+from stacks.selectors import stack_room
+from tests.billing.chain import DevChain
+from tests.billing.test_payments import Payer
 from tests.factories import make_org, make_stack
 
 pytestmark = pytest.mark.django_db
@@ -59,3 +63,29 @@ def test_unlimited_tier_and_unknown_tier_fails_closed() -> None:
     org.save()
     with pytest.raises(ServiceUnavailable):
         entitlements.ensure_can_store(stack=stack, additional_bytes=1)
+
+
+def test_a_confirmed_core_payment_lets_stacks_past_the_count_in_and_bills_them(chain: DevChain) -> None:
+    """The stack quota sits in stacks, below billing: a payment confirmed on the chain must reach it
+    (Organization.overflow_tier, written with the tier), so the fourth stack on core is accepted and
+    priced at §12.7's 1.50 USDC, where free refused the second."""
+    payer = Payer(chain, chain.accounts[0])
+    make_stack(payer.org, "first")
+    with pytest.raises(QuotaExceeded):
+        entitlements.ensure_can_create_stack(organization=payer.org)
+    payer.link_wallet()
+    intent = payer.upgrade("core")
+    tx_hash = payer.pay(intent)
+    chain.confirm()
+    assert payer.confirm(intent["payment_id"], tx_hash).json()["status"] == "confirmed"
+
+    org = Organization.objects.get(pk=payer.org.pk)
+    assert (org.tier, org.overflow_tier) == ("core", "core")
+    for slug in ("second", "third", "fourth"):
+        entitlements.ensure_can_create_stack(organization=org)
+        make_stack(org, slug)
+    assert stack_room(organization=org) is None
+    estimate = entitlements.monthly_cost_estimate(organization=org, storage_bytes=0)
+    assert (estimate["overflow"], estimate["total"], estimate["overflow_billed"]) == ("1.5", "6.5", True)
+    me = payer.client.get("/api/v1/subscriptions/me").json()
+    assert me["subscription"]["renewal_amount"] == "6.5" and me["usage"]["agents_used"] == 4

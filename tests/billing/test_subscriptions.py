@@ -20,10 +20,14 @@ from accounts.models import AuditEvent, Membership, Organization
 from accounts.tiers import GB, MB
 from billing import services
 from billing.models import Payment, Subscription
+from billing.selectors import overflow_tier_for
 from stacks.models import Stack
+from stacks.selectors import stack_room
+from stacks.services import personal_account_register
 from tests.accounts.clients import csrf_session_client
 from tests.actors import School
-from tests.factories import bearer_client, make_key, make_org, make_user
+from tests.factories import bearer_client, make_key, make_org, make_stack, make_user
+from tests.memories.test_sync_kernle import episode
 
 pytestmark = pytest.mark.django_db
 
@@ -40,8 +44,9 @@ def paid(org: Organization, tier: str, *, start: datetime) -> Subscription:
     subscription = Subscription.objects.create(organization=org, tier=tier, status=Subscription.Status.ACTIVE,
                                                starts_at=start, renews_at=services.one_month_after(start),
                                                auto_renew=True)
-    Organization.objects.filter(pk=org.pk).update(tier=tier)
-    org.tier = tier
+    overflow = overflow_tier_for(subscription, organization_tier=tier)  # as billing.services writes it
+    Organization.objects.filter(pk=org.pk).update(tier=tier, overflow_tier=overflow)
+    org.tier, org.overflow_tier = tier, overflow
     return subscription
 
 
@@ -290,3 +295,86 @@ def test_payments_page_with_per_page_or_its_legacy_alias_limit(school: School) -
     assert {p["id"] for p in first["payments"] + second["payments"]} == set(
         Payment.objects.filter(organization=org).values_list("public_id", flat=True))
     assert client.get("/api/v1/subscriptions/payments?page=0").status_code == 400
+
+
+def kernle_push(client: APIClient, stack_id: str, record_id: str) -> dict[str, Any]:
+    response = client.post("/sync/push", {"stack_id": stack_id, "operations": [episode(record_id)]}, format="json")
+    assert response.status_code == 200, response.content  # a refused stack is a conflict, never a 4xx
+    return dict(response.json())
+
+
+def test_stacks_past_the_count_are_billed_on_core_and_refused_again_once_the_plan_lapses(
+        school: School, run: Lifecycle) -> None:
+    """§12.6-12.7: a paid tier with overflow prices in good standing accepts a stack past its count
+    and bills it; free refuses it; grace and expiry refuse new ones again, existing ones keep working."""
+    Organization.objects.filter(pk=school.org.pk).update(tier="free")
+    school.org.refresh_from_db()
+    refused = school.admin_api.post("/api/v1/stacks/", {"stack_id": "third"}, format="json")
+    assert refused.status_code == 402 and refused.json()["error"]["code"] == "stack_limit_reached"
+
+    subscription = paid(school.org, "core", start=timezone.now())
+    renews = subscription.renews_at
+    assert renews is not None
+    for slug in ("third", "fourth"):  # core counts 3 syncing stacks; the fourth is billed at 1.50
+        created = school.admin_api.post("/api/v1/stacks/", {"stack_id": slug}, format="json")
+        assert created.status_code == 201, created.content
+    assert stack_room(organization=school.org) is None  # a roster import is not refused either
+    assert billing_member(school).get("/api/v1/subscriptions/me").json()["subscription"]["renewal_amount"] == "6.5"
+    cost = school.admin_api.get("/api/v1/stacks/alice/usage").json()["organization"]["cost_now"]
+    assert (cost["price"], cost["overflow"], cost["total"], cost["overflow_billed"]) == ("5", "1.5", "6.5", True)
+    run(renews - timedelta(days=2))
+    renewal = Payment.objects.get(organization=school.org, kind=Payment.Kind.RENEWAL)
+    assert renewal.amount == 6_500_000  # billed at renewal
+
+    assert run(renews + timedelta(hours=1)).grace == 1  # unpaid: the hard limit is back for new stacks
+    again = school.admin_api.post("/api/v1/stacks/", {"stack_id": "fifth"}, format="json")
+    assert again.status_code == 402 and "core: 3 syncing stacks" in again.json()["error"]["message"]
+    school.org.refresh_from_db()
+    assert stack_room(organization=school.org) == 0
+    assert push(school.agent, school.stack.slug, "in-grace").json()["applied"] == 1  # existing stacks sync on
+
+    run(renews + timedelta(days=7, hours=1))
+    school.org.refresh_from_db()
+    assert (school.org.tier, school.org.overflow_tier) == ("free", "")
+    expired = school.admin_api.post("/api/v1/stacks/", {"stack_id": "fifth"}, format="json")
+    assert expired.status_code == 402 and "free: 1 syncing stack" in expired.json()["error"]["message"]
+    assert Stack.objects.filter(organization=school.org, status=Stack.Status.ACTIVE).count() == 4
+
+
+def test_kernle_first_push_past_the_stack_count_is_accepted_on_core_and_a_conflict_after_a_downgrade(
+        run: Lifecycle) -> None:
+    reg = personal_account_register(stack_id="first", email="overflow-agent@example.test")
+    org = reg.organization
+    client = bearer_client(make_key(org, user=reg.user)[1])  # the account's unbound key provisions stacks
+    free = kernle_push(client, "second", "e1")
+    assert free["synced"] == 0 and "stack limit reached (free: 1 syncing stack)" in free["conflicts"][0]["error"]
+
+    subscription = paid(org, "core", start=timezone.now())
+    renews = subscription.renews_at
+    assert renews is not None
+    for slug in ("second", "third", "fourth"):
+        assert kernle_push(client, slug, f"{slug}-1")["synced"] == 1
+    assert Stack.objects.filter(organization=org, status=Stack.Status.ACTIVE).count() == 4
+    owner = csrf_session_client(reg.user)
+    assert owner.get("/api/v1/subscriptions/me").json()["subscription"]["renewal_amount"] == "6.5"
+
+    assert owner.post("/api/v1/subscriptions/downgrade", {"tier": "free"}, format="json").status_code == 200
+    assert kernle_push(client, "fifth", "e2")["synced"] == 1  # still core, in good standing, until renews_at
+    run(renews)
+    refused = kernle_push(client, "sixth", "e3")
+    assert refused["synced"] == 0 and "stack limit reached (free: 1 syncing stack)" in refused["conflicts"][0]["error"]
+    assert not Stack.objects.filter(organization=org, slug="sixth").exists()
+    assert kernle_push(client, "second", "second-2")["synced"] == 1  # existing stacks keep syncing
+
+
+def test_overflow_is_not_billed_for_a_tier_set_by_hand(db: None) -> None:
+    org = make_org(tier="core")
+    make_stack(org, "a")
+    make_stack(org, "b")
+    make_stack(org, "c")
+    assert stack_room(organization=org) == 0  # core without a subscription: hard limit
+    paid(org, "core", start=timezone.now())
+    assert stack_room(organization=org) is None
+    Organization.objects.filter(pk=org.pk).update(tier="free")  # an operator's hand, not billing's
+    org.refresh_from_db()
+    assert org.overflow_tier == "core" and not org.overflow_billed and stack_room(organization=org) == 0

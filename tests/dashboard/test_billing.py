@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from django.test import Client, override_settings
 from django.urls import URLPattern, URLResolver, reverse
+from django.utils import timezone
 from eth_account import Account
 from eth_account.messages import encode_defunct
 
@@ -54,8 +55,10 @@ def test_an_admin_sees_the_plan_and_usage_measured_as_billing_enforces_it(school
     assert re.search(r'id="usage-storage">300\.0\s*MB <span class="stat-label">of 1 GB</span>', page)
     assert re.search(r'id="usage-memories">2<', page)
     spec = chart(page)
-    assert spec["type"] == "bar" and spec["labels"] == ["Active stacks", "Storage"]
-    assert spec["datasets"][0]["data"][0] == 20.0 and 29 < spec["datasets"][0]["data"][1] < 30
+    assert spec["labels"][0] == ["Active stacks", "2 of 10 · 20%"] and spec["labels"][1][0] == "Storage"
+    used, free = spec["datasets"]
+    assert used["label"] == "In use" and used["data"][0] == 20.0 and 29 < used["data"][1] < 30
+    assert free["label"] == "Still free" and free["data"][0] == 80.0 and 70 < free["data"][1] < 71
     # Every plan a school can be on, to compare; the school's own marked. No chain configured in
     # this test: nothing to pay with, so no form.
     for name in ("free", "core", "pro", "enterprise"):
@@ -74,6 +77,36 @@ def test_a_school_at_its_limits_is_told_so(db: None) -> None:
     page = client_for(admin).get(URL).content.decode()
     assert page.count('class="badge danger"') == 2
     assert "New students cannot be added" in page and "new memories are refused" in page
+
+
+def test_a_new_schools_empty_plan_reads_as_all_free_not_as_a_blank_chart(db: None) -> None:
+    """0 bytes of 10 MB: the chart drew a full-height limit bar and no usage at all. Each limit is
+    now one bar of what is in use and what is still free, the numbers in its label."""
+    org = make_org(tier="free")
+    page = client_for(make_user(org)).get(URL).content.decode()
+    spec = chart(page)
+    assert spec["labels"] == [["Active stacks", "0 of 1 · 0%"], ["Storage", "0\xa0bytes of 10 MB · 0%"]]
+    assert [(d["label"], d["data"]) for d in spec["datasets"]] == [("In use", [0.0, 0.0]),
+                                                                   ("Still free", [100.0, 100.0])]
+    assert spec["max"] == 100.0 and 'data-billing-chart="chart-usage"' in page
+    assert "Storage 0\xa0bytes of 10 MB · 0%" in page  # the canvas's text alternative says it too
+
+
+def test_overflow_billed_past_a_limit_is_its_own_part_of_the_bar(db: None) -> None:
+    org = make_org(tier="core")
+    for slug in ("a", "b", "c"):
+        make_stack(org, slug)
+    Subscription.objects.create(organization=org, tier="core", status=Subscription.Status.ACTIVE, auto_renew=True,
+                                starts_at=timezone.now(), renews_at=timezone.now() + timedelta(days=30))
+    Organization.objects.filter(pk=org.pk).update(overflow_tier="core")  # as a confirmed payment leaves it
+    org.refresh_from_db()
+    make_stack(org, "d")  # a fourth stack on core: billed, not refused
+    page = client_for(make_user(org)).get(URL).content.decode()
+    assert re.search(r'id="plan-renewal">Renews on [^<]* for 6\.5 USDC', page)  # 5 + one extra stack at 1.50
+    spec = chart(page)
+    assert spec["labels"][0] == ["Active stacks", "4 of 3 · 133.3%"] and spec["max"] == 133.3
+    assert [(d["label"], d["data"][0]) for d in spec["datasets"]] == [
+        ("In use", 100.0), ("Still free", 0.0), ("Past the limit (billed)", 33.3)]
 
 
 def test_an_unlimited_plan_has_no_gauge_and_no_chart(db: None) -> None:
