@@ -34,6 +34,7 @@ from memories.lifecycle.jobs import JOB_DECAY, JOB_RUN_RETENTION, JOB_TTL_PURGE,
 from memories.models import JobRun, Memory, StackDailyActivity
 from memories.selectors import job_runs_scope
 from memoryhub.errors import ServiceUnavailable
+from memoryhub.replica import primary_values, read_alias
 from stacks.models import Stack, TeacherAssignment
 from stacks.selectors import stacks_visible_to
 
@@ -125,7 +126,9 @@ def embedding_backlog_by_stack(stack_ids: list[int]) -> dict[int, int]:
     `memories_embedding_backlog` (memories/models.py), so this reads that index only."""
     if not stack_ids:
         return {}
-    rows = (Memory.objects.filter(stack_id__in=stack_ids, embedded_version__isnull=True, deleted_at__isnull=True)
+    # A count a moment old is fine here: the replica, when there is one (memoryhub/replica.py).
+    rows = (Memory.objects.using(read_alias())
+            .filter(stack_id__in=stack_ids, embedded_version__isnull=True, deleted_at__isnull=True)
             .values("stack_id").annotate(n=Count("*")).values_list("stack_id", "n"))
     return dict(rows)
 
@@ -167,8 +170,10 @@ def summary(principal: Principal) -> Summary:
 
 def embedding_backlog_total(principal: Principal) -> int:
     """The caller's stacks' backlog, counted up to BACKLOG_COUNT_CAP (+1, so "more than" shows)."""
-    visible = stacks_visible_to(principal).values("pk")
-    waiting = Memory.objects.filter(stack_id__in=visible, embedded_version__isnull=True, deleted_at__isnull=True)
+    alias = read_alias()  # a count a moment old is fine; who sees which stacks is decided on the primary
+    visible = primary_values(stacks_visible_to(principal).values("pk"), alias)
+    waiting = (Memory.objects.using(alias)
+               .filter(stack_id__in=visible, embedded_version__isnull=True, deleted_at__isnull=True))
     return waiting.values("pk")[: BACKLOG_COUNT_CAP + 1].count()
 
 
@@ -178,8 +183,10 @@ def written_per_day(principal: Principal, *, today: date | None = None,
     the kernel's rollup; days nobody wrote are 0."""
     today = today or timezone.now().date()
     first = today - timedelta(days=days - 1)
-    rows = (StackDailyActivity.objects
-            .filter(stack_id__in=stacks_visible_to(principal).values("pk"), day__gte=first, day__lte=today)
+    alias = read_alias()  # a chart a moment old is fine; who sees which stacks is decided on the primary
+    rows = (StackDailyActivity.objects.using(alias)
+            .filter(stack_id__in=primary_values(stacks_visible_to(principal).values("pk"), alias),
+                    day__gte=first, day__lte=today)
             .values("day").annotate(n=Sum("written")).values_list("day", "n"))
     by_day = dict(rows)
     return [(first + timedelta(days=i), int(by_day.get(first + timedelta(days=i), 0))) for i in range(days)]
@@ -202,7 +209,7 @@ def forgetting_per_week(principal: Principal, *, now: datetime | None = None) ->
     since = now - JOB_RUN_RETENTION
     first_week = since.date() - timedelta(days=since.weekday())
     organization = str(principal.organization.pk)
-    rows = (JobRun.objects.filter(name__in=[JOB_DECAY, JOB_TTL_PURGE], started_at__gte=since)
+    rows = (JobRun.objects.using(read_alias()).filter(name__in=[JOB_DECAY, JOB_TTL_PURGE], started_at__gte=since)
             .exclude(status=JobRun.Status.SKIPPED)
             .annotate(week=TruncWeek("started_at"))
             .values("week", "name")

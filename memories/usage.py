@@ -29,6 +29,7 @@ from django.utils import timezone
 from accounts.principal import Principal
 from billing.entitlements import cost_visible_to, monthly_cost_estimate, storage_used
 from memories.models import Memory
+from memoryhub.replica import read_alias
 from stacks.models import Stack
 from teleport.models import Snapshot
 
@@ -61,8 +62,8 @@ def _organization_growth(organization_id: int, now: datetime) -> int:
     cached = cache.get(key)
     if isinstance(cached, int):
         return cached
-    growth = _growth_per_month(
-        Memory.objects.filter(stack__organization_id=organization_id, deleted_at__isnull=True), now)
+    growth = _growth_per_month(Memory.objects.using(read_alias())
+                               .filter(stack__organization_id=organization_id, deleted_at__isnull=True), now)
     cache.set(key, growth, ORG_GROWTH_CACHE_SECONDS)
     return growth
 
@@ -70,10 +71,14 @@ def _organization_growth(organization_id: int, now: datetime) -> int:
 def stack_usage(*, stack: Stack, principal: Principal, now: datetime | None = None) -> dict[str, Any]:
     """The caller resolved `stack` through the access decision (read access)."""
     now = now or timezone.now()
-    live = Memory.objects.filter(stack_id=stack.pk, deleted_at__isnull=True)
+    # Sums and series a moment old are fine: the replica, when there is one (memoryhub/replica.py).
+    # The stack's own counter (`bytes_used`) is the row the caller's access check read, on the primary.
+    alias = read_alias()
+    live = Memory.objects.using(alias).filter(stack_id=stack.pk, deleted_at__isnull=True)
     by_kind = {row["kind"]: {"bytes": int(row["bytes"] or 0), "count": row["count"]}
                for row in live.values("kind").annotate(bytes=Sum("size_bytes"), count=Count("id")).order_by("kind")}
-    snapshots = Snapshot.objects.filter(stack_id=stack.pk).aggregate(bytes=Sum("stored_bytes"), count=Count("id"))
+    snapshots = (Snapshot.objects.using(alias).filter(stack_id=stack.pk)
+                 .aggregate(bytes=Sum("stored_bytes"), count=Count("id")))
     by_kind["snapshots"] = {"bytes": int(snapshots["bytes"] or 0), "count": snapshots["count"]}
 
     months = _month_starts(now, MONTHS)

@@ -12,6 +12,7 @@ import os
 import re
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import dj_database_url
 from csp import constants as csp_constants
@@ -86,21 +87,39 @@ REDIS_URL = env_url(
 # carry over and each request would open a new connection (~10 ms+). A psycopg connection pool
 # per process does: DB_POOL_MAX_SIZE=0 turns it off (then DB_CONN_MAX_AGE applies).
 DB_POOL_MAX_SIZE = env_int("DB_POOL_MAX_SIZE", 10, minimum=0)
-DATABASES = {
-    "default": dj_database_url.parse(
-        DATABASE_URL,
+
+
+def _database(url: str) -> dict[str, Any]:
+    """One DATABASES entry: the primary and the read replica get the same pool and timeouts."""
+    database = dj_database_url.parse(
+        url,
         conn_max_age=0 if DB_POOL_MAX_SIZE else env_int("DB_CONN_MAX_AGE", 60, minimum=0),
         conn_health_checks=not DB_POOL_MAX_SIZE,
     )
-}
-DATABASES["default"].setdefault("OPTIONS", {})
-DATABASES["default"]["OPTIONS"].setdefault("connect_timeout", 5)
-if DB_POOL_MAX_SIZE:
-    DATABASES["default"]["OPTIONS"]["pool"] = {
-        "min_size": 1,
-        "max_size": DB_POOL_MAX_SIZE,
-        "timeout": 5,  # waiting longer for a connection means the database is in trouble: fail (503)
-    }
+    options = database.setdefault("OPTIONS", {})
+    options.setdefault("connect_timeout", 5)
+    if DB_POOL_MAX_SIZE:
+        options["pool"] = {
+            "min_size": 1,
+            "max_size": DB_POOL_MAX_SIZE,
+            "timeout": 5,  # waiting longer for a connection means the database is in trouble: fail (503)
+        }
+    return dict(database)
+
+
+DATABASES = {"default": _database(DATABASE_URL)}
+# An optional streaming replica (README "Scaling out"): the read-only pages that can show data a
+# moment old read it through memoryhub.replica.read_alias(); writes, access decisions, sync pull
+# and anything inside a transaction stay on the primary. Unset: no "replica" alias is used at all.
+DATABASE_REPLICA_URL = env_str("DATABASE_REPLICA_URL", "")
+if DATABASE_REPLICA_URL:
+    DATABASES["replica"] = _database(env_url("DATABASE_REPLICA_URL", "", ("postgres", "postgresql", "pgsql")))
+elif is_test_suite():
+    # The suite declares the alias as a test mirror of the primary (no database of its own, no
+    # flush), so tests/memoryhub/test_replica.py can point it at a real standby; reads go to it
+    # only when DATABASE_READ_ALIAS says so.
+    DATABASES["replica"] = {**_database(DATABASE_URL), "TEST": {"MIRROR": "default"}}
+DATABASE_READ_ALIAS = "replica" if DATABASE_REPLICA_URL else "default"
 
 INSTALLED_APPS = [
     "memoryhub",  # the project package, for its operator commands (manage.py backup / restore)
