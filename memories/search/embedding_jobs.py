@@ -29,15 +29,21 @@ import logging
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
+import psycopg
 import redis
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Q
+from pgvector import Vector
+from pgvector.psycopg.vector import VectorBinaryDumper
+from psycopg.types import TypeInfo
 
 from memories.events import MEMORY, record_change
 from memories.lifecycle.jobs import JOB_EMBEDDING_SWEEP, Progress, run_job
@@ -48,7 +54,7 @@ from memories.search.embedding_model import (
     deployment_model_mismatch,
     deployment_model_verified,
 )
-from memories.search.embeddings import Embedder, get_embedder, vector_literal
+from memories.search.embeddings import Embedder, get_embedder
 from memories.writes.rows import lock_stack_changes
 from memoryhub.metrics import EMBEDDINGS_STORED
 
@@ -131,6 +137,32 @@ class EmbedResult:
     ids: list[str] = field(default_factory=list)
 
 
+# Per database connection: pgvector's type and a binary dumper bound to its oid (looked up once).
+_vector_types: weakref.WeakKeyDictionary[Any, tuple[TypeInfo, type[VectorBinaryDumper]]] = weakref.WeakKeyDictionary()
+
+
+def _binary_vectors_cursor(cursor: Any) -> psycopg.Cursor[Any]:
+    """A psycopg cursor on the same connection (so in the same transaction) that binds parameters
+    server-side and sends `pgvector.Vector`s in pgvector's binary form (the floats as they are).
+
+    Django's cursors bind client-side, in text: a batch of 64 vectors was formatted to ~200 KB of
+    decimal text in Python and quoted (0.1-0.35 ms per vector, 5-15 % of the model's time per text;
+    docs/algorithms.md §10.2.1) and parsed back by Postgres. The oids come from a plain query in
+    the caller's transaction (psycopg's `TypeInfo.fetch` would open a transaction block of its own)."""
+    raw_connection = cursor.cursor.connection  # under Django's wrapper
+    known = _vector_types.get(raw_connection)
+    if known is None:
+        cursor.execute("SELECT 'vector'::regtype::oid, 'vector[]'::regtype::oid")
+        oid, array_oid = cursor.fetchone()
+        known = (TypeInfo("vector", oid, array_oid), type("VectorDumper", (VectorBinaryDumper,), {"oid": oid}))
+        _vector_types[raw_connection] = known
+    info, dumper = known
+    binary = psycopg.Cursor(raw_connection)
+    info.register(binary)
+    binary.adapters.register_dumper(Vector, dumper)
+    return binary
+
+
 def store_vectors(rows: Sequence[tuple[str, int]], vectors: Sequence[Sequence[float]], model_id: str) -> int:
     """One set-based UPDATE for the batch, guarded by the version each vector was made from and by
     the deployment's model (a row is only written while `model_id` is it; else it stays as it was).
@@ -149,26 +181,27 @@ def store_vectors(rows: Sequence[tuple[str, int]], vectors: Sequence[Sequence[fl
         cursor.execute("SELECT DISTINCT stack_id FROM memories_memory WHERE id = ANY(%s::uuid[])",
                        [[row[0] for row in rows]])
         lock_stack_changes(*(stack_id for (stack_id,) in cursor.fetchall()))
-        cursor.execute(
-            """
-            UPDATE memories_memory AS m
-               SET embedding = v.embedding::vector,
-                   embedding_model = %s,
-                   embedded_version = v.version
-              FROM unnest(%s::uuid[], %s::int[], %s::text[]) AS v(id, version, embedding)
-             WHERE m.id = v.id AND m.version = v.version AND m.deleted_at IS NULL
-               AND EXISTS (SELECT 1 FROM memories_deploymentembeddingmodel d WHERE d.id = 1 AND d.model_id = %s)
-            RETURNING m.stack_id, m.id
-            """,
-            [
-                model_id,
-                [row[0] for row in rows],
-                [row[1] for row in rows],
-                [vector_literal(vector) for vector in vectors],
-                model_id,
-            ],
-        )
-        stored = cursor.fetchall()
+        with _binary_vectors_cursor(cursor) as vectors_cursor, connection.wrap_database_errors:
+            vectors_cursor.execute(
+                """
+                UPDATE memories_memory AS m
+                   SET embedding = v.embedding,
+                       embedding_model = %s,
+                       embedded_version = v.version
+                  FROM unnest(%s::uuid[], %s::int[], %b::vector[]) AS v(id, version, embedding)
+                 WHERE m.id = v.id AND m.version = v.version AND m.deleted_at IS NULL
+                   AND EXISTS (SELECT 1 FROM memories_deploymentembeddingmodel d WHERE d.id = 1 AND d.model_id = %s)
+                RETURNING m.stack_id, m.id
+                """,
+                [
+                    model_id,
+                    [row[0] for row in rows],
+                    [row[1] for row in rows],
+                    [Vector(vector) for vector in vectors],
+                    model_id,
+                ],
+            )
+            stored = vectors_cursor.fetchall()
         by_stack: dict[int, list[Any]] = {}
         for stack_id, memory_id in stored:
             by_stack.setdefault(stack_id, []).append(memory_id)
@@ -193,44 +226,102 @@ def _needs_vector(model_id: str) -> Q:
     return Q(embedded_version__isnull=True) | ~Q(embedding_model=model_id)
 
 
+@dataclass
+class _Batch:
+    """One claimed batch on its way through the pipeline: its rows, its lease, its vectors (a future)."""
+
+    rows: list[tuple[Any, int, str]]
+    lease: contextlib.ExitStack
+    vectors: Future[list[list[float]]] | None = None
+
+
+def _take_batch(chunk: list[str], embedder: Embedder, result: EmbedResult) -> _Batch | None:
+    """Claim `chunk`, start renewing the claims, and read the rows that still need a vector (or None)."""
+    token = uuid.uuid4().hex
+    claimed = _claim(chunk, token)
+    result.skipped_claimed += len(chunk) - len(claimed)
+    if not claimed:
+        return None
+    lease = contextlib.ExitStack()
+    lease.enter_context(_lease_renewed(claimed, token))
+    try:
+        rows = list(
+            Memory.objects.filter(_needs_vector(embedder.model_id), pk__in=claimed, deleted_at__isnull=True)
+            .values_list("id", "version", "text")
+        )
+    except BaseException:
+        lease.close()
+        raise
+    if not rows:
+        lease.close()
+        return None
+    return _Batch(rows=rows, lease=lease)
+
+
+def _store_batch(batch: _Batch, embedder: Embedder, result: EmbedResult) -> None:
+    """Wait for the batch's vectors, store them and release its claims."""
+    with batch.lease:
+        assert batch.vectors is not None
+        vectors = batch.vectors.result()
+        rows = batch.rows
+        stored = store_vectors([(str(mid), version) for mid, version, _ in rows], vectors, embedder.model_id)
+        result.embedded += stored
+        EMBEDDINGS_STORED.inc(stored)
+        result.skipped_stale += len(rows) - stored
+        result.ids.extend(str(mid) for mid, _, _ in rows)
+
+
 def memories_embed(*, ids: Iterable[str | uuid.UUID], embedder: Embedder | None = None) -> EmbedResult:
     """Embed the given memories that await an embedding (or hold another model's vector), in batches.
 
     Idempotent: rows already embedded at their current version with this model, deleted rows and
     rows another worker holds are skipped. A process configured for another model than the
     deployment's embeds nothing (`refused`, logged).
+
+    Two stages (docs/algorithms.md §10.2): the model runs on one helper thread while this thread
+    stores the previous batch and claims and reads the next one. The model (ONNX Runtime) and the
+    database wait both release the GIL, so storing a batch, which costs Postgres about half the
+    model's time (mostly the HNSW insert), hides behind the next batch's inference instead of
+    adding to it. At most two batches are in flight; each keeps its lease until it is stored.
     """
     embedder = embedder or get_embedder()
     wanted = list(dict.fromkeys(str(i) for i in ids))
     result = EmbedResult()
+    batch_size = EMBED_BATCH_SIZE
+    chunks = [wanted[start:start + batch_size] for start in range(0, len(wanted), batch_size)]
     checked = False  # the deployment's model is read (or claimed) once there is something to embed
-    for start in range(0, len(wanted), EMBED_BATCH_SIZE):
-        chunk = wanted[start:start + EMBED_BATCH_SIZE]
-        token = uuid.uuid4().hex
-        claimed = _claim(chunk, token)
-        result.skipped_claimed += len(chunk) - len(claimed)
-        if not claimed:
-            continue
-        with _lease_renewed(claimed, token):
-            rows = list(
-                Memory.objects.filter(_needs_vector(embedder.model_id), pk__in=claimed, deleted_at__isnull=True)
-                .values_list("id", "version", "text")
-            )
-            if not rows:
+    in_flight: list[_Batch] = []
+    # One batch needs no second thread; several get one for the model (see the docstring).
+    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="embedding-model") if len(chunks) > 1 else None
+    try:
+        for chunk in chunks:
+            batch = _take_batch(chunk, embedder, result)
+            if batch is None:
                 continue
             if not checked:
                 refusal = deployment_model_mismatch(embedder.model_id)
                 if refusal is not None:
+                    batch.lease.close()
                     _log_refusal(refusal)
                     result.refused = len(wanted) - result.skipped_claimed  # nothing embedded before this
                     return result
                 checked = True
-            vectors = embedder.embed([text for _, _, text in rows])
-            stored = store_vectors([(str(mid), version) for mid, version, _ in rows], vectors, embedder.model_id)
-            result.embedded += stored
-            EMBEDDINGS_STORED.inc(stored)
-            result.skipped_stale += len(rows) - stored
-            result.ids.extend(str(mid) for mid, _, _ in rows)
+            in_flight.append(batch)
+            texts = [text for _, _, text in batch.rows]
+            if pool is None:
+                batch.vectors = Future()
+                batch.vectors.set_result(embedder.embed(texts))
+            else:
+                batch.vectors = pool.submit(embedder.embed, texts)
+            if len(in_flight) > 1:  # store the previous batch while the model works on this one
+                _store_batch(in_flight.pop(0), embedder, result)
+        while in_flight:
+            _store_batch(in_flight.pop(0), embedder, result)
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)  # an error: nothing keeps running past this call
+        for batch in in_flight:  # an error left these unstored: free their claims for the next worker
+            batch.lease.close()
     return result
 
 

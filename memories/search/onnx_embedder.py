@@ -7,8 +7,9 @@ sentence-transformers sets it for this model (truncation at 256 word pieces, pad
 text of a batch), so the word pieces are the ones torch sees.
 
 One intra-op thread, like the torch path: on a shared 2-core box a second thread per process
-fights the other processes for the same cores. Each text runs on its own (see `embed`), so
-nothing is ever padded.
+fights the other processes for the same cores (measured: two threads 1.6x the wall-clock rate of
+one but 0.8x its texts per CPU second; docs/algorithms.md §10.2.1). More cores are used by more
+worker processes instead. Each text runs on its own (see `embed`), so nothing is ever padded.
 
 No Django here: the export script and the benchmark load it without settings.
 """
