@@ -17,6 +17,7 @@ from django.utils import timezone
 from accounts.models import ApiKey, AuditEvent, Membership, Organization, User
 from accounts.principal import Principal
 from memoryhub.errors import Forbidden, NotFound
+from memoryhub.replica import read_alias
 
 API_KEY_PREFIX = "knl_sk_"
 KEY_PREFIX_LENGTH = 12  # "knl_sk_" + 5 hex characters: indexed for lookup, shown for display
@@ -267,4 +268,6 @@ def members_visible_to(principal: Principal) -> QuerySet[Membership]:
 def audit_events_visible_to(principal: Principal) -> QuerySet[AuditEvent]:
     if not principal.is_org_wide:
         raise Forbidden("Only school admins may read the audit log.", code="admin_required")
-    return AuditEvent.objects.filter(organization_id=principal.organization.pk).select_related("actor", "actor_key")
+    # A log a moment old is fine (README "Scaling out"); who may read it was decided just above.
+    return (AuditEvent.objects.using(read_alias()).filter(organization_id=principal.organization.pk)
+            .select_related("actor", "actor_key"))

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 
+from django.db import DEFAULT_DB_ALIAS
 from django.db.models import Count, Max, Q, QuerySet, Sum
 from django.utils import timezone
 
@@ -16,6 +17,7 @@ from accounts.principal import Principal
 from accounts.tiers import GB, TIERS, tier_for
 from billing.models import Payment, Subscription, Wallet
 from memoryhub.errors import Forbidden, NotFound
+from memoryhub.replica import read_alias
 from stacks.models import Stack
 
 USDC_DECIMALS = 6
@@ -150,12 +152,16 @@ class Usage:
                 "agents_used": self.agents_used, "agents_limit": self.agents_limit}
 
 
-def usage_of(organization: Organization, *, now: datetime | None = None) -> Usage:
-    """One aggregate over the organization's stack counters (never a scan of its memories)."""
+def usage_of(organization: Organization, *, now: datetime | None = None, alias: str | None = None) -> Usage:
+    """One aggregate over the organization's stack counters (never a scan of its memories).
+
+    For showing, it reads the replica when there is one (`read_alias()`, README "Scaling out"): a
+    figure a moment old is fine on a usage page. What decides or charges (the renewal's overflow,
+    `overflow_charge`) passes `alias=DEFAULT_DB_ALIAS`: the primary."""
     now = now or timezone.now()
     month_start = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
     tier = tier_for(organization)
-    totals = Stack.objects.filter(organization_id=organization.pk).aggregate(
+    totals = Stack.objects.using(alias or read_alias()).filter(organization_id=organization.pk).aggregate(
         bytes=Sum("bytes_used"), active=Count("id", filter=Q(status=Stack.Status.ACTIVE)),
         synced=Count("id", filter=Q(last_sync_at__gte=month_start)), last_sync=Max("last_sync_at"))
     return Usage(period=now.strftime("%Y-%m"), storage_used=int(totals["bytes"] or 0),
@@ -170,7 +176,7 @@ def overflow_charge(organization: Organization, *, tier: str, usage: Usage | Non
     limits = TIERS.get(tier)
     if prices is None or limits is None:
         return 0
-    usage = usage or usage_of(organization)
+    usage = usage or usage_of(organization, alias=DEFAULT_DB_ALIAS)  # billed: the primary's figures
     charge = 0
     if limits.syncing_stacks is not None:
         charge += max(0, usage.agents_used - limits.syncing_stacks) * prices.per_stack
@@ -224,8 +230,11 @@ API_PAYMENT_STATUS = {
 
 
 def payments_of(principal: Principal) -> QuerySet[Payment]:
+    """The payment history, newest first, for listing: from the replica when there is one (a list a
+    moment old is fine; a single payment's state, `payment_for`, is read on the primary)."""
     ensure_may_read_billing(principal)
-    return Payment.objects.filter(organization_id=principal.organization.pk).order_by("-created_at", "-pk")
+    return (Payment.objects.using(read_alias()).filter(organization_id=principal.organization.pk)
+            .order_by("-created_at", "-pk"))
 
 
 def payment_for(principal: Principal, payment_id: object) -> Payment:

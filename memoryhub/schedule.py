@@ -75,11 +75,12 @@ BEAT_SCHEDULE["memories-events-prune"] = {
 
 # Webhooks: deliveries are sent by after-commit tasks and their retries by countdown tasks; this
 # sweep re-queues whatever is due and was missed (a lost broker message, a dead worker)
-# (webhooks/dispatch.py).
+# (webhooks/dispatch.py). Every 10 s: a dead worker's delivery is free once its 15 s lease lapses,
+# and is sent again within seconds of that (issue 19).
 BEAT_SCHEDULE["webhooks-sweep"] = {
     "task": "webhooks.sweep",
-    "schedule": 30.0,
-    "options": {"expires": 25},
+    "schedule": 10.0,
+    "options": {"expires": 9},
 }
 # The delivery log keeps 30 days (webhooks.services.DELIVERY_LOG_RETENTION); older finished
 # deliveries are deleted once a day.

@@ -6,11 +6,19 @@
   sender task. No HTTP here: it runs right after a write commits.
 * `queue_run(endpoint, stack)` (the Celery task webhooks.deliver) sends one endpoint's pending
   deliveries of one stack oldest first (by the event's seq). The request is made outside any
-  transaction, under a short lease on the row. A failed attempt is retried with exponential
+  transaction, under a short lease on the row (`claimed_until`, CLAIM): the sender renews it every
+  RENEW_SECONDS while it waits on the receiver, so a live slow delivery is never taken over, and a
+  delivery whose worker died (kill -9: nothing released it) is free again within CLAIM. The lease
+  value is also the sender's fencing token: a renewal or an outcome is only written while the row
+  still carries the value this sender set, so a sender that lost its lease (a long pause) records
+  nothing over the worker that took the delivery over. A failed attempt is retried with exponential
   back-off (10 s, 30 s, 90 s, … at most an hour apart) and blocks the stack's later deliveries
   until it succeeds or, 24 hours after it was recorded, is given up (`failed`). An endpoint whose
   attempts have all failed for 24 hours is disabled, audited, and its school's admins are told.
-* `sweep()` (beat, every 30 s) re-queues due deliveries whose task message was lost.
+* `sweep()` (beat, every 10 s) re-queues a queue whose head's lease lapsed (its sender died) at
+  once, and a due head nobody claimed once it has waited SWEEP_GRACE (its task message was lost;
+  a younger one is most likely still in the broker's queue, and re-queuing it would only pile up
+  duplicate tasks behind a backlog).
 * `payload(delivery, endpoint)` builds the body at send time. An endpoint is never a stack's own
   credentials, so its privacy grants apply (memories.grants: `webhook:<endpoint id>`,
   `role:webhook`, `org:<school>`, `*`): the event's memory ids are narrowed in one SQL query to
@@ -26,17 +34,19 @@
 
 from __future__ import annotations
 
+import contextvars
 import json
 import logging
 import uuid
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 from functools import partial
 from typing import Any
 
 from celery import current_app
 from django.core.mail import send_mail
-from django.db import transaction
+from django.db import DatabaseError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -59,7 +69,13 @@ RETRY_WINDOW = timedelta(hours=24)  # a delivery is retried this long; an endpoi
 FIRST_RETRY_SECONDS = 10
 BACKOFF_FACTOR = 3
 MAX_RETRY_SECONDS = 3600
-CLAIM = timedelta(seconds=60)  # longer than a request can take (delivery.TIMEOUT_SECONDS)
+# A sender's lease on the delivery it is sending, renewed every RENEW_SECONDS while the request is
+# in flight (a request has no overall bound: delivery.TIMEOUT_SECONDS is per connect/read/write).
+# Short, so a killed worker's delivery is retaken by the next sweep within seconds (issue 19); two
+# missed renewals still leave it held.
+CLAIM = timedelta(seconds=15)
+RENEW_SECONDS = 5.0
+SWEEP_GRACE = timedelta(seconds=30)  # a due head nobody claimed is re-queued by the sweep after this
 BATCH = 50  # deliveries one task run sends before handing over to a fresh task
 MAX_MEMORIES_WITH_TEXT = 500  # memories listed with text in one payload; more → "memories_truncated"
 
@@ -209,6 +225,51 @@ def _attempt(endpoint: WebhookEndpoint, delivery: WebhookDelivery, content: dict
     return post(endpoint.url, body=body, secret=secret, event_id=event_id, attempt=delivery.attempts + 1)
 
 
+def claim(delivery: WebhookDelivery, now: datetime) -> datetime | None:
+    """Take the lease on `delivery` (pending, unchanged since read, and not held or its lease lapsed);
+    return the lease's end, which is also this sender's token for renewing and recording, or None
+    when another sender holds it."""
+    until = now + CLAIM
+    claimed = (WebhookDelivery.objects.filter(pk=delivery.pk, status=WebhookDelivery.Status.PENDING,
+                                              attempts=delivery.attempts)
+               .filter(Q(claimed_until__isnull=True) | Q(claimed_until__lt=now))
+               .update(claimed_until=until))
+    return until if claimed else None
+
+
+def renew(delivery_id: int, held: datetime) -> datetime | None:
+    """Extend our lease (the row still carries `held`, the value we set) to CLAIM from now; return the
+    new value, or None when the lease was lost (it lapsed and another sender took the delivery)."""
+    until = clock() + CLAIM
+    try:
+        renewed = WebhookDelivery.objects.filter(pk=delivery_id, status=WebhookDelivery.Status.PENDING,
+                                                 claimed_until=held).update(claimed_until=until)
+    except DatabaseError as error:  # the lease may lapse meanwhile: at worst the delivery is sent twice
+        logger.warning("webhooks: lease of delivery %s not renewed (%s)", delivery_id, type(error).__name__)
+        return held
+    return until if renewed else None
+
+
+def _attempt_leased(endpoint: WebhookEndpoint, delivery: WebhookDelivery, content: dict[str, Any],
+                    lease: datetime) -> tuple[Outcome, datetime | None]:
+    """Make the attempt while keeping the lease: the request runs on a helper thread (it needs no
+    database) and this thread, which owns the task's database connection, renews the lease every
+    RENEW_SECONDS until the answer is in. Returns the outcome and the lease still held (None: lost)."""
+    held: datetime | None = lease
+    context = contextvars.copy_context()  # the request id of the logs follows the request
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="webhook-send") as sender:
+        answer = sender.submit(context.run, _attempt, endpoint, delivery, content)
+        while True:
+            try:
+                return answer.result(timeout=RENEW_SECONDS), held
+            except TimeoutError:  # still waiting on the receiver
+                if held is not None:
+                    held = renew(delivery.pk, held)
+                    if held is None:
+                        logger.warning("webhooks: lease of delivery %s lost while sending; another worker took it",
+                                       delivery.public_id)
+
+
 def queue_run(endpoint_id: int, stack_id: int | None) -> int:
     """Send the due head deliveries of one (endpoint, stack) queue in order; return how many were
     delivered. Stops at a failure (its retry is queued) or at a delivery not yet due."""
@@ -221,48 +282,61 @@ def queue_run(endpoint_id: int, stack_id: int | None) -> int:
         now = clock()
         if head is None or head.next_attempt_at > now:
             return delivered
-        claimed = (WebhookDelivery.objects.filter(pk=head.pk, status=WebhookDelivery.Status.PENDING,
-                                                  attempts=head.attempts)
-                   .filter(Q(claimed_until__isnull=True) | Q(claimed_until__lt=now))
-                   .update(claimed_until=now + CLAIM))
-        if not claimed:
+        lease = claim(head, now)
+        if lease is None:
             return delivered  # another worker is sending it; it carries the queue on
         content = payload(head, endpoint)
         if content is None:  # every memory it names is now hidden from this endpoint: no delivery at all
-            WebhookDelivery.objects.filter(pk=head.pk, status=WebhookDelivery.Status.PENDING).delete()
+            WebhookDelivery.objects.filter(pk=head.pk, status=WebhookDelivery.Status.PENDING,
+                                           claimed_until=lease).delete()
             continue
-        outcome = _attempt(endpoint, head, content)  # HTTP: no transaction is open here
+        outcome, lease = _attempt_leased(endpoint, head, content, lease)  # HTTP: no transaction is open here
+        if lease is None:
+            return delivered  # lease lost mid-request: the worker that took the delivery over carries on
         if outcome.ok:
-            _record_success(endpoint, head, outcome)
+            if not _record_success(endpoint, head, outcome, lease):
+                return delivered
             delivered += 1
             continue
-        if not _record_failure(endpoint, head, outcome):
+        if not _record_failure(endpoint, head, outcome, lease):
             return delivered  # retry queued; later deliveries of the stack wait for it
     enqueue(endpoint_id, stack_id)  # more to send: a fresh task, so one busy queue does not hog a worker
     return delivered
 
 
-def _record_success(endpoint: WebhookEndpoint, delivery: WebhookDelivery, outcome: Outcome) -> None:
-    WEBHOOK_DELIVERIES.labels("delivered").inc()
+def _held(delivery: WebhookDelivery, lease: datetime) -> Any:
+    """The delivery's row while it still carries our lease (an outcome is written only then)."""
+    return WebhookDelivery.objects.filter(pk=delivery.pk, status=WebhookDelivery.Status.PENDING, claimed_until=lease)
+
+
+def _record_success(endpoint: WebhookEndpoint, delivery: WebhookDelivery, outcome: Outcome,
+                    lease: datetime) -> bool:
+    """Record a delivered attempt; False if the lease was lost (the new holder records its own)."""
     now = clock()
-    WebhookDelivery.objects.filter(pk=delivery.pk).update(
-        status=WebhookDelivery.Status.DELIVERED, attempts=delivery.attempts + 1,
-        last_status_code=outcome.status_code, last_error="", finished_at=now, claimed_until=None)
+    if not _held(delivery, lease).update(
+            status=WebhookDelivery.Status.DELIVERED, attempts=delivery.attempts + 1,
+            last_status_code=outcome.status_code, last_error="", finished_at=now, claimed_until=None):
+        return False
+    WEBHOOK_DELIVERIES.labels("delivered").inc()
     WebhookEndpoint.objects.filter(pk=endpoint.pk).update(
         failing_since=None, last_attempt_at=now, last_status_code=outcome.status_code, last_attempt_ok=True)
+    return True
 
 
-def _record_failure(endpoint: WebhookEndpoint, delivery: WebhookDelivery, outcome: Outcome) -> bool:
-    """Record a failed attempt; True if the delivery was given up (the queue may move on)."""
-    WEBHOOK_DELIVERIES.labels("failed").inc()
+def _record_failure(endpoint: WebhookEndpoint, delivery: WebhookDelivery, outcome: Outcome,
+                    lease: datetime) -> bool:
+    """Record a failed attempt; True if the delivery was given up (the queue may move on). False too
+    when the lease was lost: the worker holding it now records its own attempt and carries on."""
     now = clock()
     attempts = delivery.attempts + 1
     given_up = now - delivery.created_at >= RETRY_WINDOW
     next_at = now + retry_delay(attempts)
-    WebhookDelivery.objects.filter(pk=delivery.pk).update(
-        status=WebhookDelivery.Status.FAILED if given_up else WebhookDelivery.Status.PENDING,
-        attempts=attempts, last_status_code=outcome.status_code, last_error=outcome.error[:200],
-        next_attempt_at=next_at, finished_at=now if given_up else None, claimed_until=None)
+    if not _held(delivery, lease).update(
+            status=WebhookDelivery.Status.FAILED if given_up else WebhookDelivery.Status.PENDING,
+            attempts=attempts, last_status_code=outcome.status_code, last_error=outcome.error[:200],
+            next_attempt_at=next_at, finished_at=now if given_up else None, claimed_until=None):
+        return False
+    WEBHOOK_DELIVERIES.labels("failed").inc()
     WebhookEndpoint.objects.filter(pk=endpoint.pk, failing_since__isnull=True).update(failing_since=now)
     WebhookEndpoint.objects.filter(pk=endpoint.pk).update(
         last_attempt_at=now, last_status_code=outcome.status_code, last_attempt_ok=False)
@@ -311,11 +385,12 @@ def _tell_admins(endpoint: WebhookEndpoint) -> None:
 
 
 def sweep() -> int:
-    """Queue a task for every (endpoint, stack) whose head may be due and is not being sent."""
+    """Queue a task for every (endpoint, stack) whose head is due and not being sent: at once when
+    its sender's lease lapsed (the sender died), after SWEEP_GRACE when nobody claimed it (module doc)."""
     now = clock()
     queues = (WebhookDelivery.objects.filter(status=WebhookDelivery.Status.PENDING, next_attempt_at__lte=now,
                                              endpoint__enabled=True)
-              .filter(Q(claimed_until__isnull=True) | Q(claimed_until__lt=now))
+              .filter(Q(claimed_until__lt=now) | Q(claimed_until__isnull=True, next_attempt_at__lte=now - SWEEP_GRACE))
               .values_list("endpoint_id", "stack_id").distinct()[:1000])
     count = 0
     for endpoint_id, stack_id in queues:

@@ -33,6 +33,7 @@ from memories.models import JobRun
 from memories.writes.hooks import MemoryChange, register_listener, unregister_listener
 from memoryhub.errors import InvalidInput
 from memoryhub.metrics import JOB_DURATION, JOB_RUNS
+from memoryhub.replica import read_alias
 from stacks.models import Stack
 
 logger = logging.getLogger(__name__)
@@ -167,8 +168,10 @@ def run_job(name: str, work: Callable[[dict[str, Any]], None]) -> JobRun:
 
 
 def job_runs_recent(*, name: str | None = None) -> QuerySet[JobRun]:
-    """Job runs, newest first (the caller decides who may see them: operators and school admins)."""
-    runs = JobRun.objects.order_by("-started_at", "-pk")
+    """Job runs, newest first (the caller decides who may see them: operators and school admins).
+    For listing (the overview's latest runs, the jobs API): from the replica when there is one, as a
+    list a moment old is fine (README "Scaling out")."""
+    runs = JobRun.objects.using(read_alias()).order_by("-started_at", "-pk")
     if name:
         if name not in JOB_NAMES:
             raise InvalidInput("Unknown job.", fields={"name": [f"One of: {', '.join(JOB_NAMES)}."]})

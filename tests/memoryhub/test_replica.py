@@ -23,17 +23,24 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 from django.db import connections, transaction
 from django.test import Client, override_settings
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 from rest_framework.test import APIClient
 
 from accounts.principal import Principal
-from accounts.selectors import principal_for_session
+from accounts.selectors import audit_events_visible_to, principal_for_session
+from accounts.services import audit_record
+from billing.models import Payment
+from billing.selectors import overflow_charge, payments_of, usage_of
 from dashboard.overview import embedding_backlog_total, summary, written_per_day
+from memories.lifecycle.jobs import JOB_DECAY, job_runs_recent
+from memories.models import JobRun
 from memories.services import memory_create
 from memories.usage import stack_usage
 from memoryhub.embedded import EmbeddedPostgres, free_port, pgserver_bin
@@ -170,9 +177,11 @@ def test_stale_tolerant_reads_use_the_replica_and_the_rest_the_primary(replica: 
     with CaptureQueriesContext(connections["replica"]) as on_replica:
         page = browser.get(f"/dashboard/students/{school.stack.slug}/")
     assert page.status_code == 200 and str(memory.pk) in page.content.decode()
-    # The student page's usage chart is its only replica read (memories/usage.py).
+    # The student page's usage chart is its only replica read (memories/usage.py, with its cost
+    # estimate's usage figures from billing.selectors.usage_of: the stacks' counters).
     assert on_replica.captured_queries
-    assert all(("memories_memory" in q["sql"] or "teleport_snapshot" in q["sql"]) and "changeevent" not in q["sql"]
+    assert all(("memories_memory" in q["sql"] or "teleport_snapshot" in q["sql"]
+                or ("stacks_stack" in q["sql"] and "bytes_used" in q["sql"])) and "changeevent" not in q["sql"]
                for q in on_replica.captured_queries), on_replica.captured_queries
     agent = APIClient()
     agent.credentials(HTTP_AUTHORIZATION=f"Bearer {school.agent_secret}")
@@ -186,6 +195,61 @@ def test_stale_tolerant_reads_use_the_replica_and_the_rest_the_primary(replica: 
     _caught_up()
     assert _today(principal) == 1
     assert "note" in stack_usage(stack=school.stack, principal=principal)["bytes_by_kind"]
+
+
+def _listings(principal: Principal) -> tuple[set[str], set[str], set[int], int]:
+    """What the audit log, the payment history, the latest job runs and the usage figure show."""
+    return ({event.action for event in audit_events_visible_to(principal)},
+            {payment.public_id for payment in payments_of(principal)},
+            {run.pk for run in job_runs_recent()},
+            usage_of(principal.organization).storage_used)
+
+
+@pytest.mark.django_db(transaction=True, databases={"default", "replica"})
+def test_audit_log_payments_usage_and_job_runs_are_listed_from_the_replica(replica: EmbeddedPostgres,
+                                                                           school: School) -> None:
+    principal = principal_for_session(school.admin)
+    assert principal is not None
+    _caught_up()
+    before = _listings(principal)
+
+    _replay(resume=False)  # the standby lags from here
+    audit_record(organization=school.org, action="replica.check", target_type="test", target_id="1")
+    now = timezone.now()
+    payment = Payment.objects.create(organization=school.org, tier="core", amount=5_000_000, created_at=now,
+                                     expires_at=now + timedelta(hours=1))
+    run = JobRun.objects.create(name=JOB_DECAY, status=JobRun.Status.SUCCEEDED)
+    memory_create(stack=school.stack, kind="note", payload={"content": "stored after the pause"}, source="api")
+
+    # The listings: from the replica, which has seen none of it, and not a query on the primary.
+    with CaptureQueriesContext(connections["replica"]) as on_replica, \
+            CaptureQueriesContext(connections["default"]) as on_primary:
+        assert _listings(principal) == before
+    tables = ("accounts_auditevent", "billing_payment", "memories_jobrun", "stacks_stack")
+    assert all(any(table in q["sql"] for q in on_replica.captured_queries) for table in tables)
+    assert not any(table in q["sql"] for q in on_primary.captured_queries for table in tables), on_primary
+    # The pages and API routes that list them read the replica too.
+    browser = Client()
+    browser.force_login(school.admin)
+    for path, table in (("/dashboard/audit/", "accounts_auditevent"), ("/dashboard/billing/", "billing_payment"),
+                        ("/dashboard/", "memories_jobrun")):
+        with CaptureQueriesContext(connections["replica"]) as on_replica:
+            assert browser.get(path).status_code == 200, path
+        assert any(table in q["sql"] for q in on_replica.captured_queries), path
+
+    # What bills (the renewal's overflow) and anything in a transaction: the primary.
+    with CaptureQueriesContext(connections["replica"]) as on_replica:
+        overflow_charge(school.org, tier="core")
+    assert on_replica.captured_queries == []
+    with transaction.atomic():
+        audit, payments, runs, stored = _listings(principal)
+        assert "replica.check" in audit and payment.public_id in payments and run.pk in runs
+        assert stored > before[3]
+
+    _replay(resume=True)
+    _caught_up()
+    audit, payments, runs, stored = _listings(principal)
+    assert "replica.check" in audit and payment.public_id in payments and run.pk in runs and stored > before[3]
 
 
 def test_without_a_replica_url_every_read_is_on_the_primary() -> None:

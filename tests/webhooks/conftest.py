@@ -38,11 +38,14 @@ class Received:
 
 @dataclass
 class Receiver:
-    """An HTTP server on 127.0.0.1 that records every POST and answers with `codes` in turn (then 200)."""
+    """An HTTP server on 127.0.0.1 that records every POST and answers with `codes` in turn (then 200).
+    A slow receiver: the first `hold` requests get their answer only once `release` is set."""
 
     url: str
     requests: list[Received] = field(default_factory=list)
     codes: list[int] = field(default_factory=list)
+    hold: int = 0
+    release: threading.Event = field(default_factory=threading.Event)
 
     def bodies(self) -> list[dict[str, Any]]:
         import json
@@ -60,9 +63,15 @@ def _serve(receiver_codes: list[int]) -> tuple[ThreadingHTTPServer, Receiver]:
             with lock:
                 receiver.requests.append(Received(headers=dict(self.headers.items()), body=body))
                 code = receiver.codes.pop(0) if receiver.codes else 200
-            self.send_response(code)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
+                held = len(receiver.requests) <= receiver.hold
+            if held:
+                receiver.release.wait(timeout=60)
+            try:
+                self.send_response(code)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+            except OSError:  # the sender is gone (a test killed it mid-request)
+                pass
 
         def log_message(self, format: str, *args: Any) -> None:
             pass
