@@ -96,9 +96,10 @@ def _set_org_tier(organization: Organization, tier: str, subscription: Subscript
     below billing and cannot ask the subscription). Every change of the subscription's tier or
     standing comes through here, in the same transaction."""
     overflow = overflow_tier_for(subscription, organization_tier=tier)
-    Organization.objects.filter(pk=organization.pk).update(tier=tier, overflow_tier=overflow)
-    organization.tier = tier
-    organization.overflow_tier = overflow
+    organization.tier, organization.overflow_tier = tier, overflow
+    # save(), not QuerySet.update(): its post_save tells every web process's key cache that what the
+    # school's keys grant has changed (accounts/key_cache.py), so the new limits apply at once.
+    organization.save(update_fields=["tier", "overflow_tier"])
 
 
 def _locked_subscription(organization: Organization) -> Subscription:

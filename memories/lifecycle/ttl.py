@@ -121,8 +121,8 @@ def retention_set(*, organization: Organization, policy: Any, principal: Princip
     """Replace a school's retention policy (caller checked it may manage the organization). Audited;
     the next TTL run enforces it."""
     days = retention_validated(policy)
-    Organization.objects.filter(pk=organization.pk).update(retention_days=days)
     organization.retention_days = days
+    organization.save(update_fields=["retention_days"])  # post_save: the key cache forgets the old school
     audit_record(organization=organization, action="retention.updated", principal=principal,
                  target_type="organization", target_id=organization.slug, ip=ip, metadata={"retention_days": days})
     return days

@@ -45,8 +45,8 @@ def paid(org: Organization, tier: str, *, start: datetime) -> Subscription:
                                                starts_at=start, renews_at=services.one_month_after(start),
                                                auto_renew=True)
     overflow = overflow_tier_for(subscription, organization_tier=tier)  # as billing.services writes it
-    Organization.objects.filter(pk=org.pk).update(tier=tier, overflow_tier=overflow)
     org.tier, org.overflow_tier = tier, overflow
+    org.save(update_fields=["tier", "overflow_tier"])  # a save, whose signal resets the web's key cache
     return subscription
 
 
