@@ -12,8 +12,9 @@ The neighbours are read with the search's own WHERE clause (stack scope, deletio
 expiry, privacy grants, filters), in one statement that walks the (stack, kind, created_at)
 B-tree twice per seed (a few entries each way): a hidden or out-of-scope memory can never be lent a score.
 
-This module builds and runs that one statement; memories.search.hybrid decides the seeds and the
-share, so the WHERE clause and the column contract stay that module's.
+The same statement also reads the rows of the search's page (`also`), so context costs the search
+no round trip of its own. This module builds and runs that one statement; memories.search.hybrid decides
+the seeds and the share, so the WHERE clause and the ranking stay that module's.
 """
 
 from __future__ import annotations
@@ -24,34 +25,83 @@ from typing import Any
 
 from django.db import connection
 
+from memories.models import Memory
+
 # A pause longer than this between two memories of a stack ends a conversation session. Chat turns
 # are seconds to a few minutes apart; an agent that comes back after a quarter of an hour is in a
 # new conversation, whose opening has nothing to do with the last words of the previous one.
 CONTEXT_MAX_GAP = timedelta(minutes=15)
 
 
-def neighbour_rows(*, seeds: Sequence[Any], where: str, params: dict[str, Any], columns: str,
-                   window: int = 1) -> list[tuple[Any, ...]]:
-    """(seed id, *columns, distance) for the `window` memories just before and just after each
-    seed (distance 1 = adjacent), within CONTEXT_MAX_GAP of the seed, same stack and kind, passing
-    `where` (over alias `m`)."""
-    if not seeds:
-        return []
-    params = {**params, "seeds": list(seeds), "gap": CONTEXT_MAX_GAP, "window": window}
+def _neighbour_sql(where: str) -> str:
+    """(seed_id, id, distance) of the `%(window)s` memories just before and just after each seed."""
     side = """
-        (SELECT {columns}, row_number() OVER (ORDER BY m.created_at {direction}) AS distance
+        (SELECT m.id, row_number() OVER (ORDER BY m.created_at {direction}) AS distance
            FROM memories_memory m
           WHERE {where} AND m.stack_id = s.stack_id AND m.kind = s.kind
             AND m.created_at {op} s.created_at AND m.created_at {op2} s.created_at {sign} %(gap)s
           ORDER BY m.created_at {direction} LIMIT %(window)s)"""
-    before = side.format(columns=columns, where=where, op="<", op2=">=", sign="-", direction="DESC")
-    after = side.format(columns=columns, where=where, op=">", op2="<=", sign="+", direction="ASC")
-    sql = f"""
-        SELECT s.id, n.*
+    before = side.format(where=where, op="<", op2=">=", sign="-", direction="DESC")
+    after = side.format(where=where, op=">", op2="<=", sign="+", direction="ASC")
+    return f"""
+        SELECT s.id AS seed_id, n.id, n.distance
           FROM memories_memory s
           CROSS JOIN LATERAL ({before} UNION ALL {after}) n
          WHERE s.id = ANY(%(seeds)s::uuid[])
     """  # noqa: S608 - only fixed clauses are interpolated; values are parameters
+
+
+# Every field but the two large ones a search never shows (the vector and the tsvector), in the
+# order `neighbour_rows` returns them.
+MEMORY_FIELDS: tuple[Any, ...] = tuple(f for f in Memory._meta.concrete_fields
+                                       if f.column not in ("embedding", "search_vector"))
+_MEMORY_COLUMNS = ", ".join(f"m.{f.column}" for f in MEMORY_FIELDS)
+
+
+def uuid_array(ids: Sequence[Any]) -> str:
+    """Ids as a uuid[] literal for `%s::uuid[]`: the driver adapts a Python list of UUIDs by
+    inspecting it element by element (~3 ms for a search's 70 ids, measured), a string it sends as is."""
+    return "{" + ",".join(str(memory_id) for memory_id in ids) + "}"
+
+
+def neighbour_rows(*, seeds: Sequence[Any], where: str, params: dict[str, Any], window: int = 1,
+                   also: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+    """(seed id, distance, *MEMORY_FIELDS) for the `window` memories just before and just after
+    each seed (distance 1 = adjacent), within CONTEXT_MAX_GAP of the seed, same stack and kind,
+    passing `where` (over alias `m`) - followed by (None, None, *MEMORY_FIELDS) for the memories
+    `also` names: the search reads its page in the same statement, so context costs it no round
+    trip of its own. Rows stay tuples (a model instance costs far more than a tuple, and most
+    neighbours never reach the page): `memory_from_row` makes the few that do into memories."""
+    if not seeds and not also:
+        return []
+    params = {**params, "seeds": uuid_array(seeds), "also": uuid_array(also), "gap": CONTEXT_MAX_GAP,
+              "window": window}
+    sql = f"""
+        SELECT n.seed_id, n.distance, {_MEMORY_COLUMNS}
+          FROM ({_neighbour_sql(where)}) n JOIN memories_memory m ON m.id = n.id
+        UNION ALL
+        SELECT NULL, NULL, {_MEMORY_COLUMNS} FROM memories_memory m WHERE m.id = ANY(%(also)s::uuid[])
+    """  # noqa: S608 - only fixed clauses are interpolated; values are parameters
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         return cursor.fetchall()
+
+
+def memories_from_rows(rows: Sequence[Sequence[Any]]) -> list[Memory]:
+    """Memories from MEMORY_FIELDS' column values, through the converters the ORM would apply (the
+    JSON fields' parse), with the vector and the tsvector deferred."""
+    converters = []
+    for i, field in enumerate(MEMORY_FIELDS):
+        column = field.get_col(Memory._meta.db_table)
+        found = [*connection.ops.get_db_converters(column), *field.get_db_converters(connection)]
+        if found:
+            converters.append((i, column, found))
+    names = [f.attname for f in MEMORY_FIELDS]
+    memories = []
+    for row in rows:
+        values = list(row)
+        for i, column, found in converters:
+            for convert in found:
+                values[i] = convert(values[i], column, connection)
+        memories.append(Memory.from_db(connection.alias, names, values))
+    return memories

@@ -34,7 +34,7 @@ without saying so. The semantic leg is skipped - and says why - when the query w
 with another model than the deployment's stored vectors (memories.search.embedding_model), when the
 embedder fails (the keyword leg still answers), or when no memory in scope has a vector yet.
 
-Why one module of ~460 lines: the two legs share one filter builder and one column contract
+Why one module of ~900 lines: the two legs share one filter builder and one column contract
 (`_filters`, `_LEG_COLUMNS`/`_SCORE`) that the fusion reads by position; split apart, a reader
 would have to hold three files open to check that they agree.
 """
@@ -58,7 +58,7 @@ from django.utils import timezone
 from memories.grants import Audience, grants_sql
 from memories.lifecycle.decay import DecayState, memory_retrievability
 from memories.models import Memory
-from memories.search.context import neighbour_rows
+from memories.search.context import MEMORY_FIELDS, memories_from_rows, neighbour_rows, uuid_array
 from memories.search.embedding_model import deployment_model_id
 from memories.search.embeddings import Vector, embed_query, get_embedder, vector_literal
 from memories.search.vector_indexes import stacks_with_vector_index
@@ -211,6 +211,9 @@ def _filters(query: SearchQuery, params: dict[str, Any], audience: Audience | No
 _LEG_COLUMNS = ("m.id, m.stability, m.confidence, m.created_at, m.last_reviewed_at, m.kind, m.times_accessed, "
                 "m.emotional_valence, m.emotional_arousal")
 _SCORE = 9  # index of the leg's own score column (after _LEG_COLUMNS)
+# Where each leg column sits in a context row (memories.search.context.MEMORY_FIELDS).
+_LEG_FIELD_INDEXES = tuple([f.column for f in MEMORY_FIELDS].index(column.removeprefix("m."))
+                           for column in _LEG_COLUMNS.split(", "))
 
 
 # BM25 (Robertson/Sparck Jones), the textbook constants: k1 = 1.2 saturates a term's repeats (a
@@ -220,45 +223,131 @@ BM25_K1 = 1.2
 BM25_B = 0.75
 
 
-def _bm25_keyword_sql(where: str, tsquery_sql: str, *, all_terms_sql: str, limit: int) -> str:
+def _bm25_keyword_sql(where: str, tsquery_sql: str, *, all_terms_sql: str, lexemes: int, limit: int,
+                      scope_rows_sql: str) -> str:
     """The keyword leg scored by BM25 rather than ts_rank (docs/algorithms.md §7.5).
 
     tf = the lexeme's positions in the memory's tsvector, dl = the tsvector's length (distinct
     lexemes), avgdl = the mean over the matched rows, df = how many matched rows hold the lexeme and
-    N = the scope's live rows (%(scope_rows)s). The matched rows are every row of the scope holding
+    N = the scope's rows (`scope_rows_sql`, see `_keyword_leg`). The matched rows are every row of the scope holding
     any query term (the OR query), so df is exact unless the scan reached KEYWORD_RANK_CAP - then df
-    counts within those rows, which only happens for terms common enough to carry little weight."""
+    counts within those rows, which only happens for terms common enough to carry little weight.
+
+    Cost (§7.5 "Cost"): no set-returning function runs per matched row - unnesting each row's
+    tsvector cost ~2-3 µs a row, most of the leg. Each row keeps only its query lexemes instead
+    (setweight marks them, ts_filter keeps the marked ones), as text: ` 'lexeme':pos,pos ...`, a
+    few dozen characters. Every query lexeme i is a parameter, %(pattern_<i>)s = how its entry
+    starts in that text (`_bm25_params`), so presence is a strpos and tf = 1 + the commas of its
+    position list: plain string functions, no worse per row than v1's ts_rank."""
+    def tf(i: int) -> str:
+        positions = f"split_part(split_part(h.query_terms, %(pattern_{i})s, 2), ' ', 1)"
+        return f"(1 + length({positions}) - length(replace({positions}, ',', '')))"
+
+    present = [f"strpos(h.query_terms, %(pattern_{i})s) > 0" for i in range(lexemes)]
+    df = ", ".join(f"count(*) FILTER (WHERE {p}) AS df_{i}" for i, p in enumerate(present))
+    idf = ", ".join(f"ln(1 + (greatest(scope_rows, df_{i}) - df_{i} + 0.5::float8) / (df_{i} + 0.5::float8)) "
+                    f"AS idf_{i}" for i in range(lexemes))
+    # tf·(k1+1)/(tf + norm), written as (k1+1) - (k1+1)·norm/(tf + norm) so tf is computed once.
+    score = " + ".join(f"CASE WHEN {p} THEN s.idf_{i} * ({BM25_K1} + 1) * (1 - n.norm / ({tf(i)} + n.norm)) "
+                       f"ELSE 0 END" for i, p in enumerate(present))
     return f"""
         WITH matched AS MATERIALIZED (
-                 SELECT {_LEG_COLUMNS}, m.search_vector, {all_terms_sql} AS all_terms
+                 SELECT {_LEG_COLUMNS}, {all_terms_sql} AS all_terms, length(m.search_vector)::float8 AS dl,
+                        ' ' || ts_filter(setweight(m.search_vector, 'A', %(lexemes)s::text[]), '{{a}}')::text
+                            AS query_terms
                    FROM memories_memory m
                   WHERE {where} AND numnode({tsquery_sql}) > 0 AND m.search_vector @@ {tsquery_sql}
                   LIMIT %(cap)s),
-             terms AS (
-                 SELECT h.id, u.lexeme, coalesce(array_length(u.positions, 1), 1) AS tf,
-                        length(h.search_vector) AS dl
-                   FROM matched h, unnest(h.search_vector) u
-                  WHERE u.lexeme = ANY(tsvector_to_array(to_tsvector('english', %(q)s)))),
-             df AS (SELECT lexeme, count(*) AS df FROM terms GROUP BY lexeme),
-             avgdl AS (SELECT greatest(avg(length(search_vector)), 1) AS avgdl FROM matched),
-             bm25 AS (
-                 SELECT t.id, sum(ln(1 + (greatest(%(scope_rows)s, d.df) - d.df + 0.5) / (d.df + 0.5))
-                                  * t.tf * ({BM25_K1} + 1)
-                                  / (t.tf + {BM25_K1} * (1 - {BM25_B} + {BM25_B} * t.dl / a.avgdl))) AS score
-                   FROM terms t JOIN df d USING (lexeme) CROSS JOIN avgdl a
-                  GROUP BY t.id)
-        SELECT {_LEG_COLUMNS.replace("m.", "h.")}, h.all_terms, coalesce(s.score, 0) AS score,
-               count(*) OVER () AS matched
-          FROM matched h LEFT JOIN bm25 s ON s.id = h.id
+             stats AS (SELECT greatest(avg(dl), 1) AS avgdl, count(*) AS matched, {scope_rows_sql} AS scope_rows,
+                              {df} FROM matched h),
+             -- MATERIALIZED: computed once, not folded into every row's score.
+             idf AS MATERIALIZED (SELECT avgdl, matched, scope_rows, {idf} FROM stats)
+        SELECT {_LEG_COLUMNS.replace("m.", "h.")}, h.all_terms, ({score}) AS score, s.matched, s.scope_rows
+          FROM matched h CROSS JOIN idf s
+               CROSS JOIN LATERAL (SELECT {BM25_K1} * (1 - {BM25_B} + {BM25_B} * h.dl / s.avgdl) AS norm) n
          ORDER BY score DESC, h.id
          LIMIT {int(limit)}
     """  # noqa: S608 - only fixed clauses are interpolated; values are parameters
 
 
+# Above this many query lexemes the per-lexeme expressions cost more to plan than unnesting the
+# matched rows' query lexemes costs to run (a pasted paragraph: 123 lexemes planned in ~100 ms more
+# than v1 on the dev stacks); such a query is scored by the unnest form, which gives the same
+# scores at a cost that follows the matched rows, not the terms.
+BM25_INLINE_MAX_LEXEMES = 32
+
+
+def _bm25_unnest_sql(where: str, tsquery_sql: str, *, all_terms_sql: str, limit: int, scope_rows_sql: str) -> str:
+    """`_bm25_keyword_sql`'s scores, by unnesting each matched row's query lexemes (the long-query form)."""
+    return f"""
+        WITH matched AS MATERIALIZED (
+                 SELECT {_LEG_COLUMNS}, {all_terms_sql} AS all_terms, length(m.search_vector)::float8 AS dl,
+                        ts_filter(setweight(m.search_vector, 'A', %(lexemes)s::text[]), '{{a}}') AS query_terms
+                   FROM memories_memory m
+                  WHERE {where} AND numnode({tsquery_sql}) > 0 AND m.search_vector @@ {tsquery_sql}
+                  LIMIT %(cap)s),
+             terms AS MATERIALIZED (
+                 SELECT h.id, u.lexeme, coalesce(array_length(u.positions, 1), 1) AS tf, h.dl
+                   FROM matched h, unnest(h.query_terms) u),
+             stats AS MATERIALIZED (SELECT greatest(avg(dl), 1) AS avgdl, count(*) AS matched,
+                                           {scope_rows_sql} AS scope_rows FROM matched),
+             idf AS MATERIALIZED (
+                 SELECT lexeme, ln(1 + (greatest(max(s.scope_rows), count(*)) - count(*) + 0.5::float8)
+                                   / (count(*) + 0.5::float8)) AS idf
+                   FROM terms CROSS JOIN stats s GROUP BY lexeme),
+             bm25 AS (
+                 SELECT t.id, sum(i.idf * t.tf * ({BM25_K1} + 1)
+                                  / (t.tf + {BM25_K1} * (1 - {BM25_B} + {BM25_B} * t.dl / s.avgdl))) AS score
+                   FROM terms t JOIN idf i USING (lexeme) CROSS JOIN stats s
+                  GROUP BY t.id)
+        SELECT {_LEG_COLUMNS.replace("m.", "h.")}, h.all_terms, coalesce(b.score, 0) AS score, s.matched,
+               s.scope_rows
+          FROM matched h CROSS JOIN stats s LEFT JOIN bm25 b ON b.id = h.id
+         ORDER BY score DESC, h.id
+         LIMIT {int(limit)}
+    """  # noqa: S608 - only fixed clauses are interpolated; values are parameters
+
+
+def _bm25_params(lexemes: Sequence[str]) -> dict[str, Any]:
+    """The lexemes and, for each, how its entry starts in a tsvector's text form (tsvectorout: the
+    entries are separated by a space, each quoted with ' and \\ doubled inside, then ':' and the
+    positions). The leading space (the leg prefixes the text with one) keeps lexeme "s" from
+    matching the end of "it's": inside the quotes a ' is always doubled."""
+    patterns = {f"pattern_{i}": " '" + lexeme.replace("\\", "\\\\").replace("'", "''") + "':"
+                for i, lexeme in enumerate(lexemes)}
+    return {"lexemes": list(lexemes), **patterns}
+
+
+_LEXEME_CACHE: dict[str, list[str]] = {}
+
+
+def _query_lexemes(text: str) -> list[str]:
+    """The query's distinct lexemes as the english configuration makes them (what search_vector
+    holds), memoised per text: to_tsvector with a fixed configuration is immutable. A search reads
+    them with its first statement (search_memories), so this query runs only for a direct call."""
+    lexemes = _LEXEME_CACHE.get(text)
+    if lexemes is None:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT tsvector_to_array(to_tsvector('english', %s))", [text])
+            lexemes = _remember_lexemes(text, cursor.fetchone()[0])
+    return lexemes
+
+
+def _remember_lexemes(text: str, lexemes: Sequence[str]) -> list[str]:
+    if len(_LEXEME_CACHE) > 10_000:
+        _LEXEME_CACHE.clear()
+    _LEXEME_CACHE[text] = list(lexemes)
+    return _LEXEME_CACHE[text]
+
+
 def _keyword_sql(where: str, tsquery_sql: str, *, all_terms_sql: str, score_sql: str, limit: int,
-                 bm25: bool = False) -> str:
-    if bm25:
-        return _bm25_keyword_sql(where, tsquery_sql, all_terms_sql=all_terms_sql, limit=limit)
+                 bm25_lexemes: int | None = None, scope_rows_sql: str = "") -> str:
+    if bm25_lexemes is not None and bm25_lexemes > BM25_INLINE_MAX_LEXEMES:
+        return _bm25_unnest_sql(where, tsquery_sql, all_terms_sql=all_terms_sql, limit=limit,
+                                scope_rows_sql=scope_rows_sql)
+    if bm25_lexemes is not None:
+        return _bm25_keyword_sql(where, tsquery_sql, all_terms_sql=all_terms_sql, lexemes=bm25_lexemes,
+                                 limit=limit, scope_rows_sql=scope_rows_sql)
     # The tsquery is written inline (not in a CTE) so the planner folds it to a constant and can
     # estimate its selectivity: a common word makes it scan the stack's rows through the stack
     # B-tree instead of walking the table-wide GIN posting lists of every stack. The inner LIMIT
@@ -300,29 +389,51 @@ def _keyword_leg(query: SearchQuery, stack_ids: Sequence[int], fetch: int,
     params: dict[str, Any] = {"stack_ids": list(stack_ids), "q": query.text, "cap": KEYWORD_RANK_CAP}
     where = _filters(query, params, audience)
     bm25 = "bm25" in ranking_features(query)
+    lexemes: list[str] = []
+    scope_rows_sql = ""
     if bm25:
-        params["scope_rows"] = _scope_rows(stack_ids)
+        lexemes = _query_lexemes(query.text)
+        if not lexemes:  # only stop words (or nothing a tsquery keeps): no row can match
+            return []
+        params.update(_bm25_params(lexemes))
+        # BM25's N: the scope's row count, cached for a minute; on a miss the statement counts it
+        # itself (an index-only count) and hands it back, so a first search costs no round trip more.
+        cached = _scope_rows(stack_ids)
+        params["scope_rows"] = cached
+        scope_rows_sql = ("%(scope_rows)s::bigint" if cached is not None else
+                          "(SELECT count(*) FROM memories_memory WHERE stack_id = ANY(%(stack_ids)s))")
+
+    def leg_rows(sql: str) -> list[tuple[Any, ...]]:
+        rows = _fetch_rows(sql, params)
+        if not bm25:
+            return rows
+        if rows and params["scope_rows"] is None:
+            _remember_scope_rows(stack_ids, int(rows[0][-1]))
+        return [row[:-1] for row in rows]  # the leg's row shape: without the scope count
+
+    bm25_lexemes = len(lexemes) if bm25 else None
     strict = "websearch_to_tsquery('english', %(q)s)"
     plain = _is_plain(query.text)
     strict_sql = _keyword_sql(where, strict, all_terms_sql="true",
-                              score_sql=f"ts_rank(h.search_vector, {strict}, 1)", limit=fetch, bm25=bm25)
+                              score_sql=f"ts_rank(h.search_vector, {strict}, 1)", limit=fetch,
+                              bm25_lexemes=bm25_lexemes, scope_rows_sql=scope_rows_sql)
     if not plain:
-        return [row[:-1] for row in _fetch(strict_sql, params)]
+        return [row[:-1] for row in leg_rows(strict_sql)]
     loose = f"replace({strict}::text, ' & ', ' | ')::tsquery"
-    rows = _fetch(_keyword_sql(where, loose, all_terms_sql=f"(m.search_vector @@ {strict})",
-                               score_sql=(f"CASE WHEN h.all_terms THEN ts_rank(h.search_vector, {strict}, 1) "
-                                          f"ELSE ts_rank(h.search_vector, {loose}, 1) END"),
-                               limit=fetch, bm25=bm25), params)
+    rows = leg_rows(_keyword_sql(where, loose, all_terms_sql=f"(m.search_vector @@ {strict})",
+                                 score_sql=(f"CASE WHEN h.all_terms THEN ts_rank(h.search_vector, {strict}, 1) "
+                                            f"ELSE ts_rank(h.search_vector, {loose}, 1) END"),
+                                 limit=fetch, bm25_lexemes=bm25_lexemes, scope_rows_sql=scope_rows_sql))
     complete = not rows or int(rows[0][-1]) < KEYWORD_RANK_CAP
     first_tier = [row[:-1] for row in rows if row[_SCORE]]
     if bm25 and not complete and len(first_tier) < fetch and _strict_scan_is_cheap(query.text):
         # BM25 ranks by score, not by tier: the every-term rows of a separate scan join the capped sample.
         seen = {row[0] for row in first_tier}
-        extra = [row[:-1] for row in _fetch(strict_sql, params) if row[0] not in seen]
+        extra = [row[:-1] for row in leg_rows(strict_sql) if row[0] not in seen]
         return sorted([row[:-1] for row in rows] + extra, key=lambda r: -float(r[_SCORE + 1]))[:fetch]
     if bm25 or complete or len(first_tier) >= fetch or not _strict_scan_is_cheap(query.text):
         return [row[:-1] for row in rows]
-    first_tier = [row[:-1] for row in _fetch(strict_sql, params)]
+    first_tier = [row[:-1] for row in leg_rows(strict_sql)]
     return (first_tier + [row[:-1] for row in rows if not row[_SCORE]])[:fetch]
 
 
@@ -359,7 +470,7 @@ def _strict_scan_is_cheap(text: str) -> bool:
     return rarest_rows <= STRICT_SCAN_MAX_POSTINGS
 
 
-def _fetch(sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+def _fetch_rows(sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         return cursor.fetchall()
@@ -379,10 +490,19 @@ _SCOPE_CACHE: dict[tuple[int, ...], tuple[float, int]] = {}
 _SCOPE_CACHE_SECONDS = 60.0
 
 
-def _scope_rows(stack_ids: Sequence[int]) -> int:
-    """N for BM25's idf: the scope's row count, cached for a minute (an idf moves little in a
-    minute, and a stack with its own vector index is never counted per search)."""
-    return _scope_size_cached(stack_ids)
+def _scope_rows(stack_ids: Sequence[int]) -> int | None:
+    """N for BM25's idf: the scope's row count if counted in the last minute (an idf moves little
+    in a minute), else None - then the keyword leg's statement counts it (`_remember_scope_rows`)."""
+    cached = _SCOPE_CACHE.get(tuple(sorted(stack_ids)))
+    if cached and time.monotonic() - cached[0] < _SCOPE_CACHE_SECONDS:
+        return cached[1]
+    return None
+
+
+def _remember_scope_rows(stack_ids: Sequence[int], size: int) -> None:
+    if len(_SCOPE_CACHE) > 10_000:
+        _SCOPE_CACHE.clear()
+    _SCOPE_CACHE[tuple(sorted(stack_ids))] = (time.monotonic(), size)
 
 
 def ranking_features(query: SearchQuery) -> frozenset[str]:
@@ -441,11 +561,34 @@ def stack_index_ef_search(fetch: int) -> int:
     return min(HNSW_MAX_EF_SEARCH, max(fetch * 8, STACK_INDEX_MIN_EF_SEARCH))
 
 
+# The cosine of memories another leg found (score fusion, §7.5), sent with the vector leg's own
+# statement so it costs no round trip of its own; the keyword leg already admitted these rows.
+_ALSO_SIMILARITIES_SQL = """
+    SELECT id, 1 - (embedding <=> %(v)s::vector) FROM memories_memory
+     WHERE id = ANY(%(also)s::uuid[]) AND embedding IS NOT NULL AND embedding_model = %(model)s"""
+
+
+def _leg_rows(cursor: Any, sql: str, params: dict[str, Any], also: Sequence[Any],
+              similarities: dict[Any, float] | None) -> list[tuple[Any, ...]]:
+    """Run the vector leg's statement and, in the same round trip, read the cosine of `also` into
+    `similarities` (two statements in one execute: the connection binds parameters client-side)."""
+    if not also or similarities is None:
+        cursor.execute(sql, params)
+        return list(cursor.fetchall())
+    cursor.execute(f"{sql};{_ALSO_SIMILARITIES_SQL}", {**params, "also": uuid_array(also)})
+    rows = list(cursor.fetchall())
+    cursor.nextset()
+    similarities.update((row[0], float(row[1])) for row in cursor.fetchall())
+    return rows
+
+
 def _vector_leg(query: SearchQuery, stack_ids: Sequence[int], vector: Vector, fetch: int,
                 stats: dict[str, Any], audience: Audience | None = None,
-                depth: int = 0) -> tuple[list[tuple[Any, ...]], str]:
+                depth: int = 0, *, also: Sequence[Any] = (),
+                similarities: dict[Any, float] | None = None) -> tuple[list[tuple[Any, ...]], str]:
     """`fetch` rows are needed and size the HNSW walk; up to `depth` (≥ fetch) are returned when the
-    walk or the exact ranking yields them, so a deeper list never widens the walk."""
+    walk or the exact ranking yields them, so a deeper list never widens the walk. The cosine of
+    the memories `also` names (the keyword leg's candidates) goes into `similarities`."""
     iterative = pgvector_version() >= (0, 8)
     wanted = fetch
     fetch = max(fetch, depth)
@@ -465,8 +608,7 @@ def _vector_leg(query: SearchQuery, stack_ids: Sequence[int], vector: Vector, fe
         # fails the whole search anyway, and a leftover ef_search affects no later query of it).
         with transaction.atomic(savepoint=False), connection.cursor() as cursor:
             cursor.execute(f"SET LOCAL hnsw.ef_search = {int(ef)}")
-            cursor.execute(sql, params)
-            rows = cursor.fetchall()
+            rows = _leg_rows(cursor, sql, params, also, similarities)
         stats["ef_search"] = ef
         if len(rows) >= wanted:
             return rows, "hnsw-stack"
@@ -481,8 +623,7 @@ def _vector_leg(query: SearchQuery, stack_ids: Sequence[int], vector: Vector, fe
                 cursor.execute(f"SET LOCAL hnsw.ef_search = {int(ef)}")
                 if iterative:
                     cursor.execute("SET LOCAL hnsw.iterative_scan = relaxed_order")
-                cursor.execute(sql, params)
-                rows = cursor.fetchall()
+                rows = _leg_rows(cursor, sql, params, also, similarities)
             stats["ef_search"] = ef
             if len(rows) >= wanted:
                 return rows, "hnsw"
@@ -493,8 +634,7 @@ def _vector_leg(query: SearchQuery, stack_ids: Sequence[int], vector: Vector, fe
         method = "exact"
     sql, params = _vector_sql(query, stack_ids, vector, fetch, exact=True, audience=audience)
     with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        return cursor.fetchall(), method
+        return _leg_rows(cursor, sql, params, also, similarities), method
 
 
 @cache
@@ -525,7 +665,15 @@ def search_memories(*, stack_ids: Sequence[int], query: SearchQuery, now: dateti
         # Kernle's client gives up after 3 s and searches locally; a query that cannot finish
         # well inside that is cancelled (-> 503, which also makes the client fall back).
         with connection.cursor() as cursor:
-            cursor.execute(f"SET LOCAL statement_timeout = {int(STATEMENT_TIMEOUT_MS)}")
+            if "bm25" in ranking_features(query) and query.text not in _LEXEME_CACHE:
+                # The BM25 leg's query lexemes ride on this statement (set_config(..., true) is
+                # SET LOCAL), so they cost no round trip of their own.
+                cursor.execute("SELECT set_config('statement_timeout', %s, true), "
+                               "tsvector_to_array(to_tsvector('english', %s))",
+                               [f"{int(STATEMENT_TIMEOUT_MS)}ms", query.text])
+                _remember_lexemes(query.text, cursor.fetchone()[1])
+            else:
+                cursor.execute(f"SET LOCAL statement_timeout = {int(STATEMENT_TIMEOUT_MS)}")
         result = _search(stack_ids=stack_ids, query=query, now=now, fetch=fetch, stats=stats, started=started,
                          audience=audience)
     SEARCH_LATENCY.observe(time.perf_counter() - started)
@@ -553,12 +701,14 @@ def _search(*, stack_ids: Sequence[int], query: SearchQuery, now: datetime, fetc
     clock = time.perf_counter()
     pending = None if semantic_skipped else _embedding_pool().submit(_timed_embed, query.text)
     depth = fetch
-    if "score_fusion" in ranking_features(query):
+    fusion = "score_fusion" in ranking_features(query)
+    if fusion:
         # Score fusion reads deeper lists (§7.5). The keyword leg scores every matching row (up to
         # KEYWORD_RANK_CAP) whatever its LIMIT, and the vector leg's walk stays sized by `fetch`,
         # so the extra rows cost only their transfer.
         depth = max(fetch, min(FUSION_DEPTH, MAX_LIMIT))
     keyword_rows = _keyword_leg(query, stack_ids, depth, audience)
+    similarities: dict[Any, float] = {}  # score fusion: the cosine of every keyword candidate
     stats["keyword_ms"] = round((time.perf_counter() - clock) * 1000, 2)
     vector_rows: list[tuple[Any, ...]] = []
     method = "none"
@@ -571,7 +721,9 @@ def _search(*, stack_ids: Sequence[int], query: SearchQuery, now: datetime, fetc
             semantic_skipped = SKIPPED_EMBEDDER_UNAVAILABLE
         else:
             clock = time.perf_counter()
-            vector_rows, method = _vector_leg(query, stack_ids, vector, fetch, stats, audience, depth)
+            vector_rows, method = _vector_leg(query, stack_ids, vector, fetch, stats, audience, depth,
+                                              also=[row[0] for row in keyword_rows] if fusion else (),
+                                              similarities=similarities)
             stats["vector_ms"] = round((time.perf_counter() - clock) * 1000, 2)
             if not vector_rows:
                 semantic_skipped = _why_no_vectors(query, stack_ids, query_model, audience)
@@ -593,11 +745,12 @@ def _search(*, stack_ids: Sequence[int], query: SearchQuery, now: datetime, fetc
     scored: list[tuple[float, Any, dict[str, Any]]] = []
     features = ranking_features(query)
     if "score_fusion" in features and vector_rows:
-        # A keyword hit the vector leg did not reach still has a cosine: read it (by primary key,
-        # rows the keyword leg already admitted) so the fusion does not count it as 0.
-        missing = [memory_id for memory_id, entry in candidates.items() if "similarity" not in entry]
-        for memory_id, similarity in _similarities(missing, vector):
-            candidates[memory_id]["similarity"] = similarity
+        # A keyword hit the vector leg did not reach still has a cosine: the vector leg's statement
+        # read it (by primary key, rows the keyword leg already admitted), so the fusion does not
+        # count it as 0.
+        for memory_id, entry in candidates.items():
+            if "similarity" not in entry and memory_id in similarities:
+                entry["similarity"] = similarities[memory_id]
     semantic_floor, semantic_span = _semantic_range([e["similarity"] for e in candidates.values() if "similarity" in e])
     for memory_id, entry in candidates.items():
         if "score_fusion" in features:
@@ -609,12 +762,16 @@ def _search(*, stack_ids: Sequence[int], query: SearchQuery, now: datetime, fetc
         entry.update(fused=fused, retention=retention, weight=weight)
         scored.append((combined, memory_id, entry))
     scored.sort(key=lambda item: (-item[0], str(item[1])))
+    page: dict[Any, Sequence[Any]] = {}  # rows of memories that may make the page, read with the context
     if "context" in ranking_features(query) and _is_plain(query.text):
         # Only for plain words: quotes, `or` and -exclusions ask for exactly the matching memories.
-        scored = _lend_context(scored, candidates, query, stack_ids, now, audience, stats)
+        scored = _lend_context(scored, candidates, query, stack_ids, now, audience, stats, page)
     top = scored[: query.limit]
 
-    memories = Memory.objects.defer("embedding", "search_vector").in_bulk([memory_id for _, memory_id, _ in top])
+    memories = {memory.pk: memory for memory in memories_from_rows([page[i] for _, i, _ in top if i in page])}
+    unread = [memory_id for _, memory_id, _ in top if memory_id not in memories]
+    if unread:  # no context (v1, or quotes/or/-exclusions): the page is read here
+        memories.update(Memory.objects.defer("embedding", "search_vector").in_bulk(unread))
     hits = [
         SearchHit(
             memory=memories[memory_id],
@@ -669,16 +826,6 @@ def _semantic_range(sims: Sequence[float]) -> tuple[float, float]:
     return low, high - low
 
 
-def _similarities(memory_ids: Sequence[Any], vector: Vector) -> list[tuple[Any, float]]:
-    if not memory_ids:
-        return []
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT id, 1 - (embedding <=> %s::vector) FROM memories_memory "
-                       "WHERE id = ANY(%s::uuid[]) AND embedding IS NOT NULL AND embedding_model = %s",
-                       [vector_literal(vector), list(memory_ids), get_embedder().model_id])
-        return [(row[0], float(row[1])) for row in cursor.fetchall()]
-
-
 def _score_fusion(entry: dict[str, Any], semantic_floor: float, semantic_span: float) -> float:
     keyword = entry.get("keyword_score") or 0.0
     semantic = 0.0
@@ -689,20 +836,27 @@ def _score_fusion(entry: dict[str, Any], semantic_floor: float, semantic_span: f
 
 def _lend_context(scored: list[tuple[float, Any, dict[str, Any]]], candidates: dict[Any, dict[str, Any]],
                   query: SearchQuery, stack_ids: Sequence[int], now: datetime, audience: Audience | None,
-                  stats: dict[str, Any]) -> list[tuple[float, Any, dict[str, Any]]]:
+                  stats: dict[str, Any], page: dict[Any, Sequence[Any]]) -> list[tuple[float, Any, dict[str, Any]]]:
+    """Lend the best hits' context (see CONTEXT_SHARE), and read the row of every hit that can still
+    make the page - the page before context, or a neighbour - into `page` (by id), in the same
+    statement as the neighbours: context only raises scores, so a hit below the page without a
+    share of its own stays below it."""
     clock = time.perf_counter()
     seeds = {memory_id: combined for combined, memory_id, _ in scored[:CONTEXT_SEEDS]}
     params: dict[str, Any] = {"stack_ids": list(stack_ids)}
     where = _filters(query, params, audience)
-    rows = neighbour_rows(seeds=list(seeds), where=where, params=params, columns=_LEG_COLUMNS,
-                          window=CONTEXT_WINDOW)
+    rows = neighbour_rows(seeds=list(seeds), where=where, params=params, window=CONTEXT_WINDOW,
+                          also=[memory_id for _, memory_id, _ in scored[:query.limit]])
     lent: dict[Any, tuple[float, Any]] = {}
     neighbour: dict[Any, tuple[Any, ...]] = {}
-    for seed_id, *row, distance in rows:
+    for seed_id, distance, *values in rows:
+        page[values[0]] = values
+        if seed_id is None:
+            continue
         share = CONTEXT_SHARE * CONTEXT_DECAY ** (int(distance) - 1) * seeds[seed_id]
-        if share > lent.get(row[0], (0.0, None))[0]:
-            lent[row[0]] = (share, seed_id)
-            neighbour[row[0]] = tuple(row)
+        if share > lent.get(values[0], (0.0, None))[0]:
+            lent[values[0]] = (share, seed_id)
+            neighbour[values[0]] = tuple(values[i] for i in _LEG_FIELD_INDEXES)
     by_id = {memory_id: (combined, entry) for combined, memory_id, entry in scored}
     for memory_id, (share, seed_id) in lent.items():
         if memory_id in by_id:

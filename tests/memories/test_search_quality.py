@@ -6,15 +6,28 @@ the ranking itself, not the hash embedder's accidental similarities."""
 
 from __future__ import annotations
 
+import math
 from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from memories.models import Memory
+from memories.search import hybrid
 from memories.search.context import CONTEXT_MAX_GAP
-from memories.search.hybrid import CONTEXT_DECAY, CONTEXT_SHARE, SearchQuery, search_memories
+from memories.search.embedding_jobs import memories_embed
+from memories.search.hybrid import (
+    BM25_B,
+    BM25_K1,
+    CONTEXT_DECAY,
+    CONTEXT_SHARE,
+    SearchQuery,
+    _bm25_params,
+    search_memories,
+)
 from memories.services import memory_create, memory_forget
 from stacks.models import Stack
 from tests.factories import make_org, make_stack
@@ -126,3 +139,102 @@ def test_the_turn_two_away_gets_half_the_share(school: dict[str, Any], t0: datet
     assert hits[near.pk].boosts["context"] == pytest.approx(CONTEXT_SHARE * top, abs=1e-6)
     assert hits[far.pk].boosts["context"] == pytest.approx(CONTEXT_SHARE * CONTEXT_DECAY * top, abs=1e-6)
     assert hits[far.pk].context_of == seed.pk
+
+
+def bm25_reference(stack: Stack, query: str) -> dict[Any, float]:
+    """Okapi BM25 of every memory of `stack` that holds a query lexeme, straight from the tsvector's
+    own positions (unnest, the way the first v2 counted them): what the keyword leg must compute."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT tsvector_to_array(to_tsvector('english', %s))", [query])
+        lexemes = set(cursor.fetchone()[0])
+        cursor.execute("SELECT m.id, length(m.search_vector), u.lexeme, array_length(u.positions, 1) "
+                       "FROM memories_memory m, unnest(m.search_vector) u WHERE m.stack_id = %s", [stack.pk])
+        rows = cursor.fetchall()
+    length = {memory_id: dl for memory_id, dl, _, _ in rows}
+    tf = {(memory_id, lexeme): n for memory_id, _, lexeme, n in rows if lexeme in lexemes}
+    matched = {memory_id for memory_id, _ in tf}
+    avgdl = sum(length[m] for m in matched) / len(matched)
+    df = {lexeme: sum(1 for m in matched if (m, lexeme) in tf) for lexeme in lexemes}
+    scores = {}
+    for m in matched:
+        norm = BM25_K1 * (1 - BM25_B + BM25_B * length[m] / avgdl)
+        scores[m] = sum(math.log(1 + (len(length) - df[t] + 0.5) / (df[t] + 0.5)) * tf[m, t] * (BM25_K1 + 1)
+                        / (tf[m, t] + norm) for t in lexemes if (m, t) in tf)
+    return scores
+
+
+@pytest.mark.parametrize("inline_max", [hybrid.BM25_INLINE_MAX_LEXEMES, 0], ids=["inline", "long-query"])
+def test_the_keyword_leg_is_exact_bm25_with_term_frequencies(school: dict[str, Any], t0: datetime,
+                                                             monkeypatch: pytest.MonkeyPatch, inline_max: int) -> None:
+    """The leg reads tf from each row's query lexemes (no per-row unnest; a query with more lexemes
+    than BM25_INLINE_MAX_LEXEMES unnests them) and must score exactly what BM25 over the tsvector's
+    positions gives - repeats and lengths included."""
+    monkeypatch.setattr(hybrid, "BM25_INLINE_MAX_LEXEMES", inline_max)
+    stack = school["stack"]
+    texts = ["Pizza, pizza and more pizza for dinner tonight.",
+             "Pizza for dinner.",
+             "We had dinner at the new Thai place and talked about the science fair for hours.",
+             "Dinner, dinner, dinner: the only word the toddler knows.",
+             "Homework first, then the football match.",
+             "The pizza oven at school is broken again."]
+    for i, text in enumerate(texts):
+        turn(stack, text, t0 + timedelta(hours=i))  # unembedded: the keyword leg alone ranks
+    query = "pizza dinner tonight"
+    expected = bm25_reference(stack, query)
+    hits = search([stack.pk], query, limit=10)
+    best = max(expected.values())
+    assert {h.memory.pk for h in hits} == set(expected)
+    for hit in hits:
+        assert hit.keyword_score == pytest.approx(expected[hit.memory.pk] / best, rel=1e-9)
+    # The repeats count (saturated): three "pizza" beat one in an otherwise shorter memory.
+    assert ids(hits)[0] == Memory.objects.get(stack=stack, text__startswith="Pizza, pizza").pk
+
+
+def test_the_lexeme_patterns_find_quotes_and_backslashes_in_a_tsvector() -> None:
+    r"""The english parser never makes such lexemes, but a tsvector can hold them: its text form
+    doubles ' and \, and each lexeme's pattern must match exactly its own entry."""
+    lexemes = ["it's", "a\\b", "s"]
+    params = _bm25_params(lexemes)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT %s::tsvector::text", [r"'it''s':1 'a\\b':2 's':3 'x':9,10"])
+        text = cursor.fetchone()[0]
+    assert text == r"'a\\b':2 'it''s':1 's':3 'x':9,10"
+    for i in range(len(lexemes)):  # the leg prefixes the text with a space
+        assert f" {text}".count(params[f"pattern_{i}"]) == 1, (text, params[f"pattern_{i}"])
+    assert params["lexemes"] == lexemes
+
+
+def test_ranking_v2_costs_no_more_statements_than_v1(school: dict[str, Any], t0: datetime) -> None:
+    """Latency (issue 20): v2's extra reads ride on statements v1 sends anyway - the query's lexemes
+    on the statement timeout, BM25's N (not counted yet: a first search) on the keyword statement,
+    the keyword hits' cosine on the vector leg, the page's rows on the neighbouring-turn statement -
+    so a v2 search is no more round trips than a v1 search."""
+    stack = school["stack"]
+    texts = ["Mel, what did you paint over the summer holidays?", "A sunrise over the lake, finished in July!",
+             "Nice. Did you go camping too?", "Yes, with the kids, near the lake."]
+    memories_embed(ids=[turn(stack, text, t0 + timedelta(seconds=30 * i)).pk for i, text in enumerate(texts)])
+    counts = {}
+    for ranking, text in (("v1", "what did Mel paint at the lake"), ("v2", "what did Mel paint at the lake?")):
+        with CaptureQueriesContext(connection) as captured:
+            result = search_memories(stack_ids=[stack.pk], query=SearchQuery(text=text, min_similarity=0.0,
+                                                                             ranking=ranking))
+        assert result.legs == {"keyword": "ran", "semantic": "ran"} and len(result.hits) == 4
+        counts[ranking] = len(captured)
+    assert counts["v2"] <= counts["v1"], counts
+
+
+def test_the_page_read_with_the_context_is_the_memory_the_orm_reads(school: dict[str, Any], t0: datetime) -> None:
+    stack = school["stack"]
+    first = memory_create(stack=stack, kind="note", source="api", payload={
+        "content": "The volcano model needs baking soda.", "tags": ["science", "fair"],
+        "created_at": t0.isoformat()})
+    second = turn(stack, "And vinegar, lots of it.", t0 + timedelta(seconds=20))
+    hits = {hit.memory.pk: hit.memory for hit in search([stack.pk], "volcano model baking soda")}
+    assert set(hits) == {first.pk, second.pk}
+    for memory in hits.values():
+        fresh = Memory.objects.defer("embedding", "search_vector").get(pk=memory.pk)
+        assert {"embedding", "search_vector"} <= memory.get_deferred_fields()
+        for field in Memory._meta.concrete_fields:
+            if field.attname not in ("embedding", "search_vector"):
+                assert getattr(memory, field.attname) == getattr(fresh, field.attname), field.attname
+    assert hits[first.pk].tags == ["science", "fair"] and isinstance(hits[first.pk].data, dict)
