@@ -6,4 +6,9 @@ class AccountsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from accounts import schema  # noqa: F401 - registers the OpenAPI auth extensions
+        from accounts import (
+            key_cache,
+            schema,  # noqa: F401 - registers the OpenAPI auth extensions
+        )
+
+        key_cache.connect()  # every process that can change access invalidates the API-key cache

@@ -16,6 +16,7 @@ from rest_framework.request import Request
 from rest_framework_simplejwt.exceptions import TokenError
 from rest_framework_simplejwt.tokens import AccessToken
 
+from accounts import key_cache
 from accounts.models import ApiKey, Membership, User
 from accounts.network import client_ip
 from accounts.principal import Principal
@@ -24,6 +25,7 @@ from accounts.selectors import (
     KEY_PREFIX_LENGTH,
     api_key_for_secret,
     api_key_for_token,
+    api_key_hash,
     principal_for_session,
 )
 from accounts.services import api_key_rehash
@@ -72,10 +74,14 @@ def access_token_lifetime_seconds(token: Any) -> int:
     return int(token["exp"]) - int(token["iat"])
 
 
-def _touch_last_used(key: ApiKey) -> None:
+def _touch_last_used(key: ApiKey) -> bool:
+    """Write last_used_at when it is over a minute old; True when it wrote (and set it on `key`)."""
     now = timezone.now()
     if key.last_used_at is None or (now - key.last_used_at).total_seconds() > LAST_USED_RESOLUTION_SECONDS:
         ApiKey.objects.filter(pk=key.pk).update(last_used_at=now)
+        key.last_used_at = now
+        return True
+    return False
 
 
 def _refused_by_back_off(seconds: float) -> Throttled:
@@ -99,16 +105,17 @@ class BearerAuthentication(authentication.BaseAuthentication):
         if not header:
             return None
         ip = client_ip(request)
-        blocked = BEARER_IP_FAILURES.blocked_for(ip)
+        # One Redis round trip: this address's back-off and the API-key cache's generation.
+        blocked, generation = BEARER_IP_FAILURES.blocked_for_and_read(ip, key_cache.generation_key())
         if blocked is not None:
             raise _refused_by_back_off(blocked)
         try:
-            return self._authenticate(header)
+            return self._authenticate(header, generation)
         except (NotAuthenticated, Throttled):  # (a Throttled here is a prefix's back-off)
             BEARER_IP_FAILURES.record(ip)
             raise
 
-    def _authenticate(self, header: str) -> tuple[User, Principal]:
+    def _authenticate(self, header: str, generation: bytes | None = None) -> tuple[User, Principal]:
         parts = header.split()
         # Printable ASCII only: a NUL in the credential would otherwise reach the key lookup and
         # fail there as a database error rather than as the 401 it is.
@@ -117,10 +124,16 @@ class BearerAuthentication(authentication.BaseAuthentication):
                                    code="malformed_authorization")
         credential = parts[1]
         if credential.startswith(API_KEY_PREFIX):
-            return self._authenticate_key(credential)
+            return self._authenticate_key(credential, generation)
         return self._authenticate_jwt(credential)
 
-    def _authenticate_key(self, secret: str) -> tuple[User, Principal]:
+    def _authenticate_key(self, secret: str, generation: bytes | None) -> tuple[User, Principal]:
+        digest = api_key_hash(secret)
+        match = key_cache.lookup(digest, generation)
+        if match is not None:  # verified a moment ago, nothing changed since (accounts/key_cache.py)
+            if _touch_last_used(match.key):
+                key_cache.note_used(digest, match.key.last_used_at)
+            return match.key.user, principal_for_key(match.key)
         match = api_key_for_secret(secret)
         if match is None or not match.issuer_reaches:
             prefix = secret[:KEY_PREFIX_LENGTH]
@@ -134,6 +147,7 @@ class BearerAuthentication(authentication.BaseAuthentication):
         if match.stale_hash:
             api_key_rehash(key=match.key, secret=secret)
         _touch_last_used(match.key)
+        key_cache.remember(digest, generation, match)
         return match.key.user, principal_for_key(match.key)
 
     def _authenticate_jwt(self, raw: str) -> tuple[User, Principal]:

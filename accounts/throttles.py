@@ -172,6 +172,16 @@ class FailureLimit:
         remaining = float(until) - clock()
         return remaining if remaining > 0 else None
 
+    def blocked_for_and_read(self, ident: str, other_key: str) -> tuple[float | None, bytes | None]:
+        """`blocked_for(ident)` and the raw value of `other_key`, in the same single round trip
+        (accounts.authentication reads the API-key cache generation with it: accounts/key_cache.py)."""
+        key = self._key(ident, "block")
+        until, other = cache._cache.get_client(key).mget([key, other_key])  # type: ignore[attr-defined]
+        if until is None:
+            return None, other
+        remaining = float(until) - clock()
+        return (remaining if remaining > 0 else None), other
+
     def record(self, ident: str) -> float | None:
         """Count one failure; returns the block's length in seconds when this failure starts one."""
         limit, period, block = self.rate()

@@ -33,17 +33,23 @@ by the web server, the worker, PostgreSQL and Redis (CPU seconds per second, fro
 processes and their children, through psutil), next to as many bare psycopg threads running each
 operation's core statement (INSERTs for writes and pushes, a SELECT each for pull, load and search).
 `--web-workers` / `--concurrency` size the service for an A/B of WEB_WORKERS and CELERY_CONCURRENCY.
+
+`--compare NAME=VALUE[,…]` is that A/B on a busy machine: two services side by side, the second
+with those settings (or `--compare "" --compare-base DIR`: the first runs the code of checkout DIR),
+loaded in turn (A, B, A, B, …, `--rounds` each, `--compare-clients` closed-loop clients) so both meet
+the same background load; medians of requests/s and of the CPU milliseconds the web server and
+PostgreSQL spent per request (a cost figure that background load moves much less).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
 import re
-import signal
 import subprocess
 import sys
 import tempfile
@@ -65,7 +71,7 @@ import httpx  # noqa: E402
 import psutil  # noqa: E402
 
 from bench.harness import log, percentiles, print_table  # noqa: E402
-from memoryhub.embedded import free_port  # noqa: E402
+from bench.service import RunnerService, runner_service  # noqa: E402
 
 MIX = {"search": 30, "load": 15, "write": 20, "push": 20, "pull": 15}
 PUSH_SIZES = ((80, 1, 5), (17, 6, 50), (3, 51, 500))  # (weight %, smallest, largest) ops per push
@@ -104,54 +110,18 @@ print("SOAK=" + json.dumps({"agents": agents, "cookie": cookie}))
 
 # --- the service ---------------------------------------------------------------------------------------------
 
-@dataclass
-class Service:
-    base_url: str
-    database_url: str
-    runner: subprocess.Popen[bytes]
-    env: dict[str, str]
-
-
 @contextmanager
-def running_service(workdir: Path, embedder: str, extra_env: dict[str, str]) -> Iterator[Service]:
-    """The real runner in `workdir`, on free ports; stopped (everything it started) on exit."""
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
-    env.update(MEMORYHUB_DATA_DIR=str(workdir / "var"), PORT=str(port), MEMORYHUB_PG_PORT=str(free_port()),
-               MEMORYHUB_REDIS_PORT=str(free_port()), MEMORYHUB_ANVIL_PORT=str(free_port()),
-               EMBEDDING_PROVIDER=embedder, TRUSTED_PROXIES="127.0.0.1/32", LOG_LEVEL="WARNING", **extra_env)
-    base_url = f"http://127.0.0.1:{port}"
-    log_path = workdir / "runner.log"
-    with open(log_path, "ab") as out:
-        runner = subprocess.Popen([sys.executable, "-m", "memoryhub.runner"], cwd=BASE_DIR, env=env, stdout=out,
-                                  stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            if runner.poll() is not None:
-                raise RuntimeError(f"the runner exited with {runner.returncode}:\n{log_path.read_text()[-3000:]}")
-            try:
-                if httpx.get(f"{base_url}/readyz", timeout=5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("the service was not ready in 300 s")
-            time.sleep(0.5)
-        database_url = json.loads((workdir / "var" / "runtime.json").read_text())["database_url"]
-        yield Service(base_url, database_url, runner, env)
-    finally:
-        os.killpg(runner.pid, signal.SIGINT)
-        try:
-            runner.wait(90)
-        except subprocess.TimeoutExpired:
-            os.killpg(runner.pid, signal.SIGKILL)
-            runner.wait(10)
+def running_service(workdir: Path, embedder: str, extra_env: dict[str, str],
+                    code_dir: Path = BASE_DIR) -> Iterator[RunnerService]:
+    """The real runner in `workdir`, on free ports (bench/service.py); stopped (everything it started) on exit."""
+    extra = {"EMBEDDING_PROVIDER": embedder, "TRUSTED_PROXIES": "127.0.0.1/32", "LOG_LEVEL": "WARNING", **extra_env}
+    with runner_service(workdir / "var", workdir / "runner.log", extra_env=extra, code_dir=code_dir) as service:
+        yield service
 
 
-def make_school(service: Service, agents: int) -> dict[str, Any]:
+def make_school(service: RunnerService, agents: int) -> dict[str, Any]:
     script = SETUP_SCRIPT.replace("AGENT_COUNT", str(agents))
-    done = subprocess.run([sys.executable, "manage.py", "shell", "-c", script], cwd=BASE_DIR, env=service.env,
+    done = subprocess.run([sys.executable, "manage.py", "shell", "-c", script], cwd=service.code_dir, env=service.env,
                           capture_output=True, text=True, timeout=600)
     if done.returncode != 0:
         raise RuntimeError(done.stderr[-3000:])
@@ -381,7 +351,7 @@ class LivePage:
             self.closed_early = f"{type(exc).__name__}: {exc}"[:160]
 
 
-async def soak(service: Service, agents: list[Agent], cookie: str, seconds: float,
+async def soak(service: RunnerService, agents: list[Agent], cookie: str, seconds: float,
                on_half: Any) -> tuple[Recorder, list[LivePage], float]:
     """Every agent open loop for `seconds`; `on_half()` runs once half-way (RSS, backlog)."""
     recorder = Recorder()
@@ -395,8 +365,14 @@ async def soak(service: Service, agents: list[Agent], cookie: str, seconds: floa
     started = loop.time()
     deadline = started + seconds
 
-    async with async_client(service.base_url, 4 * len(agents)) as http:
+    # One HTTP client per agent, as real agents have: a single client pooling 4 connections per agent
+    # spent the load generator's whole core in httpx's pool bookkeeping (each queued request scans
+    # every pooled connection) once the server fell behind, and then measured itself.
+    async with contextlib.AsyncExitStack() as clients:
+        https = [await clients.enter_async_context(async_client(service.base_url, 4)) for _ in agents]
+
         async def agent_loop(agent: Agent) -> None:
+            http = https[agent.index]
             rng = random.Random(agent.index)
             at = started + rng.uniform(0, 2)  # spread the first arrivals
             while at < deadline:
@@ -668,6 +644,67 @@ def run_saturate(args: argparse.Namespace) -> int:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
+def measure_round(service: RunnerService, agents: list[Agent], clients: int, seconds: float) -> dict[str, float]:
+    """One closed-loop round: 2xx/s and the CPU milliseconds each role spent per 2xx request."""
+    before = cpu_seconds(service.runner.pid)
+    recorder, elapsed = asyncio.run(closed_loop(service.base_url, agents, clients, seconds))
+    after = cpu_seconds(service.runner.pid)
+    ok = [s for s in recorder.samples if 200 <= s.status < 300]
+    row: dict[str, float] = {"2xx per s": len(ok) / elapsed, "non-2xx": len(recorder.samples) - len(ok),
+                             "p50 ms": percentiles([s.ms for s in ok])["p50"]}
+    for role in ("web", "postgres", "worker"):
+        row[f"{role} cpu ms/req"] = 1000 * (after.get(role, 0.0) - before.get(role, 0.0)) / max(len(ok), 1)
+    return row
+
+
+def run_compare(args: argparse.Namespace) -> int:
+    """A/B on a noisy machine: two services side by side, A as configured and B with `--compare`'s
+    settings, loaded in turn (A, B, A, B, …) so both meet the same background load; medians."""
+    import shutil
+    import statistics
+    from contextlib import ExitStack
+
+    override = dict(pair.split("=", 1) for pair in args.compare.split(",") if "=" in pair)
+    base = {"WEB_WORKERS": str(args.web_workers)} if args.web_workers else {}
+    if args.concurrency:
+        base["CELERY_CONCURRENCY"] = str(args.concurrency)
+    configs = {"A": base, "B": {**base, **override}}
+    code_dirs = {"A": Path(args.compare_base).resolve() if args.compare_base else BASE_DIR, "B": BASE_DIR}
+    workdirs = [Path(tempfile.mkdtemp(prefix=f"memoryhub-compare-{name}-")) for name in configs]
+    try:
+        with ExitStack() as stack:
+            services, crowds = {}, {}
+            for (name, extra), workdir in zip(configs.items(), workdirs, strict=True):
+                log(f"starting service {name} ({extra or 'default sizing'}) from {code_dirs[name]} in {workdir}")
+                services[name] = stack.enter_context(running_service(workdir, args.embedder, extra, code_dirs[name]))
+                school = make_school(services[name], args.agents)
+                crowds[name] = [Agent(n, a["stack"], a["secret"]) for n, a in enumerate(school["agents"])]
+                asyncio.run(seed_and_baseline(services[name].base_url, crowds[name], 1))
+            rounds: dict[str, list[dict[str, float]]] = {name: [] for name in configs}
+            for n in range(args.rounds):
+                for name in configs:
+                    rounds[name].append(measure_round(services[name], crowds[name], args.compare_clients,
+                                                      args.step_seconds))
+                    log(f"round {n + 1} {name}: {rounds[name][-1]['2xx per s']:.1f} req/s")
+            rows = []
+            for name, extra in configs.items():
+                origin = "" if code_dirs[name] == BASE_DIR else f" (code: {code_dirs[name]})"
+                row: dict[str, Any] = {"service": f"{name} {extra or 'default'}{origin}"}
+                for column in rounds[name][0]:
+                    row[column] = statistics.median(r[column] for r in rounds[name])
+                rows.append(row)
+            print_table(f"compare: {args.rounds} alternating rounds of {args.step_seconds:g} s, "
+                        f"{args.compare_clients} closed-loop clients each (medians)", rows)
+            a, b = rows
+            print(f"\nB / A: {b['2xx per s'] / a['2xx per s']:.2f}x requests/s; web CPU per request "
+                  f"{b['web cpu ms/req'] / max(a['web cpu ms/req'], 1e-9):.2f}x, postgres CPU per request "
+                  f"{b['postgres cpu ms/req'] / max(a['postgres cpu ms/req'], 1e-9):.2f}x")
+        return 0
+    finally:
+        for workdir in workdirs:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--agents", type=int, default=100, help="agents, each with its own stack and key")
@@ -678,8 +715,16 @@ def main() -> int:
     parser.add_argument("--web-workers", type=int, default=0, help="WEB_WORKERS (default: the runner's own)")
     parser.add_argument("--concurrency", type=int, default=0, help="CELERY_CONCURRENCY (default: the runner's own)")
     parser.add_argument("--saturate", action="store_true", help="closed loop, clients added until the peak")
-    parser.add_argument("--step-seconds", type=float, default=20.0, help="--saturate: seconds per step")
+    parser.add_argument("--step-seconds", type=float, default=20.0, help="--saturate / --compare: seconds per step")
+    parser.add_argument("--compare", default="", metavar="NAME=VALUE[,…]",
+                        help="A/B: a second service with these settings, loaded in turn with the first")
+    parser.add_argument("--compare-base", default="", metavar="DIR",
+                        help="--compare: run service A from this other checkout (the code before a change)")
+    parser.add_argument("--rounds", type=int, default=3, help="--compare: rounds per service")
+    parser.add_argument("--compare-clients", type=int, default=4, help="--compare: closed-loop clients")
     args = parser.parse_args()
+    if args.compare or args.compare_base:
+        return run_compare(args)
     return run_saturate(args) if args.saturate else run_soak(args)
 
 

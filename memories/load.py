@@ -247,8 +247,13 @@ def _details_sql() -> str:
     return f"CASE kind {' '.join(whens)} END"
 
 
-_TOUCH_SQL = ("UPDATE memories_memory SET times_accessed = times_accessed + 1, last_accessed = %(now)s "
-              "WHERE id = ANY(%(chosen)s::uuid[]); ")
+# SKIP LOCKED: a row a writer holds right now (the embedder storing its vector, a push) is not
+# counted this time rather than waited for. Waiting deadlocked: the embedder locks a batch's rows in
+# its order, this UPDATE in another, and PostgreSQL cancelled one of them (a 503 for the agent, a
+# failed embedding task) several times per `bench/soak.py --minutes 2` run (issue 19).
+_TOUCH_SQL = ("UPDATE memories_memory m SET times_accessed = m.times_accessed + 1, last_accessed = %(now)s "
+              "FROM (SELECT id FROM memories_memory WHERE id = ANY(%(chosen)s::uuid[]) "
+              "FOR NO KEY UPDATE SKIP LOCKED) free WHERE m.id = free.id; ")
 _ROWS_SQL = f"""
 SELECT id, kind, record_id, created_at, left(text, %(head)s), {_details_sql()}
 FROM memories_memory

@@ -44,6 +44,51 @@ GRACEFUL_WORKER_SECONDS = 60.0
 READY_TIMEOUT_SECONDS = 180.0
 
 
+# Connections kept free of the pools' budget: `manage.py` commands, backups, beat, the health
+# checks, an operator's psql.
+RESERVED_CONNECTIONS = 20
+POOL_CEILING = 10  # per web process: one GIL-bound process keeps ~10 requests in the database at most
+WORKER_CONNECTIONS = 2  # per worker child: it runs one task at a time (plus the outbox's thread)
+
+
+def machine_cores() -> int:
+    """Cores this process may run on (a container's CPU set, not the host's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def default_web_workers(cores: int, *, database_here: bool) -> int:
+    """Web processes for `cores`. A request costs the web process about a third of its CPU and
+    PostgreSQL about half (`bench/soak.py --compare`: ~11 ms web, ~16 ms PostgreSQL, ~6 ms worker
+    per request of the mix), so with the database on this machine the web gets half the cores (one
+    process per core it gets: a Python process runs on one core at a time); on 2 cores a second web
+    process served 0.86x the requests/s of one (it only competes with PostgreSQL for the same two
+    cores). With the database elsewhere, one per core."""
+    return cores if not database_here else max(1, cores // 2)
+
+
+def sized_pool(max_connections: int, web_workers: int, concurrency: int) -> int:
+    """DB_POOL_MAX_SIZE for each process so that every pool at its fullest still fits in the
+    server's max_connections (README "Production": sizing): web processes share what the worker
+    children and the reserve leave, at most POOL_CEILING each, at least 2."""
+    budget = max_connections - RESERVED_CONNECTIONS - WORKER_CONNECTIONS * concurrency
+    return max(2, min(POOL_CEILING, budget // max(web_workers, 1)))
+
+
+def server_max_connections(database_url: str) -> int:
+    """The database server's max_connections (PostgreSQL's default 100 when it cannot be read)."""
+    import psycopg
+
+    try:
+        with psycopg.connect(database_url, connect_timeout=5) as conn:
+            row = conn.execute("SHOW max_connections").fetchone()
+        return int(row[0]) if row else 100
+    except (psycopg.Error, ValueError):
+        return 100
+
+
 def log(message: str) -> None:
     print(f"[memoryhub] {message}", flush=True)
 
@@ -169,8 +214,12 @@ def main() -> int:
         anvil_port = env_int("MEMORYHUB_ANVIL_PORT", 58545, minimum=1, maximum=65535)
         # Base makes a block every 2 s: payments in development reach their confirmations the same way.
         anvil_block_time = env_int("ANVIL_BLOCK_TIME", 2, minimum=1)
-        web_workers = env_int("WEB_WORKERS", 1, minimum=1)
-        concurrency = env_int("CELERY_CONCURRENCY", 2, minimum=1)
+        # Sized to the machine (README "Production": sizing): web processes for the web's share of
+        # the cores and a worker process per core (embedding is CPU-bound).
+        cores = machine_cores()
+        web_workers = env_int("WEB_WORKERS", default_web_workers(cores, database_here=not os.environ.get(
+            "DATABASE_URL")), minimum=1)
+        concurrency = env_int("CELERY_CONCURRENCY", cores, minimum=1)
         import memoryhub.settings  # noqa: F401  (validates every setting before anything starts)
     except ImproperlyConfigured as exc:
         log(f"configuration error: {exc}")
@@ -250,6 +299,11 @@ def main() -> int:
             write_runtime_file(runtime, recorded)
             wrote_runtime = True
 
+        if not env.get("DB_POOL_MAX_SIZE"):
+            env["DB_POOL_MAX_SIZE"] = str(sized_pool(server_max_connections(env["DATABASE_URL"]), web_workers,
+                                                     concurrency))
+        log(f"sizing: {web_workers} web process(es), worker concurrency {concurrency}, database pool "
+            f"{env.get('DB_POOL_MAX_SIZE')} per process ({cores} cores)")
         python = sys.executable
         log("applying migrations")
         migrate = subprocess.run([python, "manage.py", "migrate", "--noinput"], cwd=BASE_DIR, env=env)

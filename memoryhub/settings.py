@@ -343,7 +343,9 @@ CELERY_TASK_TIME_LIMIT = 360
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600, "socket_connect_timeout": 2}
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
-CELERY_WORKER_CONCURRENCY = env_int("CELERY_CONCURRENCY", 2, minimum=1)
+# A worker process per core by default, as `make run` sizes it (memoryhub/runner.py, README "Production").
+_CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 2)
+CELERY_WORKER_CONCURRENCY = env_int("CELERY_CONCURRENCY", _CORES, minimum=1)
 
 REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
@@ -469,6 +471,10 @@ AUTH_FAILURE_LIMITS = {
     "login_account": (10, 900, 900),
     "login_ip": (30, 900, 900),
 }
+# How long a web process remembers an API key that verified (accounts/key_cache.py): any change to
+# keys, people, schools, memberships or teacher assignments invalidates it at once everywhere; this
+# only bounds writes that bypass model signals. 0 turns the cache off.
+AUTH_KEY_CACHE_SECONDS = env_int("AUTH_KEY_CACHE_SECONDS", 10, minimum=0)
 
 # Name the "kind" enums explicitly: several components have a field called "kind".
 SPECTACULAR_SETTINGS.setdefault("ENUM_NAME_OVERRIDES", {}).update({  # type: ignore[attr-defined]

@@ -153,8 +153,11 @@ def kernle_pull(*, principal: Principal, stack_id: Any, since: Any) -> KernlePul
     with connection.cursor() as cursor:
         cursor.execute(_kernle_pull_sql(grants), {"stack": stack.pk, "since": effective, **grant_params})
         rows = [_kernle_operation_json(row) for row in cursor.fetchall()]
-    SyncWatermark.objects.update_or_create(stack=stack, credential_id=principal.credential_id,
-                                           defaults={"pulled_at": now})
+    # One INSERT … ON CONFLICT DO UPDATE (update_or_create took a savepoint, a SELECT … FOR UPDATE,
+    # the UPDATE and the release: four round trips on every pull, issue 19).
+    SyncWatermark.objects.bulk_create(
+        [SyncWatermark(stack=stack, credential_id=principal.credential_id, pulled_at=now)],
+        update_conflicts=True, unique_fields=["credential_id", "stack"], update_fields=["pulled_at"])
     return KernlePullResult(operations_json="[" + ",".join(rows) + "]", count=len(rows), server_time=now)
 
 

@@ -1,0 +1,98 @@
+"""The whole service as `make run` runs it, for benchmarks and fault tests: `runner_service()`.
+
+It starts the real runner (`python -m memoryhub.runner`: embedded PostgreSQL and Redis, Anvil, the
+web server, the worker and beat) in its own data dir on free ports, in its own process group,
+waits for /readyz 200 and on exit stops everything the runner started (SIGINT to the group, then
+SIGKILL after `stop_timeout`). Used by bench/soak.py and tests/faults/test_kill9.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+if str(BASE_DIR) not in sys.path:
+    sys.path.insert(0, str(BASE_DIR))
+
+from memoryhub.embedded import free_port  # noqa: E402
+
+
+@dataclass
+class RunnerService:
+    base_url: str
+    data_dir: Path  # MEMORYHUB_DATA_DIR
+    env: dict[str, str]  # the runner's environment (a `manage.py` with it reaches this service)
+    runner: subprocess.Popen[bytes]
+    log_path: Path  # the runner's own output (its children's too)
+    ready_seconds: float = 0.0  # from start to the first /readyz 200
+    code_dir: Path = BASE_DIR  # the checkout it runs from
+    redis_port: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.redis_port = int(self.env["MEMORYHUB_REDIS_PORT"])
+
+    @property
+    def database_url(self) -> str:
+        """The embedded PostgreSQL's URL, from the runner's runtime file."""
+        return str(json.loads((self.data_dir / "runtime.json").read_text())["database_url"])
+
+    def ready(self) -> bool:
+        """/readyz answers 200 now. Raises at once when the runner itself has exited."""
+        if self.runner.poll() is not None:
+            raise RuntimeError(f"the runner exited with {self.runner.returncode}:\n"
+                               f"{self.log_path.read_text(errors='replace')[-3000:]}")
+        try:
+            return httpx.get(f"{self.base_url}/readyz", timeout=5).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+
+def runner_env(data_dir: Path, **extra: str) -> dict[str, str]:
+    """This process's environment without DATABASE_URL / REDIS_URL (the runner starts its own),
+    with `data_dir` and free ports for the web server, PostgreSQL, Redis and Anvil; `extra` last."""
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
+    env.update(MEMORYHUB_DATA_DIR=str(data_dir), PORT=str(free_port()), MEMORYHUB_PG_PORT=str(free_port()),
+               MEMORYHUB_REDIS_PORT=str(free_port()), MEMORYHUB_ANVIL_PORT=str(free_port()))
+    env.update(extra)
+    return env
+
+
+@contextmanager
+def runner_service(data_dir: Path, log_path: Path, *, extra_env: dict[str, str] | None = None,
+                   ready_timeout: float = 300.0, stop_timeout: float = 90.0,
+                   code_dir: Path = BASE_DIR) -> Iterator[RunnerService]:
+    """The real runner with its data in `data_dir` (made if missing), ready; stopped on exit.
+    `code_dir`: the checkout it runs from (another one: an A/B of two versions of the code)."""
+    env = runner_env(data_dir, **(extra_env or {}))
+    base_url = f"http://127.0.0.1:{env['PORT']}"
+    started = time.monotonic()
+    with open(log_path, "ab") as out:
+        runner = subprocess.Popen([sys.executable, "-m", "memoryhub.runner"], cwd=code_dir, env=env, stdout=out,
+                                  stderr=subprocess.STDOUT, start_new_session=True)
+    service = RunnerService(base_url, data_dir, env, runner, log_path, code_dir=code_dir)
+    try:
+        deadline = started + ready_timeout
+        while not service.ready():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the service was not ready in {ready_timeout:.0f} s")
+            time.sleep(0.5)
+        service.ready_seconds = time.monotonic() - started
+        yield service
+    finally:
+        os.killpg(runner.pid, signal.SIGINT)
+        try:
+            runner.wait(stop_timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(runner.pid, signal.SIGKILL)
+            runner.wait(10)
