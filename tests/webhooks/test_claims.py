@@ -129,8 +129,9 @@ def test_a_killed_workers_delivery_is_retaken_after_its_short_lease_and_not_befo
     assert (done.status, done.attempts, done.claimed_until) == ("delivered", 1, None)
 
 
+@pytest.mark.usefixtures("fast_renewals")
 def test_a_live_slow_delivery_renews_its_lease_and_is_not_taken_over(
-        school: School, receiver: Receiver, clock: Clock, queued: list[Any], fast_renewals: None,
+        school: School, receiver: Receiver, clock: Clock, queued: list[Any],
         sender_thread: Callable[[WebhookEndpoint, School], threading.Thread]) -> None:
     endpoint, _ = make_endpoint(school.org, receiver.url)
     dispatch.fan_out(change_event(school.stack, 1, memory_ids=["m-1"]))
