@@ -140,27 +140,25 @@ def web3_for(rpc_url: str) -> Any:
     return Web3(HTTPProvider(rpc_url, request_kwargs={"timeout": 30}))
 
 
-def deploy_token(w3: Any, owner: str, name: str, artifact: dict[str, Any] | None = None) -> str:
-    """Deploy one TestUSDC from `owner` (an unlocked Anvil account); its checksummed address."""
-    artifact = artifact or load_artifact()
+def _deploy(w3: Any, artifact: dict[str, Any], deployer: str, *args: Any) -> str:
+    """Deploy a compiled contract from `deployer` (an unlocked Anvil account); its checksummed address."""
     factory = w3.eth.contract(abi=artifact["abi"], bytecode=artifact["bytecode"])
-    tx_hash = factory.constructor(name).transact({"from": owner})
+    tx_hash = factory.constructor(*args).transact({"from": deployer})
     receipt = w3.eth.wait_for_transaction_receipt(tx_hash, timeout=60, poll_latency=0.1)
     if receipt["status"] != 1:
-        raise RuntimeError("deploying TestUSDC reverted")
+        raise RuntimeError(f"deploying {artifact.get('contractName', 'the contract')} reverted")
     return str(receipt["contractAddress"])
+
+
+def deploy_token(w3: Any, owner: str, name: str, artifact: dict[str, Any] | None = None) -> str:
+    """Deploy one TestUSDC from `owner` (an unlocked Anvil account); its checksummed address."""
+    return _deploy(w3, artifact or load_artifact(), owner, name)
 
 
 def deploy_owner_wallet(w3: Any, deployer: str, owner: str) -> str:
     """Deploy one OwnerWallet (an EIP-1271 contract wallet controlled by `owner`'s key) from
     `deployer` (an unlocked Anvil account); its checksummed address."""
-    artifact = load_artifact(OWNER_WALLET_ARTIFACT)
-    factory = w3.eth.contract(abi=artifact["abi"], bytecode=artifact["bytecode"])
-    tx_hash = factory.constructor(owner).transact({"from": deployer})
-    receipt = w3.eth.wait_for_transaction_receipt(tx_hash, timeout=60, poll_latency=0.1)
-    if receipt["status"] != 1:
-        raise RuntimeError("deploying OwnerWallet reverted")
-    return str(receipt["contractAddress"])
+    return _deploy(w3, load_artifact(OWNER_WALLET_ARTIFACT), deployer, owner)
 
 
 def mint(w3: Any, token: str, owner: str, recipients: list[str], amount: int) -> None:
