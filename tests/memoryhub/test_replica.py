@@ -164,9 +164,12 @@ def test_stale_tolerant_reads_use_the_replica_and_the_rest_the_primary(replica: 
     # The access decision, the overview's counters and anything in a transaction: the primary.
     assert [s.memory_count for s in stacks_visible_to(principal).filter(pk=school.stack.pk)] == [1]
     assert summary(principal).memories == 1
-    with transaction.atomic():
+    with transaction.atomic(), CaptureQueriesContext(connections["replica"]) as on_replica:
         assert read_alias() == "default"
-        assert _today(principal) == 1 and embedding_backlog_total(principal) == 1
+        assert _today(principal) == 1
+        # (Its value depends on whether a worker of the suite has embedded the note already.)
+        embedding_backlog_total(principal)
+    assert on_replica.captured_queries == []
 
     # Pages: the overview's chart comes from the replica; a student's list and sync pull do not.
     browser = Client()
