@@ -40,6 +40,7 @@ from billing.entitlements import storage_used
 from billing.models import Payment, Subscription
 from billing.selectors import (
     API_PAYMENT_STATUS,
+    OVERFLOW,
     PAID_TIERS,
     PRICES,
     may_manage_billing,
@@ -73,8 +74,17 @@ def _gauge(used: int, limit: int | None) -> dict[str, Any]:
 
 
 def _tier_row(tier: Tier, current: Tier) -> dict[str, Any]:
+    """One row of the Plans table: limits, the monthly price and what growth past the limits costs."""
+    if tier.name in PRICES:
+        price = f"{usdc(PRICES[tier.name])} USDC"
+    else:
+        price = "free" if tier.name == "free" else "by contract"
+    overflow = OVERFLOW.get(tier.name)
     return {"name": tier.name, "storage": tier.storage_label,
             "stacks": "unlimited" if tier.syncing_stacks is None else tier.syncing_stacks,
+            "price": price,
+            "overflow": (f"{usdc(overflow.per_stack)} USDC per extra stack, {usdc(overflow.per_gb)} per extra GB"
+                         if overflow else "refused past the limits" if tier.storage_bytes is not None else ""),
             "current": tier.name == current.name}
 
 

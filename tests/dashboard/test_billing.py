@@ -65,6 +65,10 @@ def test_an_admin_sees_the_plan_and_usage_measured_as_billing_enforces_it(school
         assert f'data-tier="{name}"' in page
     assert 'data-tier="unlimited"' not in page
     assert re.search(r'data-tier="pro">.*?your plan', page, re.S)
+    # Each plan's price and what growth past its limits costs (§12.7), to decide between them.
+    assert re.search(r'data-tier="core">.*?>5 USDC<.*?1\.5 USDC per extra stack, 0\.5 per extra GB', page, re.S)
+    assert re.search(r'data-tier="free">.*?>free<.*?refused past the limits', page, re.S)
+    assert re.search(r'data-tier="enterprise">.*?>by contract<', page, re.S)
     assert "USDC" in page and "<form" not in page.split('id="content"')[1]
     # A school's usage, never a student's name.
     assert school.stack.slug not in page and "Fractions" not in page
