@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -18,6 +19,13 @@ def test_a_load_skips_counting_a_memory_a_writer_holds_instead_of_waiting() -> N
     stack = make_stack(make_org(), "contended")
     held = memory_create(stack=stack, kind="note", source="test", payload={"content": "fractions with pizza"})
     free = memory_create(stack=stack, kind="note", source="test", payload={"content": "decimals on a ruler"})
+    # The suite may have a Celery worker running, which embeds these two right after their commit and
+    # briefly locks each row to store its vector: let that finish first (bounded; with no worker
+    # nothing embeds and this just waits out its bound), so the only lock is the one taken below.
+    deadline = time.monotonic() + 3
+    while (time.monotonic() < deadline
+           and Memory.objects.filter(pk__in=[held.pk, free.pk], embedded_version__isnull=True).exists()):
+        time.sleep(0.05)
     writer = other_connection()  # another process mid-write (the embedder storing a vector) holds a row lock
     try:
         writer.execute("SELECT 1 FROM memories_memory WHERE id = %s FOR NO KEY UPDATE", [held.pk])
