@@ -3,7 +3,9 @@
 It starts the real runner (`python -m memoryhub.runner`: embedded PostgreSQL and Redis, Anvil, the
 web server, the worker and beat) in its own data dir on free ports, in its own process group,
 waits for /readyz 200 and on exit stops everything the runner started (SIGINT to the group, then
-SIGKILL after `stop_timeout`). Used by bench/soak.py and tests/faults/test_kill9.py.
+SIGKILL after `stop_timeout`). `RunnerService.make_school()` then makes an unlimited school with
+its stacks, keys and an admin's browser session through the service's own `manage.py`. Used by
+bench/soak.py and tests/faults/test_kill9.py.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -56,6 +59,51 @@ class RunnerService:
             return httpx.get(f"{self.base_url}/readyz", timeout=5).status_code == 200
         except httpx.HTTPError:
             return False
+
+
+    def make_school(self, slug: str, stacks: int, *, stack_bound_keys: bool = True,
+                    webhook_url: str = "") -> dict[str, Any]:
+        """An unlimited school `slug` with `stacks` stacks (`<slug>-<n>`) and one API key each (bound to its
+        stack, or a school key), optionally a webhook endpoint for every event, made by the service's
+        `manage.py` (so through the service's own services). Returns {"agents": [{"stack", "secret"}],
+        "cookie": the admin's session cookie, "Name=value"}."""
+        params = {"slug": slug, "stacks": stacks, "stack_bound_keys": stack_bound_keys, "webhook_url": webhook_url}
+        done = subprocess.run([sys.executable, "manage.py", "shell", "-c", SCHOOL_SCRIPT], cwd=self.code_dir,
+                              env={**self.env, "MEMORYHUB_BENCH_SCHOOL": json.dumps(params)},
+                              capture_output=True, text=True, timeout=600)
+        if done.returncode != 0:
+            raise RuntimeError(f"making the school failed:\n{done.stderr[-3000:]}")
+        [line] = [x for x in done.stdout.splitlines() if x.startswith("SCHOOL=")]
+        return dict(json.loads(line.removeprefix("SCHOOL=")))
+
+
+# Runs inside `manage.py shell` of the service under test; its parameters come in MEMORYHUB_BENCH_SCHOOL.
+SCHOOL_SCRIPT = """
+import json, os
+from django.conf import settings
+from django.test import Client
+from accounts.models import Organization
+from accounts.services import api_key_issue, school_create
+from stacks.services import stack_create
+p = json.loads(os.environ["MEMORYHUB_BENCH_SCHOOL"])
+org, admin, _ = school_create(name=p["slug"].replace("-", " ").title(), admin_email=p["slug"] + "@example.org",
+                              slug=p["slug"])
+Organization.objects.filter(pk=org.pk).update(tier="unlimited")
+org.refresh_from_db()
+agents = []
+for n in range(p["stacks"]):
+    stack = stack_create(organization=org, slug=f"{p['slug']}-{n:03d}")
+    _, secret = api_key_issue(organization=org, user=admin, stack_id=stack.pk if p["stack_bound_keys"] else None,
+                              name=f"{p['slug']} client {n}")
+    agents.append({"stack": stack.slug, "secret": secret})
+if p["webhook_url"]:
+    from webhooks.services import endpoint_create
+    endpoint_create(organization=org, url=p["webhook_url"], event_types=["*"])
+browser = Client()
+browser.force_login(admin)
+cookie = f"{settings.SESSION_COOKIE_NAME}={browser.cookies[settings.SESSION_COOKIE_NAME].value}"
+print("SCHOOL=" + json.dumps({"agents": agents, "cookie": cookie}))
+"""
 
 
 def runner_env(data_dir: Path, **extra: str) -> dict[str, str]:

@@ -50,7 +50,6 @@ import json
 import os
 import random
 import re
-import subprocess
 import sys
 import tempfile
 import time
@@ -86,28 +85,6 @@ SEED_MEMORIES = 50
 REQUEST_TIMEOUT = 60.0
 LIVE_PAGES = 20
 
-SETUP_SCRIPT = """
-import json
-from django.conf import settings
-from django.test import Client
-from accounts.models import Organization
-from accounts.services import api_key_issue, school_create
-from stacks.services import stack_create
-org, admin, _ = school_create(name="Soak School", admin_email="soak@example.org", slug="soak-school")
-Organization.objects.filter(pk=org.pk).update(tier="unlimited")
-org.refresh_from_db()
-agents = []
-for n in range(AGENT_COUNT):
-    stack = stack_create(organization=org, slug=f"agent-{n:03d}")
-    _, secret = api_key_issue(organization=org, user=admin, stack_id=stack.pk, name=f"soak agent {n}")
-    agents.append({"stack": stack.slug, "secret": secret})
-browser = Client()
-browser.force_login(admin)
-cookie = f"{settings.SESSION_COOKIE_NAME}={browser.cookies[settings.SESSION_COOKIE_NAME].value}"
-print("SOAK=" + json.dumps({"agents": agents, "cookie": cookie}))
-"""
-
-
 # --- the service ---------------------------------------------------------------------------------------------
 
 @contextmanager
@@ -117,16 +94,6 @@ def running_service(workdir: Path, embedder: str, extra_env: dict[str, str],
     extra = {"EMBEDDING_PROVIDER": embedder, "TRUSTED_PROXIES": "127.0.0.1/32", "LOG_LEVEL": "WARNING", **extra_env}
     with runner_service(workdir / "var", workdir / "runner.log", extra_env=extra, code_dir=code_dir) as service:
         yield service
-
-
-def make_school(service: RunnerService, agents: int) -> dict[str, Any]:
-    script = SETUP_SCRIPT.replace("AGENT_COUNT", str(agents))
-    done = subprocess.run([sys.executable, "manage.py", "shell", "-c", script], cwd=service.code_dir, env=service.env,
-                          capture_output=True, text=True, timeout=600)
-    if done.returncode != 0:
-        raise RuntimeError(done.stderr[-3000:])
-    [line] = [x for x in done.stdout.splitlines() if x.startswith("SOAK=")]
-    return dict(json.loads(line.removeprefix("SOAK=")))
 
 
 def service_processes(runner_pid: int) -> dict[str, list[psutil.Process]]:
@@ -473,7 +440,7 @@ def run_soak(args: argparse.Namespace) -> int:
         extra["CELERY_CONCURRENCY"] = str(args.concurrency)
     try:
         with running_service(workdir, args.embedder, extra) as service:
-            school = make_school(service, args.agents)
+            school = service.make_school("soak", args.agents)
             agents = [Agent(n, a["stack"], a["secret"]) for n, a in enumerate(school["agents"])]
             log(f"seeding {args.agents} stacks with {SEED_MEMORIES} memories each, then the unloaded baseline")
             seeding, baseline = asyncio.run(seed_and_baseline(service.base_url, agents, args.baseline_samples))
@@ -590,7 +557,7 @@ def run_saturate(args: argparse.Namespace) -> int:
     log(f"starting the service (runner) in {workdir}; embedder {args.embedder}; {extra or 'default sizing'}")
     try:
         with running_service(workdir, args.embedder, extra) as service:
-            school = make_school(service, args.agents)
+            school = service.make_school("soak", args.agents)
             agents = [Agent(n, a["stack"], a["secret"]) for n, a in enumerate(school["agents"])]
             asyncio.run(seed_and_baseline(service.base_url, agents, 1))
             rows, best, peak = [], 0.0, None
@@ -677,7 +644,7 @@ def run_compare(args: argparse.Namespace) -> int:
             for (name, extra), workdir in zip(configs.items(), workdirs, strict=True):
                 log(f"starting service {name} ({extra or 'default sizing'}) from {code_dirs[name]} in {workdir}")
                 services[name] = stack.enter_context(running_service(workdir, args.embedder, extra, code_dirs[name]))
-                school = make_school(services[name], args.agents)
+                school = services[name].make_school("soak", args.agents)
                 crowds[name] = [Agent(n, a["stack"], a["secret"]) for n, a in enumerate(school["agents"])]
                 asyncio.run(seed_and_baseline(services[name].base_url, crowds[name], 1))
             rounds: dict[str, list[dict[str, float]]] = {name: [] for name in configs}

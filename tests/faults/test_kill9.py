@@ -28,8 +28,6 @@ import contextlib
 import json
 import shutil
 import signal
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -50,7 +48,6 @@ from websockets.typing import Origin
 
 from bench.service import runner_service
 
-BASE_DIR = Path(__file__).resolve().parents[2]
 CLIENTS = 4
 OPS_PER_PUSH = 5
 REQUEST_TIMEOUT = 15.0  # a request still open after this counts as hung
@@ -60,30 +57,6 @@ BACKLOG_TIMEOUT = 75.0  # the embedding sweep runs every 60 s; queued tasks drai
 # (webhooks/dispatch.py); a delivery that failed is retried 10 s, then 30 s later.
 DELIVERY_TIMEOUT = 120.0
 PARTS = ("redis", "postgres backend", "postmaster", "worker", "web")
-
-SETUP_SCRIPT = """
-import json
-from accounts.models import Organization
-from accounts.services import api_key_issue, school_create
-from stacks.services import stack_create
-from django.conf import settings
-from django.test import Client
-from webhooks.services import endpoint_create
-org, admin, _ = school_create(name="Fault School", admin_email="faults@example.org", slug="fault-school")
-Organization.objects.filter(pk=org.pk).update(tier="unlimited")
-org.refresh_from_db()
-clients = []
-for n in range(CLIENT_COUNT):
-    stack = stack_create(organization=org, slug=f"fault-{n}")
-    _, secret = api_key_issue(organization=org, user=admin, name=f"fault client {n}")
-    clients.append({"stack": stack.slug, "secret": secret})
-endpoint_create(organization=org, url="HOOK_URL", event_types=["*"])
-browser = Client()
-browser.force_login(admin)
-cookie = f"{settings.SESSION_COOKIE_NAME}={browser.cookies[settings.SESSION_COOKIE_NAME].value}"
-print("CLIENTS=" + json.dumps({"clients": clients, "cookie": cookie}))
-"""
-
 
 @dataclass
 class Outcome:
@@ -302,17 +275,13 @@ def test_acknowledged_writes_survive_kill_9_of_every_part(tmp_path: Path) -> Non
             extra_env={"EMBEDDING_PROVIDER": "hash", "CELERY_CONCURRENCY": "1", "TRUSTED_PROXIES": "127.0.0.1/32",
                        # the webhook receiver below is on 127.0.0.1, over plain http
                        "WEBHOOKS_ALLOW_LOOPBACK_HTTP": "1"}))
-        base_url, env, redis_port = service.base_url, service.env, service.redis_port
+        base_url, redis_port = service.base_url, service.redis_port
         print(f"\nrunner ready in {service.ready_seconds:.1f}s")
         setup_started = time.monotonic()
         database_url = service.database_url
-        script = SETUP_SCRIPT.replace("CLIENT_COUNT", str(CLIENTS)).replace("HOOK_URL", hooks.url)
-        setup = subprocess.run([sys.executable, "manage.py", "shell", "-c", script], cwd=BASE_DIR, env=env,
-                               capture_output=True, text=True, timeout=120)
-        assert setup.returncode == 0, setup.stderr[-3000:]
-        [line] = [x for x in setup.stdout.splitlines() if x.startswith("CLIENTS=")]
-        made = json.loads(line.removeprefix("CLIENTS="))
-        clients = [PushClient(base_url, c["secret"], c["stack"], n, stop) for n, c in enumerate(made["clients"])]
+        # school keys (a client names its stack in the URL), and a webhook endpoint for every event
+        made = service.make_school("fault", CLIENTS, stack_bound_keys=False, webhook_url=hooks.url)
+        clients = [PushClient(base_url, c["secret"], c["stack"], n, stop) for n, c in enumerate(made["agents"])]
         page = LiveClient(base_url, clients[0].stack, made["cookie"], page_closed)
         page.start()
         _wait_for(lambda: page is not None and page.connects > 0, 30, "the live page's socket")
