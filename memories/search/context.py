@@ -33,29 +33,32 @@ from memories.models import Memory
 CONTEXT_MAX_GAP = timedelta(minutes=15)
 
 
-def _neighbour_sql(where: str) -> str:
-    """(seed_id, id, distance) of the `%(window)s` memories just before and just after each seed."""
-    side = """
-        (SELECT m.id, row_number() OVER (ORDER BY m.created_at {direction}) AS distance
-           FROM memories_memory m
-          WHERE {where} AND m.stack_id = s.stack_id AND m.kind = s.kind
-            AND m.created_at {op} s.created_at AND m.created_at {op2} s.created_at {sign} %(gap)s
-          ORDER BY m.created_at {direction} LIMIT %(window)s)"""
-    before = side.format(where=where, op="<", op2=">=", sign="-", direction="DESC")
-    after = side.format(where=where, op=">", op2="<=", sign="+", direction="ASC")
-    return f"""
-        SELECT s.id AS seed_id, n.id, n.distance
-          FROM memories_memory s
-          CROSS JOIN LATERAL ({before} UNION ALL {after}) n
-         WHERE s.id = ANY(%(seeds)s::uuid[])
-    """  # noqa: S608 - only fixed clauses are interpolated; values are parameters
-
-
 # Every field but the two large ones a search never shows (the vector and the tsvector), in the
 # order `neighbour_rows` returns them.
 MEMORY_FIELDS: tuple[Any, ...] = tuple(f for f in Memory._meta.concrete_fields
                                        if f.column not in ("embedding", "search_vector"))
 _MEMORY_COLUMNS = ", ".join(f"m.{f.column}" for f in MEMORY_FIELDS)
+
+
+def _neighbour_sql(where: str) -> str:
+    """(seed_id, distance, *MEMORY_FIELDS) of the `%(window)s` memories just before and just after
+    each seed. Each side reads its rows' columns in its own index scan (the scan visits those heap
+    rows anyway, to check `where`): joining back by primary key cost a B-tree descent per
+    neighbour, on a large table mostly cold index pages (§7.5 "Cost")."""
+    side = """
+        (SELECT row_number() OVER (ORDER BY m.created_at {direction}) AS distance, {columns}
+           FROM memories_memory m
+          WHERE {where} AND m.stack_id = s.stack_id AND m.kind = s.kind
+            AND m.created_at {op} s.created_at AND m.created_at {op2} s.created_at {sign} %(gap)s
+          ORDER BY m.created_at {direction} LIMIT %(window)s)"""
+    before = side.format(where=where, op="<", op2=">=", sign="-", direction="DESC", columns=_MEMORY_COLUMNS)
+    after = side.format(where=where, op=">", op2="<=", sign="+", direction="ASC", columns=_MEMORY_COLUMNS)
+    return f"""
+        SELECT s.id AS seed_id, n.*
+          FROM memories_memory s
+          CROSS JOIN LATERAL ({before} UNION ALL {after}) n
+         WHERE s.id = ANY(%(seeds)s::uuid[])
+    """  # noqa: S608 - only fixed clauses are interpolated; values are parameters
 
 
 def uuid_array(ids: Sequence[Any]) -> str:
@@ -77,8 +80,7 @@ def neighbour_rows(*, seeds: Sequence[Any], where: str, params: dict[str, Any], 
     params = {**params, "seeds": uuid_array(seeds), "also": uuid_array(also), "gap": CONTEXT_MAX_GAP,
               "window": window}
     sql = f"""
-        SELECT n.seed_id, n.distance, {_MEMORY_COLUMNS}
-          FROM ({_neighbour_sql(where)}) n JOIN memories_memory m ON m.id = n.id
+        {_neighbour_sql(where)}
         UNION ALL
         SELECT NULL, NULL, {_MEMORY_COLUMNS} FROM memories_memory m WHERE m.id = ANY(%(also)s::uuid[])
     """  # noqa: S608 - only fixed clauses are interpolated; values are parameters
@@ -87,16 +89,34 @@ def neighbour_rows(*, seeds: Sequence[Any], where: str, params: dict[str, Any], 
         return cursor.fetchall()
 
 
+_CONVERTERS: dict[str, list[tuple[int, Any, list[Any]]]] = {}
+
+
+def _converters() -> list[tuple[int, Any, list[Any]]]:
+    """(index, column, converters) of the MEMORY_FIELDS that need converting, looked up once per
+    database alias: the lookup walks every field (~0.1 ms, on every search when done per call)."""
+    found_by_alias = _CONVERTERS.get(connection.alias)
+    if found_by_alias is None:
+        found_by_alias = []
+        for i, field in enumerate(MEMORY_FIELDS):
+            column = field.get_col(Memory._meta.db_table)
+            found = [*connection.ops.get_db_converters(column), *field.get_db_converters(connection)]
+            if found:
+                found_by_alias.append((i, column, found))
+        _CONVERTERS[connection.alias] = found_by_alias
+    return found_by_alias
+
+
+_MEMORY_ATTNAMES = [f.attname for f in MEMORY_FIELDS]
+
+
 def memories_from_rows(rows: Sequence[Sequence[Any]]) -> list[Memory]:
     """Memories from MEMORY_FIELDS' column values, through the converters the ORM would apply (the
     JSON fields' parse), with the vector and the tsvector deferred."""
-    converters = []
-    for i, field in enumerate(MEMORY_FIELDS):
-        column = field.get_col(Memory._meta.db_table)
-        found = [*connection.ops.get_db_converters(column), *field.get_db_converters(connection)]
-        if found:
-            converters.append((i, column, found))
-    names = [f.attname for f in MEMORY_FIELDS]
+    if not rows:
+        return []
+    converters = _converters()
+    names = _MEMORY_ATTNAMES
     memories = []
     for row in rows:
         values = list(row)

@@ -532,8 +532,8 @@ def _table_rows() -> float:
 
 
 def _vector_sql(query: SearchQuery, stack_ids: Sequence[int], vector: Vector, fetch: int, *,
-                exact: bool, single_stack: bool = False,
-                audience: Audience | None = None) -> tuple[str, dict[str, Any]]:
+                exact: bool, single_stack: bool = False, audience: Audience | None = None,
+                also: Sequence[Any] = ()) -> tuple[str, dict[str, Any]]:
     params: dict[str, Any] = {
         "stack_ids": list(stack_ids), "v": vector_literal(vector), "fetch": fetch,
         "model": get_embedder().model_id,
@@ -546,6 +546,8 @@ def _vector_sql(query: SearchQuery, stack_ids: Sequence[int], vector: Vector, fe
     # `+ 0` makes the sort key differ from the indexed expression, so the planner cannot walk the
     # (post-filtering) HNSW index and must rank every row of the scope: exact, never short.
     order = "(m.embedding <=> %(v)s::vector) + 0" if exact else "m.embedding <=> %(v)s::vector"
+    if exact and also:
+        return _exact_with_also_sql(where, len(also)), {**params, "also": uuid_array(also)}
     sql = f"""
         SELECT {_LEG_COLUMNS}, 1 - (m.embedding <=> %(v)s::vector) AS similarity
           FROM memories_memory m
@@ -556,13 +558,47 @@ def _vector_sql(query: SearchQuery, stack_ids: Sequence[int], vector: Vector, fe
     return sql, params
 
 
+def _exact_with_also_sql(where: str, also: int) -> str:
+    """The exact plan's statement that also hands back the cosine of the `also` (a count)
+    memories `%(also)s` names - score fusion's keyword candidates (§7.5 "Cost"). An exact ranking
+    computes the distance of every row in scope anyway, so the candidates' cosines come from the
+    same scan: no primary-key lookups (on a large table, mostly cold index pages) and no second
+    statement. The candidates sort first, so one top-N sort of `fetch` + `also` rows returns all of
+    them and the `fetch` nearest of the rest; `_split_exact_with_also` takes the leg's `fetch`
+    nearest from both. Only rows of the scope that pass the leg's filters can answer. OFFSET 0
+    keeps the planner from substituting the distance expression into the sort key and the
+    similarity, so it is computed once per row, not twice."""
+    return f"""
+        SELECT d.*, 1 - d.distance AS similarity
+          FROM (SELECT {_LEG_COLUMNS}, m.embedding <=> %(v)s::vector AS distance
+                  FROM memories_memory m
+                 WHERE {where} AND m.embedding IS NOT NULL AND m.embedding_model = %(model)s
+                OFFSET 0) d
+         ORDER BY CASE WHEN d.id = ANY(%(also)s::uuid[]) THEN -1 ELSE d.distance END
+         LIMIT %(fetch)s + {int(also)}
+    """  # noqa: S608 - only fixed clauses are interpolated; values are parameters
+
+
+def _split_exact_with_also(rows: Sequence[Sequence[Any]], fetch: int, also: Sequence[Any],
+                           similarities: dict[Any, float]) -> list[tuple[Any, ...]]:
+    """`_exact_with_also_sql`'s rows as the leg's `fetch` nearest (the leg's column shape: the
+    similarity at _SCORE) plus the keyword candidates' cosine in `similarities`."""
+    wanted = set(also)
+    for row in rows:  # row: _LEG_COLUMNS, distance, similarity
+        if row[0] in wanted:
+            similarities[row[0]] = float(row[_SCORE + 1])
+    nearest = sorted(rows, key=lambda row: row[_SCORE])[:fetch]
+    return [(*row[:_SCORE], row[_SCORE + 1]) for row in nearest]
+
+
 def stack_index_ef_search(fetch: int) -> int:
     """The walk width for a stack's own HNSW index when `fetch` rows are wanted (see _vector_leg)."""
     return min(HNSW_MAX_EF_SEARCH, max(fetch * 8, STACK_INDEX_MIN_EF_SEARCH))
 
 
-# The cosine of memories another leg found (score fusion, §7.5), sent with the vector leg's own
-# statement so it costs no round trip of its own; the keyword leg already admitted these rows.
+# The cosine of memories another leg found (score fusion, §7.5), sent with an index walk's own
+# statement so it costs no round trip of its own; the keyword leg already admitted these rows. (The
+# exact plan reads them in its own scan instead: `_exact_with_also_sql`.)
 _ALSO_SIMILARITIES_SQL = """
     SELECT id, 1 - (embedding <=> %(v)s::vector) FROM memories_memory
      WHERE id = ANY(%(also)s::uuid[]) AND embedding IS NOT NULL AND embedding_model = %(model)s"""
@@ -632,9 +668,15 @@ def _vector_leg(query: SearchQuery, stack_ids: Sequence[int], vector: Vector, fe
             method = "exact"
     else:
         method = "exact"
+    if also and similarities is not None:
+        # Rows an index walk already read the cosine of are not asked again.
+        also = [memory_id for memory_id in also if memory_id not in similarities]
+    if also and similarities is not None:
+        sql, params = _vector_sql(query, stack_ids, vector, fetch, exact=True, audience=audience, also=also)
+        return _split_exact_with_also(_fetch_rows(sql, params), fetch, also, similarities), method
     sql, params = _vector_sql(query, stack_ids, vector, fetch, exact=True, audience=audience)
     with connection.cursor() as cursor:
-        return _leg_rows(cursor, sql, params, also, similarities), method
+        return _leg_rows(cursor, sql, params, (), None), method
 
 
 @cache

@@ -1,0 +1,82 @@
+"""Ranking v2's cost work (issue 20, docs/algorithms.md §7.5 "Cost"): the keyword candidates'
+cosine read by the exact vector statement itself, and the neighbouring turns read by their own
+index scans. Each must give exactly what the plain statements give - same rows, same scores - and
+must never reach outside the search's scope."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from memories.models import Memory
+from memories.search.embedding_jobs import memories_embed
+from memories.search.embeddings import embed_query
+from memories.search.hybrid import _SCORE, SearchQuery, _vector_leg, _vector_sql
+from memories.services import memory_create
+from stacks.models import Stack
+from tests.factories import make_org, make_stack
+
+pytestmark = pytest.mark.django_db
+
+TOPICS = ["volcano model baking soda", "football match on saturday", "the science fair poster",
+          "pizza for dinner tonight", "homework about fractions", "a trip to the lake", "the school choir",
+          "painting a sunrise", "camping with the kids", "a broken bicycle chain", "the maths test on friday",
+          "planting tomatoes in the garden"]
+
+
+def notes(stack: Stack, texts: list[str], start: datetime) -> list[Memory]:
+    memories = [memory_create(stack=stack, kind="note", source="api",
+                              payload={"content": text, "created_at": (start + timedelta(seconds=20 * i)).isoformat()})
+                for i, text in enumerate(texts)]
+    memories_embed(ids=[m.pk for m in memories])
+    return memories
+
+
+def plain_cosines(stack_ids: list[int], vector: Any) -> dict[Any, float]:
+    """Every row's cosine in scope, by the plain exact statement (no fold), best first."""
+    query = SearchQuery(text="x", limit=1000, min_similarity=0.0)
+    sql, params = _vector_sql(query, stack_ids, vector, 1000, exact=True)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return {row[0]: float(row[_SCORE]) for row in cursor.fetchall()}
+
+
+def test_the_exact_leg_reads_the_keyword_candidates_cosine_in_its_own_scan() -> None:
+    """The exact plan hands back the `fetch` nearest rows and, from the same scan, the cosine of the
+    keyword candidates it did not rank - exactly the values the plain statement computes."""
+    org = make_org()
+    stack = make_stack(org, "alice")
+    memories = notes(stack, TOPICS, timezone.now() - timedelta(hours=2))
+    vector = embed_query("a volcano for the science fair")
+    truth = plain_cosines([stack.pk], vector)
+    ranked = sorted(truth, key=lambda memory_id: -truth[memory_id])
+    far = ranked[-4:]  # keyword candidates the 3 nearest do not include
+    similarities: dict[Any, float] = {}
+    rows, method = _vector_leg(SearchQuery(text="volcano", min_similarity=0.0), [stack.pk], vector, 3, {},
+                               also=[*far, ranked[0]], similarities=similarities)
+    assert method == "exact"
+    assert [row[0] for row in rows] == ranked[:3]
+    assert [float(row[_SCORE]) for row in rows] == [truth[m] for m in ranked[:3]]
+    assert similarities == {m: truth[m] for m in [*far, ranked[0]]}
+    assert len(memories) == len(truth)
+
+
+def test_a_candidate_outside_the_scope_gets_no_cosine() -> None:
+    """Isolation: the fold only reads rows of the search's own scope and filters, so an id of
+    another school's stack - or a forgotten memory of this one - gets no cosine, whatever asks."""
+    start = timezone.now() - timedelta(hours=2)
+    mine = make_stack(make_org(), "alice")
+    theirs = make_stack(make_org(), "bob")
+    own = notes(mine, TOPICS[:6], start)
+    other = notes(theirs, TOPICS[:6], start)
+    Memory.objects.filter(pk=own[5].pk).update(forgotten_at=timezone.now())
+    vector = embed_query("pizza for dinner")
+    similarities: dict[Any, float] = {}
+    rows, _ = _vector_leg(SearchQuery(text="pizza", min_similarity=0.0), [mine.pk], vector, 2, {},
+                          also=[other[3].pk, other[0].pk, own[5].pk, own[4].pk], similarities=similarities)
+    assert set(similarities) == {own[4].pk}
+    assert {row[0] for row in rows} <= {m.pk for m in own[:5]}
