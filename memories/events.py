@@ -118,6 +118,26 @@ _EXTEND_SQL = (f"UPDATE {_EVENT_TABLE} SET memory_ids = memory_ids || %(ids)s::t
                "{seq} WHERE id = %(id)s")
 
 
+@dataclass(frozen=True)
+class Statement:
+    """A statement of the writing transaction that can travel with the event's in one round trip
+    (`record_change(along=…)`): the write kernel's counter UPDATE. Named parameters only, none of
+    them named like the event statement's (stack, topic, action, source, ids, id)."""
+
+    sql: str
+    params: dict[str, Any]
+
+
+def _run(cursor: Any, sql: str, params: dict[str, Any], along: Statement | None) -> None:
+    """Execute `sql`, preceded by `along` in the same round trip (client-side binding sends both as
+    one query string), and leave the cursor on the result of `sql`."""
+    if along is None:
+        cursor.execute(sql, params)
+        return
+    cursor.execute(f"{along.sql}; {sql}", {**along.params, **params})
+    cursor.nextset()
+
+
 def _array_literal(items: Sequence[str]) -> str:
     """A Postgres text[] literal, every element quoted. Sent as one text parameter: psycopg's list
     adapter inspects each element first (~0.5 ms for a push's 500 ids, on the write's path)."""
@@ -174,20 +194,23 @@ def _event_action(actions: set[str]) -> str:
 
 
 def record_change(*, stack_id: int, topic: str, source: str, changes: Iterable[tuple[str, Sequence[Any]]],
-                  stamped: bool | None = None) -> None:
+                  stamped: bool | None = None, along: Statement | None = None) -> None:
     """Record what this write did to one stack, in the caller's (writing) transaction: INSERT its
     event, or extend this transaction's event of the stack and topic. Publishing follows the
     commit (nothing if it rolls back). `changes`: (action, memory ids) pairs; `stamped`: the write
     stamped change_seq on the stack's rows (default: inferred from the actions). Checkpoint and
-    boot-config writers pass no ids. The caller holds the stack lock when it stamped rows."""
-    if not ENABLED:
-        return
+    boot-config writers pass no ids. The caller holds the stack lock when it stamped rows.
+    `along`: a statement of the same write (the kernel's counter UPDATE) executed first, in the same
+    round trip — and on its own when there is no event to record."""
     actions: set[str] = set()
     ids: list[str] = []
     for action, memory_ids in changes:
         actions.add(EVENT_ACTIONS.get(action, action))
         ids.extend(str(i) for i in memory_ids)
-    if not actions:
+    if not ENABLED or not actions:
+        if along is not None:
+            with connections[DEFAULT_DB_ALIAS].cursor() as cursor:
+                cursor.execute(along.sql, along.params)
         return
     if stamped is None:
         stamped = bool(actions & STAMPING_ACTIONS)
@@ -199,18 +222,19 @@ def record_change(*, stack_id: int, topic: str, source: str, changes: Iterable[t
         if pending is not None:
             fresh = [i for i in dict.fromkeys(ids) if i not in pending.ids]
             merged = pending.actions | actions
-            cursor.execute(_EXTEND_SQL.format(seq=", seq = GREATEST(seq, " + _STAMPED_SEQ + ")" if stamped else ""),
-                           {"ids": _array_literal(fresh), "action": _event_action(merged), "id": pending.event_id,
-                            "stack": stack_id})
+            _run(cursor, _EXTEND_SQL.format(seq=", seq = GREATEST(seq, " + _STAMPED_SEQ + ")" if stamped else ""),
+                 {"ids": _array_literal(fresh), "action": _event_action(merged), "id": pending.event_id,
+                  "stack": stack_id}, along)
+            along = None  # it ran, whatever the UPDATE found
             if cursor.rowcount:
                 pending.actions = merged
                 pending.ids.update(fresh)
                 return
             # Its row went with a rolled-back savepoint: record anew.
         unique = list(dict.fromkeys(ids))
-        cursor.execute(_INSERT_SQL.format(seq=_STAMPED_SEQ if stamped else _FRESH_SEQ),
-                       {"stack": stack_id, "topic": topic, "action": _event_action(actions), "source": source,
-                        "ids": _array_literal(unique)})
+        _run(cursor, _INSERT_SQL.format(seq=_STAMPED_SEQ if stamped else _FRESH_SEQ),
+             {"stack": stack_id, "topic": topic, "action": _event_action(actions), "source": source,
+              "ids": _array_literal(unique)}, along)
         event_id = int(cursor.fetchone()[0])
     state.events[key] = _Pending(event_id=event_id, actions=actions, ids=set(unique))
     if state.queued_at is None:

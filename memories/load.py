@@ -26,13 +26,15 @@ tiers — chosen because its test vectors are published and it needs no clock):
 Speed: candidates are scored, ordered and summed in SQL (one index walk per kind, a score
 expression per kind so constant-factor kinds never read `data`); only the rows the walk can take
 leave the database, then the head of the text and the few detail fields of the chosen rows (never
-the whole `data`). Four round trips and a commit: checkpoint, boot config, then one transaction of
-settings + candidates and access UPDATE + rows, committed without waiting for the WAL flush when it
-is the outermost transaction (bench/load.py).
+the whole `data`). Four round trips: checkpoint, boot config, settings + candidates, and access
+UPDATE + rows; the last two each one query string that PostgreSQL runs as an implicit transaction
+(no BEGIN / COMMIT round trips), the UPDATE's committed without waiting for the WAL flush when the
+load is not inside a caller's transaction (bench/load.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import uuid
@@ -254,6 +256,7 @@ def _details_sql() -> str:
 _TOUCH_SQL = ("UPDATE memories_memory m SET times_accessed = m.times_accessed + 1, last_accessed = %(now)s "
               "FROM (SELECT id FROM memories_memory WHERE id = ANY(%(chosen)s::uuid[]) "
               "FOR NO KEY UPDATE SKIP LOCKED) free WHERE m.id = free.id; ")
+_ASYNC_COMMIT_SQL = "SET LOCAL synchronous_commit = off; "
 _ROWS_SQL = f"""
 SELECT id, kind, record_id, created_at, left(text, %(head)s), {_details_sql()}
 FROM memories_memory
@@ -317,17 +320,20 @@ def stack_load(*, stack: Stack, budget: int | None = None, item_chars: int | Non
 
     # Only when this is the outermost transaction: a caller's own writes keep their durability.
     own_transaction = not connection.in_atomic_block
-    with transaction.atomic(), connection.cursor() as cursor:
+    # Outside a caller's transaction no BEGIN / COMMIT is sent (two round trips on every load): each
+    # of the two round trips below is one query string of several statements, which PostgreSQL runs
+    # as one implicit transaction, and SET LOCAL holds for that string only. Inside a caller's
+    # transaction, a savepoint as before.
+    scope = transaction.atomic() if not own_transaction else contextlib.nullcontext()
+    with scope, connection.cursor() as cursor:
         # A stack's rows are hot in cache, so random heap access is cheap; at the default cost (4.0)
         # the planner prefers scanning the whole stack through the heap-ordered stack_id index and
         # sorting it (3x slower on a 10,000-memory stack measured in bench/load.py).
         # The only write here is the access bookkeeping, so the commit need not wait for the WAL
-        # flush: a crash can lose at most the last few access counts, never an edit. Both settings
-        # are scoped to this transaction.
+        # flush (the UPDATE's query string says so): a crash can lose at most the last few access
+        # counts, never an edit. Both settings are scoped to their transaction (or query string).
         # Sent with the query in one round trip (client-side binding allows several statements).
         settings_sql = f"SET LOCAL random_page_cost = {CANDIDATE_RANDOM_PAGE_COST}; "
-        if own_transaction:
-            settings_sql += "SET LOCAL synchronous_commit = off; "
         grants, grant_params = grants_sql(audience, "memories_memory") if audience is not None else ("", {})
         cursor.execute(settings_sql + _candidates_sql(f"AND {grants}" if grants else ""),
                        {"cap": cap, "stack": stack.pk, "now": now, "budget": max(remaining, 0), **grant_params})
@@ -355,7 +361,8 @@ def stack_load(*, stack: Stack, budget: int | None = None, item_chars: int | Non
             # head of the text and the few detail fields leave the database, not `data`.
             # (A row deleted since the ranking is simply not returned; bumping its count is harmless.)
             touch = track_access and bool(chosen_ids)
-            cursor.execute((_TOUCH_SQL if touch else "") + _ROWS_SQL,
+            touch_sql = ((_ASYNC_COMMIT_SQL if own_transaction else "") + _TOUCH_SQL) if touch else ""
+            cursor.execute(touch_sql + _ROWS_SQL,
                            {"head": cap + 1, "ids": wanted, "chosen": chosen_ids, "now": now})
             while cursor.description is None and cursor.nextset():
                 pass  # past the UPDATE to the rows

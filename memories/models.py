@@ -379,7 +379,7 @@ class StackDailyActivity(models.Model):
 
     The rollup behind the dashboard's "memories written per day": the write kernel adds to it in
     the writing transaction, in the same statement that moves the stack's counters
-    (memories.writes.rows.move_counters), so a chart over a school's last 30 days reads at most
+    (memories.writes.rows.counters_statement), so a chart over a school's last 30 days reads at most
     stacks x 30 small rows instead of grouping a million memories. Per stack, not per school: every
     writer of a stack already holds that stack's lock, so the row is never contended, whereas one
     row per school would serialise all of a school's concurrent pushes on it.

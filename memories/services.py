@@ -4,7 +4,8 @@ The services decide; the write kernel (`memories.writes`) writes. Contract share
 service (all keyword-only, `@transaction.atomic`):
 
 * the caller has already resolved the stack through `stacks.selectors.stack_for_principal`
-  (write=True) — these functions do not check access;
+  (write=True) — these functions do not check access (except `memory_create_for`, which asks
+  `stack_for_principal` itself, inside its transaction, so the decision also takes the stack lock);
 * payloads become storable through `memories.writes.hooks.prepare_memory` (the schema, redaction,
   then the registered transforms: → `InvalidInput` with field errors, `PayloadTooLarge`,
   `RedactionRefused` (422) for a CRITICAL secret); nothing is stored when it raises;
@@ -32,6 +33,7 @@ from typing import Any
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from accounts.principal import Principal
 from billing.entitlements import ensure_can_store
 from memories.events import BOOT_CONFIG, CHECKPOINT, record_change
 from memories.models import BootConfigEntry, Checkpoint, Memory
@@ -49,6 +51,7 @@ from memories.writes.rows import (
 )
 from memoryhub.errors import Conflict, InvalidInput, NotFound, PayloadTooLarge
 from stacks.models import Stack
+from stacks.selectors import stack_for_principal
 
 BATCH_MAX_ITEMS = 500
 RECORD_ID_MAX = 200
@@ -71,16 +74,36 @@ def _clean_record_id(record_id: str | None) -> str | None:
 def memory_create(*, stack: Stack, kind: str, payload: dict[str, Any], source: str,
                   record_id: str | None = None) -> Memory:
     """Validate and store one new memory. A record id already used for this kind is a 409."""
+    return _memory_create(stack=stack, kind=kind, payload=payload, source=source, record_id=record_id)
+
+
+def _memory_create(*, stack: Stack, kind: str, payload: dict[str, Any], source: str, record_id: str | None,
+                   stack_locked: bool = False) -> Memory:
+    """`memory_create`'s body, inside the caller's atomic block (no savepoint of its own: the
+    IntegrityError of a duplicate leaves that block as a Conflict, which rolls it back).
+    `stack_locked`: the caller holds the stack row's lock in this transaction already."""
     record_id = _clean_record_id(record_id)
     normalized = prepare_memory(kind, payload, redaction=stack_policy(stack))
     ensure_can_store(stack=stack, additional_bytes=normalized.size_bytes)
     memory = new_memory(stack=stack, normalized=normalized, record_id=record_id, now=timezone.now())
     try:
-        insert_memories(stack=stack, memories=[memory], source=source)
+        insert_memories(stack=stack, memories=[memory], source=source, stack_locked=stack_locked)
     except IntegrityError as exc:
         raise Conflict("A memory with this record id already exists.", code="duplicate_record",
                        fields={"record_id": ["Already exists for this kind."]}) from exc
     return memory
+
+
+@transaction.atomic
+def memory_create_for(*, principal: Principal, stack_slug: str, kind: str, payload: dict[str, Any], source: str,
+                      record_id: str | None = None) -> Memory:
+    """`memory_create` on the stack `stack_slug` as `principal` reaches it (the native API's
+    `POST …/memories`): the access decision (`stack_for_principal`, write=True) is taken inside the
+    write's transaction with the stack row locked, so deciding and taking the write kernel's stack
+    lock are one statement instead of two."""
+    stack = stack_for_principal(principal, stack_slug, write=True, lock=True)
+    return _memory_create(stack=stack, kind=kind, payload=payload, source=source, record_id=record_id,
+                          stack_locked=True)
 
 
 @transaction.atomic

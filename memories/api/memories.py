@@ -109,10 +109,9 @@ class MemoryListView(APIView):
                    ],
                    summary="Create a memory (kind + the kind's fields, flat)")
     def post(self, request: Request, stack: str) -> Response:
-        target = _stack(request, stack, write=True)
         data = validated(MemoryWriteSerializer, request.data)
-        memory = services.memory_create(stack=target, kind=data["kind"], payload=data["record"], source="api",
-                                        record_id=data.get("record_id"))
+        memory = services.memory_create_for(principal=principal_of(request), stack_slug=stack, kind=data["kind"],
+                                            payload=data["record"], source="api", record_id=data.get("record_id"))
         return Response(MemorySerializer(memory).data, status=status.HTTP_201_CREATED)
 
 

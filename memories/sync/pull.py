@@ -33,7 +33,6 @@ from memories.sync.protocol import (
     bound_slug,
     cursor_decode,
     cursor_encode,
-    db_now,
     not_reachable,
 )
 from memories.writes.columns import PAYLOAD_COLUMNS
@@ -101,9 +100,28 @@ ORDER BY m.change_seq
 """  # noqa: S608
 
 
+_WATERMARK_TABLE = SyncWatermark._meta.db_table
+# The stack's share lock, the database clock read after it, and this credential's watermark: one
+# round trip. The lock is taken in the subquery, so the clock is read once the row is locked (a
+# subquery with FOR SHARE is never flattened into the outer query). A watermark a concurrent pull
+# of the same credential is just moving is read as it was: earlier, so it never skips a change.
+_PULL_START_SQL = (
+    f"SELECT clock_timestamp(), (SELECT w.pulled_at FROM {_WATERMARK_TABLE} w "  # noqa: S608 - constants
+    "WHERE w.credential_id = %(credential)s AND w.stack_id = %(stack)s) "
+    f"FROM (SELECT id FROM {Stack._meta.db_table} WHERE id = %(stack)s FOR SHARE) locked"
+)
+# The watermark upsert rides along with the change set's query (a data-modifying CTE runs whether
+# or not the query reads it).
+_WATERMARK_CTE = (
+    f"WITH watermark AS (INSERT INTO {_WATERMARK_TABLE} (stack_id, credential_id, pulled_at) "  # noqa: S608
+    "VALUES (%(stack)s, %(credential)s, %(now)s) "
+    "ON CONFLICT (credential_id, stack_id) DO UPDATE SET pulled_at = EXCLUDED.pulled_at) "
+)
+
+
 @cache
 def _kernle_pull_sql(grants: str) -> str:
-    return _KERNLE_PULL_SQL.replace("{grants}", grants)
+    return _WATERMARK_CTE + _KERNLE_PULL_SQL.replace("{grants}", grants)
 
 
 def _record_json(*objects: str | None) -> str:
@@ -134,32 +152,29 @@ class KernlePullResult:
 
 @transaction.atomic
 def kernle_pull(*, principal: Principal, stack_id: Any, since: Any) -> KernlePullResult:
-    """The complete change set since the client's clock (§4.2, §4.4). `since` absent or null: all."""
+    """The complete change set since the client's clock (§4.2, §4.4). `since` absent or null: all.
+
+    Four round trips inside the transaction: the stack (the access decision), its share lock with
+    the clock and the watermark, the change set with the watermark's upsert, the commit."""
     # An unreadable `since` is treated as absent: re-sending everything is harmless, skipping is not.
     since_time = parse_timestamp(since) if since is not None else None
     stack = sync_stack_for_read(principal, stack_id)
     if stack is None:
         return KernlePullResult(operations_json="[]", count=0, server_time=timezone.now())
-    _lock_stack_shared(stack)
-    now = db_now()
+    keys: dict[str, Any] = {"stack": stack.pk, "credential": principal.credential_id}
+    with connection.cursor() as cursor:
+        cursor.execute(_PULL_START_SQL, keys)
+        now, watermark = cursor.fetchone()
     effective = since_time
-    if since_time is not None:
-        watermark = (SyncWatermark.objects.filter(stack=stack, credential_id=principal.credential_id)
-                     .values_list("pulled_at", flat=True).first())
+    if since_time is not None and watermark is not None:
         # The client's clock may be ahead of ours, and a commit may have raced its last pull; the
         # earlier of its clock and our record of its last read never skips a change (§4.4).
-        effective = min(since_time, watermark) if watermark is not None else since_time
+        effective = min(since_time, watermark)
     grants, grant_params = _grants_clause(principal, stack, alias="m")
     with connection.cursor() as cursor:
-        cursor.execute(_kernle_pull_sql(grants), {"stack": stack.pk, "since": effective, **grant_params})
+        cursor.execute(_kernle_pull_sql(grants), {**keys, "since": effective, "now": now, **grant_params})
         rows = [_kernle_operation_json(row) for row in cursor.fetchall()]
-    # One INSERT … ON CONFLICT DO UPDATE (update_or_create took a savepoint, a SELECT … FOR UPDATE,
-    # the UPDATE and the release: four round trips on every pull, issue 19).
-    SyncWatermark.objects.bulk_create(
-        [SyncWatermark(stack=stack, credential_id=principal.credential_id, pulled_at=now)],
-        update_conflicts=True, unique_fields=["credential_id", "stack"], update_fields=["pulled_at"])
     return KernlePullResult(operations_json="[" + ",".join(rows) + "]", count=len(rows), server_time=now)
-
 
 
 # --- native pull ---------------------------------------------------------------------------------------

@@ -13,7 +13,8 @@ leaves the same traces, and they are made here, not re-implemented per writer:
   UPDATE, in the writing transaction, under the stack lock the writer already holds — atomic with
   the rows (a rollback undoes both) and without a second commit; a write that creates memories or
   changes their content also stamps `Stack.last_write_at` and adds to the stack's day in
-  `StackDailyActivity` in that same statement (the dashboard's "written per day");
+  `StackDailyActivity` in that same statement (the dashboard's "written per day"); the statement
+  (`rows.counters_statement`) travels with the change event's INSERT in one round trip;
 * **a change event** (`hooks.after_commit` → `memories.events.record_change`): one outbox row per
   writing transaction and stack, INSERTed in that transaction, published to live pages and
   webhooks after commit (docs/architecture.md §11);

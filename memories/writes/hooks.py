@@ -37,7 +37,7 @@ from typing import Any
 from celery import current_app
 from django.db import transaction
 
-from memories.events import MEMORY, record_change
+from memories.events import MEMORY, Statement, record_change
 from memories.models import Memory, MemoryKind
 from memories.redaction import RedactionPolicy, redact_memory
 from memories.schemas import NormalizedMemory, normalize_memory
@@ -118,19 +118,21 @@ def prepare_memory(kind: str, payload: Any, *, redaction: RedactionPolicy, parti
 
 
 def after_commit(*, stack_id: int, source: str, changes: Iterable[tuple[str, Sequence[Any]]] = (),
-                 embed_ids: Sequence[Any] = (), embed_message_ids: int = EMBED_MESSAGE_IDS) -> None:
+                 embed_ids: Sequence[Any] = (), embed_message_ids: int = EMBED_MESSAGE_IDS,
+                 along: Statement | None = None) -> None:
     """Register one write's after-commit effects: embedding of `embed_ids`, then one `MemoryChange`
     per (action, memory ids) for the listeners. Nothing happens if the transaction rolls back;
     outside a transaction it happens at once.
 
     Called inside the writing transaction, where the write is known: so this is also where its
     change event is recorded (`memories.events.record_change`: one outbox row per transaction and
-    stack, in this transaction; published after commit)."""
+    stack, in this transaction; published after commit). `along`: the write's counter UPDATE
+    (`rows.counters_statement`), run now, in the same round trip as the event's INSERT."""
     changed = [(action, ids) for action, ids in changes if ids]
+    if changed or along is not None:
+        record_change(stack_id=stack_id, topic=MEMORY, source=source, changes=changed, along=along)
     if not embed_ids and not changed:
         return
-    if changed:
-        record_change(stack_id=stack_id, topic=MEMORY, source=source, changes=changed)
     embed = list(embed_ids)
 
     def run() -> None:

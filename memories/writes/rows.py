@@ -12,10 +12,11 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
+from memories.events import Statement
 from memories.models import Memory, MemoryKind, MemoryRevision, NextChangeSeq, StackDailyActivity
 from memories.originals import keep_originals
 from memories.schemas import NormalizedMemory
@@ -27,20 +28,22 @@ _STACK_TABLE = Stack._meta.db_table
 # A new raw memory's text as submitted when redaction changed it (`NormalizedMemory.original_text`):
 # set on the unsaved Memory by `new_memory`, sealed by `insert_memories` (memories.originals).
 _ORIGINAL_TEXT = "_original_text"
-_COUNTERS_SQL = (f"UPDATE {_STACK_TABLE} SET memory_count = memory_count + %s, "  # noqa: S608 - constants only
-                 "bytes_used = bytes_used + %s WHERE id = %s")
-_SYNC_COUNTERS_SQL = (f"UPDATE {_STACK_TABLE} SET memory_count = memory_count + %s, "  # noqa: S608 - constants only
-                      "bytes_used = bytes_used + %s, last_sync_at = %s WHERE id = %s")
+_COUNTERS_SQL = (f"UPDATE {_STACK_TABLE} SET memory_count = memory_count + %(c_count)s, "  # noqa: S608 - constants only
+                 "bytes_used = bytes_used + %(c_bytes)s WHERE id = %(c_stack)s")
+_SYNC_COUNTERS_SQL = (f"UPDATE {_STACK_TABLE} SET memory_count = memory_count + %(c_count)s, "  # noqa: S608 - constants
+                      "bytes_used = bytes_used + %(c_bytes)s, last_sync_at = %(c_sync)s WHERE id = %(c_stack)s")
 # A write that created or changed memories also records when (Stack.last_write_at) and adds them to
 # the stack's row of the day in the rollup (StackDailyActivity): in the same statement as the
 # counters, so a write (or a whole push) still costs one round trip for its bookkeeping. The rollup
 # row is the stack's own, and every writer holds the stack's lock here: nobody waits on it.
+# (Named parameters, prefixed `c_`: the statement travels with the change event's in one round trip,
+# memories.events.record_change.)
 _ACTIVITY_TABLE = StackDailyActivity._meta.db_table
 _WRITTEN_COUNTERS_SQL = (
-    f"WITH stack AS (UPDATE {_STACK_TABLE} SET memory_count = memory_count + %s, "  # noqa: S608 - constants only
-    "bytes_used = bytes_used + %s, last_sync_at = COALESCE(%s, last_sync_at), last_write_at = %s "
-    "WHERE id = %s RETURNING id) "
-    f"INSERT INTO {_ACTIVITY_TABLE} (stack_id, day, written) SELECT id, %s, %s FROM stack "
+    f"WITH stack AS (UPDATE {_STACK_TABLE} SET memory_count = memory_count + %(c_count)s, "  # noqa: S608 - constants
+    "bytes_used = bytes_used + %(c_bytes)s, last_sync_at = COALESCE(%(c_sync)s, last_sync_at), "
+    "last_write_at = %(c_now)s WHERE id = %(c_stack)s RETURNING id) "
+    f"INSERT INTO {_ACTIVITY_TABLE} (stack_id, day, written) SELECT id, %(c_day)s, %(c_written)s FROM stack "
     f"ON CONFLICT (stack_id, day) DO UPDATE SET written = {_ACTIVITY_TABLE}.written + EXCLUDED.written"
 )
 
@@ -74,9 +77,11 @@ def memory_snapshot(memory: Any) -> dict[str, Any]:
     return snapshot
 
 
-def move_counters(*, stack_id: int, count_delta: int, bytes_delta: int, sync_at: datetime | None = None,
-                  written: int = 0) -> None:
-    """Move the stack's usage counters by one relative UPDATE, in the caller's transaction.
+def counters_statement(*, stack_id: int, count_delta: int, bytes_delta: int, sync_at: datetime | None = None,
+                       written: int = 0) -> Statement | None:
+    """The relative UPDATE that moves the stack's usage counters, to run in the caller's transaction
+    (None: nothing to move). The writers hand it to `hooks.after_commit`, which sends it in the same
+    round trip as the write's change event.
 
     The caller holds the stack's lock (`lock_stack_changes`, or a push's FOR UPDATE), so this
     waits for nobody, and the counters commit (or roll back) with the rows they count.
@@ -84,15 +89,16 @@ def move_counters(*, stack_id: int, count_delta: int, bytes_delta: int, sync_at:
     many memories this write created or changed the content of — then the same statement stamps
     `Stack.last_write_at` and adds them to today's (UTC) `StackDailyActivity` row.
     """
-    with connection.cursor() as cursor:
-        if written:
-            now = sync_at or timezone.now()
-            cursor.execute(_WRITTEN_COUNTERS_SQL, [count_delta, bytes_delta, sync_at, now, stack_id,
-                                                   now.astimezone(UTC).date(), written])
-        elif sync_at is not None:
-            cursor.execute(_SYNC_COUNTERS_SQL, [count_delta, bytes_delta, sync_at, stack_id])
-        elif count_delta or bytes_delta:
-            cursor.execute(_COUNTERS_SQL, [count_delta, bytes_delta, stack_id])
+    params: dict[str, Any] = {"c_count": count_delta, "c_bytes": bytes_delta, "c_sync": sync_at, "c_stack": stack_id}
+    if written:
+        now = sync_at or timezone.now()
+        return Statement(_WRITTEN_COUNTERS_SQL, {**params, "c_now": now, "c_day": now.astimezone(UTC).date(),
+                                                 "c_written": written})
+    if sync_at is not None:
+        return Statement(_SYNC_COUNTERS_SQL, params)
+    if count_delta or bytes_delta:
+        return Statement(_COUNTERS_SQL, params)
+    return None
 
 
 def stack_usage_adjust(*, stack_id: int, count_delta: int, bytes_delta: int) -> None:
@@ -100,7 +106,7 @@ def stack_usage_adjust(*, stack_id: int, count_delta: int, bytes_delta: int) -> 
 
     Only for writers that cannot take the stack lock before their memory rows — the TTL purge picks
     its rows with SKIP LOCKED, and locking the stack afterwards would invert the lock order. Every
-    other writer uses `move_counters` under the stack lock it holds.
+    other writer moves them with `counters_statement` under the stack lock it holds.
     """
     if not count_delta and not bytes_delta:
         return
@@ -127,33 +133,36 @@ def new_memory(*, stack: Stack, normalized: NormalizedMemory, record_id: str | N
     return memory
 
 
-def insert_memories(*, stack: Stack, memories: Sequence[Memory], source: str) -> None:
+def insert_memories(*, stack: Stack, memories: Sequence[Memory], source: str, stack_locked: bool = False) -> None:
     """Store new memories (built with `new_memory`), all or nothing.
 
-    Takes the stack's change lock, stamps `server_updated_at` under it, inserts in a savepoint (an
-    `IntegrityError`, e.g. a record id already used for its kind, is re-raised and nothing of the
-    insert is kept, while the caller's transaction stays usable), counts them and, after commit,
-    queues their embedding and tells the listeners ("create").
+    Takes the stack's change lock (unless the caller already holds a lock on the stack row:
+    `stack_locked`, e.g. from `stack_for_principal(lock=True)`), stamps `server_updated_at` under it,
+    inserts, counts them and, after commit, queues their embedding and tells the listeners ("create").
+    An `IntegrityError` (e.g. a record id already used for its kind) is raised as is and leaves the
+    caller's transaction unusable: the caller must let it (or what it turns it into) leave its own
+    `transaction.atomic` block, which rolls back to that block's start. The services do (a 409); a
+    savepoint here would cost two round trips on every write to protect nothing.
     """
     if not memories:
         return
-    lock_stack_changes(stack.pk)
+    if not stack_locked:
+        lock_stack_changes(stack.pk)
     now = timezone.now()
     for memory in memories:
         memory.server_updated_at = now
-    with transaction.atomic():  # savepoint: a duplicate must not poison the caller's transaction
-        if len(memories) == 1:
-            memories[0].save(force_insert=True)
-        else:
-            Memory.objects.bulk_create(memories)
+    if len(memories) == 1:
+        memories[0].save(force_insert=True)
+    else:
+        Memory.objects.bulk_create(memories)
     originals = {m.pk: getattr(m, _ORIGINAL_TEXT) for m in memories if hasattr(m, _ORIGINAL_TEXT)}
     if originals:
         keep_originals(stack_id=stack.pk, originals=originals)
-    move_counters(stack_id=stack.pk, count_delta=len(memories), bytes_delta=sum(m.size_bytes for m in memories),
-                  written=len(memories))
+    counters = counters_statement(stack_id=stack.pk, count_delta=len(memories),
+                                  bytes_delta=sum(m.size_bytes for m in memories), written=len(memories))
     ids = [m.pk for m in memories]
     after_commit(stack_id=stack.pk, source=source, changes=[("create", ids)], embed_ids=ids,
-                 embed_message_ids=SMALL_EMBED_MESSAGE_IDS)
+                 embed_message_ids=SMALL_EMBED_MESSAGE_IDS, along=counters)
 
 
 def save_change(memory: Memory, *, before: dict[str, Any], source: str, action: str, fields: Sequence[str],
@@ -186,10 +195,10 @@ def save_change(memory: Memory, *, before: dict[str, Any], source: str, action: 
     memory.save(update_fields=update_fields)
     memory.refresh_from_db(fields=["version", "change_seq"])
     # Only a content change is a write of the memory; forget/recover/protect decide about it.
-    move_counters(stack_id=memory.stack_id, count_delta=count_delta, bytes_delta=bytes_delta,
-                  written=int(action == "update"))
+    counters = counters_statement(stack_id=memory.stack_id, count_delta=count_delta, bytes_delta=bytes_delta,
+                                  written=int(action == "update"))
     after_commit(stack_id=memory.stack_id, source=source, changes=[(action, [memory.pk])],
-                 embed_ids=[memory.pk] if text_changed else ())
+                 embed_ids=[memory.pk] if text_changed else (), along=counters)
     return memory
 
 

@@ -28,7 +28,7 @@ from memories.originals import keep_originals
 from memories.schemas import NormalizedMemory
 from memories.writes.columns import ARRAY_COLUMNS, COPY_COLUMNS, COPY_TYPES, JSON_COLUMNS, SET_UPDATE_COLUMNS
 from memories.writes.hooks import after_commit
-from memories.writes.rows import move_counters
+from memories.writes.rows import counters_statement
 
 logger = logging.getLogger(__name__)
 
@@ -122,12 +122,13 @@ def write_set(records: Sequence[RecordWrite], *, source: str, now: datetime) -> 
 
 def finish_set(*, stack_id: int, records: Sequence[RecordWrite], source: str, sync_at: datetime | None = None) -> None:
     """After `write_set` (once per batch, however many `write_set` calls it took): move the counters
-    by one UPDATE (and record `sync_at` as the stack's last sync), then register the after-commit
+    by one UPDATE (and record `sync_at` as the stack's last sync), sent with the change event's
+    INSERT in one round trip (`hooks.after_commit(along=…)`), then register the after-commit
     effects — embedding of live rows whose text changed, one `MemoryChange` per action (a new row
     that is not deleted is a "create"). Only-touched records are no change for the listeners."""
     count_delta = 0
     bytes_delta = 0
-    written = 0  # created or changed in content: what the activity rollup counts (move_counters)
+    written = 0  # created or changed in content: what the activity rollup counts (counters_statement)
     embed: list[Any] = []
     by_action: dict[str, list[Any]] = {}
     originals: dict[Any, str] = {}
@@ -147,9 +148,9 @@ def finish_set(*, stack_id: int, records: Sequence[RecordWrite], source: str, sy
             written += action in ("create", "update")
     if originals or stale:
         keep_originals(stack_id=stack_id, originals=originals, stale=stale)  # one upsert, one delete at most
-    move_counters(stack_id=stack_id, count_delta=count_delta, bytes_delta=bytes_delta, sync_at=sync_at,
-                  written=written)
-    after_commit(stack_id=stack_id, source=source, changes=by_action.items(), embed_ids=embed)
+    counters = counters_statement(stack_id=stack_id, count_delta=count_delta, bytes_delta=bytes_delta,
+                                  sync_at=sync_at, written=written)
+    after_commit(stack_id=stack_id, source=source, changes=by_action.items(), embed_ids=embed, along=counters)
 
 
 def _original_of(record: RecordWrite, live: bool, originals: dict[Any, str], stale: list[Any]) -> None:
