@@ -23,10 +23,17 @@ model, in the same run.
   maintenance, the HNSW insert above all; ingest included in "live").
   The worker is started and warmed up first, so model loading is not counted on either side.
 
+* small tasks (`--small-tasks`, instead of the pipeline runs): N memories written in bench/soak.py's
+  push sizes (80 % of 1-5, 17 % of 6-50, 3 % of 51-500), their after-commit tasks collected and
+  worked in order by `memories_embed` in this process, each on its own ids (before) and filled from
+  its stack's backlog (now, the task's `fill=True`), interleaved for `--rounds` on fresh stacks:
+  stores, memories per CPU second of this process against the bare model, Postgres CPU per memory.
+
 Goal (issue 19): pipeline >= 0.7x the bare model per core.
 
     .venv/bin/python bench/embedding_throughput.py --memories 2000 [--queries 200] [--skip-runtimes] \
         [--skip-pipeline] [--message-ids 64,500]
+    .venv/bin/python bench/embedding_throughput.py --memories 1000 --small-tasks --skip-runtimes [--rounds 2]
 """
 
 from __future__ import annotations
@@ -54,6 +61,9 @@ def main() -> None:
                         help="ids per embedding task to measure (64: native batch creates, 500: sync pushes)")
     parser.add_argument("--skip-runtimes", action="store_true", help="only the bare model and the pipeline")
     parser.add_argument("--skip-pipeline", action="store_true", help="only compare the runtimes")
+    parser.add_argument("--small-tasks", action="store_true",
+                        help="only the bare model and the soak's small tasks, without and with filling")
+    parser.add_argument("--rounds", type=int, default=2, help="--small-tasks: rounds of each, interleaved")
     args = parser.parse_args()
     os.environ["EMBEDDING_PROVIDER"] = "minilm"
 
@@ -78,6 +88,9 @@ def main() -> None:
             model.embed(texts[start:start + 64])
         bare_s, bare_cpu = time.perf_counter() - started, time.process_time() - cpu
         log(f"bare model: {len(texts) / bare_s:.1f} texts/s, {len(texts) / bare_cpu:.1f} per CPU second")
+        if args.small_tasks:
+            measure_small_tasks(env, texts, bare_s, bare_cpu, args.rounds)
+            return
 
         # --- the pipeline -------------------------------------------------------------------------------
         runs = measure_pipeline(env, texts, args.batch, [int(n) for n in args.message_ids.split(",")])
@@ -192,6 +205,71 @@ def measure_pipeline(env: Any, texts: list[str], batch: int, message_sizes: list
     finally:
         worker.stop()
     return results
+
+
+SOAK_WRITE_SIZES = ((80, 1, 5), (17, 6, 50), (3, 51, 500))  # bench/soak.py's push sizes (weight %, min, max)
+
+
+def measure_small_tasks(env: Any, texts: list[str], bare_s: float, bare_cpu: float, rounds: int) -> None:
+    """The after-commit tasks of a soak-like ingest (writes of 1-5 memories mostly, bench/soak.py's
+    sizes), worked in order by `memories_embed` in this process, without and with filling a short
+    batch from its stack's backlog (the task's `fill=True`, issue 19), interleaved on fresh stacks.
+    In-process, so Celery's own cost per task is left out on both sides."""
+    from accounts.models import Organization
+    from memories.search.embedding_jobs import memories_embed
+    from memories.search.embeddings import get_embedder
+    from memories.services import memory_batch_create
+    from memories.writes import hooks
+    from stacks.models import Stack
+
+    postmaster = env.workdir / "postgres" / "postmaster.pid"
+    postgres_pid = int(postmaster.read_text().split()[0]) if postmaster.is_file() else None
+    get_embedder().embed(["warm up"])
+    rng = random.Random(19)
+    sizes: list[int] = []
+    while sum(sizes) < len(texts):
+        _, low, high = rng.choices(SOAK_WRITE_SIZES, weights=[w for w, _, _ in SOAK_WRITE_SIZES])[0]
+        sizes.append(min(rng.randint(low, high), len(texts) - sum(sizes)))
+    org = Organization.objects.create(name="Small tasks bench", slug=f"small-{os.getpid()}", tier="unlimited")
+    tasks: list[list[str]] = []
+    send = hooks._send_embedding
+
+    def collect(ids: list[str], message_ids: int) -> None:  # the messages the writes would send
+        tasks.extend(ids[start:start + message_ids] for start in range(0, len(ids), message_ids))
+
+    hooks._send_embedding = collect
+    rows = []
+    try:
+        for number in range(rounds):
+            for fill in (False, True):
+                stack = Stack.objects.create(organization=org, slug=f"small-{number}-{int(fill)}")
+                tasks.clear()
+                start = 0
+                for size in sizes:
+                    memory_batch_create(stack=stack, items=[{"kind": "note", "content": t}
+                                                            for t in texts[start:start + size]], source="bench")
+                    start += size
+                cpu, pg, wall = time.process_time(), cpu_seconds(postgres_pid), time.perf_counter()
+                embedded = stores = 0
+                for ids in tasks:
+                    result = memories_embed(ids=ids, fill=fill)
+                    embedded += result.embedded
+                    stores += bool(result.embedded)
+                wall, cpu, pg = time.perf_counter() - wall, time.process_time() - cpu, cpu_seconds(postgres_pid) - pg
+                rows.append({"what": f"{len(tasks)} tasks of a soak-like ingest, " +
+                             ("filled from the stack's backlog (now)" if fill else "each its own ids (before)"),
+                             "embedded": embedded, "tasks that stored": stores, "memories/s": embedded / wall,
+                             "ratio": (embedded / wall) / (len(texts) / bare_s), "per worker core": embedded / cpu,
+                             "ratio per core": (embedded / cpu) / (len(texts) / bare_cpu),
+                             "Postgres CPU ms/memory": pg * 1000 / max(embedded, 1)})
+                log(f"{rows[-1]['what']}: {embedded / wall:.1f} memories/s, {embedded / cpu:.1f} per CPU second")
+    finally:
+        hooks._send_embedding = send
+    rows.insert(0, {"what": "baseline: bare model, batches of 64", "embedded": len(texts), "tasks that stored": "",
+                    "memories/s": len(texts) / bare_s, "ratio": 1.0, "per worker core": len(texts) / bare_cpu,
+                    "ratio per core": 1.0, "Postgres CPU ms/memory": ""})
+    print_table(f"Small after-commit tasks, {len(texts):,} memories in {len(sizes)} writes (bench/soak.py's sizes), "
+                "worked in order in this process", rows)
 
 
 def cpu_seconds(pid: int | None) -> float:

@@ -23,9 +23,11 @@ logger = logging.getLogger(__name__)
 
 @shared_task(name="memories.embed_memories", acks_late=True, ignore_result=True)
 def embed_memories(ids: list[str]) -> dict[str, int]:
-    """Embed these memories if they still await an embedding (idempotent, safe to repeat)."""
-    result = memories_embed(ids=ids)
-    return {"embedded": result.embedded, "claimed_elsewhere": result.skipped_claimed, "stale": result.skipped_stale}
+    """Embed these memories if they still await an embedding (idempotent, safe to repeat); a short
+    batch is filled up with the same stacks' backlog (embedding_jobs._take_batch)."""
+    result = memories_embed(ids=ids, fill=True)
+    return {"embedded": result.embedded, "filled": result.filled, "claimed_elsewhere": result.skipped_claimed,
+            "stale": result.skipped_stale}
 
 
 @shared_task(name="memories.embedding_sweep", acks_late=True, soft_time_limit=5 * 60, time_limit=6 * 60)

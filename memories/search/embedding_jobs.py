@@ -134,6 +134,7 @@ class EmbedResult:
     skipped_claimed: int = 0  # held by another worker right now
     skipped_stale: int = 0  # changed (or deleted) while we embedded; left in the backlog
     refused: int = 0  # not embedded: this process's model is not the deployment's (logged)
+    filled: int = 0  # rows of the same stacks' backlog taken to fill a short batch (`fill=True`)
     ids: list[str] = field(default_factory=list)
 
 
@@ -178,6 +179,9 @@ def store_vectors(rows: Sequence[tuple[str, int]], vectors: Sequence[Sequence[fl
         # The batch's stack rows first, in pk order (every writer's lock order): the "embedded"
         # events then draw their seq under the stack lock and commit in seq order with the stack's
         # other writes, so a live page resuming from a seq never skips one (memories.events).
+        # Committed with the WAL flush, unlike the load's access counts: the "embedded" event's seq
+        # is published after commit, and an unflushed commit lost in a crash would hand that seq
+        # to a later event, which a live page resuming from it would then skip.
         cursor.execute("SELECT DISTINCT stack_id FROM memories_memory WHERE id = ANY(%s::uuid[])",
                        [[row[0] for row in rows]])
         lock_stack_changes(*(stack_id for (stack_id,) in cursor.fetchall()))
@@ -235,11 +239,56 @@ class _Batch:
     vectors: Future[list[list[float]]] | None = None
 
 
-def _take_batch(chunk: list[str], embedder: Embedder, result: EmbedResult) -> _Batch | None:
-    """Claim `chunk`, start renewing the claims, and read the rows that still need a vector (or None)."""
+# Which of a batch's own ids still need a vector and, to fill it, other rows awaiting one in the
+# same stacks (the backlog's partial index on stack serves the second part). Not the global backlog:
+# every stack of a batch is a stack lock its store waits for (store_vectors).
+_FILL_SQL = f"""
+SELECT m.id, true FROM {Memory._meta.db_table} m
+ WHERE m.id = ANY(%(ids)s::uuid[]) AND m.deleted_at IS NULL
+   AND (m.embedded_version IS NULL OR m.embedding_model IS DISTINCT FROM %(model)s)
+UNION ALL
+(SELECT m.id, false FROM {Memory._meta.db_table} m
+  WHERE m.stack_id IN (SELECT o.stack_id FROM {Memory._meta.db_table} o WHERE o.id = ANY(%(ids)s::uuid[]))
+    AND m.embedded_version IS NULL AND m.deleted_at IS NULL AND NOT (m.id = ANY(%(ids)s::uuid[]))
+  LIMIT %(fill)s)
+"""  # noqa: S608 - the table name is a constant
+
+
+def _fill_ids(chunk: Sequence[str], model_id: str) -> tuple[list[str], list[str]]:
+    """(`chunk`'s ids that still need a vector, up to 2 x EMBED_BATCH_SIZE other ids awaiting one in
+    their stacks): twice what a batch can take, so a worker racing this one for the same rows
+    still leaves enough."""
+    with connection.cursor() as cursor:
+        cursor.execute(_FILL_SQL, {"ids": list(chunk), "model": model_id, "fill": 2 * EMBED_BATCH_SIZE})
+        found = cursor.fetchall()
+    return [str(i) for i, own in found if own], [str(i) for i, own in found if not own]
+
+
+def _take_batch(chunk: list[str], embedder: Embedder, result: EmbedResult, *, fill: bool = False) -> _Batch | None:
+    """Claim `chunk`, start renewing the claims, and read the rows that still need a vector (or None).
+
+    `fill`: a short batch is topped up to EMBED_BATCH_SIZE with other rows awaiting a vector in the
+    same stacks (`filled` counts them). After-commit tasks are mostly small (a native write is one
+    id, 80 % of pushes 1-5): one task per few ids paid the claims, the lease, the read, the store's
+    stack lock, statement, event and commit, and the Celery round trip for each few memories,
+    several times the model's own cost per memory under load (docs/algorithms.md §10.2.1). Filled,
+    a task embeds a full batch, and the tasks of the rows it took find nothing left to do.
+    """
     token = uuid.uuid4().hex
-    claimed = _claim(chunk, token)
-    result.skipped_claimed += len(chunk) - len(claimed)
+    if fill and len(chunk) < EMBED_BATCH_SIZE:
+        needed, candidates = _fill_ids(chunk, embedder.model_id)
+        claimed = _claim(needed + candidates, token)
+        wanted = set(needed)
+        own = [i for i in claimed if i in wanted]
+        extra = [i for i in claimed if i not in wanted]
+        keep = extra[:max(0, EMBED_BATCH_SIZE - len(own))]
+        _release(extra[len(keep):], token)  # claimed to beat other workers to some of them; not needed
+        claimed = own + keep
+        result.filled += len(keep)
+        result.skipped_claimed += len(needed) - len(own)
+    else:
+        claimed = _claim(chunk, token)
+        result.skipped_claimed += len(chunk) - len(claimed)
     if not claimed:
         return None
     lease = contextlib.ExitStack()
@@ -271,7 +320,8 @@ def _store_batch(batch: _Batch, embedder: Embedder, result: EmbedResult) -> None
         result.ids.extend(str(mid) for mid, _, _ in rows)
 
 
-def memories_embed(*, ids: Iterable[str | uuid.UUID], embedder: Embedder | None = None) -> EmbedResult:
+def memories_embed(*, ids: Iterable[str | uuid.UUID], embedder: Embedder | None = None,
+                   fill: bool = False) -> EmbedResult:
     """Embed the given memories that await an embedding (or hold another model's vector), in batches.
 
     Idempotent: rows already embedded at their current version with this model, deleted rows and
@@ -283,6 +333,9 @@ def memories_embed(*, ids: Iterable[str | uuid.UUID], embedder: Embedder | None 
     database wait both release the GIL, so storing a batch, which costs Postgres about half the
     model's time (mostly the HNSW insert), hides behind the next batch's inference instead of
     adding to it. At most two batches are in flight; each keeps its lease until it is stored.
+
+    `fill` (the after-commit task): the last batch, when short, is topped up with other rows
+    awaiting a vector in the same stacks (see `_take_batch`).
     """
     embedder = embedder or get_embedder()
     wanted = list(dict.fromkeys(str(i) for i in ids))
@@ -294,8 +347,8 @@ def memories_embed(*, ids: Iterable[str | uuid.UUID], embedder: Embedder | None 
     # One batch needs no second thread; several get one for the model (see the docstring).
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="embedding-model") if len(chunks) > 1 else None
     try:
-        for chunk in chunks:
-            batch = _take_batch(chunk, embedder, result)
+        for number, chunk in enumerate(chunks, start=1):
+            batch = _take_batch(chunk, embedder, result, fill=fill and number == len(chunks))
             if batch is None:
                 continue
             if not checked:
