@@ -38,6 +38,7 @@ from django.db.models.signals import post_delete, post_save
 from django.utils import timezone
 
 from accounts.selectors import KeyMatch
+from accounts.throttles import redis_client
 
 logger = logging.getLogger(__name__)
 
@@ -111,8 +112,7 @@ def forget_all() -> None:
 def _bump_generation() -> None:
     forget_all()
     try:
-        client = cache._cache.get_client(generation_key(), write=True)  # type: ignore[attr-defined]
-        client.incr(generation_key())
+        redis_client(write=True).incr(generation_key())
     except Exception:  # Redis down: other processes' entries end at their lifetime (seconds)
         logger.warning("could not bump the API-key cache generation; other processes' entries expire "
                        "within AUTH_KEY_CACHE_SECONDS")

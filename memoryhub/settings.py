@@ -355,7 +355,8 @@ REST_FRAMEWORK = {
         "accounts.authentication.SessionPrincipalAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    # DRF's JSONRenderer with orjson doing the encoding: same bytes, a fraction of the CPU (memoryhub/renderers.py).
+    "DEFAULT_RENDERER_CLASSES": ["memoryhub.renderers.FastJSONRenderer"],
     "DEFAULT_PARSER_CLASSES": ["memoryhub.limits.BoundedJSONParser"],  # body cap, depth, string bounds
     "UNAUTHENTICATED_USER": None,
     # Redis-backed, fail closed (accounts/throttles.py). Views with their own limits (register,
