@@ -198,11 +198,20 @@ class Change:
     seq: int
     topics: frozenset[str]
     memory_ids: tuple[str, ...]
+    # The live event's action ("create", "batch", "embedded", …); empty for a resume's merge.
+    actions: frozenset[str] = frozenset()
+
+
+# Actions that change nothing a student page shows: no row, count or figure shows whether a memory
+# has its vector yet. Such an event is sent as its seq only (the page resumes past it), without
+# rendering rows or counting — under bench/soak.py most events a page gets are "embedded".
+UNSEEN_ACTIONS = frozenset({"embedded"})
 
 
 def change_of(event: dict[str, Any]) -> Change:
     return Change(event_ids=(int(event["id"]),), seq=int(event["seq"]), topics=frozenset({str(event["topic"])}),
-                  memory_ids=tuple(str(i) for i in event.get("memory_ids") or ()))
+                  memory_ids=tuple(str(i) for i in event.get("memory_ids") or ()),
+                  actions=frozenset({str(event["action"])}) if event.get("action") else frozenset())
 
 
 def catch_up(stack: Stack, since: int) -> tuple[Change | None, bool]:
@@ -251,6 +260,8 @@ def _student_message(stack_id: int, filters: reads.MemoryFilters, change: Change
     working_state = bool(change.topics & {change_events.CHECKPOINT, change_events.BOOT_CONFIG})
     if named and not ids and not working_state:
         return None  # only memories this viewer may not see: even the fact of the change stays hidden
+    if change.actions and change.actions <= UNSEEN_ACTIONS:
+        return message  # nothing on the page changes: the seq only
     if len(ids) > RESOLVE_IDS_MAX:
         message["unresolved"] = len(ids)
     elif ids:

@@ -22,7 +22,8 @@ from django.test import AsyncClient, Client
 
 from accounts.models import Membership, User
 from dashboard import live
-from memories.models import Memory
+from memories.models import ChangeEvent, Memory
+from memories.search.embedding_jobs import memories_embed
 from memories.services import CheckpointInput, checkpoint_save, memory_create, memory_forget
 from memoryhub.asgi import application
 from stacks.models import Stack
@@ -200,6 +201,24 @@ async def test_a_change_arrives_as_the_pages_own_rendered_row(school: School) ->
     forgotten = await next_change(communicator, str(memory.pk))
     assert forgotten["rows"][0]["matches"] is False  # the page hides forgotten memories
     assert forgotten["total"] == 0
+    await communicator.disconnect()
+
+
+async def test_an_embedding_is_sent_as_its_seq_only(school: School) -> None:
+    """A vector stored changes nothing the page shows: the page learns the event's seq (to resume past
+    it) and nothing is rendered for it; the memory's own event rendered its row."""
+    _, headers = await signed_in(school.admin)
+    communicator, _ = await open_socket(f"/ws/stacks/{school.stack.slug}/", headers)
+    memory = await write(note, school.stack, "Long division, step 2")
+    created = await next_change(communicator, str(memory.pk))
+    await write(memories_embed, ids=[memory.pk])  # the suite's worker may have done it already
+    stored = await write(lambda: ChangeEvent.objects.get(stack=school.stack, action="embedded",
+                                                         memory_ids__contains=[str(memory.pk)]))
+    while (message := await next_change(communicator))["events"] != [stored.pk]:
+        pass
+    assert message["seq"] == stored.seq > created["seq"]
+    assert message["rows"] == [] and message["removed"] == []
+    assert "counts" not in message and "figures" not in message
     await communicator.disconnect()
 
 
