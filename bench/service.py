@@ -10,6 +10,7 @@ bench/soak.py and tests/faults/test_kill9.py.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -138,9 +139,13 @@ def runner_service(data_dir: Path, log_path: Path, *, extra_env: dict[str, str] 
         service.ready_seconds = time.monotonic() - started
         yield service
     finally:
-        os.killpg(runner.pid, signal.SIGINT)
+        # The group may be gone already (the runner exited: `ready()` raised with its log), and a
+        # ProcessLookupError here would hide that error.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(runner.pid, signal.SIGINT)
         try:
             runner.wait(stop_timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(runner.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(runner.pid, signal.SIGKILL)
             runner.wait(10)
