@@ -595,7 +595,8 @@ def run_saturate(args: argparse.Namespace) -> int:
             assert peak is not None
             with psycopg.connect(service.database_url) as conn:
                 stack_ids = [pk for (pk,) in conn.execute(
-                    "SELECT id FROM stacks_stack WHERE slug LIKE 'agent-%%' ORDER BY slug")]
+                    "SELECT id FROM stacks_stack WHERE slug = ANY(%s) ORDER BY slug",
+                    [[agent["stack"] for agent in school["agents"]]])]
             bare = bare_psycopg(service.database_url, stack_ids, int(peak["clients"]), args.step_seconds)
             cores = {k: peak[k] for k in ("web cores", "worker cores", "postgres cores")}
             print(f"\npeak: {peak['2xx per s']:.1f} requests/s with {peak['clients']} clients "
