@@ -61,8 +61,8 @@ def machine_cores() -> int:
 
 def default_web_workers(cores: int, *, database_here: bool) -> int:
     """Web processes for `cores`. A request costs the web process about a third of its CPU and
-    PostgreSQL about half (`bench/soak.py --compare`: ~11 ms web, ~16 ms PostgreSQL, ~6 ms worker
-    per request of the mix), so with the database on this machine the web gets half the cores (one
+    PostgreSQL about half (`bench/soak.py --saturate`: ~7 ms web, ~10.5 ms PostgreSQL per request of
+    the mix, plus the worker's embedding), so with the database on this machine the web gets half the cores (one
     process per core it gets: a Python process runs on one core at a time); on 2 cores a second web
     process served 0.86x the requests/s of one (it only competes with PostgreSQL for the same two
     cores). With the database elsewhere, one per core."""
