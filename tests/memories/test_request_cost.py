@@ -96,7 +96,8 @@ def test_a_write_moves_its_counters_and_records_its_event_in_one_round_trip(
         assert "INSERT INTO memories_changeevent" in counters, operation
     stack = Stack.objects.get(slug=STACK)
     assert stack.memory_count == Memory.objects.filter(stack=stack, deleted_at__isnull=True).count() == 31
-    events = ChangeEvent.objects.filter(stack=stack).order_by("seq")
+    # The writes' own events (the suite's worker may have stored vectors meanwhile: "embedded" events)
+    events = ChangeEvent.objects.filter(stack=stack).exclude(action="embedded").order_by("seq")
     assert [len(e.memory_ids) for e in events] == [20, 10, 1]
     seqs = [e.seq for e in events]
     assert seqs == sorted(set(seqs))  # one seq each, in the order written
@@ -139,4 +140,5 @@ def test_the_one_statement_write_still_decides_access_and_stores_nothing_half_wa
     for stack, count in ((mine, 2), (theirs, 0)):
         stack.refresh_from_db()
         assert Memory.objects.filter(stack=stack).count() == stack.memory_count == count
-        assert ChangeEvent.objects.filter(stack=stack).count() == count
+        # one event per stored write (not counting the suite worker's "embedded" ones)
+        assert ChangeEvent.objects.filter(stack=stack).exclude(action="embedded").count() == count
