@@ -246,7 +246,7 @@ def _backlog(database_url: str) -> int:
 
 
 @pytest.mark.slow
-def test_acknowledged_writes_survive_kill_9_of_every_part(tmp_path: Path) -> None:
+def test_acknowledged_writes_survive_kill_9_of_every_part(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # Not under tmp_path: run as root, PostgreSQL runs as its own account and must reach its data
     # dir, and every new pytest session makes pytest's temp root 0700 again (a restarted
     # postmaster then cannot start).
@@ -375,30 +375,33 @@ def test_acknowledged_writes_survive_kill_9_of_every_part(tmp_path: Path) -> Non
         leaked = [path.name for path in logs if "fault note" in path.read_text(errors="replace")]
         shutil.rmtree(data_dir.parent, ignore_errors=True)
 
-    # What each part's outage looked like to the clients, and what of it was kept.
-    # `webhook`: of the acked ops, how many a delivery announced; `live`: of the acked ops of the
-    # page's stack, how many its socket was told of; `reconnects`: the page's socket reopened.
-    print(f"{'part killed':<18}{'pushes':>8}{'acked ops':>11}{'stored':>8}{'503':>6}{'no answer':>11}"
-          f"{'recovery':>10}{'webhook':>9}{'live':>10}{'reconnects':>12}")
-    connects_before = 1
-    watched_set = set(watched)
-    for part, (start, end) in windows.items():
-        during = [o for o in outcomes if start <= o.started < end]
-        acked = [rid for o in during if o.acknowledged for rid in o.record_ids]
-        acked_watched = [rid for rid in acked if rid in watched_set]
-        live_cell = f"{sum(r in seen_live for r in acked_watched)}/{len(acked_watched)}"
-        print(f"{part:<18}{len(during):>8}{len(acked):>11}{sum(stored[r] for r in acked):>8}"
-              f"{sum(o.status == 503 for o in during):>6}{sum(o.status is None for o in during):>11}"
-              f"{recovery[part]:>9.1f}s{sum(r in hooked for r in acked):>9}{live_cell:>10}"
-              f"{live_connects[part] - connects_before:>12}")
-        connects_before = live_connects[part]
-    print(f"webhook: {len(hooks.deliveries)} deliveries received, {len(hooked)} of {len(acknowledged)} acknowledged "
-          f"ops announced; live page: {len(page.events) if page else 0} events, {len(seen_live)} of {len(watched)} "
-          f"acknowledged ops of its stack announced, {page.connects if page else 0} connections "
-          f"(dropped: {dict(page.errors) if page else {}}), {page.reloads if page else 0} reload prompts")
-    statuses = Counter(o.status for o in outcomes)
-    print(f"all pushes by status: {dict(statuses)}; "
-          f"acknowledged ops {len(acknowledged)}, stored {sum(stored.values())}")
+    # What each part's outage looked like to the clients, and what of it was kept, printed even
+    # under `make test`'s output capture (the table is what this test is for).
+    with capsys.disabled():
+        # `webhook`: of the acked ops, how many a delivery announced; `live`: of the acked ops of the
+        # page's stack, how many its socket was told of; `reconnects`: the page's socket reopened.
+        print(f"\n{'part killed':<18}{'pushes':>8}{'acked ops':>11}{'stored':>8}{'503':>6}{'no answer':>11}"
+              f"{'recovery':>10}{'webhook':>9}{'live':>10}{'reconnects':>12}")
+        connects_before = 1
+        watched_set = set(watched)
+        for part, (start, end) in windows.items():
+            during = [o for o in outcomes if start <= o.started < end]
+            acked = [rid for o in during if o.acknowledged for rid in o.record_ids]
+            acked_watched = [rid for rid in acked if rid in watched_set]
+            live_cell = f"{sum(r in seen_live for r in acked_watched)}/{len(acked_watched)}"
+            print(f"{part:<18}{len(during):>8}{len(acked):>11}{sum(stored[r] for r in acked):>8}"
+                  f"{sum(o.status == 503 for o in during):>6}{sum(o.status is None for o in during):>11}"
+                  f"{recovery[part]:>9.1f}s{sum(r in hooked for r in acked):>9}{live_cell:>10}"
+                  f"{live_connects[part] - connects_before:>12}")
+            connects_before = live_connects[part]
+        print(f"webhook: {len(hooks.deliveries)} deliveries received, {len(hooked)} of {len(acknowledged)} "
+              f"acknowledged ops announced; live page: {len(page.events) if page else 0} events, "
+              f"{len(seen_live)} of {len(watched)} "
+              f"acknowledged ops of its stack announced, {page.connects if page else 0} connections "
+              f"(dropped: {dict(page.errors) if page else {}}), {page.reloads if page else 0} reload prompts")
+        statuses = Counter(o.status for o in outcomes)
+        print(f"all pushes by status: {dict(statuses)}; "
+              f"acknowledged ops {len(acknowledged)}, stored {sum(stored.values())}")
 
     assert set(windows) == set(PARTS)
     assert len(acknowledged) == len(set(acknowledged)) > 0
