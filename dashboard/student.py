@@ -184,6 +184,7 @@ class Retention:
     histogram: dict[str, Any]  # chart spec: live memories by salience now
     forecast: dict[str, Any]  # chart spec: live memories kept vs forgotten by each horizon
     live: int = 0
+    fading: int = 0  # of the live memories, those that can fade (not protected, values or drives)
     forgotten_next_pass: int = 0
     forecast_rows: list[tuple[str, int]] = field(default_factory=list)
 
@@ -217,13 +218,14 @@ def retention(stack: Stack, *, now: datetime | None = None, audience: Audience |
     threshold = stack.organization.forget_threshold
     candidates = forgetting_candidates(stack=stack, now=next_pass, limit=CANDIDATES_SHOWN, audience=audience)
     histogram = salience_histogram(stack, now)
-    live = sum(fading + kept for fading, kept in histogram)
+    can_fade = sum(count for count, _ in histogram)
+    live = can_fade + sum(kept for _, kept in histogram)
     horizons = [next_pass, *(now + timedelta(days=days) for days in FORECAST_DAYS)]
     forgotten = forgotten_by(stack=stack, times=horizons)
     labels = ["Next pass", *(f"In {days} days" for days in FORECAST_DAYS)]
     tenth = 1.0 / HISTOGRAM_BUCKETS
     return Retention(
-        threshold=threshold, next_pass_at=next_pass, candidates=candidates, live=live,
+        threshold=threshold, next_pass_at=next_pass, candidates=candidates, live=live, fading=can_fade,
         forgotten_next_pass=forgotten[0], forecast_rows=list(zip(labels, forgotten, strict=True)),
         histogram={
             "type": "bar", "stacked": True, "y_label": "Live memories",

@@ -113,6 +113,8 @@ def stack_usage(*, stack: Stack, principal: Principal, now: datetime | None = No
 
 
 def growth_chart(usage: dict[str, Any]) -> dict[str, Any]:
-    """The dashboard chart's data (canvas[data-chart]) from a `stack_usage` answer."""
+    """The dashboard chart's data (canvas[data-chart]) from a `stack_usage` answer. `empty`: nothing
+    was added in these months, so the page says so in words instead of drawing bare axes."""
+    data = [row["bytes"] for row in usage["growth"]]
     return {"type": "bar", "labels": [row["month"] for row in usage["growth"]],
-            "datasets": [{"label": "Bytes added", "data": [row["bytes"] for row in usage["growth"]]}]}
+            "datasets": [{"label": "Bytes added", "data": data}], "empty": not any(data)}

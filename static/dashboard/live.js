@@ -108,6 +108,7 @@
     hidden += message.unresolved || 0;
     if (message.counts) counts(message.counts, message.total);
     if (message.figures) figures(message.figures);
+    if ((message.rows || []).length || (message.removed || []).length || message.unresolved) stale();
     if (message.checkpoint) replace("live-checkpoint", message.checkpoint);
     if (message.boot_config) replace("live-boot-config", message.boot_config);
     if (hidden) banner(hidden + (hidden === 1 ? " change" : " changes") + " not shown here.");
@@ -195,6 +196,12 @@
   function replace(id, html) {
     var element = document.getElementById(id);
     if (element) element.replaceWith(fragment(html));
+  }
+
+  // The storage and forgetting cards are drawn once, when the page loads: once memories change,
+  // say that they are older than the list and the header figures above them.
+  function stale() {
+    document.querySelectorAll("[data-live-stale]").forEach(function (element) { element.hidden = false; });
   }
 
   function banner(text) {

@@ -136,6 +136,9 @@ def test_the_page_shows_what_the_cli_writes_live_and_nothing_twice_after_a_recon
         row_of(page, fact).wait_for(timeout=LIVE_MS)
     assert tab_count(page, "note") == "(3)" and tab_count(page, "") == "(3)"
     assert page.locator('[data-live-figure="memories"]').inner_text() == "3"
+    # The storage and forgetting cards were drawn when the page loaded: they now say so.
+    page.locator("#usage [data-live-stale]").wait_for(state="visible", timeout=LIVE_MS)
+    assert page.locator("#candidates [data-live-stale]").is_visible()
     overview.locator('tr[data-stack="amara"] [data-live-cell="memories"]', has_text="3").wait_for(timeout=LIVE_MS)
     assert overview.locator('[data-live-figure="written_today"]').inner_text() == "3"
     overview.close()
