@@ -21,10 +21,10 @@ from django.http import Http404, HttpRequest, JsonResponse
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from rest_framework import exceptions as drf
-from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 
 from memoryhub.outage import retry_after_seconds
+from memoryhub.renderers import FastJSONRenderer
 
 logger = logging.getLogger(__name__)
 
@@ -209,8 +209,8 @@ def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response:
 def _render_errors_as_json(request: Any) -> None:
     """Errors are JSON even where the endpoint's success body is not (e.g. MEMORY.md as markdown)."""
     if request is not None and hasattr(request, "accepted_renderer"):
-        request.accepted_renderer = JSONRenderer()
-        request.accepted_media_type = JSONRenderer.media_type
+        request.accepted_renderer = FastJSONRenderer()
+        request.accepted_media_type = FastJSONRenderer.media_type
 
 
 def _drf_code(exc: drf.APIException) -> str:

@@ -16,7 +16,7 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import serializers, status
 from rest_framework.permissions import AllowAny
-from rest_framework.renderers import JSONRenderer, StaticHTMLRenderer
+from rest_framework.renderers import StaticHTMLRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -34,6 +34,7 @@ from memories.erasure import (
 from memories.models import ErasureCertificate
 from memories.serializers import validated
 from memoryhub.errors import InvalidInput, NotFound
+from memoryhub.renderers import FastJSONRenderer
 
 TAG = "erasure"
 
@@ -132,7 +133,7 @@ CERTIFICATE_ID = OpenApiParameter("certificate_id", OpenApiTypes.UUID, OpenApiPa
 
 
 class ErasureCertificateView(APIView):
-    renderer_classes = [JSONRenderer, StaticHTMLRenderer]
+    renderer_classes = [FastJSONRenderer, StaticHTMLRenderer]
 
     @extend_schema(tags=[TAG], operation_id="erasure_get", responses=CertificateSerializer,
                    parameters=[CERTIFICATE_ID, OpenApiParameter("format", str, enum=["json", "html"],

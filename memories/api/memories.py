@@ -15,7 +15,7 @@ from django.urls import path
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiExample, OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import serializers, status
-from rest_framework.renderers import BaseRenderer, JSONRenderer
+from rest_framework.renderers import BaseRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -48,6 +48,7 @@ from memories.serializers import (
 )
 from memoryhub.errors import NotFound
 from memoryhub.pagination import StableCursorPagination
+from memoryhub.renderers import FastJSONRenderer
 from stacks.models import Stack
 from stacks.selectors import stack_for_principal
 
@@ -295,11 +296,11 @@ class MarkdownRenderer(BaseRenderer):
     def render(self, data: Any, accepted_media_type: str | None = None, renderer_context: Any = None) -> bytes:
         if isinstance(data, str):
             return data.encode()
-        return JSONRenderer().render(data)
+        return FastJSONRenderer().render(data)
 
 
 class ExportMemoryMdView(APIView):
-    renderer_classes = [JSONRenderer, MarkdownRenderer]
+    renderer_classes = [FastJSONRenderer, MarkdownRenderer]
 
     @extend_schema(tags=[TAG], responses={(200, "text/markdown"): OpenApiTypes.STR},
                    summary="MEMORY.md for the stack (text/markdown)")
