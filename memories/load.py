@@ -21,7 +21,8 @@ tiers — chosen because its test vectors are published and it needs no clock):
 * up to 20 excluded candidates come back as "echoes" (8-word hints), so an agent knows what it
   could search for;
 * the loaded memories' `times_accessed` / `last_accessed` move in ONE UPDATE (no version or change
-  feed bump: access is bookkeeping, not an edit a device must pull).
+  feed bump: access is bookkeeping, not an edit a device must pull), at most once per memory per
+  ACCESS_RESOLUTION_SECONDS (loads closer together are one use: docs/algorithms.md §3.1).
 
 Speed: candidates are scored, ordered and summed in SQL (one index walk per kind, a score
 expression per kind so constant-factor kinds never read `data`); only the rows the walk can take
@@ -62,6 +63,15 @@ ECHO_WORDS = 8
 LOAD_MIN_STRENGTH = 0.5
 FADING_STRENGTH = 0.8
 CANDIDATE_RANDOM_PAGE_COST = 1.1
+# Loads of one memory less than this apart count as one access (docs/algorithms.md §3.1): an agent
+# that reloads its memory every turn of a conversation is using it once, not fifty times, and the
+# access factor of salience is meant to reward use spread over time. It also bounds the cost: each
+# counted access rewrites the row (a new row version; when it cannot stay on its page, an entry in
+# every index, the HNSW graph included). Under bench/soak.py, where every stack is loaded about
+# every 10 s, counting every load made these UPDATEs as much of PostgreSQL's time as storing the
+# embeddings (issue 19). Like an API key's `last_used_at` (accounts.authentication), so
+# `last_accessed` is exact to within this.
+ACCESS_RESOLUTION_SECONDS = 600
 
 LOAD_KINDS = ("value", "belief", "goal", "drive", "episode", "note", "relationship")
 BASE_PRIORITY = {"value": 0.90, "belief": 0.70, "goal": 0.65, "drive": 0.60, "episode": 0.40,
@@ -253,8 +263,11 @@ def _details_sql() -> str:
 # counted this time rather than waited for. Waiting deadlocked: the embedder locks a batch's rows in
 # its order, this UPDATE in another, and PostgreSQL cancelled one of them (a 503 for the agent, a
 # failed embedding task) several times per `bench/soak.py --minutes 2` run (issue 19).
+# A row counted within ACCESS_RESOLUTION_SECONDS is neither locked nor rewritten.
 _TOUCH_SQL = ("UPDATE memories_memory m SET times_accessed = m.times_accessed + 1, last_accessed = %(now)s "
               "FROM (SELECT id FROM memories_memory WHERE id = ANY(%(chosen)s::uuid[]) "
+              "AND (last_accessed IS NULL OR last_accessed <= %(now)s::timestamptz "
+              f"- interval '{ACCESS_RESOLUTION_SECONDS} seconds') "
               "FOR NO KEY UPDATE SKIP LOCKED) free WHERE m.id = free.id; ")
 _ASYNC_COMMIT_SQL = "SET LOCAL synchronous_commit = off; "
 _ROWS_SQL = f"""
