@@ -310,7 +310,10 @@ def test_acknowledged_writes_survive_kill_9_of_every_part(tmp_path: Path, capsys
                                                for c in clients for o in list(c.outcomes))
 
             def dead(victim: psutil.Process = victim) -> bool:
-                return not victim.is_running() or victim.status() == psutil.STATUS_ZOMBIE
+                try:
+                    return not victim.is_running() or victim.status() == psutil.STATUS_ZOMBIE
+                except psutil.NoSuchProcess:  # gone between the two questions
+                    return True
 
             _wait_for(dead, 10, f"{part} to die")
             _wait_for(back, RECOVERY_TIMEOUT, f"{part} back after kill -9")
