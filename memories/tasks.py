@@ -17,17 +17,24 @@ from memories.erasure import erasure_run
 from memories.events import events_prune, events_relay
 from memories.search.embedding_jobs import embedding_sweep_run, memories_embed
 from memories.search.vector_indexes import stack_vector_indexes_run
+from memories.writes.hooks import embedding_message_taken, queue_stack_embedding
 
 logger = logging.getLogger(__name__)
 
 
 @shared_task(name="memories.embed_memories", acks_late=True, ignore_result=True)
-def embed_memories(ids: list[str]) -> dict[str, int]:
+def embed_memories(ids: list[str], stack_id: int | None = None) -> dict[str, int]:
     """Embed these memories if they still await an embedding (idempotent, safe to repeat); a short
-    batch is filled up with the same stacks' backlog (embedding_jobs._take_batch)."""
+    batch is filled up with the same stacks' backlog (embedding_jobs._take_batch). `stack_id`: the
+    stack whose small writes this message stands for (memories.writes.hooks); what the batch could
+    not take of its backlog goes into the stack's next message."""
+    if stack_id is not None:
+        embedding_message_taken(stack_id)
     result = memories_embed(ids=ids, fill=True)
+    if stack_id is not None and result.left_over:
+        queue_stack_embedding(stack_id, result.left_over)
     return {"embedded": result.embedded, "filled": result.filled, "claimed_elsewhere": result.skipped_claimed,
-            "stale": result.skipped_stale}
+            "stale": result.skipped_stale, "left_over": len(result.left_over)}
 
 
 @shared_task(name="memories.embedding_sweep", acks_late=True, soft_time_limit=5 * 60, time_limit=6 * 60)

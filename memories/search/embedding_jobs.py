@@ -135,6 +135,7 @@ class EmbedResult:
     skipped_stale: int = 0  # changed (or deleted) while we embedded; left in the backlog
     refused: int = 0  # not embedded: this process's model is not the deployment's (logged)
     filled: int = 0  # rows of the same stacks' backlog taken to fill a short batch (`fill=True`)
+    left_over: list[str] = field(default_factory=list)  # backlog rows found for the fill but not taken
     ids: list[str] = field(default_factory=list)
 
 
@@ -283,6 +284,7 @@ def _take_batch(chunk: list[str], embedder: Embedder, result: EmbedResult, *, fi
         extra = [i for i in claimed if i not in wanted]
         keep = extra[:max(0, EMBED_BATCH_SIZE - len(own))]
         _release(extra[len(keep):], token)  # claimed to beat other workers to some of them; not needed
+        result.left_over = extra[len(keep):]  # more of the stacks' backlog than this batch could take
         claimed = own + keep
         result.filled += len(keep)
         result.skipped_claimed += len(needed) - len(own)

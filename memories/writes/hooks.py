@@ -16,7 +16,13 @@ imports only the model, the schema, redaction and the change-event outbox, so ev
   writing transaction; live pages and webhooks consume it after commit.
 * **The embedding enqueuer**: ids of memories whose text changed go to the `memories.embed_memories`
   task after commit, up to 500 ids per broker message (one message per push of 500: each publish
-  costs a few milliseconds on the request path). A broker that cannot be reached is logged, never
+  costs a few milliseconds on the request path). A small write (at most one batch of ids) whose
+  stack already has a message waiting sends none: that message's task tops its batch up from the
+  stack's backlog (memories.search.embedding_jobs, `fill`), which holds this write's rows, and
+  sends the stack's next message if rows remain (`queue_stack_embedding`). So the queue holds at
+  most one small message per stack; under the soak one message per write made it grow without
+  bound (2,400 messages in 3 minutes, most of them finding their rows already embedded) while
+  the backlog itself shrank. A broker that cannot be reached is logged, never
   raised into a committed write: the rows keep `embedded_version IS NULL` and the periodic
   embedding sweep embeds them. The task is sent by name, so this module does not import
   `memories.tasks` (and through it the search and lifecycle rooms).
@@ -35,8 +41,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from celery import current_app
+from redis.exceptions import RedisError
 from django.db import transaction
 
+from accounts.throttles import redis_client
 from memories.events import MEMORY, Statement, record_change
 from memories.models import Memory, MemoryKind
 from memories.redaction import RedactionPolicy, redact_memory
@@ -49,6 +57,12 @@ EMBED_MESSAGE_IDS = 500
 # Native batch creates (up to 500 items) are split finer, as before the kernel: a client's batch is then
 # embedded by every worker process at once instead of by one.
 SMALL_EMBED_MESSAGE_IDS = 64
+# A write of at most SMALL_EMBED_MESSAGE_IDS ids (one batch of the embedder) is "small": it
+# coalesces with a message of its stack that is already waiting.
+_QUEUED_PREFIX = "mh:embed:queued:"  # a stack's waiting message; the task deletes it when it starts
+# If a message is lost after its marker was set (the process died between the two), the stack's
+# small writes send nothing until this expires; the sweep embeds their rows meanwhile.
+QUEUED_MARKER_SECONDS = 120
 
 Transform = Callable[[NormalizedMemory], NormalizedMemory]
 
@@ -137,7 +151,7 @@ def after_commit(*, stack_id: int, source: str, changes: Iterable[tuple[str, Seq
 
     def run() -> None:
         if embed:
-            _send_embedding([str(i) for i in embed], embed_message_ids)
+            _send_embedding([str(i) for i in embed], embed_message_ids, stack_id=stack_id)
         if _listeners:
             for action, ids in changed:
                 _notify(MemoryChange(stack_id=stack_id, action=action, memory_ids=tuple(str(i) for i in ids),
@@ -146,19 +160,40 @@ def after_commit(*, stack_id: int, source: str, changes: Iterable[tuple[str, Seq
     transaction.on_commit(run)
 
 
-def _send_embedding(ids: list[str], message_ids: int) -> None:
-    app = current_app
+def queue_stack_embedding(stack_id: int, ids: Sequence[str]) -> None:
+    """Send `ids` (rows of one stack awaiting a vector) unless the stack has a message waiting;
+    the embedding task calls this for what its batch could not take."""
+    _send_embedding([str(i) for i in ids], SMALL_EMBED_MESSAGE_IDS, stack_id=stack_id)
+
+
+def embedding_message_taken(stack_id: int) -> None:
+    """A task for the stack has started: the stack's next small write sends a message again (its
+    rows may be committed after this task read the backlog)."""
     try:
+        redis_client(write=True).delete(f"{_QUEUED_PREFIX}{int(stack_id)}")
+    except RedisError as exc:  # Redis down: the marker expires by itself
+        logger.warning("could not clear the embedding marker (%s)", type(exc).__name__)
+
+
+def _send_embedding(ids: list[str], message_ids: int, *, stack_id: int | None = None) -> None:
+    app = current_app
+    coalesce = stack_id is not None and len(ids) <= SMALL_EMBED_MESSAGE_IDS
+    try:
+        if coalesce and not redis_client(write=True).set(f"{_QUEUED_PREFIX}{int(stack_id or 0)}", 1, nx=True,
+                                                          ex=QUEUED_MARKER_SECONDS):
+            return  # the stack's waiting message takes these rows from its backlog
+        # Only a small write's message stands for its stack (its task clears the marker).
+        kwargs = {"stack_id": stack_id} if coalesce else {}
         for start in range(0, len(ids), message_ids):
             chunk = ids[start:start + message_ids]
             if app.conf.task_always_eager:  # send_task ignores eager mode; run it here as .delay() would
                 if EMBED_TASK not in app.tasks:  # task modules are imported when a worker starts
                     app.loader.import_default_modules()
-                app.tasks[EMBED_TASK].apply(args=(chunk,))
+                app.tasks[EMBED_TASK].apply(args=(chunk,), kwargs=kwargs)
             else:
                 # ignore_result: the result is never read; without it the producer also subscribes
                 # to the task's result channel.
-                app.send_task(EMBED_TASK, args=(chunk,), ignore_result=True)
+                app.send_task(EMBED_TASK, args=(chunk,), kwargs=kwargs, ignore_result=True)
     except Exception as exc:  # broker down: the sweep is the safety net
         logger.warning("could not queue embedding (%s); the sweep will pick it up", type(exc).__name__)
 

@@ -13,6 +13,8 @@ from memories.search import embedding_jobs
 from memories.search.embedding_jobs import _claim, _release, memories_embed
 from memories.services import memory_create
 from memories.tasks import embed_memories
+from memories.writes import hooks
+from memoryhub.celery import app as celery_app
 from tests.factories import make_org, make_stack
 
 pytestmark = pytest.mark.django_db
@@ -79,3 +81,55 @@ def test_without_fill_only_the_given_memories_are_embedded() -> None:
     result = memories_embed(ids=[ids[0]])
     assert (result.embedded, result.filled) == (1, 0)
     assert awaiting(ids) == set(ids[1:])
+
+
+@pytest.fixture
+def sent(monkeypatch: pytest.MonkeyPatch) -> list[tuple[list[str], dict[str, Any]]]:
+    """The embedding messages the writes and tasks send (ids, kwargs); none reaches the broker."""
+    messages: list[tuple[list[str], dict[str, Any]]] = []
+
+    def send_task(name: str, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None, **options: Any) -> None:
+        assert name == hooks.EMBED_TASK
+        messages.append((list(args[0]), dict(kwargs or {})))
+
+    monkeypatch.setattr(celery_app, "send_task", send_task)
+    return messages
+
+
+def test_small_writes_of_a_stack_share_its_waiting_message(sent: list[tuple[list[str], dict[str, Any]]],
+                                                           django_capture_on_commit_callbacks: Any) -> None:
+    """One waiting message per stack (memories.writes.hooks): under the soak one message per write grew
+    the queue without bound while most of them found their rows embedded already."""
+    stack, other = make_stack(make_org()), make_stack(make_org())
+    with django_capture_on_commit_callbacks(execute=True):
+        first = notes(stack, 1, "first")
+    with django_capture_on_commit_callbacks(execute=True):
+        second = notes(stack, 2, "second")  # the stack's message is still waiting: nothing sent
+    with django_capture_on_commit_callbacks(execute=True):
+        elsewhere = notes(other, 1, "other school")  # another stack has its own message
+    assert sent == [(first, {"stack_id": stack.pk}), (elsewhere, {"stack_id": other.pk})]
+
+    # The waiting message's task embeds the rows of the writes it stood for, from the stack's backlog.
+    assert embed_memories(sent[0][0], **sent[0][1])["embedded"] == 3
+    assert awaiting(first + second) == set() and awaiting(elsewhere) == set(elsewhere)
+    # Once it has started, the stack's next small write sends a message again.
+    with django_capture_on_commit_callbacks(execute=True):
+        third = notes(stack, 1, "third")
+    assert sent[2:] == [(third, {"stack_id": stack.pk})]
+
+
+def test_a_task_sends_its_stacks_next_message_for_what_its_batch_left(
+        sent: list[tuple[list[str], dict[str, Any]]]) -> None:
+    stack = make_stack(make_org())
+    ids = notes(stack, 3 * BATCH)
+
+    counts = embed_memories(ids=[ids[0]], stack_id=stack.pk)
+
+    assert counts["embedded"] == BATCH
+    # The rest of the stack's backlog (beyond the fill's look-ahead) goes into one next message of its own.
+    assert len(sent) == 1 and sent[0][1] == {"stack_id": stack.pk}
+    assert set(sent[0][0]) <= awaiting(ids) and len(sent[0][0]) == counts["left_over"] > 0
+    while sent:
+        message_ids, kwargs = sent.pop(0)
+        embed_memories(message_ids, **kwargs)
+    assert awaiting(ids) == set()

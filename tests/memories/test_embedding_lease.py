@@ -27,7 +27,7 @@ def _short_leases(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(embedding_jobs, "RENEW_SECONDS", 0.2)
     # These writes queue no embedding task: the suite's Celery worker (when another module started
     # it) would embed the rows itself while the test holds or waits for their claims.
-    monkeypatch.setattr(hooks, "_send_embedding", lambda ids, message_ids: None)
+    monkeypatch.setattr(hooks, "_send_embedding", lambda ids, message_ids, **_: None)
 
 
 class SlowEmbedder:

@@ -29,7 +29,7 @@ def _small_batches(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(embedding_jobs, "EMBED_BATCH_SIZE", BATCH)
     # No embedding task is queued: the suite's Celery worker (when another module started it)
     # would embed the rows itself.
-    monkeypatch.setattr(hooks, "_send_embedding", lambda ids, message_ids: None)
+    monkeypatch.setattr(hooks, "_send_embedding", lambda ids, message_ids, **_: None)
 
 
 def notes(stack: Any, count: int) -> list[str]:

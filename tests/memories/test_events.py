@@ -82,7 +82,7 @@ def _breaker_closed() -> Iterator[None]:
 def _no_embedding_tasks(monkeypatch: pytest.MonkeyPatch) -> None:
     """These writes queue no embedding task: the suite's Celery worker (when another module started
     it) would otherwise embed them while the test runs, and write into its teardown's flush."""
-    monkeypatch.setattr(hooks, "_send_embedding", lambda ids, message_ids: None)
+    monkeypatch.setattr(hooks, "_send_embedding", lambda ids, message_ids, **_: None)
 
 
 @pytest.fixture

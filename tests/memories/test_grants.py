@@ -552,7 +552,7 @@ async def test_a_teachers_socket_is_not_told_of_a_hidden_change(school: School,
 
     # No embedding task: the suite's Celery worker would otherwise send an "embedded" change of the
     # shown memory while the test listens for silence.
-    monkeypatch.setattr(hooks, "_send_embedding", lambda ids, message_ids: None)
+    monkeypatch.setattr(hooks, "_send_embedding", lambda ids, message_ids, **_: None)
 
     _, headers = await signed_in(school.teacher)
     communicator, connected = await open_socket(f"/ws/stacks/{school.stack.slug}/", headers)

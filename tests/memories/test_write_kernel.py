@@ -99,6 +99,7 @@ def test_listeners_hear_each_committed_single_row_write_once(changes: list[hooks
     stack = make_stack(make_org())
     with django_capture_on_commit_callbacks(execute=True):
         memory = memory_create(stack=stack, kind="note", payload={"content": "first"}, source="api")
+    hooks.embedding_message_taken(stack.pk)  # as the worker does when it starts the message's task
     with django_capture_on_commit_callbacks(execute=True):
         memory_update(memory=memory, payload={"content": "second"}, source="api")
     with django_capture_on_commit_callbacks(execute=True):
