@@ -267,7 +267,7 @@ def _details_sql() -> str:
 _TOUCH_SQL = ("UPDATE memories_memory m SET times_accessed = m.times_accessed + 1, last_accessed = %(now)s "
               "FROM (SELECT id FROM memories_memory WHERE id = ANY(%(chosen)s::uuid[]) "
               "AND (last_accessed IS NULL OR last_accessed <= %(now)s::timestamptz "
-              f"- interval '{ACCESS_RESOLUTION_SECONDS} seconds') "
+              "- make_interval(secs => %(resolution)s)) "
               "FOR NO KEY UPDATE SKIP LOCKED) free WHERE m.id = free.id; ")
 _ASYNC_COMMIT_SQL = "SET LOCAL synchronous_commit = off; "
 _ROWS_SQL = f"""
@@ -376,7 +376,8 @@ def stack_load(*, stack: Stack, budget: int | None = None, item_chars: int | Non
             touch = track_access and bool(chosen_ids)
             touch_sql = ((_ASYNC_COMMIT_SQL if own_transaction else "") + _TOUCH_SQL) if touch else ""
             cursor.execute(touch_sql + _ROWS_SQL,
-                           {"head": cap + 1, "ids": wanted, "chosen": chosen_ids, "now": now})
+                           {"head": cap + 1, "ids": wanted, "chosen": chosen_ids, "now": now,
+                            "resolution": ACCESS_RESOLUTION_SECONDS})
             while cursor.description is None and cursor.nextset():
                 pass  # past the UPDATE to the rows
             rows = {row[0]: row for row in cursor.fetchall()}

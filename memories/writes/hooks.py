@@ -41,8 +41,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from celery import current_app
-from redis.exceptions import RedisError
 from django.db import transaction
+from redis.exceptions import RedisError
 
 from accounts.throttles import redis_client
 from memories.events import MEMORY, Statement, record_change
