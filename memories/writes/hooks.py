@@ -162,7 +162,11 @@ def after_commit(*, stack_id: int, source: str, changes: Iterable[tuple[str, Seq
 
 def queue_stack_embedding(stack_id: int, ids: Sequence[str]) -> None:
     """Send `ids` (rows of one stack awaiting a vector) unless the stack has a message waiting;
-    the embedding task calls this for what its batch could not take."""
+    the embedding task calls this for what its batch could not take. Not in eager mode, where the
+    task runs inside this call: a large backlog would recurse once per batch (the next write's task
+    or the sweep takes the rest there)."""
+    if current_app.conf.task_always_eager:
+        return
     _send_embedding([str(i) for i in ids], SMALL_EMBED_MESSAGE_IDS, stack_id=stack_id)
 
 
@@ -196,6 +200,8 @@ def _send_embedding(ids: list[str], message_ids: int, *, stack_id: int | None = 
                 app.send_task(EMBED_TASK, args=(chunk,), kwargs=kwargs, ignore_result=True)
     except Exception as exc:  # broker down: the sweep is the safety net
         logger.warning("could not queue embedding (%s); the sweep will pick it up", type(exc).__name__)
+        if coalesce and stack_id is not None:  # no message waits for the stack: let the next write try
+            embedding_message_taken(stack_id)
 
 
 def _notify(change: MemoryChange) -> None:

@@ -160,7 +160,10 @@ def test_a_refused_push_announces_nothing(changes: list[hooks.MemoryChange], sen
 def test_a_broker_that_is_down_is_logged_and_the_write_stands(monkeypatch: pytest.MonkeyPatch,
                                                               caplog: pytest.LogCaptureFixture,
                                                               django_capture_on_commit_callbacks: Any) -> None:
-    def down(*args: Any, **kwargs: Any) -> None:
+    tried: list[list[str]] = []
+
+    def down(name: str, args: tuple[Any, ...], **kwargs: Any) -> None:
+        tried.append(args[0])
         raise ConnectionError("broker unreachable")
 
     monkeypatch.setattr(celery_app, "send_task", down)
@@ -169,6 +172,10 @@ def test_a_broker_that_is_down_is_logged_and_the_write_stands(monkeypatch: pytes
         memory = memory_create(stack=stack, kind="note", payload={"content": "kept"}, source="api")
     assert Memory.objects.get(pk=memory.pk).embedded_version is None  # the sweep embeds it later
     assert "the sweep will pick it up" in caplog.text
+    # No message waits for the stack, so its next small write tries to send one (it is not coalesced).
+    with django_capture_on_commit_callbacks(execute=True):
+        second = memory_create(stack=stack, kind="note", payload={"content": "also kept"}, source="api")
+    assert tried == [[str(memory.pk)], [str(second.pk)]]
 
 
 def test_in_eager_mode_the_embedding_runs_in_process(monkeypatch: pytest.MonkeyPatch,
