@@ -22,7 +22,8 @@ one stack-bound API key per agent, seeds every stack with 50 memories, then:
 * at the end: every acknowledged write is checked against the database (exactly once), the
   embedding backlog is read at the middle and the end, and `/metrics` is scraped before and after.
 
-Reported: throughput and p50/p95/p99 per operation next to its unloaded p95, every non-2xx by
+Reported: throughput and p50/p95/p99 per operation next to its unloaded p95 (and, for reading the
+ratio, the unloaded p95 measured again after the soak on the stacks it grew), every non-2xx by
 status, the RSS of each process at the start, the middle and the end, and the issue's goals with
 PASS/FAIL: no response >= 500; nothing lost or duplicated; p95 of every operation <= 3x its unloaded
 p95; no process's RSS growing > 20 % over the second half.
@@ -283,14 +284,35 @@ async def seed_and_baseline(base_url: str, agents: list[Agent], samples: int) ->
                 await operate(http, agent, "push", rng, seeding, time.monotonic(), push_ops=SEED_MEMORIES)
 
         await asyncio.gather(*(seed(a) for a in agents))
-        for op in MIX:  # warm-up: the first calls import and connect
-            for agent in agents[:3]:
-                await operate(http, agent, op, rng, Recorder(), time.monotonic())
-        for n in range(samples):
-            for k, op in enumerate(MIX):
-                agent = agents[(n * len(MIX) + k) % len(agents)]
-                await operate(http, agent, op, rng, baseline, time.monotonic())
+        await unloaded(http, agents, samples, rng, baseline)
     return seeding, baseline
+
+
+async def unloaded(http: httpx.AsyncClient, agents: list[Agent], samples: int, rng: random.Random,
+                   recorder: Recorder) -> None:
+    """Each operation alone, one at a time, after a warm-up (the first calls import and connect)."""
+    for op in MIX:
+        for agent in agents[:3]:
+            await operate(http, agent, op, rng, Recorder(), time.monotonic())
+    for n in range(samples):
+        for k, op in enumerate(MIX):
+            agent = agents[(n * len(MIX) + k) % len(agents)]
+            await operate(http, agent, op, rng, recorder, time.monotonic())
+
+
+async def unloaded_again(base_url: str, database_url: str, agents: list[Agent], samples: int,
+                         settle_seconds: float = 180.0) -> Recorder:
+    """The unloaded baseline once more after the soak, on the stacks as the soak grew them (~13 times
+    the seeded size after 10 minutes), once the embedding backlog has drained (or `settle_seconds`
+    passed): how much of the loaded p95 is the data's growth rather than the load. Informational:
+    the goal compares with the start, as the issue asks."""
+    deadline = time.monotonic() + settle_seconds
+    while backlog(database_url) > 0 and time.monotonic() < deadline:
+        await asyncio.sleep(2)
+    recorder = Recorder()
+    async with async_client(base_url, 4) as http:
+        await unloaded(http, agents, samples, random.Random(11), recorder)
+    return recorder
 
 
 class LivePage:
@@ -379,19 +401,25 @@ def stored_counts(database_url: str, record_ids: list[str]) -> Counter[str]:
 
 def report_soak(args: argparse.Namespace, recorder: Recorder, baseline: Recorder, pages: list[LivePage],
                 elapsed: float, rss: dict[str, dict[str, float]], backlogs: dict[str, int],
-                metrics: dict[str, dict[str, float]], stored: Counter[str]) -> bool:
-    loaded, quiet = recorder.by_op(), baseline.by_op()
+                metrics: dict[str, dict[str, float]], stored: Counter[str], after: Recorder) -> bool:
+    loaded, quiet, quiet_after = recorder.by_op(), baseline.by_op(), after.by_op()
+
+    def ok_ms(samples: list[Any]) -> list[float]:
+        return [s.ms for s in samples if 200 <= s.status < 300]
+
     rows, goals = [], []
     for op in MIX:
         samples = loaded.get(op, [])
-        ok = [s.ms for s in samples if 200 <= s.status < 300]
-        figures, unloaded = percentiles(ok), percentiles([s.ms for s in quiet.get(op, []) if 200 <= s.status < 300])
+        ok = ok_ms(samples)
+        figures, start, end = percentiles(ok), percentiles(ok_ms(quiet.get(op, []))), percentiles(
+            ok_ms(quiet_after.get(op, [])))
         rows.append({"operation": op, "requests": len(samples), "per s": len(samples) / elapsed,
                      "2xx": len(ok), "p50 ms": figures["p50"], "p95 ms": figures["p95"], "p99 ms": figures["p99"],
-                     "unloaded p50": unloaded["p50"], "unloaded p95": unloaded["p95"],
-                     "p95 / unloaded": figures["p95"] / unloaded["p95"] if unloaded["n"] else float("nan")})
-        goals.append((f"{op}: p95 {figures['p95']:.0f} ms <= 3x unloaded p95 {unloaded['p95']:.0f} ms",
-                      figures["p95"] <= 3 * unloaded["p95"]))
+                     "unloaded p50": start["p50"], "unloaded p95": start["p95"],
+                     "p95 / unloaded": figures["p95"] / start["p95"] if start["n"] else float("nan"),
+                     "unloaded p95, grown stacks": end["p95"] if end["n"] else float("nan")})
+        goals.append((f"{op}: p95 {figures['p95']:.0f} ms <= 3x unloaded p95 {start['p95']:.0f} ms",
+                      figures["p95"] <= 3 * start["p95"]))
     total = len(recorder.samples)
     print_table(f"soak: {args.agents} agents, {elapsed:.0f} s, open loop (an operation every 1-2 s each); "
                 f"{total:,} requests = {total / elapsed:.1f}/s", rows)
@@ -458,7 +486,10 @@ def run_soak(args: argparse.Namespace) -> int:
             backlogs["end"] = backlog(service.database_url)
             metrics["end"] = scrape_metrics(service.base_url)
             stored = stored_counts(service.database_url, recorder.acknowledged + seeding.acknowledged)
-            recorder_ok = report_soak(args, recorder, baseline, pages, elapsed, rss, backlogs, metrics, stored)
+            log("the unloaded baseline again, on the grown stacks, once the embedding backlog has drained")
+            after = asyncio.run(unloaded_again(service.base_url, service.database_url, agents, args.baseline_samples))
+            recorder_ok = report_soak(args, recorder, baseline, pages, elapsed, rss, backlogs, metrics, stored,
+                                      after)
             lost_seed = sum(1 for rid in seeding.acknowledged if stored[rid] != 1)
             print(f"seed writes: {len(seeding.acknowledged):,} acknowledged, {lost_seed} not stored exactly once")
             return 0 if recorder_ok and lost_seed == 0 else 1
