@@ -668,11 +668,12 @@ def _vector_leg(query: SearchQuery, stack_ids: Sequence[int], vector: Vector, fe
             method = "exact"
     else:
         method = "exact"
-    # Rows an index walk already read the cosine of are not asked again.
-    unread = [memory_id for memory_id in also if memory_id not in similarities] if similarities is not None else []
-    if unread and similarities is not None:
-        sql, params = _vector_sql(query, stack_ids, vector, fetch, exact=True, audience=audience, also=unread)
-        return _split_exact_with_also(_fetch_rows(sql, params), fetch, unread, similarities), method
+    if similarities is not None:
+        # Rows an index walk already read the cosine of are not asked again.
+        unread = [memory_id for memory_id in also if memory_id not in similarities]
+        if unread:
+            sql, params = _vector_sql(query, stack_ids, vector, fetch, exact=True, audience=audience, also=unread)
+            return _split_exact_with_also(_fetch_rows(sql, params), fetch, unread, similarities), method
     sql, params = _vector_sql(query, stack_ids, vector, fetch, exact=True, audience=audience)
     with connection.cursor() as cursor:
         return _leg_rows(cursor, sql, params, (), None), method
