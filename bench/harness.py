@@ -73,8 +73,8 @@ def bench_environment(name: str, *, keep: bool = False, data_dir: Path | None = 
             postgres = EmbeddedPostgres(workdir / "postgres", free_port(), log_path=workdir / "postgres.log")
             postgres.process.argv += [
                 "-c",
-                # The table-wide HNSW build over 1M x 384 needs ~2.5 GB: below that it spills to
-                # on-disk inserts and takes several times longer (the box has 24 GB).
+                # An HNSW build (a 100k-row stack's own graph, bench/search.py) spills to on-disk
+                # inserts below its graph's size and takes several times longer (the box has 24 GB).
                 "maintenance_work_mem=4GB",
                 "-c",
                 "max_wal_size=8GB",

@@ -1,9 +1,10 @@
 """Every memory kind in one table, plus checkpoints, boot config, revisions and job runs.
 
-One table means one HNSW index, one GIN index, one decay UPDATE and one change feed
-(docs/architecture.md §4.1). Type-specific fields live in `data` (validated per kind by memories/schemas.py, through
-memories.writes.hooks.prepare_memory);
-fields a client sends that we do not model are kept verbatim in `extra`.
+One table means one full-text GIN index, one decay UPDATE and one change feed (docs/architecture.md
+§4.1); vectors are indexed per large stack (memories.search.vector_indexes), not table-wide.
+Type-specific fields live in `data` (validated per kind by memories/schemas.py, through
+memories.writes.hooks.prepare_memory); fields a client sends that we do not model are kept
+verbatim in `extra`.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from django.contrib.postgres.search import SearchVector, SearchVectorField
 from django.db import models
 from django.db.models import Func, Q, Value
 from django.utils.timezone import now as timezone_now
-from pgvector.django import HnswIndex, VectorField
+from pgvector.django import VectorField
 
 EMBEDDING_DIMENSIONS = 384
 CHANGE_SEQUENCE = "memories_change_seq"
@@ -138,7 +139,8 @@ class Memory(models.Model):
         # Indexes that only serve reads of live memories (load, search, smart-ingest neighbours:
         # every one of those queries says `forgotten_at IS NULL`) leave forgotten rows out. Besides
         # being smaller, a decay tombstone (a non-HOT update: change_seq is indexed) then adds no
-        # entry to them: the HNSW graph insert above all, then the tsvector GIN's dozens of keys.
+        # entry to them: the tsvector GIN's dozens of keys above all (and a large stack's own HNSW
+        # graph, memories.search.vector_indexes, is partial on the same condition).
         # Indexes the change feed, sync lookups or recovery need keep every row.
         indexes = [
             models.Index(fields=["stack", "kind", "-created_at"], name="memories_stack_kind_created",
@@ -148,14 +150,6 @@ class Memory(models.Model):
             GinIndex(fields=["search_vector"], name="memories_search_vector_gin",
                      condition=Q(forgotten_at__isnull=True)),
             GinIndex(fields=["tags"], name="memories_tags_gin", condition=Q(forgotten_at__isnull=True)),
-            HnswIndex(
-                name="memories_embedding_hnsw",
-                fields=["embedding"],
-                m=16,
-                ef_construction=64,
-                opclasses=["vector_cosine_ops"],
-                condition=Q(forgotten_at__isnull=True),
-            ),
             models.Index(
                 fields=["stack"],
                 name="memories_embedding_backlog",

@@ -20,13 +20,14 @@ Each leg over-fetches (3x the limit, at least 30, at most max(limit, 100)) befor
 `min_similarity` applies only to the semantic leg, so a keyword-only hit is never dropped.
 The stack filter, deletion, forgetting, expiry, kind, tags and time range are all inside SQL.
 
-Vector leg and the "k hits whenever k exist" rule (method names in brackets): pgvector 0.6 applies WHERE clauses *after*
-the HNSW walk, so `ORDER BY … LIMIT k` through the index can return fewer than k rows of one
-stack. Small scopes (≤ EXACT_SEARCH_MAX_ROWS) are therefore searched exactly (the stack-leading
-B-tree, then a sort over that stack's rows); large ones go through HNSW with an `ef_search`
-sized to the stack's share of the table (iterative scans on pgvector ≥ 0.8) [hnsw] - or, when
-the stack has its own partial HNSW index (memories.search.vector_indexes), through that [hnsw-stack] -
-and fall back to an exact search whenever an index yields too few rows [...+exact].
+Vector leg and the "k hits whenever k exist" rule (method names in brackets): a stack with its
+own partial HNSW index (memories.search.vector_indexes; stacks above 10,000 memories) is walked
+through that graph [hnsw-stack], and ranked exactly instead whenever the walk yields too few rows
+[hnsw-stack+exact]. Every other scope - a smaller stack, or several stacks of a school - is ranked
+exactly (the stack-leading B-tree, then a sort of the scope's rows) [exact]. There is no
+table-wide vector index: pgvector 0.6 filters a shared graph's results after the walk, so it
+served one stack poorly, and keeping it up to date was most of the database's work under load
+(docs/algorithms.md §7.3).
 `SearchResult.method` reports which ran.
 
 Which legs ran (`SearchResult.legs`, docs/algorithms.md §7.1): a search never drops to keyword-only
@@ -42,7 +43,6 @@ would have to hold three files open to check that they agree.
 from __future__ import annotations
 
 import logging
-import math
 import re
 import time
 from collections.abc import Sequence
@@ -71,9 +71,11 @@ RRF_K = 60
 MAX_LIMIT = 100
 MAX_QUERY_CHARS = 2000
 DEFAULT_MIN_SIMILARITY = 0.25  # MiniLM: unrelated text sits around 0-0.15, paraphrases above 0.5
-EXACT_SEARCH_MAX_ROWS = 10_000
 KEYWORD_RANK_CAP = 1_000
 STATEMENT_TIMEOUT_MS = 2_500
+# A school-wide search ranks every row of its stacks exactly (~1.2 µs a row, docs/algorithms.md §7.3):
+# a school of a million memories needs more than a stack's 2.5 s on a busy box.
+SCHOOL_STATEMENT_TIMEOUT_MS = 10_000
 HNSW_MAX_EF_SEARCH = 1000  # pgvector's upper bound for hnsw.ef_search
 STACK_INDEX_MIN_EF_SEARCH = 240  # a per-stack index's walk width (see _vector_leg)
 
@@ -143,7 +145,7 @@ class SearchHit:
 @dataclass
 class SearchResult:
     hits: list[SearchHit]
-    method: str  # exact | hnsw | hnsw+exact (the vector leg's plan), or none (no vector leg)
+    method: str  # exact | hnsw-stack | hnsw-stack+exact (the vector leg's plan), or none (no vector leg)
     took_ms: float = 0.0
     embedding_model: str = ""
     stats: dict[str, Any] = field(default_factory=dict)
@@ -476,16 +478,6 @@ def _fetch_rows(sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
         return cursor.fetchall()
 
 
-def _scope_size(stack_ids: Sequence[int], cap: int) -> int:
-    """How many live rows the scope has, counting at most `cap` + 1 (index-only, cheap)."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT count(*) FROM (SELECT 1 FROM memories_memory WHERE stack_id = ANY(%s) LIMIT %s) s",
-            [list(stack_ids), cap + 1],
-        )
-        return int(cursor.fetchone()[0])
-
-
 _SCOPE_CACHE: dict[tuple[int, ...], tuple[float, int]] = {}
 _SCOPE_CACHE_SECONDS = 60.0
 
@@ -507,28 +499,6 @@ def _remember_scope_rows(stack_ids: Sequence[int], size: int) -> None:
 
 def ranking_features(query: SearchQuery) -> frozenset[str]:
     return RANKINGS.get(query.ranking, RANKINGS[DEFAULT_RANKING])
-
-
-def _scope_size_cached(stack_ids: Sequence[int]) -> int:
-    """Exact row count of a large scope, cached for a minute: it only sizes `ef_search`."""
-    key = tuple(sorted(stack_ids))
-    cached = _SCOPE_CACHE.get(key)
-    if cached and time.monotonic() - cached[0] < _SCOPE_CACHE_SECONDS:
-        return cached[1]
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT count(*) FROM memories_memory WHERE stack_id = ANY(%s)", [list(stack_ids)])
-        size = int(cursor.fetchone()[0])
-    if len(_SCOPE_CACHE) > 10_000:
-        _SCOPE_CACHE.clear()
-    _SCOPE_CACHE[key] = (time.monotonic(), size)
-    return size
-
-
-def _table_rows() -> float:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT greatest(reltuples, 1) FROM pg_class WHERE relname = 'memories_memory'")
-        row = cursor.fetchone()
-    return float(row[0]) if row else 1.0
 
 
 def _vector_sql(query: SearchQuery, stack_ids: Sequence[int], vector: Vector, fetch: int, *,
@@ -625,14 +595,12 @@ def _vector_leg(query: SearchQuery, stack_ids: Sequence[int], vector: Vector, fe
     """`fetch` rows are needed and size the HNSW walk; up to `depth` (≥ fetch) are returned when the
     walk or the exact ranking yields them, so a deeper list never widens the walk. The cosine of
     the memories `also` names (the keyword leg's candidates) goes into `similarities`."""
-    iterative = pgvector_version() >= (0, 8)
     wanted = fetch
     fetch = max(fetch, depth)
     if len(stack_ids) == 1 and stack_ids[0] in stacks_with_vector_index():
         # The stack's own partial HNSW index: no other stack's rows in the graph, no post-filter loss.
-        # It exists because the stack passed STACK_INDEX_MIN_ROWS, so the scope is not counted first
-        # (that count reads 10,000 index entries); a stack that has since shrunk walks a small
-        # graph, comes up short and is ranked exactly below.
+        # It exists because the stack passed STACK_INDEX_MIN_ROWS; a stack that has since shrunk
+        # walks a small graph, comes up short and is ranked exactly below.
         # On the bench's clustered MiniLM vectors (100k-row stack, m 24 / ef_construction 200),
         # ef 200 gave recall@10 0.955, ef 300 0.97 and ef 400 0.977; the walk grows about linearly
         # with ef (~20 ms at 300 on a busy box), so ef 240 (= 8x a default over-fetch of 30) is
@@ -649,24 +617,9 @@ def _vector_leg(query: SearchQuery, stack_ids: Sequence[int], vector: Vector, fe
         if len(rows) >= wanted:
             return rows, "hnsw-stack"
         method = "hnsw-stack+exact"
-    elif _scope_size(stack_ids, EXACT_SEARCH_MAX_ROWS) > EXACT_SEARCH_MAX_ROWS:
-        share = 1.0 if iterative else min(1.0, _scope_size_cached(stack_ids) / _table_rows())
-        # Expected in-scope rows from an ef-wide walk ≈ ef x share; ask for 3x what we need.
-        ef = min(HNSW_MAX_EF_SEARCH, max(wanted * 2, 40, math.ceil(wanted * 3 / max(share, 1e-9))))
-        if iterative or ef < HNSW_MAX_EF_SEARCH or share >= 0.5:
-            sql, params = _vector_sql(query, stack_ids, vector, fetch, exact=False, audience=audience)
-            with transaction.atomic(savepoint=False), connection.cursor() as cursor:
-                cursor.execute(f"SET LOCAL hnsw.ef_search = {int(ef)}")
-                if iterative:
-                    cursor.execute("SET LOCAL hnsw.iterative_scan = relaxed_order")
-                rows = _leg_rows(cursor, sql, params, also, similarities)
-            stats["ef_search"] = ef
-            if len(rows) >= wanted:
-                return rows, "hnsw"
-            method = "hnsw+exact"  # the index walk came up short: rank exactly instead
-        else:
-            method = "exact"
     else:
+        # Every other scope - a stack without its own index, several stacks of a school - is ranked
+        # exactly: there is no table-wide vector index to walk (docs/algorithms.md §7.3 says why).
         method = "exact"
     if similarities is not None:
         # Rows an index walk already read the cosine of are not asked again.
@@ -703,19 +656,21 @@ def search_memories(*, stack_ids: Sequence[int], query: SearchQuery, now: dateti
         return SearchResult(hits=[], method="none", legs={"keyword": SKIPPED_NOTHING_TO_SEARCH,
                                                           "semantic": SKIPPED_NOTHING_TO_SEARCH})
     fetch = over_fetch(query.limit)
+    # Kernle's client gives up after 3 s and searches locally; a query that cannot finish well
+    # inside that is cancelled (-> 503, which also makes the client fall back). Several stacks are
+    # a school key's search (never the kernle client's), ranked exactly over all their rows (§7.3).
+    timeout_ms = STATEMENT_TIMEOUT_MS if len(stack_ids) == 1 else SCHOOL_STATEMENT_TIMEOUT_MS
     with transaction.atomic():
-        # Kernle's client gives up after 3 s and searches locally; a query that cannot finish
-        # well inside that is cancelled (-> 503, which also makes the client fall back).
         with connection.cursor() as cursor:
             if "bm25" in ranking_features(query) and query.text not in _LEXEME_CACHE:
                 # The BM25 leg's query lexemes ride on this statement (set_config(..., true) is
                 # SET LOCAL), so they cost no round trip of their own.
                 cursor.execute("SELECT set_config('statement_timeout', %s, true), "
                                "tsvector_to_array(to_tsvector('english', %s))",
-                               [f"{int(STATEMENT_TIMEOUT_MS)}ms", query.text])
+                               [f"{int(timeout_ms)}ms", query.text])
                 _remember_lexemes(query.text, cursor.fetchone()[1])
             else:
-                cursor.execute(f"SET LOCAL statement_timeout = {int(STATEMENT_TIMEOUT_MS)}")
+                cursor.execute(f"SET LOCAL statement_timeout = {int(timeout_ms)}")
         result = _search(stack_ids=stack_ids, query=query, now=now, fetch=fetch, stats=stats, started=started,
                          audience=audience)
     SEARCH_LATENCY.observe(time.perf_counter() - started)

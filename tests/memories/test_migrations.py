@@ -12,8 +12,8 @@ from django.db.migrations.executor import MigrationExecutor
 from memoryhub.index_swap import index_replace_concurrently, temporary_index_name
 from tests.factories import index_definitions, make_org, make_stack, other_connection, sql_value
 
-LIVE_ONLY = ("memories_stack_kind_created", "memories_search_vector_gin", "memories_tags_gin",
-             "memories_embedding_hnsw")
+LIVE_ONLY = ("memories_stack_kind_created", "memories_search_vector_gin", "memories_tags_gin")
+TABLE_WIDE_VECTOR_INDEX = "memories_embedding_hnsw"  # live-only from 0008, dropped by 0020
 
 
 def _migrate(target: list[tuple[str, str]]) -> None:
@@ -33,12 +33,14 @@ def test_live_only_index_migration_runs_both_ways_and_leaves_no_temporary_index(
     try:
         _migrate([("memories", "0007_memory_toast_target")])
         before = index_definitions()
-        assert all(name in before and "WHERE" not in before[name] for name in LIVE_ONLY), before
+        assert all(name in before and "WHERE" not in before[name]
+                   for name in (*LIVE_ONLY, TABLE_WIDE_VECTOR_INDEX)), before
         assert "memories_salience_heap_block" not in index_definitions()
     finally:
         _migrate(latest)
     after = index_definitions()
     assert all(after[name].endswith("WHERE (forgotten_at IS NULL)") for name in LIVE_ONLY), after
+    assert TABLE_WIDE_VECTOR_INDEX not in after
     assert not any(name.endswith("_swap") for name in after)
     invalid = sql_value("SELECT count(*) FROM pg_index WHERE indrelid = 'memories_memory'::regclass AND NOT indisvalid")
     assert invalid == 0
