@@ -60,13 +60,16 @@ def machine_cores() -> int:
 
 
 def default_web_workers(cores: int, *, database_here: bool) -> int:
-    """Web processes for `cores`. A request costs the web process about a third of its CPU and
-    PostgreSQL about half (`bench/soak.py --saturate`: ~7 ms web, ~10.5 ms PostgreSQL per request of
-    the mix, plus the worker's embedding), so with the database on this machine the web gets half the cores (one
-    process per core it gets: a Python process runs on one core at a time); on 2 cores a second web
-    process served 0.86x the requests/s of one (it only competes with PostgreSQL for the same two
-    cores). With the database elsewhere, one per core."""
-    return cores if not database_here else max(1, cores // 2)
+    """Web processes for `cores`: one per core with the database elsewhere. With the database on
+    this machine, half the cores, but never fewer than two when there are two: a Python process
+    runs one request's Python at a time, so in a single process one long request (a 500-operation
+    push, a school-wide search) makes every request behind it wait, while two processes let the OS
+    share the cores. On 2 cores, 3-minute `bench/soak.py` runs at the agents' pace: p95 213-334 ms
+    with two against 305-594 ms with one (pairs run in turn; README "Sizing"), for 0.89x the peak
+    requests/s under closed-loop load (`bench/soak.py --compare WEB_WORKERS=2`)."""
+    if not database_here:
+        return cores
+    return min(cores, max(2, cores // 2))
 
 
 def sized_pool(max_connections: int, web_workers: int, concurrency: int) -> int:

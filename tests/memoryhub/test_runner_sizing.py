@@ -5,8 +5,8 @@ from __future__ import annotations
 from memoryhub.runner import POOL_CEILING, RESERVED_CONNECTIONS, default_web_workers, sized_pool
 
 
-def test_web_processes_get_half_the_cores_beside_the_database_and_all_without_it() -> None:
-    assert [default_web_workers(n, database_here=True) for n in (1, 2, 3, 4, 16)] == [1, 1, 1, 2, 8]
+def test_web_processes_get_half_the_cores_but_two_of_two_beside_the_database_and_all_without_it() -> None:
+    assert [default_web_workers(n, database_here=True) for n in (1, 2, 3, 4, 16)] == [1, 2, 2, 2, 8]
     assert [default_web_workers(n, database_here=False) for n in (1, 2, 16)] == [1, 2, 16]
 
 
