@@ -6,12 +6,11 @@
 The pass reads `memories_memory` (the wide row: text, JSON, arrays, generated tsvector, ~9
 indexes) and writes each memory's salience to the narrow side table `memories_memorysalience`;
 only the rows it tombstones are updated in `memories_memory` (and add no entry to the live-only
-indexes: search GIN, tag GIN, HNSW, (stack, kind, created)). A batch finds the stored saliences of
+indexes: search GIN, tag GIN, (stack, kind, created)). A batch finds the stored saliences of
 its heap pages through `MemorySalience.heap_block` (one index range scan, no per-row probe).
 
 The dataset: memories created uniformly over the last `--days-back` days, never reviewed, no
-embeddings (the HNSW index stays empty, so its insert cost - which the live-only index now avoids
-for tombstones - is not in any figure), then a first pass ever: about a third of the rows are
+embeddings, then a first pass ever: about a third of the rows are
 already faded and are tombstoned at once. A pass on a live system (beat: hourly) forgets only what
 crossed the threshold since the previous run, like the next-day figure. Figures printed:
 

@@ -20,7 +20,7 @@ model, in the same run.
     process and competes for the same cores).
   Each run also reports the worker's CPU seconds (memories per worker CPU second: the per-core
   figure set against the bare model's) and Postgres' CPU seconds per memory (the UPDATE's index
-  maintenance, the HNSW insert above all; ingest included in "live").
+  maintenance; ingest included in "live").
   The worker is started and warmed up first, so model loading is not counted on either side.
 
 * small tasks (`--small-tasks`, instead of the pipeline runs): N memories written in bench/soak.py's

@@ -47,21 +47,13 @@ def seed() -> None:
             "ON t.record_id = 'template' AND t.stack_id = (%s::int[])[1 + g %% %s]",
             [list(TOPICS), len(TOPICS), MEMORIES - 1, [stack.pk for stack in stacks], len(stacks)])
         cursor.execute("DELETE FROM memories_memory WHERE record_id = 'template'")
-        # Filling 50,000 vectors through the HNSW index row by row takes minutes; building it
-        # afterwards takes seconds. The index is put back exactly as the migrations made it.
-        cursor.execute("SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'memories_memory' "
-                       "AND indexdef ILIKE '%%hnsw%%'")
-        vector_indexes = cursor.fetchall()
-        for name, _ in vector_indexes:
-            cursor.execute(f'DROP INDEX "{name}"')
-        # A deterministic 384-d vector per row, computed in place.
+        # A deterministic 384-d vector per row, computed in place (no stack here is large enough for
+        # a vector index of its own, docs/algorithms.md §7.3).
         cursor.execute("""
             UPDATE memories_memory m
                SET embedding = (SELECT array_agg(sin(ord * (1 + (abs(hashtext(m.id::text)) % 1000))))
                                   FROM generate_series(1, 384) ord)::vector,
                    embedding_model = 'hash-v1/384', embedded_version = m.version""")
-        for _, definition in vector_indexes:
-            cursor.execute(definition)
 
 
 FINGERPRINT_SQL = {
