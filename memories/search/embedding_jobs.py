@@ -283,8 +283,10 @@ def _take_batch(chunk: list[str], embedder: Embedder, result: EmbedResult, *, fi
         own = [i for i in claimed if i in wanted]
         extra = [i for i in claimed if i not in wanted]
         keep = extra[:max(0, EMBED_BATCH_SIZE - len(own))]
-        _release(extra[len(keep):], token)  # claimed to beat other workers to some of them; not needed
-        result.left_over = extra[len(keep):]  # more of the stacks' backlog than this batch could take
+        # Claimed to beat other workers to some of them, but more of the stacks' backlog than this
+        # batch can take: released, and named in the result for the stack's next message.
+        result.left_over = extra[len(keep):]
+        _release(result.left_over, token)
         claimed = own + keep
         result.filled += len(keep)
         result.skipped_claimed += len(needed) - len(own)

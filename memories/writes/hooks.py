@@ -170,24 +170,28 @@ def queue_stack_embedding(stack_id: int, ids: Sequence[str]) -> None:
     _send_embedding([str(i) for i in ids], SMALL_EMBED_MESSAGE_IDS, stack_id=stack_id)
 
 
+def _queued_key(stack_id: int) -> str:
+    return f"{_QUEUED_PREFIX}{int(stack_id)}"
+
+
 def embedding_message_taken(stack_id: int) -> None:
     """A task for the stack has started: the stack's next small write sends a message again (its
     rows may be committed after this task read the backlog)."""
     try:
-        redis_client(write=True).delete(f"{_QUEUED_PREFIX}{int(stack_id)}")
+        redis_client(write=True).delete(_queued_key(stack_id))
     except RedisError as exc:  # Redis down: the marker expires by itself
         logger.warning("could not clear the embedding marker (%s)", type(exc).__name__)
 
 
 def _send_embedding(ids: list[str], message_ids: int, *, stack_id: int | None = None) -> None:
     app = current_app
-    coalesce = stack_id is not None and len(ids) <= SMALL_EMBED_MESSAGE_IDS
+    # Only a small write's message stands for its stack (its task clears the marker).
+    stands_for = stack_id if stack_id is not None and len(ids) <= SMALL_EMBED_MESSAGE_IDS else None
     try:
-        if coalesce and not redis_client(write=True).set(f"{_QUEUED_PREFIX}{int(stack_id or 0)}", 1, nx=True,
-                                                          ex=QUEUED_MARKER_SECONDS):
+        if stands_for is not None and not redis_client(write=True).set(
+                _queued_key(stands_for), 1, nx=True, ex=QUEUED_MARKER_SECONDS):
             return  # the stack's waiting message takes these rows from its backlog
-        # Only a small write's message stands for its stack (its task clears the marker).
-        kwargs = {"stack_id": stack_id} if coalesce else {}
+        kwargs = {"stack_id": stands_for} if stands_for is not None else {}
         for start in range(0, len(ids), message_ids):
             chunk = ids[start:start + message_ids]
             if app.conf.task_always_eager:  # send_task ignores eager mode; run it here as .delay() would
@@ -200,8 +204,8 @@ def _send_embedding(ids: list[str], message_ids: int, *, stack_id: int | None = 
                 app.send_task(EMBED_TASK, args=(chunk,), kwargs=kwargs, ignore_result=True)
     except Exception as exc:  # broker down: the sweep is the safety net
         logger.warning("could not queue embedding (%s); the sweep will pick it up", type(exc).__name__)
-        if coalesce and stack_id is not None:  # no message waits for the stack: let the next write try
-            embedding_message_taken(stack_id)
+        if stands_for is not None:  # no message waits for the stack: let the next write try
+            embedding_message_taken(stands_for)
 
 
 def _notify(change: MemoryChange) -> None:
