@@ -41,23 +41,27 @@ _MEMORY_COLUMNS = ", ".join(f"m.{f.column}" for f in MEMORY_FIELDS)
 
 
 def _neighbour_sql(where: str) -> str:
-    """(seed_id, distance, *MEMORY_FIELDS) of the `%(window)s` memories just before and just after
-    each seed. Each side reads its rows' columns in its own index scan (the scan visits those heap
-    rows anyway, to check `where`): joining back by primary key cost a B-tree descent per
-    neighbour, on a large table mostly cold index pages (§7.5 "Cost")."""
+    """(seed_id, distance, id) of the `%(window)s` memories just before and just after each seed,
+    then (NULL, NULL, id) for each memory `%(also)s` names, and the columns of all of them read in
+    one join by primary key. One column list, not one per side: the statement's parsing and
+    planning were most of its cost (§7.5 "Cost"), more than a B-tree descent per neighbour."""
     side = """
-        (SELECT row_number() OVER (ORDER BY m.created_at {direction}) AS distance, {columns}
+        (SELECT row_number() OVER (ORDER BY m.created_at {direction}) AS distance, m.id
            FROM memories_memory m
           WHERE {where} AND m.stack_id = s.stack_id AND m.kind = s.kind
             AND m.created_at {op} s.created_at AND m.created_at {op2} s.created_at {sign} %(gap)s
           ORDER BY m.created_at {direction} LIMIT %(window)s)"""
-    before = side.format(where=where, op="<", op2=">=", sign="-", direction="DESC", columns=_MEMORY_COLUMNS)
-    after = side.format(where=where, op=">", op2="<=", sign="+", direction="ASC", columns=_MEMORY_COLUMNS)
+    before = side.format(where=where, op="<", op2=">=", sign="-", direction="DESC")
+    after = side.format(where=where, op=">", op2="<=", sign="+", direction="ASC")
     return f"""
-        SELECT s.id AS seed_id, n.*
-          FROM memories_memory s
-          CROSS JOIN LATERAL ({before} UNION ALL {after}) n
-         WHERE s.id = ANY(%(seeds)s::uuid[])
+        SELECT h.seed_id, h.distance, {_MEMORY_COLUMNS}
+          FROM (SELECT s.id AS seed_id, n.distance, n.id
+                  FROM memories_memory s
+                  CROSS JOIN LATERAL ({before} UNION ALL {after}) n
+                 WHERE s.id = ANY(%(seeds)s::uuid[])
+                UNION ALL
+                SELECT NULL, NULL, a.id FROM unnest(%(also)s::uuid[]) AS a(id)) h
+          JOIN memories_memory m ON m.id = h.id
     """  # noqa: S608 - only fixed clauses are interpolated; values are parameters
 
 
@@ -71,19 +75,15 @@ def neighbour_rows(*, seeds: Sequence[Any], where: str, params: dict[str, Any], 
                    also: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
     """(seed id, distance, *MEMORY_FIELDS) for the `window` memories just before and just after
     each seed (distance 1 = adjacent), within CONTEXT_MAX_GAP of the seed, same stack and kind,
-    passing `where` (over alias `m`) - followed by (None, None, *MEMORY_FIELDS) for the memories
-    `also` names: the search reads its page in the same statement, so context costs it no round
+    passing `where` (over alias `m`) - and (None, None, *MEMORY_FIELDS) for the memories `also`
+    names, in no particular order: the search reads its page in the same statement, so context costs it no round
     trip of its own. Rows stay tuples (a model instance costs far more than a tuple, and most
     neighbours never reach the page): `memory_from_row` makes the few that do into memories."""
     if not seeds and not also:
         return []
     params = {**params, "seeds": uuid_array(seeds), "also": uuid_array(also), "gap": CONTEXT_MAX_GAP,
               "window": window}
-    sql = f"""
-        {_neighbour_sql(where)}
-        UNION ALL
-        SELECT NULL, NULL, {_MEMORY_COLUMNS} FROM memories_memory m WHERE m.id = ANY(%(also)s::uuid[])
-    """  # noqa: S608 - only fixed clauses are interpolated; values are parameters
+    sql = _neighbour_sql(where)
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         return cursor.fetchall()

@@ -64,6 +64,7 @@ from memories.search.embeddings import Vector, embed_query, get_embedder, vector
 from memories.search.vector_indexes import stacks_with_vector_index
 from memoryhub.errors import ServiceUnavailable
 from memoryhub.metrics import SEARCH_LATENCY
+from stacks.models import Stack
 
 logger = logging.getLogger(__name__)
 
@@ -225,51 +226,60 @@ BM25_K1 = 1.2
 BM25_B = 0.75
 
 
-def _bm25_keyword_sql(where: str, tsquery_sql: str, *, all_terms_sql: str, lexemes: int, limit: int,
-                      scope_rows_sql: str) -> str:
+def _bm25_keyword_sql(where: str, tsquery_sql: str, *, all_terms_sql: str, lexemes: int, limit: int) -> str:
     """The keyword leg scored by BM25 rather than ts_rank (docs/algorithms.md §7.5).
 
     tf = the lexeme's positions in the memory's tsvector, dl = the tsvector's length (distinct
     lexemes), avgdl = the mean over the matched rows, df = how many matched rows hold the lexeme and
-    N = the scope's rows (`scope_rows_sql`, see `_keyword_leg`). The matched rows are every row of the scope holding
+    N = the scope's memories (%(scope_rows)s, see `_keyword_leg`). The matched rows are every row of the scope holding
     any query term (the OR query), so df is exact unless the scan reached KEYWORD_RANK_CAP - then df
     counts within those rows, which only happens for terms common enough to carry little weight.
 
-    Cost (§7.5 "Cost"): no set-returning function runs per matched row - unnesting each row's
-    tsvector cost ~2-3 µs a row, most of the leg. Each row keeps only its query lexemes instead
-    (setweight marks them, ts_filter keeps the marked ones), as text: ` 'lexeme':pos,pos ...`, a
-    few dozen characters. Every query lexeme i is a parameter, %(pattern_<i>)s = how its entry
-    starts in that text (`_bm25_params`), so presence is a strpos and tf = 1 + the commas of its
-    position list: plain string functions, no worse per row than v1's ts_rank."""
-    def tf(i: int) -> str:
-        positions = f"split_part(split_part(h.query_terms, %(pattern_{i})s, 2), ' ', 1)"
-        return f"(1 + length({positions}) - length(replace({positions}, ',', '')))"
-
-    present = [f"strpos(h.query_terms, %(pattern_{i})s) > 0" for i in range(lexemes)]
-    df = ", ".join(f"count(*) FILTER (WHERE {p}) AS df_{i}" for i, p in enumerate(present))
+    Cost (§7.5 "Cost"): no set-returning function and no copy of the tsvector per matched row -
+    unnesting each row's tsvector cost ~2-3 µs a row, and cutting it down to its query lexemes
+    (setweight + ts_filter, then its text) ~1.4 µs. Every query lexeme i is a parameter,
+    %(term_<i>)s = a one-lexeme tsquery (`_bm25_params`); each matched row gets tf_<i> once, 0 when
+    absent: presence is `@@` (a binary search in the row's sorted lexemes) and the count is read
+    from ts_rank (`_tf_sql`). df and the score then read those columns, not the tsvector."""
+    tfs = ", ".join(f"CASE WHEN m.search_vector @@ %(term_{i})s::tsquery THEN {_tf_sql(i)} ELSE 0 END AS tf_{i}"
+                    for i in range(lexemes))
+    df = ", ".join(f"count(*) FILTER (WHERE h.tf_{i} > 0) AS df_{i}" for i in range(lexemes))
     idf = ", ".join(f"ln(1 + (greatest(scope_rows, df_{i}) - df_{i} + 0.5::float8) / (df_{i} + 0.5::float8)) "
                     f"AS idf_{i}" for i in range(lexemes))
-    # tf·(k1+1)/(tf + norm), written as (k1+1) - (k1+1)·norm/(tf + norm) so tf is computed once.
-    score = " + ".join(f"CASE WHEN {p} THEN s.idf_{i} * ({BM25_K1} + 1) * (1 - n.norm / ({tf(i)} + n.norm)) "
-                       f"ELSE 0 END" for i, p in enumerate(present))
+    # tf·(k1+1)/(tf + norm), written as (k1+1) - (k1+1)·norm/(tf + norm) so tf is read once.
+    score = " + ".join(f"CASE WHEN h.tf_{i} > 0 THEN s.idf_{i} * ({BM25_K1} + 1) * (1 - n.norm / (h.tf_{i} + n.norm)) "
+                       f"ELSE 0 END" for i in range(lexemes))
     return f"""
         WITH matched AS MATERIALIZED (
-                 SELECT {_LEG_COLUMNS}, {all_terms_sql} AS all_terms, length(m.search_vector)::float8 AS dl,
-                        ' ' || ts_filter(setweight(m.search_vector, 'A', %(lexemes)s::text[]), '{{a}}')::text
-                            AS query_terms
+                 SELECT {_LEG_COLUMNS}, {all_terms_sql} AS all_terms, length(m.search_vector)::float8 AS dl, {tfs}
                    FROM memories_memory m
                   WHERE {where} AND numnode({tsquery_sql}) > 0 AND m.search_vector @@ {tsquery_sql}
                   LIMIT %(cap)s),
-             stats AS (SELECT greatest(avg(dl), 1) AS avgdl, count(*) AS matched, {scope_rows_sql} AS scope_rows,
-                              {df} FROM matched h),
+             stats AS (SELECT greatest(avg(dl), 1) AS avgdl, count(*) AS matched,
+                              %(scope_rows)s::bigint AS scope_rows, {df} FROM matched h),
              -- MATERIALIZED: computed once, not folded into every row's score.
              idf AS MATERIALIZED (SELECT avgdl, matched, scope_rows, {idf} FROM stats)
-        SELECT {_LEG_COLUMNS.replace("m.", "h.")}, h.all_terms, ({score}) AS score, s.matched, s.scope_rows
+        SELECT {_LEG_COLUMNS.replace("m.", "h.")}, h.all_terms, ({score}) AS score, s.matched
           FROM matched h CROSS JOIN idf s
                CROSS JOIN LATERAL (SELECT {BM25_K1} * (1 - {BM25_B} + {BM25_B} * h.dl / s.avgdl) AS norm) n
          ORDER BY score DESC, h.id
          LIMIT {int(limit)}
     """  # noqa: S608 - only fixed clauses are interpolated; values are parameters
+
+
+# π²/6, the limit of Σ 1/j² - the constant PostgreSQL's ts_rank divides by (tsrank.c, calc_rank_or).
+_ZETA_2 = 1.64493406685
+
+
+def _tf_sql(i: int) -> str:
+    """How many positions query lexeme i has in the row's tsvector, from ts_rank: with every weight
+    1 and no normalisation, ts_rank of a one-lexeme query is H(tf) / (π²/6), H(n) = Σ_{j<=n} 1/j²
+    (PostgreSQL's calc_rank_or). π²/6 - H(n) is within a few percent of 1/(n + ½), so n =
+    round(1/(π²/6 - H) - ½) - exact for every tf a tsvector can hold (at most 256 positions),
+    float4 rounding included (tests/memories/test_search_quality.py checks 1 to 256). One function
+    call on the row's tsvector (alias `m`), no copy of it."""
+    rank = f"ts_rank('{{1,1,1,1}}', m.search_vector, %(term_{i})s::tsquery, 0)"
+    return f"round(1 / ({_ZETA_2} * (1 - {rank})) - 0.5)"
 
 
 # Above this many query lexemes the per-lexeme expressions cost more to plan than unnesting the
@@ -279,7 +289,7 @@ def _bm25_keyword_sql(where: str, tsquery_sql: str, *, all_terms_sql: str, lexem
 BM25_INLINE_MAX_LEXEMES = 32
 
 
-def _bm25_unnest_sql(where: str, tsquery_sql: str, *, all_terms_sql: str, limit: int, scope_rows_sql: str) -> str:
+def _bm25_unnest_sql(where: str, tsquery_sql: str, *, all_terms_sql: str, limit: int) -> str:
     """`_bm25_keyword_sql`'s scores, by unnesting each matched row's query lexemes (the long-query form)."""
     return f"""
         WITH matched AS MATERIALIZED (
@@ -292,7 +302,7 @@ def _bm25_unnest_sql(where: str, tsquery_sql: str, *, all_terms_sql: str, limit:
                  SELECT h.id, u.lexeme, coalesce(array_length(u.positions, 1), 1) AS tf, h.dl
                    FROM matched h, unnest(h.query_terms) u),
              stats AS MATERIALIZED (SELECT greatest(avg(dl), 1) AS avgdl, count(*) AS matched,
-                                           {scope_rows_sql} AS scope_rows FROM matched),
+                                           %(scope_rows)s::bigint AS scope_rows FROM matched),
              idf AS MATERIALIZED (
                  SELECT lexeme, ln(1 + (greatest(max(s.scope_rows), count(*)) - count(*) + 0.5::float8)
                                    / (count(*) + 0.5::float8)) AS idf
@@ -302,8 +312,7 @@ def _bm25_unnest_sql(where: str, tsquery_sql: str, *, all_terms_sql: str, limit:
                                   / (t.tf + {BM25_K1} * (1 - {BM25_B} + {BM25_B} * t.dl / s.avgdl))) AS score
                    FROM terms t JOIN idf i USING (lexeme) CROSS JOIN stats s
                   GROUP BY t.id)
-        SELECT {_LEG_COLUMNS.replace("m.", "h.")}, h.all_terms, coalesce(b.score, 0) AS score, s.matched,
-               s.scope_rows
+        SELECT {_LEG_COLUMNS.replace("m.", "h.")}, h.all_terms, coalesce(b.score, 0) AS score, s.matched
           FROM matched h CROSS JOIN stats s LEFT JOIN bm25 b ON b.id = h.id
          ORDER BY score DESC, h.id
          LIMIT {int(limit)}
@@ -311,13 +320,11 @@ def _bm25_unnest_sql(where: str, tsquery_sql: str, *, all_terms_sql: str, limit:
 
 
 def _bm25_params(lexemes: Sequence[str]) -> dict[str, Any]:
-    """The lexemes and, for each, how its entry starts in a tsvector's text form (tsvectorout: the
-    entries are separated by a space, each quoted with ' and \\ doubled inside, then ':' and the
-    positions). The leading space (the leg prefixes the text with one) keeps lexeme "s" from
-    matching the end of "it's": inside the quotes a ' is always doubled."""
-    patterns = {f"pattern_{i}": " '" + lexeme.replace("\\", "\\\\").replace("'", "''") + "':"
-                for i, lexeme in enumerate(lexemes)}
-    return {"lexemes": list(lexemes), **patterns}
+    """The lexemes and, for each, a tsquery of that one lexeme as a literal (tsquery input: quoted
+    with ' and \\ doubled inside, so it is read as the lexeme itself, never parsed or stemmed again)."""
+    terms = {f"term_{i}": "'" + lexeme.replace("\\", "\\\\").replace("'", "''") + "'"
+             for i, lexeme in enumerate(lexemes)}
+    return {"lexemes": list(lexemes), **terms}
 
 
 _LEXEME_CACHE: dict[str, list[str]] = {}
@@ -343,13 +350,11 @@ def _remember_lexemes(text: str, lexemes: Sequence[str]) -> list[str]:
 
 
 def _keyword_sql(where: str, tsquery_sql: str, *, all_terms_sql: str, score_sql: str, limit: int,
-                 bm25_lexemes: int | None = None, scope_rows_sql: str = "") -> str:
+                 bm25_lexemes: int | None = None) -> str:
     if bm25_lexemes is not None and bm25_lexemes > BM25_INLINE_MAX_LEXEMES:
-        return _bm25_unnest_sql(where, tsquery_sql, all_terms_sql=all_terms_sql, limit=limit,
-                                scope_rows_sql=scope_rows_sql)
+        return _bm25_unnest_sql(where, tsquery_sql, all_terms_sql=all_terms_sql, limit=limit)
     if bm25_lexemes is not None:
-        return _bm25_keyword_sql(where, tsquery_sql, all_terms_sql=all_terms_sql, lexemes=bm25_lexemes,
-                                 limit=limit, scope_rows_sql=scope_rows_sql)
+        return _bm25_keyword_sql(where, tsquery_sql, all_terms_sql=all_terms_sql, lexemes=bm25_lexemes, limit=limit)
     # The tsquery is written inline (not in a CTE) so the planner folds it to a constant and can
     # estimate its selectivity: a common word makes it scan the stack's rows through the stack
     # B-tree instead of walking the table-wide GIN posting lists of every stack. The inner LIMIT
@@ -370,7 +375,7 @@ def _keyword_sql(where: str, tsquery_sql: str, *, all_terms_sql: str, score_sql:
 
 
 def _keyword_leg(query: SearchQuery, stack_ids: Sequence[int], fetch: int,
-                 audience: Audience | None = None) -> list[tuple[Any, ...]]:
+                 audience: Audience | None = None, scope_rows: int | None = None) -> list[tuple[Any, ...]]:
     """Full-text candidates, ranked in two tiers, from ONE scan of the scope.
 
     1. Memories containing every term (websearch_to_tsquery: AND, quotes, -exclusions, or),
@@ -387,55 +392,45 @@ def _keyword_leg(query: SearchQuery, stack_ids: Sequence[int], fetch: int,
     before finding `fetch` tier-1 rows - tier-1 rows may lie beyond it - does tier 1 get its own
     scan, and the first scan supplies tier 2 - unless every term is common in the table (see
     `_strict_scan_is_cheap`): then tier 1 is ranked within the capped sample, like tier 2.
+
+    `scope_rows`: BM25's N, the scope's memories (`scope_memories`; search_memories reads it with
+    its first statement), read here when not given.
     """
     params: dict[str, Any] = {"stack_ids": list(stack_ids), "q": query.text, "cap": KEYWORD_RANK_CAP}
     where = _filters(query, params, audience)
     bm25 = "bm25" in ranking_features(query)
     lexemes: list[str] = []
-    scope_rows_sql = ""
     if bm25:
         lexemes = _query_lexemes(query.text)
         if not lexemes:  # only stop words (or nothing a tsquery keeps): no row can match
             return []
         params.update(_bm25_params(lexemes))
-        # BM25's N: the scope's row count, cached for a minute; on a miss the statement counts it
-        # itself (an index-only count) and hands it back, so a first search costs no round trip more.
-        cached = _scope_rows(stack_ids)
-        params["scope_rows"] = cached
-        scope_rows_sql = ("%(scope_rows)s::bigint" if cached is not None else
-                          "(SELECT count(*) FROM memories_memory WHERE stack_id = ANY(%(stack_ids)s))")
-
-    def leg_rows(sql: str) -> list[tuple[Any, ...]]:
-        rows = _fetch_rows(sql, params)
-        if not bm25:
-            return rows
-        if rows and params["scope_rows"] is None:
-            _remember_scope_rows(stack_ids, int(rows[0][-1]))
-        return [row[:-1] for row in rows]  # the leg's row shape: without the scope count
+        params["scope_rows"] = scope_memories(stack_ids) if scope_rows is None else scope_rows
 
     bm25_lexemes = len(lexemes) if bm25 else None
     strict = "websearch_to_tsquery('english', %(q)s)"
     plain = _is_plain(query.text)
     strict_sql = _keyword_sql(where, strict, all_terms_sql="true",
                               score_sql=f"ts_rank(h.search_vector, {strict}, 1)", limit=fetch,
-                              bm25_lexemes=bm25_lexemes, scope_rows_sql=scope_rows_sql)
+                              bm25_lexemes=bm25_lexemes)
     if not plain:
-        return [row[:-1] for row in leg_rows(strict_sql)]
+        return [row[:-1] for row in _fetch_rows(strict_sql, params)]
     loose = f"replace({strict}::text, ' & ', ' | ')::tsquery"
-    rows = leg_rows(_keyword_sql(where, loose, all_terms_sql=f"(m.search_vector @@ {strict})",
-                                 score_sql=(f"CASE WHEN h.all_terms THEN ts_rank(h.search_vector, {strict}, 1) "
-                                            f"ELSE ts_rank(h.search_vector, {loose}, 1) END"),
-                                 limit=fetch, bm25_lexemes=bm25_lexemes, scope_rows_sql=scope_rows_sql))
+    loose_sql = _keyword_sql(where, loose, all_terms_sql=f"(m.search_vector @@ {strict})",
+                             score_sql=(f"CASE WHEN h.all_terms THEN ts_rank(h.search_vector, {strict}, 1) "
+                                        f"ELSE ts_rank(h.search_vector, {loose}, 1) END"),
+                             limit=fetch, bm25_lexemes=bm25_lexemes)
+    rows = _fetch_rows(loose_sql, params)
     complete = not rows or int(rows[0][-1]) < KEYWORD_RANK_CAP
     first_tier = [row[:-1] for row in rows if row[_SCORE]]
-    if bm25 and not complete and len(first_tier) < fetch and _strict_scan_is_cheap(query.text):
+    if bm25 and not complete and len(first_tier) < fetch and _strict_scan_is_cheap(lexemes):
         # BM25 ranks by score, not by tier: the every-term rows of a separate scan join the capped sample.
         seen = {row[0] for row in first_tier}
-        extra = [row[:-1] for row in leg_rows(strict_sql) if row[0] not in seen]
+        extra = [row[:-1] for row in _fetch_rows(strict_sql, params) if row[0] not in seen]
         return sorted([row[:-1] for row in rows] + extra, key=lambda r: -float(r[_SCORE + 1]))[:fetch]
-    if bm25 or complete or len(first_tier) >= fetch or not _strict_scan_is_cheap(query.text):
+    if bm25 or complete or len(first_tier) >= fetch or not _strict_scan_is_cheap(_query_lexemes(query.text)):
         return [row[:-1] for row in rows]
-    first_tier = [row[:-1] for row in leg_rows(strict_sql)]
+    first_tier = [row[:-1] for row in _fetch_rows(strict_sql, params)]
     return (first_tier + [row[:-1] for row in rows if not row[_SCORE]])[:fetch]
 
 
@@ -447,28 +442,38 @@ def _keyword_leg(query: SearchQuery, stack_ids: Sequence[int], fetch: int,
 STRICT_SCAN_MAX_POSTINGS = 20_000
 
 # The term frequencies ANALYZE keeps for the tsvector column (most_common_elems), and the table's
-# row estimate: what the planner itself knows, read without touching the table.
-_RAREST_TERM_ROWS_SQL = """
-    WITH term_stats AS (
-        SELECT e.lexeme, e.freq
-          FROM pg_stats s,
-               unnest(s.most_common_elems::text::text[], s.most_common_elem_freqs) AS e(lexeme, freq)
-         WHERE s.schemaname = current_schema() AND s.tablename = 'memories_memory'
-           AND s.attname = 'search_vector')
-    SELECT min(coalesce(t.freq, 0)) * (SELECT greatest(reltuples, 0) FROM pg_class
-                                        WHERE oid = 'memories_memory'::regclass)
-      FROM unnest(tsvector_to_array(to_tsvector('english', %s))) AS q(lexeme)
-      LEFT JOIN term_stats t USING (lexeme)
+# row estimate: what the planner itself knows, read without touching the table. They change only when
+# the table is analysed (autovacuum: after ~10 % of it changed), so a process rereads them at most
+# once a minute (`_term_stats`) instead of once per search (~0.9 ms a search on a large stack).
+_TERM_STATS_SQL = """
+    SELECT s.most_common_elems::text::text[], s.most_common_elem_freqs, greatest(c.reltuples, 0)
+      FROM pg_class c
+      LEFT JOIN pg_stats s ON s.schemaname = current_schema() AND s.tablename = 'memories_memory'
+                          AND s.attname = 'search_vector'
+     WHERE c.oid = 'memories_memory'::regclass
 """
+_TERM_STATS_SECONDS = 60.0
+_TERM_STATS: dict[str, tuple[float, dict[str, float], float]] = {}  # by database alias
 
 
-def _strict_scan_is_cheap(text: str) -> bool:
+def _term_stats() -> tuple[dict[str, float], float]:
+    """(the share of rows holding each of the table's most common lexemes, the table's rows)."""
+    cached = _TERM_STATS.get(connection.alias)
+    if cached is None or time.monotonic() - cached[0] > _TERM_STATS_SECONDS:
+        with connection.cursor() as cursor:
+            cursor.execute(_TERM_STATS_SQL)
+            lexemes, freqs, rows = cursor.fetchone()
+        # most_common_elem_freqs ends with three summary numbers: zip stops at the last lexeme.
+        cached = (time.monotonic(), dict(zip(lexemes or [], freqs or [], strict=False)), float(rows or 0))
+        _TERM_STATS[connection.alias] = cached
+    return cached[1], cached[2]
+
+
+def _strict_scan_is_cheap(lexemes: Sequence[str]) -> bool:
     """Whether the query's rarest term is rare enough in the table for the tier-1 GIN scan to be
     cheap. A term ANALYZE did not list among the most common ones counts as rare."""
-    with connection.cursor() as cursor:
-        cursor.execute(_RAREST_TERM_ROWS_SQL, [text])
-        row = cursor.fetchone()
-    rarest_rows = float(row[0]) if row and row[0] is not None else 0.0
+    freqs, table_rows = _term_stats()
+    rarest_rows = min((freqs.get(lexeme, 0.0) for lexeme in lexemes), default=0.0) * table_rows
     return rarest_rows <= STRICT_SCAN_MAX_POSTINGS
 
 
@@ -478,23 +483,16 @@ def _fetch_rows(sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
         return cursor.fetchall()
 
 
-_SCOPE_CACHE: dict[tuple[int, ...], tuple[float, int]] = {}
-_SCOPE_CACHE_SECONDS = 60.0
+# BM25's N (§7.5): the scope's memories, from the stacks' live-memory counters (`Stack.memory_count`,
+# moved by the one write path with every write): a primary-key read per stack instead of counting the
+# scope's rows. An idf moves little when N is off by a few; `greatest(N, df)` keeps it defined.
+SCOPE_MEMORIES_SQL = f"SELECT coalesce(sum(memory_count), 0) FROM {Stack._meta.db_table} WHERE id = ANY(%s)"  # noqa: S608
 
 
-def _scope_rows(stack_ids: Sequence[int]) -> int | None:
-    """N for BM25's idf: the scope's row count if counted in the last minute (an idf moves little
-    in a minute), else None - then the keyword leg's statement counts it (`_remember_scope_rows`)."""
-    cached = _SCOPE_CACHE.get(tuple(sorted(stack_ids)))
-    if cached and time.monotonic() - cached[0] < _SCOPE_CACHE_SECONDS:
-        return cached[1]
-    return None
-
-
-def _remember_scope_rows(stack_ids: Sequence[int], size: int) -> None:
-    if len(_SCOPE_CACHE) > 10_000:
-        _SCOPE_CACHE.clear()
-    _SCOPE_CACHE[tuple(sorted(stack_ids))] = (time.monotonic(), size)
+def scope_memories(stack_ids: Sequence[int]) -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(SCOPE_MEMORIES_SQL, [list(stack_ids)])
+        return int(cursor.fetchone()[0])
 
 
 def ranking_features(query: SearchQuery) -> frozenset[str]:
@@ -660,25 +658,27 @@ def search_memories(*, stack_ids: Sequence[int], query: SearchQuery, now: dateti
     # inside that is cancelled (-> 503, which also makes the client fall back). Several stacks are
     # a school key's search (never the kernle client's), ranked exactly over all their rows (§7.3).
     timeout_ms = STATEMENT_TIMEOUT_MS if len(stack_ids) == 1 else SCHOOL_STATEMENT_TIMEOUT_MS
+    scope_rows = None
     with transaction.atomic():
         with connection.cursor() as cursor:
-            if "bm25" in ranking_features(query) and query.text not in _LEXEME_CACHE:
-                # The BM25 leg's query lexemes ride on this statement (set_config(..., true) is
-                # SET LOCAL), so they cost no round trip of their own.
-                cursor.execute("SELECT set_config('statement_timeout', %s, true), "
-                               "tsvector_to_array(to_tsvector('english', %s))",
-                               [f"{int(timeout_ms)}ms", query.text])
-                _remember_lexemes(query.text, cursor.fetchone()[1])
+            if "bm25" in ranking_features(query):
+                # What the BM25 leg needs besides the scan - the query's lexemes and N - rides on
+                # this statement (set_config(..., true) is SET LOCAL): no round trip of its own.
+                cursor.execute(f"SELECT set_config('statement_timeout', %s, true), "
+                               f"tsvector_to_array(to_tsvector('english', %s)), ({SCOPE_MEMORIES_SQL})",
+                               [f"{int(timeout_ms)}ms", query.text, list(stack_ids)])
+                _, lexemes, scope_rows = cursor.fetchone()
+                _remember_lexemes(query.text, lexemes)
             else:
                 cursor.execute(f"SET LOCAL statement_timeout = {int(timeout_ms)}")
         result = _search(stack_ids=stack_ids, query=query, now=now, fetch=fetch, stats=stats, started=started,
-                         audience=audience)
+                         audience=audience, scope_rows=scope_rows)
     SEARCH_LATENCY.observe(time.perf_counter() - started)
     return result
 
 
 def _search(*, stack_ids: Sequence[int], query: SearchQuery, now: datetime, fetch: int, stats: dict[str, Any],
-            started: float, audience: Audience | None) -> SearchResult:
+            started: float, audience: Audience | None, scope_rows: int | None = None) -> SearchResult:
 
     # A query vector is only comparable with stored vectors of its own model: when this process
     # embeds with another model than the deployment's, the semantic leg is skipped, and says so.
@@ -705,7 +705,7 @@ def _search(*, stack_ids: Sequence[int], query: SearchQuery, now: datetime, fetc
         # KEYWORD_RANK_CAP) whatever its LIMIT, and the vector leg's walk stays sized by `fetch`,
         # so extra rows would cost only their transfer.
         depth = max(fetch, min(FUSION_DEPTH, MAX_LIMIT))
-    keyword_rows = _keyword_leg(query, stack_ids, depth, audience)
+    keyword_rows = _keyword_leg(query, stack_ids, depth, audience, scope_rows)
     similarities: dict[Any, float] = {}  # score fusion: the cosine of every keyword candidate
     stats["keyword_ms"] = round((time.perf_counter() - clock) * 1000, 2)
     vector_rows: list[tuple[Any, ...]] = []
@@ -844,18 +844,21 @@ def _lend_context(scored: list[tuple[float, Any, dict[str, Any]]], candidates: d
     share of its own stays below it."""
     clock = time.perf_counter()
     seeds = {memory_id: combined for combined, memory_id, _ in scored[:CONTEXT_SEEDS]}
+    seed_rank = {memory_id: rank for rank, memory_id in enumerate(seeds)}
     params: dict[str, Any] = {"stack_ids": list(stack_ids)}
     where = _filters(query, params, audience)
     rows = neighbour_rows(seeds=list(seeds), where=where, params=params, window=CONTEXT_WINDOW,
                           also=[memory_id for _, memory_id, _ in scored[:query.limit]])
     lent: dict[Any, tuple[float, Any]] = {}
     neighbour: dict[Any, tuple[Any, ...]] = {}
-    for seed_id, distance, *values in rows:
+    for seed_id, distance, *values in rows:  # in no particular order
         page[values[0]] = values
         if seed_id is None:
             continue
         share = CONTEXT_SHARE * CONTEXT_DECAY ** (int(distance) - 1) * seeds[seed_id]
-        if share > lent.get(values[0], (0.0, None))[0]:
+        best, best_seed = lent.get(values[0], (0.0, None))
+        # The largest share; between equal shares, the better-ranked seed's (whatever the row order).
+        if share > best or (share == best and best_seed is not None and seed_rank[seed_id] < seed_rank[best_seed]):
             lent[values[0]] = (share, seed_id)
             neighbour[values[0]] = tuple(values[i] for i in _LEG_FIELD_INDEXES)
     by_id = {memory_id: (combined, entry) for combined, memory_id, entry in scored}

@@ -190,18 +190,35 @@ def test_the_keyword_leg_is_exact_bm25_with_term_frequencies(school: dict[str, A
     assert ids(hits)[0] == Memory.objects.get(stack=stack, text__startswith="Pizza, pizza").pk
 
 
-def test_the_lexeme_patterns_find_quotes_and_backslashes_in_a_tsvector() -> None:
-    r"""The english parser never makes such lexemes, but a tsvector can hold them: its text form
-    doubles ' and \, and each lexeme's pattern must match exactly its own entry."""
+def test_the_term_literals_find_quotes_and_backslashes_in_a_tsvector() -> None:
+    r"""The english parser never makes such lexemes, but a tsvector can hold them: each lexeme's
+    one-term tsquery must match exactly its own entry, and count its positions."""
     lexemes = ["it's", "a\\b", "s"]
     params = _bm25_params(lexemes)
+    vector = r"'it''s':1 'a\\b':2,5 's':3 'x':9,10"
     with connection.cursor() as cursor:
-        cursor.execute("SELECT %s::tsvector::text", [r"'it''s':1 'a\\b':2 's':3 'x':9,10"])
-        text = cursor.fetchone()[0]
-    assert text == r"'a\\b':2 'it''s':1 's':3 'x':9,10"
-    for i in range(len(lexemes)):  # the leg prefixes the text with a space
-        assert f" {text}".count(params[f"pattern_{i}"]) == 1, (text, params[f"pattern_{i}"])
+        for i, lexeme in enumerate(lexemes):
+            sql = (f"SELECT m.search_vector @@ %(term_{i})s::tsquery, {hybrid._tf_sql(i)}, "  # noqa: S608 - fixed SQL
+                   f"ts_delete(m.search_vector, %(lexeme)s) @@ %(term_{i})s::tsquery "
+                   f"FROM (SELECT %(vector)s::tsvector AS search_vector) m")
+            cursor.execute(sql, {**params, "vector": vector, "lexeme": lexeme})
+            present, tf, present_without_it = cursor.fetchone()
+            assert present, lexeme
+            assert tf == (2 if lexeme == "a\\b" else 1), lexeme
+            assert not present_without_it, lexeme  # the entry it matched is that lexeme's, no other
     assert params["lexemes"] == lexemes
+
+
+def test_term_frequency_is_read_exactly_for_every_count_a_tsvector_holds() -> None:
+    """tf from ts_rank (hybrid._tf_sql inverts Σ 1/j²): exact from 1 to 256 positions, the most a
+    tsvector keeps for one lexeme - float4 rounding included."""
+    vectors = [" ".join([f"'pizza':{','.join(str(p) for p in range(1, n + 1))}", "'dinner':300"])
+               for n in range(1, 257)]
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT {hybrid._tf_sql(0)} FROM unnest(%(vectors)s::tsvector[]) AS m(search_vector)",  # noqa: S608
+                       {**_bm25_params(["pizza"]), "vectors": vectors})
+        counts = [int(row[0]) for row in cursor.fetchall()]
+    assert counts == list(range(1, 257))
 
 
 def test_ranking_v2_costs_no_more_statements_than_v1(school: dict[str, Any], t0: datetime) -> None:
