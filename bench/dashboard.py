@@ -128,11 +128,11 @@ def load_school(n_students: int, n_memories: int, seed: int) -> BenchSchool:
         for name, definition in dropped:
             cursor.execute(definition)
             log(f"  {name}")
-        # The counters every write keeps; last sync for 90 % of the students (the others never synced).
+        # The usage counters are the loader's (bench.harness.sync_stack_counters); the last sync for
+        # 90 % of the students (the others never synced).
         cursor.execute("""
-            UPDATE stacks_stack s SET memory_count = m.n, bytes_used = m.bytes,
-                   last_sync_at = CASE WHEN random() < 0.9 THEN m.latest END
-            FROM (SELECT stack_id, count(*) AS n, sum(size_bytes) AS bytes, max(server_updated_at) AS latest
+            UPDATE stacks_stack s SET last_sync_at = CASE WHEN random() < 0.9 THEN m.latest END
+            FROM (SELECT stack_id, max(server_updated_at) AS latest
                   FROM memories_memory WHERE deleted_at IS NULL GROUP BY stack_id) m
             WHERE s.id = m.stack_id""")
         backfill = importlib.import_module("memories.migrations.0015_stack_daily_activity")

@@ -474,23 +474,25 @@ def bulk_load_memories(
                 t0 = time.monotonic()
                 cursor.execute(definition)
                 log(f"  {name} in {time.monotonic() - t0:.1f}s")
-        # The stacks' live-memory counters, as the write path keeps them (search reads them: BM25's N).
-        cursor.execute("UPDATE stacks_stack s SET memory_count = s.memory_count + v.n "
-                       "FROM unnest(%s::int[], %s::int[]) AS v(id, n) WHERE s.id = v.id",
-                       [[pk for pk, _ in stack_sizes], [n for _, n in stack_sizes]])
         cursor.execute("ANALYZE memories_memory")
+    sync_stack_counters([pk for pk, _ in stack_sizes])
     return written
 
 
-def sync_memory_counters() -> int:
-    """Set each stack's `memory_count` from its live rows (a data dir loaded before the loader kept
-    the counters); returns how many stacks changed."""
+def sync_stack_counters(stack_ids: Sequence[int]) -> int:
+    """Set the stacks' usage counters (`memory_count`, `bytes_used`) from their live rows, as the
+    write path keeps them for every write (search reads `memory_count`: BM25's N). Rows written by
+    COPY bypass the write path; also fixes a data dir loaded before the loader did this. Returns
+    how many stacks changed."""
     from django.db import connection
 
     with connection.cursor() as cursor:
-        cursor.execute("UPDATE stacks_stack s SET memory_count = c.n FROM (SELECT stack_id, count(*) AS n "
-                       "FROM memories_memory WHERE deleted_at IS NULL GROUP BY stack_id) c "
-                       "WHERE s.id = c.stack_id AND s.memory_count <> c.n")
+        cursor.execute("UPDATE stacks_stack s SET memory_count = c.n, bytes_used = c.bytes "
+                       "FROM (SELECT stack_id, count(*) AS n, coalesce(sum(size_bytes), 0) AS bytes "
+                       "      FROM memories_memory WHERE deleted_at IS NULL AND stack_id = ANY(%s) "
+                       "      GROUP BY stack_id) c "
+                       "WHERE s.id = c.stack_id AND (s.memory_count, s.bytes_used) <> (c.n, c.bytes)",
+                       [list(stack_ids)])
         return cursor.rowcount
 
 

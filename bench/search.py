@@ -53,7 +53,7 @@ from bench.harness import (
     log,
     percentiles,
     print_table,
-    sync_memory_counters,
+    sync_stack_counters,
     synthetic_sentence,
     web_server,
 )
@@ -182,8 +182,8 @@ def main() -> None:
         if loaded == total and len(stacks) == n_stacks:
             log(f"reusing the {total:,} memories already in {args.data_dir}")
             load_s = 0.0
-            if fixed := sync_memory_counters():
-                log(f"set the memory counters of {fixed} stacks from their rows")
+            if fixed := sync_stack_counters([s.pk for s in stacks]):
+                log(f"set the usage counters of {fixed} stacks from their rows")
             warm_page_cache()
         elif loaded:
             sys.exit(f"{args.data_dir} holds {loaded:,} memories, not {total:,}: use another --data-dir")

@@ -327,26 +327,24 @@ def _bm25_params(lexemes: Sequence[str]) -> dict[str, Any]:
     return {"lexemes": list(lexemes), **terms}
 
 
-_LEXEME_CACHE: dict[str, list[str]] = {}
+_LEXEMES_SQL = "tsvector_to_array(to_tsvector('english', %s))"
 
 
 def _query_lexemes(text: str) -> list[str]:
     """The query's distinct lexemes as the english configuration makes them (what search_vector
-    holds), memoised per text: to_tsvector with a fixed configuration is immutable. A search reads
-    them with its first statement (search_memories), so this query runs only for a direct call."""
-    lexemes = _LEXEME_CACHE.get(text)
-    if lexemes is None:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT tsvector_to_array(to_tsvector('english', %s))", [text])
-            lexemes = _remember_lexemes(text, cursor.fetchone()[0])
-    return lexemes
+    holds). A v2 search reads them with its first statement (`KeywordInputs`); this statement runs
+    for v1's every-term check and for a direct call of the keyword leg."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT {_LEXEMES_SQL}", [text])
+        return list(cursor.fetchone()[0])
 
 
-def _remember_lexemes(text: str, lexemes: Sequence[str]) -> list[str]:
-    if len(_LEXEME_CACHE) > 10_000:
-        _LEXEME_CACHE.clear()
-    _LEXEME_CACHE[text] = list(lexemes)
-    return _LEXEME_CACHE[text]
+@dataclass(frozen=True)
+class KeywordInputs:
+    """What the BM25 leg needs besides its scan: the query's lexemes and N, the scope's memories
+    (`scope_memories`). search_memories reads both with its first statement."""
+    lexemes: list[str]
+    scope_rows: int
 
 
 def _keyword_sql(where: str, tsquery_sql: str, *, all_terms_sql: str, score_sql: str, limit: int,
@@ -375,7 +373,7 @@ def _keyword_sql(where: str, tsquery_sql: str, *, all_terms_sql: str, score_sql:
 
 
 def _keyword_leg(query: SearchQuery, stack_ids: Sequence[int], fetch: int,
-                 audience: Audience | None = None, scope_rows: int | None = None) -> list[tuple[Any, ...]]:
+                 audience: Audience | None = None, inputs: KeywordInputs | None = None) -> list[tuple[Any, ...]]:
     """Full-text candidates, ranked in two tiers, from ONE scan of the scope.
 
     1. Memories containing every term (websearch_to_tsquery: AND, quotes, -exclusions, or),
@@ -393,19 +391,20 @@ def _keyword_leg(query: SearchQuery, stack_ids: Sequence[int], fetch: int,
     scan, and the first scan supplies tier 2 - unless every term is common in the table (see
     `_strict_scan_is_cheap`): then tier 1 is ranked within the capped sample, like tier 2.
 
-    `scope_rows`: BM25's N, the scope's memories (`scope_memories`; search_memories reads it with
-    its first statement), read here when not given.
+    `inputs`: BM25's lexemes and N, read here when not given.
     """
     params: dict[str, Any] = {"stack_ids": list(stack_ids), "q": query.text, "cap": KEYWORD_RANK_CAP}
     where = _filters(query, params, audience)
     bm25 = "bm25" in ranking_features(query)
     lexemes: list[str] = []
     if bm25:
-        lexemes = _query_lexemes(query.text)
+        if inputs is None:
+            inputs = KeywordInputs(lexemes=_query_lexemes(query.text), scope_rows=scope_memories(stack_ids))
+        lexemes = inputs.lexemes
         if not lexemes:  # only stop words (or nothing a tsquery keeps): no row can match
             return []
         params.update(_bm25_params(lexemes))
-        params["scope_rows"] = scope_memories(stack_ids) if scope_rows is None else scope_rows
+        params["scope_rows"] = inputs.scope_rows
 
     bm25_lexemes = len(lexemes) if bm25 else None
     strict = "websearch_to_tsquery('english', %(q)s)"
@@ -658,27 +657,26 @@ def search_memories(*, stack_ids: Sequence[int], query: SearchQuery, now: dateti
     # inside that is cancelled (-> 503, which also makes the client fall back). Several stacks are
     # a school key's search (never the kernle client's), ranked exactly over all their rows (§7.3).
     timeout_ms = STATEMENT_TIMEOUT_MS if len(stack_ids) == 1 else SCHOOL_STATEMENT_TIMEOUT_MS
-    scope_rows = None
+    inputs = None
     with transaction.atomic():
         with connection.cursor() as cursor:
             if "bm25" in ranking_features(query):
                 # What the BM25 leg needs besides the scan - the query's lexemes and N - rides on
                 # this statement (set_config(..., true) is SET LOCAL): no round trip of its own.
-                cursor.execute(f"SELECT set_config('statement_timeout', %s, true), "
-                               f"tsvector_to_array(to_tsvector('english', %s)), ({SCOPE_MEMORIES_SQL})",
-                               [f"{int(timeout_ms)}ms", query.text, list(stack_ids)])
+                cursor.execute(f"SELECT set_config('statement_timeout', %s, true), {_LEXEMES_SQL}, "
+                               f"({SCOPE_MEMORIES_SQL})", [f"{int(timeout_ms)}ms", query.text, list(stack_ids)])
                 _, lexemes, scope_rows = cursor.fetchone()
-                _remember_lexemes(query.text, lexemes)
+                inputs = KeywordInputs(lexemes=list(lexemes), scope_rows=int(scope_rows))
             else:
                 cursor.execute(f"SET LOCAL statement_timeout = {int(timeout_ms)}")
         result = _search(stack_ids=stack_ids, query=query, now=now, fetch=fetch, stats=stats, started=started,
-                         audience=audience, scope_rows=scope_rows)
+                         audience=audience, inputs=inputs)
     SEARCH_LATENCY.observe(time.perf_counter() - started)
     return result
 
 
 def _search(*, stack_ids: Sequence[int], query: SearchQuery, now: datetime, fetch: int, stats: dict[str, Any],
-            started: float, audience: Audience | None, scope_rows: int | None = None) -> SearchResult:
+            started: float, audience: Audience | None, inputs: KeywordInputs | None = None) -> SearchResult:
 
     # A query vector is only comparable with stored vectors of its own model: when this process
     # embeds with another model than the deployment's, the semantic leg is skipped, and says so.
@@ -705,7 +703,7 @@ def _search(*, stack_ids: Sequence[int], query: SearchQuery, now: datetime, fetc
         # KEYWORD_RANK_CAP) whatever its LIMIT, and the vector leg's walk stays sized by `fetch`,
         # so extra rows would cost only their transfer.
         depth = max(fetch, min(FUSION_DEPTH, MAX_LIMIT))
-    keyword_rows = _keyword_leg(query, stack_ids, depth, audience, scope_rows)
+    keyword_rows = _keyword_leg(query, stack_ids, depth, audience, inputs)
     similarities: dict[Any, float] = {}  # score fusion: the cosine of every keyword candidate
     stats["keyword_ms"] = round((time.perf_counter() - clock) * 1000, 2)
     vector_rows: list[tuple[Any, ...]] = []
