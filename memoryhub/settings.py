@@ -108,6 +108,10 @@ def _database(url: str) -> dict[str, Any]:
 
 
 DATABASES = {"default": _database(DATABASE_URL)}
+# Search's neighbouring-turn statement is prepared once per database session and run with a generic
+# plan (memories/search/context.py, docs/algorithms.md §7.5 "Cost"). Off for a transaction-pooling
+# PgBouncer in front of PostgreSQL, which does not carry one session's SQL-level PREPARE to the next.
+DB_PREPARED_STATEMENTS = env_bool("DB_PREPARED_STATEMENTS", True)
 # An optional streaming replica (README "Scaling out"): the read-only pages that can show data a
 # moment old read it through memoryhub.replica.read_alias(); writes, access decisions, sync pull
 # and anything inside a transaction stay on the primary. Unset: no "replica" alias is used at all.

@@ -19,10 +19,14 @@ the seeds and the share, so the WHERE clause and the ranking stay that module's.
 
 from __future__ import annotations
 
+import itertools
+import re
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
+from weakref import WeakKeyDictionary
 
+from django.conf import settings
 from django.db import connection
 
 from memories.models import Memory
@@ -49,7 +53,7 @@ def _neighbour_sql(where: str) -> str:
         (SELECT row_number() OVER (ORDER BY m.created_at {direction}) AS distance, m.id
            FROM memories_memory m
           WHERE {where} AND m.stack_id = s.stack_id AND m.kind = s.kind
-            AND m.created_at {op} s.created_at AND m.created_at {op2} s.created_at {sign} %(gap)s
+            AND m.created_at {op} s.created_at AND m.created_at {op2} s.created_at {sign} %(gap)s::interval
           ORDER BY m.created_at {direction} LIMIT %(window)s)"""
     before = side.format(where=where, op="<", op2=">=", sign="-", direction="DESC")
     after = side.format(where=where, op=">", op2="<=", sign="+", direction="ASC")
@@ -85,8 +89,50 @@ def neighbour_rows(*, seeds: Sequence[Any], where: str, params: dict[str, Any], 
               "window": window}
     sql = _neighbour_sql(where)
     with connection.cursor() as cursor:
+        if settings.DB_PREPARED_STATEMENTS:
+            return _fetch_prepared(cursor, sql, params)
         cursor.execute(sql, params)
         return cursor.fetchall()
+
+
+# The neighbour statements this process has prepared, by database session (the driver's connection
+# object: a session's prepared statements end with it, and a new session is a new object) and text.
+_PREPARED: WeakKeyDictionary[Any, dict[str, tuple[str, list[str]]]] = WeakKeyDictionary()
+# A search's WHERE clause comes in a few dozen shapes at most (filters x privacy grants); past this
+# many, a session runs further shapes unprepared rather than keep plans without bound.
+MAX_PREPARED_PER_SESSION = 64
+_STATEMENT_NAMES = itertools.count()  # unique per process: a failed first run never reuses a name
+_NAMED_PARAMETER = re.compile(r"%\((\w+)\)s")
+
+
+def _fetch_prepared(cursor: Any, sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+    """Run `sql` (named parameters) as a statement prepared once per database session, with a
+    generic plan. Parsing and planning this statement cost more than running it (~0.3 of ~0.9 ms in
+    a search, docs/algorithms.md §7.5 "Cost"), and its plan is the same for every search - seeds
+    and page rows by primary key, a few (stack, kind, created_at) entries each side - so one plan
+    serves them all. PostgreSQL would keep planning it afresh (its choice between a prepared
+    statement's plans favours per-call plans that know the arrays' lengths), hence SET LOCAL
+    plan_cache_mode, for this transaction only. PREPARE, the setting and EXECUTE go in one round trip."""
+    statements = _PREPARED.setdefault(connection.connection, {})
+    known = statements.get(sql)
+    prepare = ""
+    if known is None:
+        if len(statements) >= MAX_PREPARED_PER_SESSION:
+            cursor.execute(sql, params)
+            return list(cursor.fetchall())
+        names = list(dict.fromkeys(_NAMED_PARAMETER.findall(sql)))
+        positional = _NAMED_PARAMETER.sub(lambda found: f"${names.index(found.group(1)) + 1}", sql)
+        known = (f"memoryhub_context_{next(_STATEMENT_NAMES)}", names)
+        # The text is sent through the driver's parameter binding too: a literal % is doubled.
+        prepare = f"PREPARE {known[0]} AS {positional.replace('%', '%%')};"
+    name, names = known
+    cursor.execute(f"{prepare}SET LOCAL plan_cache_mode = force_generic_plan;"
+                   f"EXECUTE {name}({', '.join(['%s'] * len(names))})", [params[n] for n in names])
+    while cursor.nextset():  # to the EXECUTE's rows, the last result
+        pass
+    rows = list(cursor.fetchall())
+    statements[sql] = known  # only once it ran: a statement that failed is prepared again, by a new name
+    return rows
 
 
 _CONVERTERS: dict[str, list[tuple[int, Any, list[Any]]]] = {}

@@ -12,10 +12,12 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
+from memories.grants import Audience
 from memories.models import Memory
+from memories.search import context
 from memories.search.embedding_jobs import memories_embed
 from memories.search.embeddings import embed_query
-from memories.search.hybrid import _SCORE, SearchQuery, _vector_leg, _vector_sql
+from memories.search.hybrid import _SCORE, SearchQuery, _vector_leg, _vector_sql, search_memories
 from memories.services import memory_create
 from stacks.models import Stack
 from tests.factories import make_org, make_stack
@@ -80,3 +82,50 @@ def test_a_candidate_outside_the_scope_gets_no_cosine() -> None:
                           also=[other[3].pk, other[0].pk, own[5].pk, own[4].pk], similarities=similarities)
     assert set(similarities) == {own[4].pk}
     assert {row[0] for row in rows} <= {m.pk for m in own[:5]}
+
+
+def _prepared_context_statements() -> dict[str, tuple[int, int]]:
+    """This database session's prepared neighbour statements: name -> (generic plans, custom plans)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT name, generic_plans, custom_plans FROM pg_prepared_statements "
+                       "WHERE name LIKE 'memoryhub_context_%'")
+        return {name: (generic, custom) for name, generic, custom in cursor.fetchall()}
+
+
+def test_the_prepared_neighbour_statement_ranks_as_the_plain_one(settings: Any) -> None:
+    """The neighbouring-turn statement is prepared once per database session and run with a generic
+    plan (§7.5 "Cost"). Whatever the filters and the requester, a search ranks exactly as with the
+    plain statement - the same hits, scores and lent context - and from its second run on the
+    session executes the prepared plan instead of parsing and planning the statement again."""
+    stack = make_stack(make_org(), "alice")
+    start = timezone.now() - timedelta(hours=2)
+    memories = notes(stack, TOPICS, start)  # 20 s apart: each is its neighbours' neighbouring turn
+    Memory.objects.filter(pk=memories[3].pk).update(tags=["food"])
+    context._PREPARED.pop(connection.connection, None)  # as in a new session: earlier tests' shapes are not reused
+    before = _prepared_context_statements()
+    cases: list[tuple[dict[str, Any], Audience | None]] = [
+        ({}, None),
+        ({"kinds": ["note"]}, None),
+        ({"tags": ["food"]}, None),
+        ({"created_after": start + timedelta(seconds=30), "created_before": start + timedelta(minutes=3)}, None),
+        ({}, Audience(entity_ids=("role:teacher", "*"), empty_admits=True)),
+    ]
+
+    def ranked(filters: dict[str, Any], audience: Audience | None) -> list[tuple[Any, ...]]:
+        query = SearchQuery(text="pizza for dinner tonight", min_similarity=0.0, **filters)
+        hits = search_memories(stack_ids=[stack.pk], query=query, audience=audience).hits
+        return [(hit.memory.pk, hit.combined_score, hit.context_of, hit.boosts) for hit in hits]
+
+    lent = 0
+    for filters, audience in cases:
+        settings.DB_PREPARED_STATEMENTS = False
+        plain = ranked(filters, audience)
+        settings.DB_PREPARED_STATEMENTS = True
+        assert ranked(filters, audience) == plain, filters  # the first run prepares the statement
+        assert ranked(filters, audience) == plain, filters  # the second executes it
+        assert plain, filters
+        lent += sum(1 for hit in plain if hit[2] is not None)
+    assert lent  # the neighbouring turns did lend scores: the statement's answer was used
+    prepared = {name: plans for name, plans in _prepared_context_statements().items() if name not in before}
+    assert len(prepared) == len(cases)  # one statement per WHERE shape, not one per search
+    assert all(generic == 2 and custom == 0 for generic, custom in prepared.values()), prepared
