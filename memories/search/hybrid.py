@@ -415,7 +415,12 @@ def _keyword_leg(query: SearchQuery, stack_ids: Sequence[int], fetch: int,
     if not plain:
         return [row[:-1] for row in _fetch_rows(strict_sql, params)]
     loose = f"replace({strict}::text, ' & ', ' | ')::tsquery"
-    loose_sql = _keyword_sql(where, loose, all_terms_sql=f"(m.search_vector @@ {strict})",
+    all_terms_sql = f"(m.search_vector @@ {strict})"
+    if bm25 and inputs is not None and inputs.scope_rows < KEYWORD_RANK_CAP:
+        # BM25 reads the every-term flag only when the scan reached the cap (below), which a scope
+        # of fewer memories cannot: its rows skip the whole-query match (~0.6 µs a matched row, §7.5).
+        all_terms_sql = "false"
+    loose_sql = _keyword_sql(where, loose, all_terms_sql=all_terms_sql,
                              score_sql=(f"CASE WHEN h.all_terms THEN ts_rank(h.search_vector, {strict}, 1) "
                                         f"ELSE ts_rank(h.search_vector, {loose}, 1) END"),
                              limit=fetch, bm25_lexemes=bm25_lexemes)
@@ -424,7 +429,7 @@ def _keyword_leg(query: SearchQuery, stack_ids: Sequence[int], fetch: int,
     first_tier = [row[:-1] for row in rows if row[_SCORE]]
     if bm25 and not complete and len(first_tier) < fetch and _strict_scan_is_cheap(lexemes):
         # BM25 ranks by score, not by tier: the every-term rows of a separate scan join the capped sample.
-        seen = {row[0] for row in first_tier}
+        seen = {row[0] for row in rows}
         extra = [row[:-1] for row in _fetch_rows(strict_sql, params) if row[0] not in seen]
         return sorted([row[:-1] for row in rows] + extra, key=lambda r: -float(r[_SCORE + 1]))[:fetch]
     if bm25 or complete or len(first_tier) >= fetch or not _strict_scan_is_cheap(_query_lexemes(query.text)):

@@ -17,7 +17,16 @@ from memories.models import Memory
 from memories.search import context
 from memories.search.embedding_jobs import memories_embed
 from memories.search.embeddings import embed_query
-from memories.search.hybrid import _SCORE, SearchQuery, _vector_leg, _vector_sql, search_memories
+from memories.search.hybrid import (
+    _SCORE,
+    KeywordInputs,
+    SearchQuery,
+    _keyword_leg,
+    _query_lexemes,
+    _vector_leg,
+    _vector_sql,
+    search_memories,
+)
 from memories.services import memory_create
 from stacks.models import Stack
 from tests.factories import make_org, make_stack
@@ -129,3 +138,28 @@ def test_the_prepared_neighbour_statement_ranks_as_the_plain_one(settings: Any) 
     prepared = {name: plans for name, plans in _prepared_context_statements().items() if name not in before}
     assert len(prepared) == len(cases)  # one statement per WHERE shape, not one per search
     assert all(generic == 2 and custom == 0 for generic, custom in prepared.values()), prepared
+
+
+def test_a_scope_below_the_rank_cap_skips_the_every_term_match_and_ranks_the_same(monkeypatch: Any) -> None:
+    """BM25 reads the every-term flag only when its scan reached KEYWORD_RANK_CAP; a scope of fewer
+    memories cannot, so its statement leaves the whole-query match out (§7.5 "Cost"). The leg's rows -
+    ids, order and BM25 scores - are the ones it gives when the flag is computed."""
+    from django.test.utils import CaptureQueriesContext
+
+    stack = make_stack(make_org(), "alice")
+    texts = [*TOPICS, "pizza and fractions for dinner", "fractions of a pizza"]
+    notes(stack, texts, timezone.now() - timedelta(hours=2))
+    query = SearchQuery(text="pizza fractions dinner", ranking="v2")
+    inputs = KeywordInputs(lexemes=_query_lexemes(query.text), scope_rows=len(texts))
+
+    def leg() -> tuple[list[tuple[Any, float]], str]:
+        with CaptureQueriesContext(connection) as captured:
+            rows = _keyword_leg(query, [stack.pk], 30, None, inputs)
+        return [(row[0], float(row[_SCORE + 1])) for row in rows], captured.captured_queries[-1]["sql"]
+
+    skipped, sql = leg()
+    assert "false AS all_terms" in sql
+    monkeypatch.setattr("memories.search.hybrid.KEYWORD_RANK_CAP", inputs.scope_rows)  # the scope could reach it now
+    computed, sql = leg()
+    assert "false AS all_terms" not in sql
+    assert skipped == computed and len(skipped) >= 3
