@@ -246,9 +246,9 @@ def _bm25_keyword_sql(where: str, tsquery_sql: str, *, all_terms_sql: str, lexem
     df = ", ".join(f"count(*) FILTER (WHERE h.tf_{i} > 0) AS df_{i}" for i in range(lexemes))
     idf = ", ".join(f"ln(1 + (greatest(scope_rows, df_{i}) - df_{i} + 0.5::float8) / (df_{i} + 0.5::float8)) "
                     f"AS idf_{i}" for i in range(lexemes))
-    # tf·(k1+1)/(tf + norm), written as (k1+1) - (k1+1)·norm/(tf + norm) so tf is read once.
-    score = " + ".join(f"CASE WHEN h.tf_{i} > 0 THEN s.idf_{i} * ({BM25_K1} + 1) * (1 - n.norm / (h.tf_{i} + n.norm)) "
-                       f"ELSE 0 END" for i in range(lexemes))
+    # tf·(k1+1)/(tf + norm), written as (k1+1) - (k1+1)·norm/(tf + norm) so tf is read once. An
+    # absent lexeme (tf 0) adds exactly 0 without a CASE: norm ≥ k1·(1 - b) > 0 and x/x is exactly 1.
+    score = " + ".join(f"s.idf_{i} * ({BM25_K1} + 1) * (1 - n.norm / (h.tf_{i} + n.norm))" for i in range(lexemes))
     return f"""
         WITH matched AS MATERIALIZED (
                  SELECT {_LEG_COLUMNS}, {all_terms_sql} AS all_terms, length(m.search_vector)::float8 AS dl, {tfs}
