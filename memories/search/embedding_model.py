@@ -49,6 +49,11 @@ class EmbeddingModelMismatch(Exception):
         )
 
 
+# The same read as a scalar subquery (NULL before anything was embedded), for a statement that
+# carries it with other reads: search's first statement.
+DEPLOYMENT_MODEL_SQL = f"SELECT model_id FROM {DeploymentEmbeddingModel._meta.db_table} WHERE id = 1"  # noqa: S608
+
+
 def deployment_model_id() -> str | None:
     """The deployment's model id, or None before anything was ever embedded (one primary-key read)."""
     return DeploymentEmbeddingModel.objects.filter(pk=1).values_list("model_id", flat=True).first()

@@ -59,7 +59,7 @@ from memories.grants import Audience, grants_sql
 from memories.lifecycle.decay import DecayState, memory_retrievability
 from memories.models import Memory
 from memories.search.context import MEMORY_FIELDS, memories_from_rows, neighbour_rows, uuid_array
-from memories.search.embedding_model import deployment_model_id
+from memories.search.embedding_model import DEPLOYMENT_MODEL_SQL
 from memories.search.embeddings import Vector, embed_query, get_embedder, vector_literal
 from memories.search.vector_indexes import stacks_with_vector_index
 from memoryhub.errors import ServiceUnavailable
@@ -665,31 +665,35 @@ def search_memories(*, stack_ids: Sequence[int], query: SearchQuery, now: dateti
     inputs = None
     with transaction.atomic():
         with connection.cursor() as cursor:
+            # The first statement sets the timeout (set_config(..., true) is SET LOCAL) and reads the
+            # deployment's embedding model; what the BM25 leg needs besides its scan - the query's
+            # lexemes and N - rides on it too: no round trip of their own.
+            first = f"SELECT set_config('statement_timeout', %s, true), ({DEPLOYMENT_MODEL_SQL})"
             if "bm25" in ranking_features(query):
-                # What the BM25 leg needs besides the scan - the query's lexemes and N - rides on
-                # this statement (set_config(..., true) is SET LOCAL): no round trip of its own.
-                cursor.execute(f"SELECT set_config('statement_timeout', %s, true), {_LEXEMES_SQL}, "
-                               f"({SCOPE_MEMORIES_SQL})", [f"{int(timeout_ms)}ms", query.text, list(stack_ids)])
-                _, lexemes, scope_rows = cursor.fetchone()
+                cursor.execute(f"{first}, {_LEXEMES_SQL}, ({SCOPE_MEMORIES_SQL})",
+                               [f"{int(timeout_ms)}ms", query.text, list(stack_ids)])
+                _, stored_model, lexemes, scope_rows = cursor.fetchone()
                 inputs = KeywordInputs(lexemes=list(lexemes), scope_rows=int(scope_rows))
             else:
-                cursor.execute(f"SET LOCAL statement_timeout = {int(timeout_ms)}")
+                cursor.execute(first, [f"{int(timeout_ms)}ms"])
+                _, stored_model = cursor.fetchone()
         result = _search(stack_ids=stack_ids, query=query, now=now, fetch=fetch, stats=stats, started=started,
-                         audience=audience, inputs=inputs)
+                         audience=audience, stored_model=stored_model, inputs=inputs)
     SEARCH_LATENCY.observe(time.perf_counter() - started)
     return result
 
 
 def _search(*, stack_ids: Sequence[int], query: SearchQuery, now: datetime, fetch: int, stats: dict[str, Any],
-            started: float, audience: Audience | None, inputs: KeywordInputs | None = None) -> SearchResult:
-
+            started: float, audience: Audience | None, stored_model: str | None,
+            inputs: KeywordInputs | None = None) -> SearchResult:
+    """`stored_model`: the deployment's embedding model (memories.search.embedding_model), None
+    before anything was embedded."""
     # A query vector is only comparable with stored vectors of its own model: when this process
     # embeds with another model than the deployment's, the semantic leg is skipped, and says so.
     try:
         query_model = get_embedder().model_id
     except ServiceUnavailable:  # e.g. EMBEDDING_PROVIDER=openai without EMBEDDING_API_URL
         query_model = ""
-    stored_model = deployment_model_id()  # one primary-key read
     if not query_model:
         semantic_skipped: str | None = SKIPPED_EMBEDDER_UNAVAILABLE
     elif stored_model is not None and stored_model != query_model:
