@@ -163,3 +163,36 @@ def test_a_scope_below_the_rank_cap_skips_the_every_term_match_and_ranks_the_sam
     computed, sql = leg()
     assert "false AS all_terms" not in sql
     assert skipped == computed and len(skipped) >= 3
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_killed_database_session_is_followed_by_one_that_prepares_its_own() -> None:
+    """Prepared statements live and die with their database session. When the session is killed
+    under a search (a PostgreSQL backend gone), that search fails and its connection is discarded;
+    the next search runs on a new session, which prepares the statement for itself rather than
+    executing one it never had - and ranks as before."""
+    import psycopg
+    from django.db.utils import Error as DatabaseError
+
+    stack = make_stack(make_org(), "alice")
+    notes(stack, TOPICS[:6], timezone.now() - timedelta(hours=2))
+    query = SearchQuery(text="pizza for dinner tonight", min_similarity=0.0)
+
+    def search() -> list[Any]:
+        return [hit.memory.pk for hit in search_memories(stack_ids=[stack.pk], query=query).hits]
+
+    first = search()
+    assert first and _prepared_context_statements()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        killed = cursor.fetchone()[0]
+    with psycopg.connect(connection.connection.info.dsn, autocommit=True) as other:
+        other.execute("SELECT pg_terminate_backend(%s)", [killed])
+    with pytest.raises(DatabaseError):
+        search()
+    connection.close()  # what the end of a request does with a broken connection
+    assert search() == first
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        assert cursor.fetchone()[0] != killed
+    assert list(_prepared_context_statements().values()) == [(1, 0)]  # the new session's own, run once
