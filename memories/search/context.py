@@ -89,8 +89,8 @@ def neighbour_rows(*, seeds: Sequence[Any], where: str, params: dict[str, Any], 
               "window": window}
     sql = _neighbour_sql(where)
     with connection.cursor() as cursor:
-        if settings.DB_PREPARED_STATEMENTS:
-            return _fetch_prepared(cursor, sql, params)
+        if settings.DB_PREPARED_STATEMENTS and (rows := _fetch_prepared(cursor, sql, params)) is not None:
+            return rows
         cursor.execute(sql, params)
         return cursor.fetchall()
 
@@ -105,21 +105,21 @@ _STATEMENT_NAMES = itertools.count()  # unique per process: a failed first run n
 _NAMED_PARAMETER = re.compile(r"%\((\w+)\)s")
 
 
-def _fetch_prepared(cursor: Any, sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+def _fetch_prepared(cursor: Any, sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]] | None:
     """Run `sql` (named parameters) as a statement prepared once per database session, with a
     generic plan. Parsing and planning this statement cost more than running it (~0.3 of ~0.9 ms in
     a search, docs/algorithms.md §7.5 "Cost"), and its plan is the same for every search - seeds
     and page rows by primary key, a few (stack, kind, created_at) entries each side - so one plan
     serves them all. PostgreSQL would keep planning it afresh (its choice between a prepared
     statement's plans favours per-call plans that know the arrays' lengths), hence SET LOCAL
-    plan_cache_mode, for this transaction only. PREPARE, the setting and EXECUTE go in one round trip."""
+    plan_cache_mode, for this transaction only. PREPARE, the setting and EXECUTE go in one round trip.
+    None when the session already holds MAX_PREPARED_PER_SESSION shapes: the caller runs it plain."""
     statements = _PREPARED.setdefault(connection.connection, {})
     known = statements.get(sql)
     prepare = ""
     if known is None:
         if len(statements) >= MAX_PREPARED_PER_SESSION:
-            cursor.execute(sql, params)
-            return list(cursor.fetchall())
+            return None
         names = list(dict.fromkeys(_NAMED_PARAMETER.findall(sql)))
         positional = _NAMED_PARAMETER.sub(lambda found: f"${names.index(found.group(1)) + 1}", sql)
         known = (f"memoryhub_context_{next(_STATEMENT_NAMES)}", names)

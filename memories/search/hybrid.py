@@ -397,6 +397,7 @@ def _keyword_leg(query: SearchQuery, stack_ids: Sequence[int], fetch: int,
     where = _filters(query, params, audience)
     bm25 = "bm25" in ranking_features(query)
     lexemes: list[str] = []
+    below_cap = False
     if bm25:
         if inputs is None:
             inputs = KeywordInputs(lexemes=_query_lexemes(query.text), scope_rows=scope_memories(stack_ids))
@@ -405,6 +406,9 @@ def _keyword_leg(query: SearchQuery, stack_ids: Sequence[int], fetch: int,
             return []
         params.update(_bm25_params(lexemes))
         params["scope_rows"] = inputs.scope_rows
+        # BM25 reads the every-term flag only when the scan reached the cap (below), which a scope
+        # of fewer memories cannot: its rows skip the whole-query match (~0.6 µs a matched row, §7.5).
+        below_cap = inputs.scope_rows < KEYWORD_RANK_CAP
 
     bm25_lexemes = len(lexemes) if bm25 else None
     strict = "websearch_to_tsquery('english', %(q)s)"
@@ -415,12 +419,7 @@ def _keyword_leg(query: SearchQuery, stack_ids: Sequence[int], fetch: int,
     if not plain:
         return [row[:-1] for row in _fetch_rows(strict_sql, params)]
     loose = f"replace({strict}::text, ' & ', ' | ')::tsquery"
-    all_terms_sql = f"(m.search_vector @@ {strict})"
-    if bm25 and inputs is not None and inputs.scope_rows < KEYWORD_RANK_CAP:
-        # BM25 reads the every-term flag only when the scan reached the cap (below), which a scope
-        # of fewer memories cannot: its rows skip the whole-query match (~0.6 µs a matched row, §7.5).
-        all_terms_sql = "false"
-    loose_sql = _keyword_sql(where, loose, all_terms_sql=all_terms_sql,
+    loose_sql = _keyword_sql(where, loose, all_terms_sql="false" if below_cap else f"(m.search_vector @@ {strict})",
                              score_sql=(f"CASE WHEN h.all_terms THEN ts_rank(h.search_vector, {strict}, 1) "
                                         f"ELSE ts_rank(h.search_vector, {loose}, 1) END"),
                              limit=fetch, bm25_lexemes=bm25_lexemes)

@@ -38,7 +38,7 @@ from memories.sync.protocol import (
 from memories.writes.columns import PAYLOAD_COLUMNS
 from memoryhub.errors import InvalidInput
 from stacks.models import Stack
-from stacks.selectors import stack_for_principal, stacks_visible_to
+from stacks.selectors import stack_for_principal, visible_stack
 from stacks.services import stack_id_validated
 
 # --- the stack a pull reads ------------------------------------------------------------------------------
@@ -47,7 +47,7 @@ def sync_stack_for_read(principal: Principal, raw_slug: Any) -> Stack | None:
     """The stack a kernle pull names, or None when it does not exist yet (an empty change set,
     docs/kernle-protocol.md §4.2). A stack-bound key naming another stack is a 404."""
     slug = stack_id_validated(raw_slug)
-    stack = stacks_visible_to(principal).filter(slug=slug).select_related("organization").first()
+    stack = visible_stack(principal, slug)
     if stack is None:
         bound = bound_slug(principal)
         if bound is not None and bound != slug:

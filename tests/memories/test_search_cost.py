@@ -140,6 +140,27 @@ def test_the_prepared_neighbour_statement_ranks_as_the_plain_one(settings: Any) 
     assert all(generic == 2 and custom == 0 for generic, custom in prepared.values()), prepared
 
 
+def test_a_session_holding_its_most_shapes_runs_further_ones_plain(monkeypatch: Any) -> None:
+    """Past MAX_PREPARED_PER_SESSION WHERE shapes a session prepares no more statements: a search
+    of a new shape runs the plain statement, and ranks as a prepared one would."""
+    stack = make_stack(make_org(), "alice")
+    notes(stack, TOPICS, timezone.now() - timedelta(hours=2))
+    query = SearchQuery(text="pizza for dinner tonight", min_similarity=0.0, kinds=["note"])
+
+    def ranked() -> list[tuple[Any, ...]]:
+        hits = search_memories(stack_ids=[stack.pk], query=query).hits
+        return [(hit.memory.pk, hit.combined_score, hit.context_of) for hit in hits]
+
+    context._PREPARED.pop(connection.connection, None)
+    monkeypatch.setattr(context, "MAX_PREPARED_PER_SESSION", 0)
+    before = _prepared_context_statements()
+    plain = ranked()
+    assert plain and _prepared_context_statements() == before  # nothing prepared
+    monkeypatch.setattr(context, "MAX_PREPARED_PER_SESSION", 64)
+    assert ranked() == plain
+    assert len(set(_prepared_context_statements()) - set(before)) == 1
+
+
 def test_a_scope_below_the_rank_cap_skips_the_every_term_match_and_ranks_the_same(monkeypatch: Any) -> None:
     """BM25 reads the every-term flag only when its scan reached KEYWORD_RANK_CAP; a scope of fewer
     memories cannot, so its statement leaves the whole-query match out (§7.5 "Cost"). The leg's rows -
@@ -195,5 +216,7 @@ def test_a_killed_database_session_is_followed_by_one_that_prepares_its_own() ->
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_backend_pid()")
         assert cursor.fetchone()[0] != killed
-    # This session's own statements (the pool may hand out one that earlier tests prepared on).
-    assert _prepared_context_statements()
+    # What this process holds as prepared on this session is what the server has (the pool may hand
+    # out a session earlier tests prepared on; never the killed one's names).
+    registered = {name for name, _ in context._PREPARED.get(connection.connection, {}).values()}
+    assert registered and registered <= set(_prepared_context_statements())

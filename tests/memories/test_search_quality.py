@@ -223,9 +223,9 @@ def test_term_frequency_is_read_exactly_for_every_count_a_tsvector_holds() -> No
 
 def test_ranking_v2_costs_no_more_statements_than_v1(school: dict[str, Any], t0: datetime) -> None:
     """Latency (issue 20): v2's extra reads ride on statements v1 sends anyway - the query's lexemes
-    on the statement timeout, BM25's N (not counted yet: a first search) on the keyword statement,
-    the keyword hits' cosine on the vector leg, the page's rows on the neighbouring-turn statement -
-    so a v2 search is no more round trips than a v1 search."""
+    and BM25's N (the stacks' counters) on the first statement, the keyword hits' cosine on the
+    vector leg, the page's rows on the neighbouring-turn statement - so a v2 search is no more
+    round trips than a v1 search."""
     stack = school["stack"]
     texts = ["Mel, what did you paint over the summer holidays?", "A sunrise over the lake, finished in July!",
              "Nice. Did you go camping too?", "Yes, with the kids, near the lake."]
