@@ -145,7 +145,7 @@ def test_a_session_holding_its_most_shapes_runs_further_ones_plain(monkeypatch: 
     of a new shape runs the plain statement, and ranks as a prepared one would."""
     stack = make_stack(make_org(), "alice")
     notes(stack, TOPICS, timezone.now() - timedelta(hours=2))
-    query = SearchQuery(text="pizza for dinner tonight", min_similarity=0.0, kinds=["note"])
+    query = SearchQuery(text="pizza for dinner tonight", min_similarity=0.0, kinds=("note",))
 
     def ranked() -> list[tuple[Any, ...]]:
         hits = search_memories(stack_ids=[stack.pk], query=query).hits
