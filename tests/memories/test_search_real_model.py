@@ -67,7 +67,10 @@ def test_paraphrased_queries_find_their_memory(minilm: Any) -> None:
         hits = search_memories(stack_ids=[stack.pk], query=SearchQuery(text=question, limit=3)).hits
         assert hits, question
         assert hits[0].memory.pk == memories[expected].pk, (question, [h.memory.text for h in hits])
-        assert hits[0].semantic_score is not None and hits[0].semantic_score > 0.3
+        # Found by meaning: the vector leg ranks it first. Not an absolute cosine floor: the int8
+        # graph's cosines move with the CPU's integer kernels (docs/algorithms.md §10.1) - 0.297 on
+        # an AVX2-only machine for a pair above 0.3 with AVX-512 - while the order holds.
+        assert hits[0].semantic_rank == 0, (question, hits[0].semantic_score)
 
 
 def test_nonsense_query_returns_an_empty_200_and_other_stacks_never_appear(minilm: Any) -> None:
