@@ -82,8 +82,9 @@ browser:
 run: install
 	@$(PY) -m memoryhub.runner
 
+# The twenty slowest tests are listed at the end: the whole suite is kept well under 20 minutes on 2 cores.
 test: install browser
-	@$(PY) -m pytest $(PYTEST_ARGS)
+	@$(PY) -m pytest --durations=20 $(PYTEST_ARGS)
 
 # ruff and mypy; the import-linter contracts (the layers, in pyproject.toml); vulture (dead code).
 lint: install

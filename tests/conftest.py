@@ -16,6 +16,7 @@ from django.test import override_settings
 
 from memoryhub.embedded import ManagedProcess
 from memoryhub.schedule import WORKER_QUEUES
+from tests import mypy_early
 from tests.factories import database_url_for_processes
 
 if TYPE_CHECKING:
@@ -155,3 +156,12 @@ def throttle_clock(monkeypatch: pytest.MonkeyPatch) -> FrozenClock:
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if any(item.name == mypy_early.TEST_NAME for item in session.items):
+        mypy_early.start()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    mypy_early.stop()
