@@ -82,7 +82,7 @@ browser:
 run: install
 	@$(PY) -m memoryhub.runner
 
-# The twenty slowest tests are listed at the end: the whole suite is kept well under 20 minutes on 2 cores.
+# The twenty slowest tests are listed at the end: the suite should stay well under 20 minutes on 2 cores.
 test: install browser
 	@$(PY) -m pytest --durations=20 $(PYTEST_ARGS)
 

@@ -116,12 +116,11 @@ def test_untouched_memory_fades_and_is_tombstoned_while_protected_values_and_fre
 
 def test_pass_is_idempotent_and_batch_size_does_not_matter(stack):
     memories = [make_memory(stack, days_old=d) for d in (0, 10, 50, 100, 150, 170, 300, 400)]
-    # A batch of "16 rows" is as many heap pages as the table's statistics say hold 16 rows: one
-    # page on a dense table, more when earlier tests' rolled-back rows left it sparse (ANALYZE
-    # survives their rollback), so the expected count comes from the pass's own page ranges. (Not
-    # 1 row: over the page count a whole suite leaves, that was a batch per page, ~24 s.)
-    ranges = _batch_ranges(batch_size=16)
-    first = decay_pass(now=NOW, batch_size=16)
+    # A batch of "1 row" is as many heap pages as the table's statistics say hold one row: one page
+    # on a dense table, more when earlier tests' rolled-back rows left it sparse (ANALYZE survives
+    # their rollback), so the expected count comes from the pass's own page ranges.
+    ranges = _batch_ranges(batch_size=1)
+    first = decay_pass(now=NOW, batch_size=1)
     assert first.counts["batches"] == len(ranges)
     assert first.counts["scanned"] == 8
     after_first = decay_state()
