@@ -14,6 +14,7 @@ Messages to the client (JSON): `{"type": "change", "events": [...], "seq": n, "r
 "created", "matches"}], "removed": [...], "unresolved": n, "counts": {...}, "total": n, "figures":
 {...}, "checkpoint"?: html, "boot_config"?: html}` on the student page; `{"type": "reload"}` when a
 resume is too far behind; `{"type": "overview", "summary": {...}, "stacks": [...]}` on the overview.
+A student page's `seq` is gap-free: every event at or below it has been sent (live.changes_through).
 The client sends nothing (anything it sends gets an `unknown_action` error).
 """
 
@@ -113,6 +114,8 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
 class StackConsumer(LiveConsumer):
     """A student's page: `ws/stacks/<slug>/?<the page's filters>&since=<seq>`."""
 
+    sent_seq = 0  # set by the catch-up right after the connect (see _catch_up)
+
     async def authorise(self) -> list[str]:
         self.slug = str(self.scope["url_route"]["kwargs"]["slug"])
         query = self.scope.get("query_string", b"")
@@ -126,36 +129,49 @@ class StackConsumer(LiveConsumer):
         return [live.stack_group(stack.pk)]
 
     async def after_accept(self) -> None:
-        if self.since is None:
-            return
         message = await db(self._catch_up)()
         if message is not None:
             await self.send_json(message)
 
     def _catch_up(self) -> dict[str, Any] | None:
+        """What the page missed after its `since` (nothing without one), and where this socket's
+        live stream starts: `sent_seq`, the seq up to which the page has been sent every event."""
         principal, stack = live.stack_access(self.user, str(self.slug))
-        change, too_far = live.catch_up(stack, int(self.since or 0))
+        if self.since is None:  # a page that names no seq is sent what comes after this moment
+            self.sent_seq = live.stack_seq(stack)
+            return None
+        change, too_far = live.catch_up(stack, self.since)
         if too_far:
+            self.sent_seq = live.stack_seq(stack)
             return {"type": "reload"}
+        self.sent_seq = change.seq if change is not None else self.since
         return live.student_message(principal, stack.pk, self.filters, change) if change is not None else None
 
-    def _render(self, event: dict[str, Any]) -> dict[str, Any] | None:
+    def _render_through(self, event: dict[str, Any], published: int) -> tuple[dict[str, Any] | None, int]:
+        """The message for everything after `sent_seq` up to the event just published (see
+        live.changes_through), and the seq it reaches."""
         principal, _ = live.stack_access(self.user, str(self.slug))  # still within reach? (NotFound: close)
-        # The principal's grants decide which of the event's memories this socket is told about
+        # An event no longer stored (pruned, its stack's data erased) is rendered from the message.
+        change = live.changes_through(self.stack_id, self.sent_seq, published) or live.change_of(event)
+        # The principal's grants decide which of the events' memories this socket is told about
         # (None: all of them are hidden, so it is told nothing).
-        return live.student_message(principal, self.stack_id, self.filters, live.change_of(event))
+        return live.student_message(principal, self.stack_id, self.filters, change), change.seq
 
     async def stack_change(self, message: dict[str, Any]) -> None:
         event = message.get("event") or {}
         if event.get("stack") != self.slug:
             return  # not this stack's (the group is per stack; a slug is checked anyway)
-        try:
-            payload = await db(self._render)(event)
-        except NotFound:
-            await self.close(live.CLOSE_NO_ACCESS)
-            return
-        if payload is not None:
-            await self.send_json(payload)
+        published = int(event["seq"])
+        # Not before the catch-up has set where to start: messages are handled one at a time, after
+        # the connect; at or below sent_seq: sent already, with the events before it (published late).
+        while published > self.sent_seq:
+            try:
+                payload, self.sent_seq = await db(self._render_through)(event, published)
+            except NotFound:
+                await self.close(live.CLOSE_NO_ACCESS)
+                return
+            if payload is not None:
+                await self.send_json(payload)
 
 
 class SchoolConsumer(LiveConsumer):

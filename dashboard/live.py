@@ -68,7 +68,7 @@ from dashboard import student as reads
 from dashboard.access import STAFF
 from memories import events as change_events
 from memories.grants import Audience, audience_for, grants_filter
-from memories.models import Memory, StackDailyActivity
+from memories.models import ChangeEvent, Memory, StackDailyActivity
 from memories.selectors import boot_config_entries, checkpoint_latest, checkpoint_warnings, memories_live
 from memoryhub.errors import NotFound
 from stacks.models import Stack, TeacherAssignment
@@ -198,7 +198,7 @@ class Change:
     seq: int
     topics: frozenset[str]
     memory_ids: tuple[str, ...]
-    # The live event's action ("create", "batch", "embedded", …); empty for a resume's merge.
+    # The events' actions ("create", "batch", "embedded", …); empty: not known.
     actions: frozenset[str] = frozenset()
 
 
@@ -217,16 +217,34 @@ def change_of(event: dict[str, Any]) -> Change:
 def catch_up(stack: Stack, since: int) -> tuple[Change | None, bool]:
     """Every change after `since`, merged into one (each memory rendered once, as it is now), and
     whether the page is too far behind to catch up (more than CATCH_UP_EVENTS): reload instead."""
-    events = list(change_events.events_after(stack, since, limit=CATCH_UP_EVENTS + 1))
+    events = change_events.events_after(stack, since, limit=CATCH_UP_EVENTS + 1)
     if len(events) > CATCH_UP_EVENTS:
         return None, True
+    return _merged(events), False
+
+
+def changes_through(stack_id: int, sent: int, published: int) -> Change | None:
+    """A live socket's next message, when the event of seq `published` arrives and the socket has
+    sent everything up to seq `sent`: every committed event between, merged (at most
+    CATCH_UP_EVENTS; the socket asks again from the seq reached). None: no such event is stored.
+
+    Events of a stack COMMIT in seq order (memories.events) but are not always PUBLISHED in it: an
+    event whose publisher died is published later by the relay, after newer ones. Sending what lies
+    between, not just the event that arrived, keeps what a page has seen gap-free up to its seq, so
+    its resume point (`?since=<seq>`) misses nothing; the late event itself then arrives at or
+    below the socket's seq and is skipped (StackConsumer.stack_change)."""
+    return _merged(change_events.events_after(stack_id, sent, limit=CATCH_UP_EVENTS, through=published))
+
+
+def _merged(events: Sequence[ChangeEvent]) -> Change | None:
     if not events:
-        return None, False
+        return None
     ids: dict[str, None] = {}
     for event in events:
         ids.update(dict.fromkeys(str(i) for i in event.memory_ids or ()))
     return Change(event_ids=tuple(e.pk for e in events), seq=max(e.seq for e in events),
-                  topics=frozenset(e.topic for e in events), memory_ids=tuple(ids)), False
+                  topics=frozenset(e.topic for e in events), memory_ids=tuple(ids),
+                  actions=frozenset(e.action for e in events))
 
 
 def _when(value: datetime | None) -> dict[str, str] | None:

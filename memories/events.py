@@ -498,10 +498,14 @@ def events_prune(*, now: datetime | None = None, older_than: timedelta = RETENTI
 
 # --- reading ---------------------------------------------------------------------------------------
 
-def events_after(stack: Stack | int, seq: int, limit: int = 500) -> list[ChangeEvent]:
-    """The stack's events with seq > `seq`, oldest first, at most `limit` (a resume's catch-up)."""
+def events_after(stack: Stack | int, seq: int, limit: int = 500, through: int | None = None) -> list[ChangeEvent]:
+    """The stack's events with seq > `seq` (and <= `through`, when given), oldest first, at most
+    `limit`: a resume's catch-up, and a live socket's events up to the one just published."""
     stack_id = stack if isinstance(stack, int) else stack.pk
-    return list(ChangeEvent.objects.filter(stack_id=stack_id, seq__gt=seq).order_by("seq")[:max(0, limit)])
+    events = ChangeEvent.objects.filter(stack_id=stack_id, seq__gt=seq)
+    if through is not None:
+        events = events.filter(seq__lte=through)
+    return list(events.order_by("seq")[:max(0, limit)])
 
 
 def latest_seq(stack: Stack | int) -> int:

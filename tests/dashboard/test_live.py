@@ -24,6 +24,7 @@ from django.test import AsyncClient, Client
 
 from accounts.models import Membership, User
 from dashboard import live
+from memories import events as change_events
 from memories.models import ChangeEvent, Memory
 from memories.search.embedding_jobs import memories_embed
 from memories.services import CheckpointInput, checkpoint_save, memory_create, memory_forget
@@ -31,7 +32,7 @@ from memoryhub.asgi import application
 from stacks.models import Stack
 from stacks.services import membership_remove, teacher_unassign
 from tests.actors import School
-from tests.factories import make_stack, make_user
+from tests.factories import make_stack, make_user, other_connection
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.anyio]
 
@@ -367,3 +368,47 @@ async def test_pages_carry_their_live_socket_when_served_over_asgi(school: Schoo
     wsgi = await sync_to_async(_session_of)(school.admin)
     for path in (f"/dashboard/students/{school.stack.slug}/", "/dashboard/"):
         assert "data-live=" not in (await sync_to_async(wsgi.get)(path)).content.decode()
+
+
+async def test_an_event_published_late_reaches_the_page_before_the_seqs_after_it(
+        school: School, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fault test's finding: a writer died between its commit and publishing its event, and a
+    newer event of the stack was published first. The page must not be sent the newer seq without
+    the older event, or a reconnect resuming from that seq would skip it for good."""
+    since = await write(live.stack_seq, school.stack)
+    _, headers = await signed_in(school.admin)
+    communicator, _ = await open_socket(f"/ws/stacks/{school.stack.slug}/?since={since}", headers)
+    # The writers "die" after their commits: their events are stored, not published.
+    monkeypatch.setattr(change_events, "publish_committed", lambda event_ids: None)
+    older = await write(note, school.stack, "written first, published last")
+    newer = await write(note, school.stack, "written second, published first")
+
+    def event_of(memory: Memory) -> ChangeEvent:
+        return ChangeEvent.objects.get(stack=school.stack, memory_ids__contains=[str(memory.pk)],
+                                       action="create")
+
+    older_event, newer_event = await write(event_of, older), await write(event_of, newer)
+    assert older_event.seq < newer_event.seq
+    with other_connection() as locker:  # the older event's publisher is "still at it": the relay skips it
+        locker.execute("SELECT 1 FROM memories_changeevent WHERE id = %s FOR UPDATE", [older_event.pk])
+        await published_by_the_relay(newer_event.pk)
+        message = await next_change(communicator, str(newer.pk))
+    assert {older_event.pk, newer_event.pk} <= set(message["events"])
+    assert {str(older.pk), str(newer.pk)} <= {row["id"] for row in message["rows"]}
+    assert message["seq"] >= newer_event.seq
+
+    # The older event is published at last: it was sent already, so nothing comes for it.
+    await published_by_the_relay(older_event.pk)
+    while (more := await receive_or_none(communicator)) is not None:
+        assert older_event.pk not in more["events"], "the late event was sent a second time"
+    await communicator.disconnect()
+
+
+async def published_by_the_relay(event_id: int) -> None:
+    """Run the relay until `event_id` is published (the suite's own beat may be relaying meanwhile)."""
+    for _ in range(WAIT * 10):
+        await write(change_events.events_relay)
+        if await write(lambda: ChangeEvent.objects.get(pk=event_id).published_at) is not None:
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"event {event_id} was never published")
