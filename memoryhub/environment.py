@@ -84,6 +84,12 @@ def data_dir() -> Path:
     return Path(env_str("MEMORYHUB_DATA_DIR", str(base / "var"))).resolve()
 
 
+def static_root(data: Path) -> Path:
+    """Where collectstatic writes: DATA_DIR/staticfiles unless MEMORYHUB_STATIC_ROOT says otherwise
+    (a directory several data dirs or a web server share: a start reuses its compressed files)."""
+    return Path(env_str("MEMORYHUB_STATIC_ROOT", str(data / "staticfiles"))).resolve()
+
+
 def runtime_file(data: Path) -> Path:
     """Where `make run` records what it started (memoryhub/runner.py writes it, removes it on exit)."""
     return data / "runtime.json"

@@ -207,7 +207,7 @@ def main() -> int:
 
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "memoryhub.settings")
     try:
-        from memoryhub.environment import data_dir, env_int, env_str, running_service, runtime_file
+        from memoryhub.environment import data_dir, env_int, env_str, running_service, runtime_file, static_root
 
         data = data_dir()
         host = env_str("HOST", "127.0.0.1")
@@ -313,7 +313,7 @@ def main() -> int:
         if migrate.returncode != 0:
             log("migrations failed; stopping")
             return 1
-        log(f"collecting static files into {data / 'staticfiles'}")
+        log(f"collecting static files into {static_root(data)}")
         collect = subprocess.run([python, "manage.py", "collectstatic", "--noinput", "--verbosity", "0"],
                                  cwd=BASE_DIR, env=env, capture_output=True, text=True)
         if collect.returncode != 0:

@@ -29,6 +29,7 @@ from memoryhub.environment import (
     env_str,
     env_url,
     running_service,
+    static_root,
 )
 from memoryhub.secrets import is_test_suite, load_secrets
 
@@ -212,7 +213,7 @@ STATICFILES_DIRS = [
     ("vendor/htmx", NODE_MODULES / "htmx.org" / "dist"),
     ("vendor/chartjs", NODE_MODULES / "chart.js" / "dist"),
 ]
-STATIC_ROOT = DATA_DIR / "staticfiles"  # `make run` runs collectstatic into it at every start
+STATIC_ROOT = static_root(DATA_DIR)  # `make run` runs collectstatic into it at every start
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     # Hashed (cache-busting) and gzip/brotli-compressed once collected; plain names before that.

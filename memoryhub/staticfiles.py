@@ -12,6 +12,7 @@ for want of a collectstatic run; it is only not cache-busted.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import brotli
@@ -42,6 +43,24 @@ class ManifestOrSourceStorage(CompressedManifestStaticFilesStorage):
 
     def create_compressor(self, **kwargs: Any) -> Compressor:
         return _Compressor(**kwargs)
+
+    def compress_files(self, paths: Iterable[str]) -> Iterator[tuple[str, str]]:
+        """WhiteNoise's compression, minus the files an earlier collectstatic compressed already.
+
+        Compression was 7.8 s of a 10 s collectstatic over an unchanged tree (67 MB, 2,082 files),
+        at every `make run` start. WhiteNoise gives each compressed copy its source's mtime, and
+        collectstatic rewrites a collected file (new mtime) only when its source changed, so a
+        `.br` beside a file with the same mtime is that file's. Files compression did not shrink
+        enough have no copy and are tried again (cheap: they are few and small)."""
+        return super().compress_files([path for path in paths if not self._compressed_already(path)])
+
+    def _compressed_already(self, path: str) -> bool:
+        full_path = self.path(path)
+        try:
+            mtime = os.stat(full_path).st_mtime
+            return any(os.stat(full_path + suffix).st_mtime == mtime for suffix in (".br", ".gz"))
+        except FileNotFoundError:
+            return False
 
     def stored_name(self, name: str) -> str:
         if not self.hashed_files and not self.manifest_hash:  # no manifest was loaded

@@ -15,6 +15,7 @@ import pytest
 from django.test import override_settings
 
 from memoryhub.embedded import ManagedProcess
+from memoryhub.environment import data_dir
 from memoryhub.schedule import WORKER_QUEUES
 from tests import mypy_early
 from tests.factories import database_url_for_processes
@@ -63,6 +64,14 @@ def celery_worker(
 def run_manage(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "manage.py", *args], cwd=BASE_DIR, env=env or dict(os.environ),
                           capture_output=True, text=True, timeout=timeout)
+
+
+def shared_static_root() -> str:
+    """MEMORYHUB_STATIC_ROOT for the runners tests start, each with its own data dir: one directory
+    for the whole session, so only the first start compresses every static file (~10 s here) and
+    the others find them compressed. Not the session's own STATIC_ROOT: this process serves static
+    files from source (settings) and must not see a manifest appear."""
+    return str(data_dir() / "runner-static")
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -47,6 +47,7 @@ from websockets.sync.client import connect as websocket_connect
 from websockets.typing import Origin
 
 from bench.service import runner_service
+from tests.conftest import shared_static_root
 
 CLIENTS = 4
 OPS_PER_PUSH = 5
@@ -274,7 +275,7 @@ def test_acknowledged_writes_survive_kill_9_of_every_part(tmp_path: Path, capsys
             data_dir, log_path, ready_timeout=180, stop_timeout=60,
             extra_env={"EMBEDDING_PROVIDER": "hash", "CELERY_CONCURRENCY": "1", "TRUSTED_PROXIES": "127.0.0.1/32",
                        # the webhook receiver below is on 127.0.0.1, over plain http
-                       "WEBHOOKS_ALLOW_LOOPBACK_HTTP": "1"}))
+                       "WEBHOOKS_ALLOW_LOOPBACK_HTTP": "1", "MEMORYHUB_STATIC_ROOT": shared_static_root()}))
         base_url, redis_port = service.base_url, service.redis_port
         print(f"\nrunner ready in {service.ready_seconds:.1f}s")
         setup_started = time.monotonic()

@@ -26,7 +26,7 @@ from django.test import Client, override_settings
 
 from memoryhub import views
 from memoryhub.embedded import free_port
-from tests.conftest import run_manage
+from tests.conftest import run_manage, shared_static_root
 
 BASE_DIR = Path(__file__).resolve().parents[2]
 ASSET = re.compile(r'(?:src|href)="([^"]+)"')
@@ -37,7 +37,7 @@ def _without_service_env(data_dir: Path, **extra: str) -> dict[str, str]:
     """A second shell: nothing exported but where the data is (and what the test adds)."""
     env = {k: v for k, v in os.environ.items()
            if k not in ("DATABASE_URL", "REDIS_URL", "MEMORYHUB_PG_PORT", "MEMORYHUB_REDIS_PORT")}
-    return {**env, "MEMORYHUB_DATA_DIR": str(data_dir), **extra}
+    return {**env, "MEMORYHUB_DATA_DIR": str(data_dir), "MEMORYHUB_STATIC_ROOT": shared_static_root(), **extra}
 
 
 def _wait_for_line(log_path: Path, process: subprocess.Popen[bytes], needle: str, timeout: float) -> str:
