@@ -9,7 +9,9 @@
 // The server renders every row (the page's own row partial) and says whether it still matches the
 // page's filters; this script only inserts, replaces or removes elements by id. It reconnects with
 // back-off and resumes from the last change it applied (`?since=<seq>`), so a change made while the
-// socket was down still appears; an event applied once is never applied again.
+// socket was down still appears; an event applied once is never applied again. The server keeps
+// `seq` gap-free (every event at or below it was sent, even one published late: dashboard/live.py
+// changes_through), which is what makes it a safe resume point.
 (function () {
   "use strict";
 
