@@ -144,7 +144,9 @@ class StackConsumer(LiveConsumer):
         if too_far:
             self.sent_seq = live.stack_seq(stack)
             return {"type": "reload"}
-        self.sent_seq = change.seq if change is not None else self.since
+        # A `since` beyond the stack's newest seq (a page older than a restored backup) must not
+        # make the socket skip the events that will come below it.
+        self.sent_seq = change.seq if change is not None else min(self.since, live.stack_seq(stack))
         return live.student_message(principal, stack.pk, self.filters, change) if change is not None else None
 
     def _render_through(self, event: dict[str, Any], published: int) -> tuple[dict[str, Any] | None, int]:

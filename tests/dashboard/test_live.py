@@ -412,3 +412,15 @@ async def published_by_the_relay(event_id: int) -> None:
             return
         await asyncio.sleep(0.1)
     raise AssertionError(f"event {event_id} was never published")
+
+
+async def test_a_since_beyond_the_stacks_newest_seq_still_gets_the_next_change(school: School) -> None:
+    """A page opened before the database was restored from an older backup names a seq the stack
+    has not reached again: its socket must not skip the changes below it."""
+    newest = await write(live.stack_seq, school.stack)
+    _, headers = await signed_in(school.admin)
+    communicator, _ = await open_socket(f"/ws/stacks/{school.stack.slug}/?since={newest + 1000}", headers)
+    memory = await write(note, school.stack, "written after the restore")
+    message = await next_change(communicator, str(memory.pk))
+    assert message["rows"][0]["matches"] is True
+    await communicator.disconnect()
