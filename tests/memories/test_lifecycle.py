@@ -124,7 +124,8 @@ def compact_memory_table() -> None:
         other.execute("VACUUM (ANALYZE) memories_memory")
 
 
-def test_pass_is_idempotent_and_batch_size_does_not_matter(compact_memory_table, stack):
+@pytest.mark.usefixtures("compact_memory_table")
+def test_pass_is_idempotent_and_batch_size_does_not_matter(stack):
     memories = [make_memory(stack, days_old=d) for d in (0, 10, 50, 100, 150, 170, 300, 400)]
     # A batch of "1 row" is as many heap pages as the table's statistics say hold one row: one page
     # on a dense table, more when earlier tests' rolled-back rows left it sparse (ANALYZE survives
