@@ -26,7 +26,10 @@ Reported: throughput and p50/p95/p99 per operation next to its unloaded p95 (and
 ratio, the unloaded p95 measured again after the soak on the stacks it grew), every non-2xx by
 status, the RSS of each process at the start, the middle and the end, and the issue's goals with
 PASS/FAIL: no response >= 500; nothing lost or duplicated; p95 of every operation <= 3x its unloaded
-p95; no process's RSS growing > 20 % over the second half.
+p95; no process's RSS growing > 20 % over the second half. Also, to read those figures by: the p95
+of all operations in each tenth of the run, each operation's p95 timed from when it was actually
+sent, how late this load generator's own event loop ran (it shares the cores: its lateness is in
+every figure, none of it the service's), and the cores each part used during the soak.
 
 `--saturate` instead doubles closed-loop clients (each sends its next request when the last is
 answered) until 2xx/s rises by < 5 %, and prints the peak requests/s of the mix with the cores used
@@ -47,6 +50,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import json
 import os
 import random
@@ -193,12 +197,14 @@ class Sample:
     ms: float
     status: int  # 0: no answer (timeout / connection error)
     error: str = ""
+    late_ms: float = 0.0  # how late this load generator started it (its own event loop's lag)
 
 
 class Recorder:
     def __init__(self) -> None:
         self.samples: list[Sample] = []
         self.acknowledged: list[str] = []  # record ids of writes the service acknowledged
+        self.loop_lag_ms: list[float] = []  # the load generator's event-loop lag, sampled every 50 ms
 
     def by_op(self, since: float = 0.0) -> dict[str, list[Sample]]:
         grouped: dict[str, list[Sample]] = defaultdict(list)
@@ -233,6 +239,7 @@ async def operate(http: httpx.AsyncClient, agent: Agent, op: str, rng: random.Ra
                   scheduled: float, *, push_ops: int | None = None) -> None:
     """One operation of `agent`; its latency is counted from `scheduled`."""
     acked: list[str] = []
+    late_ms = (time.monotonic() - scheduled) * 1000
     base = f"/api/v1/stacks/{agent.stack}"
     try:
         if op == "push":
@@ -259,7 +266,7 @@ async def operate(http: httpx.AsyncClient, agent: Agent, op: str, rng: random.Ra
         status, error = response.status_code, ("" if response.status_code < 400 else response.text[:160])
     except httpx.HTTPError as exc:
         status, error = 0, type(exc).__name__
-    recorder.samples.append(Sample(op, scheduled, (time.monotonic() - scheduled) * 1000, status, error))
+    recorder.samples.append(Sample(op, scheduled, (time.monotonic() - scheduled) * 1000, status, error, late_ms))
     recorder.acknowledged.extend(acked)
 
 
@@ -351,14 +358,17 @@ async def soak(service: RunnerService, agents: list[Agent], cookie: str, seconds
     page_tasks = [asyncio.create_task(page.run(stop)) for page in pages]
     in_flight: set[asyncio.Task[None]] = set()
     loop = asyncio.get_running_loop()
-    started = loop.time()
-    deadline = started + seconds
 
     # One HTTP client per agent, as real agents have: a single client pooling 4 connections per agent
     # spent the load generator's whole core in httpx's pool bookkeeping (each queued request scans
     # every pooled connection) once the server fell behind, and then measured itself.
     async with contextlib.AsyncExitStack() as clients:
+        # Made before the clock starts: a client builds its TLS context (~27 ms of CPU, even for
+        # http://), and 100 of them made on the clock held every first arrival back ~2.7 s, then
+        # sent them, and each agent's operations that fell due meanwhile, in one burst.
         https = [await clients.enter_async_context(async_client(service.base_url, 4)) for _ in agents]
+        started = loop.time()
+        deadline = started + seconds
 
         async def agent_loop(agent: Agent) -> None:
             http = https[agent.index]
@@ -377,7 +387,15 @@ async def soak(service: RunnerService, agents: list[Agent], cookie: str, seconds
             await asyncio.sleep(seconds / 2)
             await asyncio.to_thread(on_half)
 
-        await asyncio.gather(*(agent_loop(a) for a in agents), half_way())
+        async def watch_lag() -> None:
+            # How late this process's own event loop wakes: time it adds to every figure above,
+            # none of it the service's (it shares the machine's cores with the service).
+            while loop.time() < deadline:
+                asked = loop.time()
+                await asyncio.sleep(0.05)
+                recorder.loop_lag_ms.append((loop.time() - asked - 0.05) * 1000)
+
+        await asyncio.gather(*(agent_loop(a) for a in agents), half_way(), watch_lag())
         if in_flight:
             await asyncio.wait(in_flight, timeout=REQUEST_TIMEOUT + 5)
     elapsed = loop.time() - started
@@ -385,6 +403,15 @@ async def soak(service: RunnerService, agents: list[Agent], cookie: str, seconds
     stop.set()
     await asyncio.gather(*page_tasks)
     return recorder, pages, elapsed
+
+
+def cores_used(before: dict[str, float], after: dict[str, float], own_before: Any, own_after: Any,
+               elapsed: float) -> dict[str, float]:
+    """CPU seconds per second of each role over a stretch, and of this load generator itself (it
+    shares the machine: cores it burns are cores the service does not get)."""
+    used = {role: (after[role] - before.get(role, 0.0)) / elapsed for role in sorted(after)}
+    used["load generator"] = (own_after.user + own_after.system - own_before.user - own_before.system) / elapsed
+    return used
 
 
 def stored_counts(database_url: str, record_ids: list[str]) -> Counter[str]:
@@ -417,12 +444,27 @@ def report_soak(args: argparse.Namespace, recorder: Recorder, baseline: Recorder
                      "2xx": len(ok), "p50 ms": figures["p50"], "p95 ms": figures["p95"], "p99 ms": figures["p99"],
                      "unloaded p50": start["p50"], "unloaded p95": start["p95"],
                      "p95 / unloaded": figures["p95"] / start["p95"] if start["n"] else float("nan"),
-                     "unloaded p95, grown stacks": end["p95"] if end["n"] else float("nan")})
+                     "unloaded p95, grown stacks": end["p95"] if end["n"] else float("nan"),
+                     # the same answers timed from when this process actually sent them
+                     "p95 from send": percentiles([s.ms - s.late_ms for s in samples if 200 <= s.status < 300])["p95"]})
         goals.append((f"{op}: p95 {figures['p95']:.0f} ms <= 3x unloaded p95 {start['p95']:.0f} ms",
                       figures["p95"] <= 3 * start["p95"]))
     total = len(recorder.samples)
     print_table(f"soak: {args.agents} agents, {elapsed:.0f} s, open loop (an operation every 1-2 s each); "
                 f"{total:,} requests = {total / elapsed:.1f}/s", rows)
+    # Latency over the run, in tenths: a slow start (the seed's embedding backlog) or a worsening
+    # (the stacks grow) shows here, not in the run's one p95.
+    started = min((s.started for s in recorder.samples), default=0.0)
+    tenths: dict[int, list[float]] = defaultdict(list)
+    for sample in recorder.samples:
+        if 200 <= sample.status < 300:
+            tenths[min(9, int(10 * (sample.started - started) / elapsed))].append(sample.ms)
+    print("\np95 of all operations by tenth of the run (ms): "
+          + ", ".join(f"{percentiles(tenths[n])['p95']:.0f}" for n in range(10)))
+    lag, late = percentiles(recorder.loop_lag_ms), percentiles([s.late_ms for s in recorder.samples])
+    print(f"\nload generator (one process on the same cores): event-loop lag p50 {lag['p50']:.1f} / p95 "
+          f"{lag['p95']:.1f} / p99 {lag['p99']:.1f} ms; operations started late by p50 {late['p50']:.1f} / p95 "
+          f"{late['p95']:.1f} ms (counted in the figures above: latency runs from the scheduled start)")
     statuses = Counter(s.status for s in recorder.samples if not 200 <= s.status < 300)
     print("\nnon-2xx by status (0 = no answer): "
           + (", ".join(f"{status}: {n}" for status, n in sorted(statuses.items())) or "none"))
@@ -480,8 +522,16 @@ def run_soak(args: argparse.Namespace) -> int:
                 rss["middle"] = rss_snapshot(service.runner.pid)
                 backlogs["middle"] = backlog(service.database_url)
 
-            log(f"soak: {args.agents} agents for {args.minutes:g} min")
+            log(f"soak: {args.agents} agents for {args.minutes:g} min (at {time.time():.1f})")
+            # This load generator's own collector pauses would count as the service's latency: what
+            # it holds from the seed is frozen out of them (as the service does, memoryhub/heap.py,
+            # but whatever the service's PYTHON_GC_TUNING: an A/B of it changes the service only).
+            gc.collect()
+            gc.freeze()
+            cpu_before, own_before = cpu_seconds(service.runner.pid), psutil.Process().cpu_times()
             recorder, pages, elapsed = asyncio.run(soak(service, agents, school["cookie"], args.minutes * 60, half))
+            cores = cores_used(cpu_before, cpu_seconds(service.runner.pid), own_before, psutil.Process().cpu_times(),
+                               elapsed)
             rss["end"] = rss_snapshot(service.runner.pid)
             backlogs["end"] = backlog(service.database_url)
             metrics["end"] = scrape_metrics(service.base_url)
@@ -490,6 +540,8 @@ def run_soak(args: argparse.Namespace) -> int:
             after = asyncio.run(unloaded_again(service.base_url, service.database_url, agents, args.baseline_samples))
             recorder_ok = report_soak(args, recorder, baseline, pages, elapsed, rss, backlogs, metrics, stored,
                                       after)
+            print(f"\nCPU during the soak (cores, of {psutil.cpu_count()}): "
+                  + ", ".join(f"{role} {used:.2f}" for role, used in cores.items()))
             lost_seed = sum(1 for rid in seeding.acknowledged if stored[rid] != 1)
             print(f"seed writes: {len(seeding.acknowledged):,} acknowledged, {lost_seed} not stored exactly once")
             return 0 if recorder_ok and lost_seed == 0 else 1
