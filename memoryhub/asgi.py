@@ -159,3 +159,17 @@ application = WithLifespan(ProtocolTypeRouter(
         "websocket": WebsocketGuard(AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns)))),
     }
 ))
+
+
+def _load_for_life() -> None:
+    """Import every view now (Django would on the first request) and freeze what this process keeps
+    for life out of the garbage collector's walks (memoryhub/heap.py)."""
+    from django.urls import get_resolver
+
+    from memoryhub.heap import settle_heap
+
+    get_resolver().url_patterns  # noqa: B018 - the attribute access imports the whole URL conf
+    settle_heap()
+
+
+_load_for_life()

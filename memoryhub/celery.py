@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from celery import Celery
-from celery.signals import before_task_publish, setup_logging, task_postrun, task_prerun
+from celery.signals import before_task_publish, setup_logging, task_postrun, task_prerun, worker_process_init
 
 from memoryhub import requestid
 
@@ -31,6 +31,16 @@ setup_logging.connect(_configure_logging)
 before_task_publish.connect(requestid.add_to_task_headers)
 task_prerun.connect(requestid.enter_task)
 task_postrun.connect(requestid.leave_task)
+
+
+def _settle_worker_heap(**_: object) -> None:
+    """Each pool process, once forked with the tasks imported: its heap out of the collector's walks."""
+    from memoryhub.heap import settle_heap
+
+    settle_heap()
+
+
+worker_process_init.connect(_settle_worker_heap)
 app.autodiscover_tasks()
 # Infrastructure tasks live in the project package, which is not an installed app.
 app.conf.imports = ("memoryhub.tasks", "memories.lifecycle_tasks")

@@ -113,6 +113,9 @@ DATABASES = {"default": _database(DATABASE_URL)}
 # plan (memories/search/context.py, docs/algorithms.md §7.5 "Cost"). Off for a transaction-pooling
 # PgBouncer in front of PostgreSQL, which does not carry one session's SQL-level PREPARE to the next.
 DB_PREPARED_STATEMENTS = env_bool("DB_PREPARED_STATEMENTS", True)
+# Web and worker processes freeze what they load at start out of the garbage collector's walks
+# (memoryhub/heap.py); false leaves CPython's collector as it is.
+PYTHON_GC_TUNING = env_bool("PYTHON_GC_TUNING", True)
 # An optional streaming replica (README "Scaling out"): the read-only pages that can show data a
 # moment old read it through memoryhub.replica.read_alias(); writes, access decisions, sync pull
 # and anything inside a transaction stay on the primary. Unset: no "replica" alias is used at all.

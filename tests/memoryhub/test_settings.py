@@ -21,7 +21,8 @@ def _django_check(**env_overrides: str) -> subprocess.CompletedProcess[str]:
 @pytest.mark.parametrize(
     ("variable", "value"),
     [("DEBUG", "maybe"), ("DATABASE_URL", "mysql://x@y/z"), ("REDIS_URL", "nope"), ("PORT", "eighty"),
-     ("MEMORYHUB_PG_PORT", "70000"), ("SECRET_KEY", "short"), ("EMBEDDING_PROVIDER", "magic")],
+     ("MEMORYHUB_PG_PORT", "70000"), ("SECRET_KEY", "short"), ("EMBEDDING_PROVIDER", "magic"),
+     ("PYTHON_GC_TUNING", "sometimes")],
 )
 def test_bad_value_fails_at_start_up_naming_the_variable(variable: str, value: str) -> None:
     runner = subprocess.run([sys.executable, "-m", "memoryhub.runner"], cwd=BASE_DIR,
