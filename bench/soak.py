@@ -421,8 +421,13 @@ def stored_counts(database_url: str, record_ids: list[str]) -> Counter[str]:
     with psycopg.connect(database_url) as conn:
         for start in range(0, len(record_ids), 10_000):
             chunk = record_ids[start:start + 10_000]
+            # A join with the ids, not `record_id = ANY(%s)`: record_id is indexed only behind
+            # stack_id, and ANY over 10,000 ids compared every row with every id (minutes a chunk
+            # after a 10-minute soak); the join hashes the ids once.
             counts.update(rid for (rid,) in conn.execute(
-                "SELECT record_id FROM memories_memory WHERE record_id = ANY(%s)", [chunk]))
+                "SELECT m.record_id FROM memories_memory m"
+                " JOIN (SELECT DISTINCT id FROM unnest(%s::text[]) AS ids(id)) acked ON m.record_id = acked.id",
+                [chunk]))
     return counts
 
 
