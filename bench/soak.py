@@ -656,16 +656,15 @@ def run_saturate(args: argparse.Namespace) -> int:
                 cpu_after, own_after = cpu_seconds(service.runner.pid), psutil.Process().cpu_times()
                 ok = [s for s in recorder.samples if 200 <= s.status < 300]
                 rate = len(ok) / elapsed
-                used = {role: (cpu_after.get(role, 0.0) - cpu_before.get(role, 0.0)) / elapsed for role in cpu_after}
-                own = (own_after.user + own_after.system - own_before.user - own_before.system) / elapsed
+                used = cores_used(cpu_before, cpu_after, own_before, own_after, elapsed)
                 latency = percentiles([s.ms for s in ok])
                 failed = Counter(s.status for s in recorder.samples if not 200 <= s.status < 300)
-                row = {"clients": clients, "2xx per s": rate,
+                row: dict[str, Any] = {"clients": clients, "2xx per s": rate,
                        "non-2xx": ", ".join(f"{n}x {status}" for status, n in sorted(failed.items())) or "0",
                        "p50 ms": latency["p50"], "p95 ms": latency["p95"],
                        "web cores": used.get("web", 0.0), "worker cores": used.get("worker", 0.0),
                        "postgres cores": used.get("postgres", 0.0), "redis cores": used.get("redis", 0.0),
-                       "load client cores": own}
+                       "load client cores": used["load generator"]}
                 rows.append(row)
                 log(f"{clients} clients: {rate:.1f} req/s (2xx)")
                 for status in sorted(failed):

@@ -24,11 +24,9 @@ import gc
 from django.conf import settings
 
 
-def settle_heap() -> bool:
-    """Freeze what is alive now out of the collector's walks. Call once a process has loaded what it
-    keeps for life. False when turned off."""
-    if not settings.PYTHON_GC_TUNING:
-        return False
-    gc.collect()  # what is garbage already is freed, not frozen
-    gc.freeze()
-    return True
+def settle_heap() -> None:
+    """Freeze what is alive now out of the collector's walks (unless turned off). Call once a
+    process has loaded what it keeps for life."""
+    if settings.PYTHON_GC_TUNING:
+        gc.collect()  # what is garbage already is freed, not frozen
+        gc.freeze()
