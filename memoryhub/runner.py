@@ -42,6 +42,10 @@ GRACEFUL_WORKER_SECONDS = 60.0
 # From "web, worker and beat started" to /readyz 200. A first start imports torch and Django in
 # three processes at once; ~20 s on a busy 2-core machine.
 READY_TIMEOUT_SECONDS = 180.0
+# The worker's CPU niceness (`WORKER_CPU_NICE`, docs/operations.md §8). 0: it competes for the cores
+# as an equal of the web server; at 10 requests' p95 was 0.85x under bench/soak.py but the worker
+# embedded 16 % fewer memories, falling further behind the agents' writes.
+DEFAULT_WORKER_CPU_NICE = 0
 
 
 # Connections kept free of the pools' budget: `manage.py` commands, backups, beat, the health
@@ -223,6 +227,7 @@ def main() -> int:
         web_workers = env_int("WEB_WORKERS", default_web_workers(cores, database_here=not os.environ.get(
             "DATABASE_URL")), minimum=1)
         concurrency = env_int("CELERY_CONCURRENCY", cores, minimum=1)
+        worker_nice = env_int("WORKER_CPU_NICE", DEFAULT_WORKER_CPU_NICE, minimum=0, maximum=19)
         import memoryhub.settings  # noqa: F401  (validates every setting before anything starts)
     except ImproperlyConfigured as exc:
         log(f"configuration error: {exc}")
@@ -346,7 +351,7 @@ def main() -> int:
                   "--concurrency", str(concurrency), "--hostname", "worker@%h", "--queues", WORKER_QUEUES],
             # SIGTERM is Celery's warm shutdown: running tasks finish (a task cut off by the SIGKILL
             # after this is redelivered: acks_late), no new one starts.
-            env=env, cwd=BASE_DIR, stop_timeout=GRACEFUL_WORKER_SECONDS,
+            env=env, cwd=BASE_DIR, stop_timeout=GRACEFUL_WORKER_SECONDS, cpu_nice=worker_nice,
         ))
         supervisor.add(ManagedProcess(
             name="beat",
