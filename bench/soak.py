@@ -507,6 +507,34 @@ def report_soak(args: argparse.Namespace, recorder: Recorder, baseline: Recorder
     return all(passed for _, passed in goals)
 
 
+LOAD_GENERATOR_NICE = -5
+
+
+@contextmanager
+def ahead_of_the_service() -> Iterator[str]:
+    """Run this load generator ahead of the service's processes while the cores are contended, so
+    its own scheduling delays (an answer read late, an operation sent late) are not counted as the
+    service's latency: agents run on machines of their own. Only root may; otherwise it says so.
+    Both this process and its session's scheduling group (with autogroup every session is weighed
+    alike, whatever its processes' niceness: docs/operations.md §8); the group's niceness is put
+    back at the end, since the shell that started this shares the session."""
+    autogroup = Path("/proc/self/autogroup")
+    before = autogroup.read_text().split()[-1] if autogroup.exists() else None
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, LOAD_GENERATOR_NICE)
+    except OSError:
+        yield "at the service's priority (only root may raise it)"
+        return
+    with contextlib.suppress(OSError):
+        autogroup.write_text(f"{LOAD_GENERATOR_NICE}\n")
+    try:
+        yield f"at nice {LOAD_GENERATOR_NICE}, ahead of the service's processes"
+    finally:
+        if before is not None:
+            with contextlib.suppress(OSError):
+                autogroup.write_text(f"{before}\n")
+
+
 def run_soak(args: argparse.Namespace) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="memoryhub-soak-"))
     log(f"starting the service (runner) in {workdir}; embedder {args.embedder}")
@@ -534,7 +562,10 @@ def run_soak(args: argparse.Namespace) -> int:
             gc.collect()
             gc.freeze()
             cpu_before, own_before = cpu_seconds(service.runner.pid), psutil.Process().cpu_times()
-            recorder, pages, elapsed = asyncio.run(soak(service, agents, school["cookie"], args.minutes * 60, half))
+            with ahead_of_the_service() as priority:
+                log(f"load generator {priority}")
+                recorder, pages, elapsed = asyncio.run(soak(service, agents, school["cookie"], args.minutes * 60,
+                                                            half))
             cores = cores_used(cpu_before, cpu_seconds(service.runner.pid), own_before, psutil.Process().cpu_times(),
                                elapsed)
             rss["end"] = rss_snapshot(service.runner.pid)
