@@ -479,7 +479,9 @@ def report_soak(args: argparse.Namespace, recorder: Recorder, baseline: Recorder
     print_table("RSS per process (MB)", [{"process": name, "start": rss["start"].get(name, float("nan")),
                                           "middle": rss["middle"].get(name, float("nan")),
                                           "end": rss["end"].get(name, float("nan"))} for name in rss["end"]])
-    print(f"\nembedding backlog: start {backlogs['start']:,}, middle {backlogs['middle']:,}, end {backlogs['end']:,}")
+    print(f"\nembedding backlog: start {backlogs['start']:,}, middle {backlogs['middle']:,}, end {backlogs['end']:,}; "
+          f"lag at the end (/metrics: the oldest change still awaiting a vector) "
+          f"{metrics['end'].get('memoryhub_embedding_lag_seconds', 0.0):,.0f} s")
     print(f"live pages: {sum(p.events for p in pages):,} change events received by {len(pages)} pages; "
           f"closed early: {sum(bool(p.closed_early) for p in pages)} "
           f"{next((p.closed_early for p in pages if p.closed_early), '')}")

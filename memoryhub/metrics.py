@@ -8,7 +8,8 @@ What is measured, and where it is counted:
 * job runs and their durations by job and status — memories.lifecycle.jobs.run_job;
 * open websocket connections — memoryhub.limits.WebsocketGuard (every websocket passes it);
 * webhook deliveries by outcome — webhooks.dispatch; payment verifications by result — billing;
-* the embedding backlog, read from the database when scraped (one count on a partial index).
+* the embedding backlog and its lag (the oldest awaiting change's age), read from the database
+  when scraped.
 
 Several processes (uvicorn workers, Celery's pool) each count their own: with
 PROMETHEUS_MULTIPROC_DIR set (the runner sets it to DATA_DIR/metrics and empties it at start) the
@@ -63,25 +64,31 @@ PAYMENT_VERIFICATIONS = Counter("memoryhub_payment_verifications", "On-chain pay
 
 
 class _BacklogCollector(Collector):
-    """The embedding backlog, counted when scraped (cheap: a partial index covers those rows)."""
+    """The embedding backlog and its lag, read from the database when scraped (one statement over
+    the backlog's partial index and its rows)."""
 
-    _name, _help = "memoryhub_embedding_backlog", "Memories awaiting a current embedding."
+    _families = (
+        ("memoryhub_embedding_backlog", "Memories awaiting a current embedding."),
+        ("memoryhub_embedding_lag_seconds",
+         "Seconds since the oldest change still awaiting a current embedding (0: none awaits)."),
+    )
 
     def describe(self) -> Iterator[GaugeMetricFamily]:
         # What registering asks for: without it the registry would collect, i.e. query the
         # database, at import time.
-        yield GaugeMetricFamily(self._name, self._help)
+        for name, documentation in self._families:
+            yield GaugeMetricFamily(name, documentation)
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        from memoryhub.health import embedding_backlog
+        from memoryhub.health import embedding_backlog_and_lag
 
-        family = GaugeMetricFamily(self._name, self._help)
-        try:
-            backlog = embedding_backlog()
-        except Exception:  # database down: the gauge is absent from this scrape, the rest still answers
+        figures = embedding_backlog_and_lag()
+        if figures is None:  # database down: the gauges are absent from this scrape, the rest still answers
             return
-        family.add_metric([], float(backlog or 0))
-        yield family
+        for (name, documentation), figure in zip(self._families, figures, strict=True):
+            family = GaugeMetricFamily(name, documentation)
+            family.add_metric([], float(figure))
+            yield family
 
 
 _backlog = _BacklogCollector()

@@ -5,11 +5,16 @@ from __future__ import annotations
 
 import re
 import uuid
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from django.test import Client
+from django.utils import timezone
 
+from memories.models import Memory
+from memories.search.embedding_jobs import memories_embed
+from memories.search.embeddings import get_embedder
 from tests.actors import School
 
 pytestmark = pytest.mark.django_db
@@ -82,3 +87,21 @@ def test_counters_move_when_agents_work(school: School) -> None:
     assert value(after, "memoryhub_embedding_backlog") >= 3  # the new notes await their vectors
     # Labels are route patterns: no stack slug, memory text or id appears anywhere.
     assert school.stack.slug not in after and "Note 1" not in after
+
+
+def test_the_embedding_lag_is_how_long_the_oldest_memory_has_waited_for_its_vector(school: School) -> None:
+    client = Client()
+    created = [school.agent.post(school.stack_url("memories"), {"kind": "note", "content": f"Lag note {n}"},
+                                 format="json") for n in range(2)]
+    assert [response.status_code for response in created] == [201, 201]
+    oldest, newest = (Memory.objects.get(pk=response.json()["id"]) for response in created)
+    Memory.objects.filter(pk=oldest.pk).update(server_updated_at=timezone.now() - timedelta(minutes=10))
+    scraped = scrape(client)
+    assert 600 <= value(scraped, "memoryhub_embedding_lag_seconds") < 660
+    assert value(scraped, "memoryhub_embedding_backlog") >= 2
+
+    memories_embed(ids=[oldest.pk, newest.pk], embedder=get_embedder())
+    scraped = scrape(client)
+    assert value(scraped, "memoryhub_embedding_backlog") == 0
+    assert value(scraped, "memoryhub_embedding_lag_seconds") == 0  # nothing awaits: no lag
+    assert 'memoryhub_embedding_lag_seconds 0.0' in scraped  # present, not merely absent
