@@ -76,6 +76,7 @@ import psutil  # noqa: E402
 
 from bench.harness import log, percentiles, print_table  # noqa: E402
 from bench.service import RunnerService, runner_service  # noqa: E402
+from memoryhub.embedded import set_session_group_nice  # noqa: E402
 
 MIX = {"search": 30, "load": 15, "write": 20, "push": 20, "pull": 15}
 PUSH_SIZES = ((80, 1, 5), (17, 6, 50), (3, 51, 500))  # (weight %, smallest, largest) ops per push
@@ -527,14 +528,12 @@ def ahead_of_the_service() -> Iterator[str]:
     except OSError:
         yield "at the service's priority (only root may raise it)"
         return
-    with contextlib.suppress(OSError):
-        autogroup.write_text(f"{LOAD_GENERATOR_NICE}\n")
+    set_session_group_nice("self", LOAD_GENERATOR_NICE)
     try:
         yield f"at nice {LOAD_GENERATOR_NICE}, ahead of the service's processes"
     finally:
         if before is not None:
-            with contextlib.suppress(OSError):
-                autogroup.write_text(f"{before}\n")
+            set_session_group_nice("self", int(before))
 
 
 def run_soak(args: argparse.Namespace) -> int:
@@ -559,7 +558,7 @@ def run_soak(args: argparse.Namespace) -> int:
 
             log(f"soak: {args.agents} agents for {args.minutes:g} min (at {time.time():.1f})")
             # This load generator's own collector pauses would count as the service's latency: what
-            # it holds from the seed is frozen out of them (as the service does, memoryhub/heap.py,
+            # it holds from the seed is frozen out of them (as the service does, memoryhub/interpreter.py,
             # but whatever the service's PYTHON_GC_TUNING: an A/B of it changes the service only).
             gc.collect()
             gc.freeze()

@@ -163,12 +163,11 @@ application = WithLifespan(ProtocolTypeRouter(
 
 def _load_for_life() -> None:
     """Import every view now (Django would on the first request), freeze what this process keeps
-    for life out of the garbage collector's walks (memoryhub/heap.py) and shorten the GIL's switch
-    interval (memoryhub/gil.py)."""
+    for life out of the garbage collector's walks and shorten the GIL's switch interval
+    (memoryhub/interpreter.py)."""
     from django.urls import get_resolver
 
-    from memoryhub.gil import shorten_gil_switch_interval
-    from memoryhub.heap import settle_heap
+    from memoryhub.interpreter import settle_heap, shorten_gil_switch_interval
 
     get_resolver().url_patterns  # noqa: B018 - the attribute access imports the whole URL conf
     settle_heap()

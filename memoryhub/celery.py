@@ -35,7 +35,7 @@ task_postrun.connect(requestid.leave_task)
 
 def _settle_worker_heap(**_: object) -> None:
     """Each pool process, once forked with the tasks imported: its heap out of the collector's walks."""
-    from memoryhub.heap import settle_heap
+    from memoryhub.interpreter import settle_heap
 
     settle_heap()
 

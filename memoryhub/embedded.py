@@ -48,7 +48,13 @@ def _deprioritise(pid: int, nice: int) -> None:
     nice = max(nice, os.getpriority(os.PRIO_PROCESS, 0))  # never above our own priority
     with contextlib.suppress(OSError):
         os.setpriority(os.PRIO_PGRP, pid, nice)
-    with contextlib.suppress(OSError):  # not Linux, or a kernel without autogroup
+    set_session_group_nice(pid, nice)
+
+
+def set_session_group_nice(pid: int | str, nice: int) -> None:
+    """The niceness of the scheduling group (autogroup) of the session `pid` ("self": ours) is in,
+    for all its processes; nothing where the kernel has no autogroup (or it is not Linux)."""
+    with contextlib.suppress(OSError):
         Path(f"/proc/{pid}/autogroup").write_text(f"{nice}\n")
 
 

@@ -114,10 +114,10 @@ DATABASES = {"default": _database(DATABASE_URL)}
 # PgBouncer in front of PostgreSQL, which does not carry one session's SQL-level PREPARE to the next.
 DB_PREPARED_STATEMENTS = env_bool("DB_PREPARED_STATEMENTS", True)
 # Web and worker processes freeze what they load at start out of the garbage collector's walks
-# (memoryhub/heap.py); false leaves CPython's collector as it is.
+# (memoryhub/interpreter.py); false leaves CPython's collector as it is.
 PYTHON_GC_TUNING = env_bool("PYTHON_GC_TUNING", True)
 # How long a web process's busy thread keeps the GIL from a thread whose database or Redis answer
-# has come back (memoryhub/gil.py); CPython's own is 5.
+# has come back (memoryhub/interpreter.py); CPython's own is 5.
 PYTHON_GIL_SWITCH_MS = env_int("PYTHON_GIL_SWITCH_MS", 1, minimum=1, maximum=100)
 # An optional streaming replica (README "Scaling out"): the read-only pages that can show data a
 # moment old read it through memoryhub.replica.read_alias(); writes, access decisions, sync pull
