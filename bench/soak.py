@@ -36,6 +36,10 @@ answered) until 2xx/s rises by < 5 %, and prints the peak requests/s of the mix 
 by the web server, the worker, PostgreSQL and Redis (CPU seconds per second, from /proc of their
 processes and their children, through psutil), next to as many bare psycopg threads running each
 operation's core statement (INSERTs for writes and pushes, a SELECT each for pull, load and search).
+Each step also counts the memories written and the vectors stored a second: a peak the embedding
+does not keep up with borrows from the backlog. `--mix probe` runs the mix of the issue's first
+probe (pushes of 10 operations, pulls and searches 4:2:4), the one its 24.6 requests/s were measured
+on; the default `agents` mix is the soak's, heavier (loads, native writes, pushes of up to 500).
 `--web-workers` / `--concurrency` size the service for an A/B of WEB_WORKERS and CELERY_CONCURRENCY.
 
 `--compare NAME=VALUE[,…]` is that A/B on a busy machine: two services side by side, the second
@@ -78,8 +82,36 @@ from bench.harness import log, percentiles, print_table  # noqa: E402
 from bench.service import RunnerService, runner_service  # noqa: E402
 from memoryhub.embedded import set_session_group_nice  # noqa: E402
 
-MIX = {"search": 30, "load": 15, "write": 20, "push": 20, "pull": 15}
-PUSH_SIZES = ((80, 1, 5), (17, 6, 50), (3, 51, 500))  # (weight %, smallest, largest) ops per push
+
+@dataclass(frozen=True)
+class Mix:
+    """Which operations, how often (weights), and how many operations a push carries."""
+
+    weights: dict[str, int]
+    push_sizes: tuple[tuple[int, int, int], ...]  # (weight %, smallest, largest) operations per push
+
+    def pick_op(self, rng: random.Random) -> str:
+        return rng.choices(list(self.weights), list(self.weights.values()))[0]
+
+    def push_size(self, rng: random.Random) -> int:
+        _, low, high = rng.choices(self.push_sizes, [w for w, _, _ in self.push_sizes])[0]
+        return rng.randint(low, high)
+
+    def memories_per_request(self) -> float:
+        """Memories a request writes on average: what the embedding has to keep up with."""
+        total = sum(self.weights.values())
+        pushed = sum(w * (low + high) / 2 for w, low, high in self.push_sizes) / sum(w for w, _, _ in self.push_sizes)
+        return (self.weights.get("push", 0) * pushed + self.weights.get("write", 0)) / total
+
+
+MIXES = {
+    # The agents' pace (the module doc): they read more than they write and sync in between.
+    "agents": Mix({"search": 30, "load": 15, "write": 20, "push": 20, "pull": 15},
+                  ((80, 1, 5), (17, 6, 50), (3, 51, 500))),
+    # The issue's probe that measured 24.6 requests/s: pushes of 10 operations, pulls and searches 4:2:4.
+    "probe": Mix({"push": 40, "pull": 20, "search": 40}, ((100, 10, 10),)),
+}
+MIX = MIXES["agents"]
 WORDS = (
     "fractions", "decimals", "algebra", "geometry", "reading", "phonics", "essay", "grammar", "spelling",
     "history", "biology", "chemistry", "physics", "homework", "quiz", "exam", "practice", "review", "lesson",
@@ -215,11 +247,6 @@ class Recorder:
         return grouped
 
 
-def push_size(rng: random.Random) -> int:
-    _, low, high = rng.choices(PUSH_SIZES, [w for w, _, _ in PUSH_SIZES])[0]
-    return rng.randint(low, high)
-
-
 def sentence(rng: random.Random) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(rng.randint(6, 18)))
 
@@ -237,14 +264,14 @@ def kernle_ops(rng: random.Random, stack: str, count: int) -> list[dict[str, Any
 
 
 async def operate(http: httpx.AsyncClient, agent: Agent, op: str, rng: random.Random, recorder: Recorder,
-                  scheduled: float, *, push_ops: int | None = None) -> None:
+                  scheduled: float, *, push_ops: int | None = None, mix: Mix = MIX) -> None:
     """One operation of `agent`; its latency is counted from `scheduled`."""
     acked: list[str] = []
     late_ms = (time.monotonic() - scheduled) * 1000
     base = f"/api/v1/stacks/{agent.stack}"
     try:
         if op == "push":
-            ops = kernle_ops(rng, agent.stack, push_ops or push_size(rng))
+            ops = kernle_ops(rng, agent.stack, push_ops or mix.push_size(rng))
             response = await http.post("/sync/push", json={"stack_id": agent.stack, "operations": ops},
                                        headers=agent.headers)
             if response.status_code == 200 and not response.json().get("conflicts"):
@@ -271,10 +298,6 @@ async def operate(http: httpx.AsyncClient, agent: Agent, op: str, rng: random.Ra
     recorder.acknowledged.extend(acked)
 
 
-def pick_op(rng: random.Random) -> str:
-    return rng.choices(list(MIX), list(MIX.values()))[0]
-
-
 def async_client(base_url: str, connections: int) -> httpx.AsyncClient:
     return httpx.AsyncClient(base_url=base_url, timeout=REQUEST_TIMEOUT,
                              limits=httpx.Limits(max_connections=connections, max_keepalive_connections=connections))
@@ -299,12 +322,12 @@ async def seed_and_baseline(base_url: str, agents: list[Agent], samples: int) ->
 async def unloaded(http: httpx.AsyncClient, agents: list[Agent], samples: int, rng: random.Random,
                    recorder: Recorder) -> None:
     """Each operation alone, one at a time, after a warm-up (the first calls import and connect)."""
-    for op in MIX:
+    for op in MIX.weights:
         for agent in agents[:3]:
             await operate(http, agent, op, rng, Recorder(), time.monotonic())
     for n in range(samples):
-        for k, op in enumerate(MIX):
-            agent = agents[(n * len(MIX) + k) % len(agents)]
+        for k, op in enumerate(MIX.weights):
+            agent = agents[(n * len(MIX.weights) + k) % len(agents)]
             await operate(http, agent, op, rng, recorder, time.monotonic())
 
 
@@ -379,7 +402,7 @@ async def soak(service: RunnerService, agents: list[Agent], cookie: str, seconds
                 await asyncio.sleep(max(0.0, at - loop.time()))
                 # Open loop: start the operation and schedule the next one, whatever this one takes.
                 scheduled = time.monotonic() - (loop.time() - at)
-                task = asyncio.create_task(operate(http, agent, pick_op(rng), rng, recorder, scheduled))
+                task = asyncio.create_task(operate(http, agent, MIX.pick_op(rng), rng, recorder, scheduled))
                 in_flight.add(task)
                 task.add_done_callback(in_flight.discard)
                 at += rng.uniform(1.0, 2.0)
@@ -441,7 +464,7 @@ def report_soak(args: argparse.Namespace, recorder: Recorder, baseline: Recorder
         return [s.ms for s in samples if 200 <= s.status < 300]
 
     rows, goals = [], []
-    for op in MIX:
+    for op in MIX.weights:
         samples = loaded.get(op, [])
         ok = ok_ms(samples)
         figures, start, end = percentiles(ok), percentiles(ok_ms(quiet.get(op, []))), percentiles(
@@ -590,7 +613,8 @@ def run_soak(args: argparse.Namespace) -> int:
 
 # --- saturation ----------------------------------------------------------------------------------------------
 
-async def closed_loop(base_url: str, agents: list[Agent], clients: int, seconds: float) -> tuple[Recorder, float]:
+async def closed_loop(base_url: str, agents: list[Agent], clients: int, seconds: float,
+                      mix: Mix = MIX) -> tuple[Recorder, float]:
     """`clients` clients, each sending its next operation when the last is answered. Each request is
     made as the next agent in turn (client n: agents n, n + clients, …), so the load is spread over
     every agent's own limits like real traffic, instead of one agent far over its 60 pushes/min."""
@@ -603,14 +627,16 @@ async def closed_loop(base_url: str, agents: list[Agent], clients: int, seconds:
             rng = random.Random(n * 7919 + clients)
             turn = n
             while loop.time() - started < seconds:
-                await operate(http, agents[turn % len(agents)], pick_op(rng), rng, recorder, time.monotonic())
+                await operate(http, agents[turn % len(agents)], mix.pick_op(rng), rng, recorder, time.monotonic(),
+                              mix=mix)
                 turn += clients
 
         await asyncio.gather(*(client(n) for n in range(clients)))
         return recorder, loop.time() - started
 
 
-def bare_psycopg(database_url: str, stack_ids: list[int], clients: int, seconds: float) -> dict[str, Any]:
+def bare_psycopg(database_url: str, stack_ids: list[int], clients: int, seconds: float,
+                 mix: Mix = MIX) -> dict[str, Any]:
     """The core statement of each operation of the mix, closed loop from `clients` threads: a native
     write is one INSERT, a push an INSERT of its batch in one transaction, a pull the stack's changes
     of the last seconds, a load the stack's 200 strongest memories, a search a full-text match (the
@@ -644,9 +670,9 @@ def bare_psycopg(database_url: str, stack_ids: list[int], clients: int, seconds:
         stack = stack_ids[n % len(stack_ids)]
         with psycopg.connect(database_url, autocommit=True) as conn:
             while time.monotonic() < deadline:
-                op = pick_op(rng)
+                op = mix.pick_op(rng)
                 if op in ("write", "push"):
-                    texts = [sentence(rng) for _ in range(1 if op == "write" else push_size(rng))]
+                    texts = [sentence(rng) for _ in range(1 if op == "write" else mix.push_size(rng))]
                     with conn.transaction(), conn.cursor() as cursor:
                         cursor.executemany(insert, [(uuid.uuid4(), stack, f"bare-{uuid.uuid4()}", text,
                                                      json.dumps({"content": text}), [rng.choice(WORDS)], len(text))
@@ -674,7 +700,9 @@ def run_saturate(args: argparse.Namespace) -> int:
     extra = {"WEB_WORKERS": str(args.web_workers)} if args.web_workers else {}
     if args.concurrency:
         extra["CELERY_CONCURRENCY"] = str(args.concurrency)
-    log(f"starting the service (runner) in {workdir}; embedder {args.embedder}; {extra or 'default sizing'}")
+    mix = MIXES[args.mix]
+    log(f"starting the service (runner) in {workdir}; embedder {args.embedder}; {extra or 'default sizing'}; "
+        f"mix {args.mix}: {mix.weights}, {mix.memories_per_request():.1f} memories written a request")
     try:
         with running_service(workdir, args.embedder, extra) as service:
             school = service.make_school("soak", args.agents)
@@ -684,8 +712,11 @@ def run_saturate(args: argparse.Namespace) -> int:
             clients = 2
             while clients <= args.agents:
                 cpu_before, own_before = cpu_seconds(service.runner.pid), psutil.Process().cpu_times()
-                recorder, elapsed = asyncio.run(closed_loop(service.base_url, agents, clients, args.step_seconds))
+                embedded_before = scrape_metrics(service.base_url).get("memoryhub_embeddings_stored", 0.0)
+                recorder, elapsed = asyncio.run(closed_loop(service.base_url, agents, clients, args.step_seconds,
+                                                            mix))
                 cpu_after, own_after = cpu_seconds(service.runner.pid), psutil.Process().cpu_times()
+                embedded = scrape_metrics(service.base_url).get("memoryhub_embeddings_stored", 0.0) - embedded_before
                 ok = [s for s in recorder.samples if 200 <= s.status < 300]
                 rate = len(ok) / elapsed
                 used = cores_used(cpu_before, cpu_after, own_before, own_after, elapsed)
@@ -694,6 +725,10 @@ def run_saturate(args: argparse.Namespace) -> int:
                 row: dict[str, Any] = {"clients": clients, "2xx per s": rate,
                        "non-2xx": ", ".join(f"{n}x {status}" for status, n in sorted(failed.items())) or "0",
                        "p50 ms": latency["p50"], "p95 ms": latency["p95"],
+                       # Writes acknowledged against vectors stored in the step: whether the
+                       # embedding keeps up at this rate or the peak borrows from the backlog.
+                       "memories in per s": len(recorder.acknowledged) / elapsed,
+                       "vectors stored per s": embedded / elapsed,
                        "web cores": used.get("web", 0.0), "worker cores": used.get("worker", 0.0),
                        "postgres cores": used.get("postgres", 0.0), "redis cores": used.get("redis", 0.0),
                        "load client cores": used["load generator"]}
@@ -709,19 +744,24 @@ def run_saturate(args: argparse.Namespace) -> int:
                 if not rising:
                     break
                 clients *= 2
-            print_table(f"saturation: closed-loop clients doubled until 2xx/s rose < 5 % (mix {MIX}; "
-                        f"{args.step_seconds:g} s per step; cores = CPU seconds per second)", rows)
+            print_table(f"saturation: closed-loop clients doubled until 2xx/s rose < 5 % (mix {args.mix}: "
+                        f"{mix.weights}; {args.step_seconds:g} s per step; cores = CPU seconds per second)", rows)
             assert peak is not None
             with psycopg.connect(service.database_url) as conn:
                 stack_ids = [pk for (pk,) in conn.execute(
                     "SELECT id FROM stacks_stack WHERE slug = ANY(%s) ORDER BY slug",
                     [[agent["stack"] for agent in school["agents"]]])]
-            bare = bare_psycopg(service.database_url, stack_ids, int(peak["clients"]), args.step_seconds)
+            bare = bare_psycopg(service.database_url, stack_ids, int(peak["clients"]), args.step_seconds, mix)
             cores = {k: peak[k] for k in ("web cores", "worker cores", "postgres cores")}
+            # The issue's 24.6 requests/s was measured on the probe's mix; on another mix the goal is
+            # only indicative.
+            same = "on the same mix" if args.mix == "probe" else "measured on --mix probe, not this mix"
             print(f"\npeak: {peak['2xx per s']:.1f} requests/s with {peak['clients']} clients "
-                  f"(issue 19 goal: >= 246, 10x the 24.6 measured before; "
+                  f"(issue 19 goal: >= 246, 10x the 24.6 {same}; "
                   f"{'PASS' if peak['2xx per s'] >= 246 else 'FAIL'}); CPU split at the peak: "
-                  + ", ".join(f"{k} {v:.2f}" for k, v in cores.items()))
+                  + ", ".join(f"{k} {v:.2f}" for k, v in cores.items())
+                  + f"; memories written {peak['memories in per s']:.0f}/s, vectors stored "
+                  f"{peak['vectors stored per s']:.0f}/s")
             print(f"bare psycopg, the mix's core statements, {peak['clients']} threads: {bare['per s']:.1f} ops/s "
                   f"({bare['counts']}); the service reaches {peak['2xx per s'] / bare['per s']:.2f}x of it")
             return 0
@@ -731,10 +771,11 @@ def run_saturate(args: argparse.Namespace) -> int:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def measure_round(service: RunnerService, agents: list[Agent], clients: int, seconds: float) -> dict[str, float]:
+def measure_round(service: RunnerService, agents: list[Agent], clients: int, seconds: float,
+                  mix: Mix = MIX) -> dict[str, float]:
     """One closed-loop round: 2xx/s and the CPU milliseconds each role spent per 2xx request."""
     before = cpu_seconds(service.runner.pid)
-    recorder, elapsed = asyncio.run(closed_loop(service.base_url, agents, clients, seconds))
+    recorder, elapsed = asyncio.run(closed_loop(service.base_url, agents, clients, seconds, mix))
     after = cpu_seconds(service.runner.pid)
     ok = [s for s in recorder.samples if 200 <= s.status < 300]
     row: dict[str, float] = {"2xx per s": len(ok) / elapsed, "non-2xx": len(recorder.samples) - len(ok),
@@ -771,7 +812,7 @@ def run_compare(args: argparse.Namespace) -> int:
             for n in range(args.rounds):
                 for name in configs:
                     rounds[name].append(measure_round(services[name], crowds[name], args.compare_clients,
-                                                      args.step_seconds))
+                                                      args.step_seconds, MIXES[args.mix]))
                     log(f"round {n + 1} {name}: {rounds[name][-1]['2xx per s']:.1f} req/s")
             rows = []
             for name, extra in configs.items():
@@ -802,6 +843,8 @@ def main() -> int:
     parser.add_argument("--web-workers", type=int, default=0, help="WEB_WORKERS (default: the runner's own)")
     parser.add_argument("--concurrency", type=int, default=0, help="CELERY_CONCURRENCY (default: the runner's own)")
     parser.add_argument("--saturate", action="store_true", help="closed loop, clients added until the peak")
+    parser.add_argument("--mix", choices=sorted(MIXES), default="agents",
+                        help="--saturate / --compare: the agents' mix (the soak's) or the issue's probe")
     parser.add_argument("--step-seconds", type=float, default=20.0, help="--saturate / --compare: seconds per step")
     parser.add_argument("--compare", default="", metavar="NAME=VALUE[,…]",
                         help="A/B: a second service with these settings, loaded in turn with the first")
