@@ -234,7 +234,9 @@ def measure_small_tasks(env: Any, texts: list[str], bare_s: float, bare_cpu: flo
     tasks: list[list[str]] = []
     send = hooks._send_embedding
 
-    def collect(ids: list[str], message_ids: int) -> None:  # the messages the writes would send
+    # The messages the writes would send, one per write (the one-waiting-message-per-stack marker,
+    # docs/algorithms.md §10.2.1, is left out: this compares filling alone).
+    def collect(ids: list[str], message_ids: int, **_: Any) -> None:
         tasks.extend(ids[start:start + message_ids] for start in range(0, len(ids), message_ids))
 
     hooks._send_embedding = collect

@@ -35,16 +35,18 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-def _deprioritise(pid: int, nice: int) -> None:
-    """Run the new session `pid` leads (its process group, and all it will start) at CPU niceness `nice`.
+def set_session_nice(pid: int, nice: int) -> None:
+    """Run the session `pid` leads (its process group, and all it will start) at CPU niceness `nice`.
 
     Both knobs, because either may be the one that counts: the process's own nice decides among
     processes of one scheduling group, and on Linux with autogroup (`kernel.sched_autogroup_enabled`,
     on by default in Debian's kernels) every session is a group of its own, weighed equally with every
     other session whatever its processes' nice, so only the group's nice (`/proc/<pid>/autogroup`)
-    lowers its share against the web server's and PostgreSQL's. Set from here rather than in the
+    lowers its share against the web server's and PostgreSQL's. Set from the parent rather than in the
     child before exec: `Popen` returns after the child's `setsid`, and a group's nice covers the
-    members it gains later (the worker's pool processes)."""
+    members it gains later (the worker's pool processes). Raising a priority back (a lower `nice`)
+    needs CAP_SYS_NICE for the processes' own niceness, not for the group's: without it only the
+    group's changes, which is the one that counts under autogroup."""
     nice = max(nice, os.getpriority(os.PRIO_PROCESS, 0))  # never above our own priority
     with contextlib.suppress(OSError):
         os.setpriority(os.PRIO_PGRP, pid, nice)
@@ -92,7 +94,7 @@ class ManagedProcess:
     cwd: Path | None = None
     user: str | None = None
     log_path: Path | None = None
-    # Above 0: the process and everything it starts run at this CPU niceness (see `_deprioritise`).
+    # Above 0: the process and everything it starts run at this CPU niceness (see `set_session_nice`).
     cpu_nice: int = 0
     stop_signal: int = signal.SIGTERM
     # How long `stop()` lets it finish what it is doing (drain requests, finish tasks) before SIGKILL.
@@ -118,7 +120,7 @@ class ManagedProcess:
             preexec_fn=_die_with_parent,
         )
         if self.cpu_nice > 0:
-            _deprioritise(self.process.pid, self.cpu_nice)
+            set_session_nice(self.process.pid, self.cpu_nice)
 
     @property
     def pid(self) -> int | None:

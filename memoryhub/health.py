@@ -10,6 +10,7 @@ from django.conf import settings
 from django.db import connection
 
 from memoryhub.celery import app as celery_app
+from memoryhub.worker_priority import AWAITING_VECTORS
 
 CHECK_TIMEOUT_SECONDS = 2.0
 
@@ -67,19 +68,16 @@ def readiness() -> dict[str, CheckResult]:
     }
 
 
-# What memories.search.embedding_jobs.embedding_backlog_count counts, read here as plain SQL:
-# memoryhub is the layer every app stands on and imports none of them (see [tool.importlinter] in
-# pyproject.toml). The predicate is the one of the partial index `memories_embedding_backlog`, so
-# the count reads that small index, not the table; keep the two in step.
-_AWAITING_VECTORS = "FROM memories_memory WHERE embedded_version IS NULL AND deleted_at IS NULL"
-EMBEDDING_BACKLOG_SQL = f"SELECT count(*) {_AWAITING_VECTORS}"
+# What memories.search.embedding_jobs.embedding_backlog_count counts, read here as plain SQL
+# (memoryhub.worker_priority: why, and the index it reads).
+EMBEDDING_BACKLOG_SQL = f"SELECT count(*) {AWAITING_VECTORS}"
 
 
 # The same rows, and how long ago the oldest of them last changed: how long the memory that has waited
 # longest has gone without a current vector, the time to searchable an operator watches (/metrics).
 # As cheap as the count alone (both ~35 ms at 7,000 awaiting rows during bench/soak.py on 2 cores).
 _OLDEST_AWAITING_AGE = "GREATEST(0, EXTRACT(EPOCH FROM statement_timestamp() - min(server_updated_at)))"
-EMBEDDING_LAG_SQL = f"SELECT count(*), {_OLDEST_AWAITING_AGE} {_AWAITING_VECTORS}"
+EMBEDDING_LAG_SQL = f"SELECT count(*), {_OLDEST_AWAITING_AGE} {AWAITING_VECTORS}"
 
 
 def _informational_row(sql: str) -> tuple[Any, ...] | None:

@@ -29,6 +29,7 @@ from typing import Any
 from memoryhub.chain_dev import chain_lines, run_dev_chain, write_chain_file
 from memoryhub.embedded import EmbeddedPostgres, EmbeddedRedis, ManagedProcess, port_open
 from memoryhub.schedule import WORKER_QUEUES
+from memoryhub.worker_priority import WorkerPriority
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 MAX_BACKOFF_SECONDS = 30.0
@@ -42,10 +43,11 @@ GRACEFUL_WORKER_SECONDS = 60.0
 # From "web, worker and beat started" to /readyz 200. A first start imports torch and Django in
 # three processes at once; ~20 s on a busy 2-core machine.
 READY_TIMEOUT_SECONDS = 180.0
-# The worker's CPU niceness (`WORKER_CPU_NICE`, docs/operations.md §8). 0: it competes for the cores
-# as an equal of the web server; at 10 requests' p95 was 0.85x under bench/soak.py but the worker
-# embedded 16 % fewer memories, falling further behind the agents' writes.
-DEFAULT_WORKER_CPU_NICE = 0
+# The worker's CPU niceness while embedding keeps up (`WORKER_CPU_NICE`), and how far behind it may
+# fall before it competes for the cores as an equal again (`EMBEDDING_CATCH_UP_SECONDS`, 0: never;
+# memoryhub.worker_priority, docs/operations.md §8).
+DEFAULT_WORKER_CPU_NICE = 10
+DEFAULT_EMBEDDING_CATCH_UP_SECONDS = 60
 
 
 # Connections kept free of the pools' budget: `manage.py` commands, backups, beat, the health
@@ -228,6 +230,7 @@ def main() -> int:
             "DATABASE_URL")), minimum=1)
         concurrency = env_int("CELERY_CONCURRENCY", cores, minimum=1)
         worker_nice = env_int("WORKER_CPU_NICE", DEFAULT_WORKER_CPU_NICE, minimum=0, maximum=19)
+        catch_up_seconds = env_int("EMBEDDING_CATCH_UP_SECONDS", DEFAULT_EMBEDDING_CATCH_UP_SECONDS, minimum=0)
         import memoryhub.settings  # noqa: F401  (validates every setting before anything starts)
     except ImproperlyConfigured as exc:
         log(f"configuration error: {exc}")
@@ -345,14 +348,19 @@ def main() -> int:
                   "--timeout-graceful-shutdown", str(int(GRACEFUL_WEB_SECONDS))],
             env=env, cwd=BASE_DIR, stop_timeout=GRACEFUL_WEB_SECONDS + 5,
         ))
-        supervisor.add(ManagedProcess(
+        worker = ManagedProcess(
             name="worker",
             argv=[python, "-m", "celery", "-A", "memoryhub", "worker", "--loglevel", "INFO",
                   "--concurrency", str(concurrency), "--hostname", "worker@%h", "--queues", WORKER_QUEUES],
             # SIGTERM is Celery's warm shutdown: running tasks finish (a task cut off by the SIGKILL
             # after this is redelivered: acks_late), no new one starts.
             env=env, cwd=BASE_DIR, stop_timeout=GRACEFUL_WORKER_SECONDS, cpu_nice=worker_nice,
-        ))
+        )
+        supervisor.add(worker)
+        if worker_nice and catch_up_seconds:
+            # (its thread ends with this process: it only ever changes the worker's niceness)
+            WorkerPriority(env["DATABASE_URL"], lambda: worker.pid if worker.running() else None, nice=worker_nice,
+                           catch_up_seconds=catch_up_seconds, log=log).run_in_background()
         supervisor.add(ManagedProcess(
             name="beat",
             argv=[python, "-m", "celery", "-A", "memoryhub", "beat", "--loglevel", "INFO",

@@ -1,0 +1,104 @@
+"""The worker yields the cores to requests while embedding keeps up, and takes its equal share once
+it falls behind (issue 19; docs/operations.md §8).
+
+Requests and embedding share the machine's cores. While the worker keeps up, every millisecond it
+takes from a request is latency an agent waits for and a memory gains nothing from: the worker's
+session runs at `WORKER_CPU_NICE` (the runner's default 10). When the oldest change still awaiting a
+vector is older than `EMBEDDING_CATCH_UP_SECONDS` (default 60), time to searchable is what a school
+waits on: the worker's session goes back to niceness 0, an equal of the web server's and
+PostgreSQL's, until that age is under half the threshold (the gap keeps it from flapping).
+
+`WorkerPriority` runs in the runner (`make run`), on a thread of its own so a slow or absent database
+never holds up the supervision of the children. It reads one EXISTS per `CHECK_SECONDS` from the
+backlog's partial index: it stops at the first row old enough when the worker is behind, and when it
+is not, the backlog it walks is small. A deployment whose worker runs under systemd or Kubernetes sets
+its CPU weight there instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from memoryhub.embedded import set_session_nice
+
+# The memories awaiting a current vector: the predicate of the partial index
+# `memories_embedding_backlog` (memories.models), so counting them reads that small index, not the
+# table; keep the two in step. memoryhub is the layer every app stands on and imports none of them
+# ([tool.importlinter] in pyproject.toml), so it is plain SQL here (memoryhub.health reads it too).
+AWAITING_VECTORS = "FROM memories_memory WHERE embedded_version IS NULL AND deleted_at IS NULL"
+
+# Whether some memory has awaited its vector for longer than %(seconds)s since it last changed.
+BEHIND_SQL = (f"SELECT EXISTS (SELECT 1 {AWAITING_VECTORS} "
+              "AND server_updated_at < statement_timestamp() - make_interval(secs => %(seconds)s))")
+
+CHECK_SECONDS = 5.0
+# How long one look may take: a database that hangs must not hang the thread forever either.
+CONNECT_TIMEOUT_SECONDS = 3
+STATEMENT_TIMEOUT_MS = 3000
+
+
+class WorkerPriority:
+    """Sets the worker's session niceness from the embedding lag; `check()` is one look."""
+
+    def __init__(self, database_url: str, worker_pid: Callable[[], int | None], *, nice: int,
+                 catch_up_seconds: float, log: Callable[[str], None]) -> None:
+        self.database_url = database_url
+        self.worker_pid = worker_pid
+        self.nice = nice
+        self.catch_up_seconds = catch_up_seconds
+        self.log = log
+        self.catching_up = False
+        self._connection: Any = None
+        self._stop = threading.Event()
+
+    def check(self) -> None:
+        pid = self.worker_pid()
+        if pid is None:
+            return
+        # Behind past the threshold: catch up; caught up again once under half of it. A database
+        # that cannot answer (its outage is reported elsewhere) leaves things as they are.
+        behind = self._behind(self.catch_up_seconds / 2 if self.catching_up else self.catch_up_seconds)
+        if behind is not None and behind != self.catching_up:
+            self.catching_up = behind
+            if behind:
+                self.log(f"embedding is over {self.catch_up_seconds:g}s behind: the worker takes an equal "
+                         "share of the cores until it catches up")
+            else:
+                self.log(f"embedding caught up: the worker yields the cores to requests again (nice {self.nice})")
+        # Set at every look, not only on a change: a restarted worker starts at `nice` again, and the
+        # kernel refuses an unprivileged change of a group's niceness within 100 ms of another.
+        set_session_nice(pid, 0 if self.catching_up else self.nice)
+
+    def _behind(self, seconds: float) -> bool | None:
+        import psycopg
+
+        try:
+            if self._connection is None or self._connection.closed:
+                self._connection = psycopg.connect(
+                    self.database_url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_SECONDS,
+                    options=f"-c statement_timeout={STATEMENT_TIMEOUT_MS}", application_name="memoryhub-runner")
+            row = self._connection.execute(BEHIND_SQL, {"seconds": seconds}).fetchone()
+            return bool(row[0])
+        except psycopg.Error:
+            self.close()
+            return None
+
+    def close(self) -> None:
+        if self._connection is not None:
+            with contextlib.suppress(Exception):
+                self._connection.close()
+            self._connection = None
+
+    def run_in_background(self) -> None:
+        def loop() -> None:
+            while not self._stop.wait(CHECK_SECONDS):
+                self.check()
+            self.close()
+
+        threading.Thread(target=loop, name="worker-priority", daemon=True).start()
+
+    def stop(self) -> None:
+        self._stop.set()
