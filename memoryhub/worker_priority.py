@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -52,7 +53,6 @@ class WorkerPriority:
         self.log = log
         self.catching_up = False
         self._connection: Any = None
-        self._stop = threading.Event()
 
     def check(self) -> None:
         pid = self.worker_pid()
@@ -93,12 +93,10 @@ class WorkerPriority:
             self._connection = None
 
     def run_in_background(self) -> None:
+        """Look every CHECK_SECONDS on a daemon thread, for as long as this process lives."""
         def loop() -> None:
-            while not self._stop.wait(CHECK_SECONDS):
+            while True:
+                time.sleep(CHECK_SECONDS)
                 self.check()
-            self.close()
 
         threading.Thread(target=loop, name="worker-priority", daemon=True).start()
-
-    def stop(self) -> None:
-        self._stop.set()
