@@ -439,6 +439,21 @@ def cores_used(before: dict[str, float], after: dict[str, float], own_before: An
     return used
 
 
+def capacity_line(cores: dict[str, float], written_per_s: float, stored_per_s: float) -> str:
+    """The cores this load would need for the embedding to keep up: what the service used, with the
+    worker's share scaled from the vectors it stored to the memories the agents wrote (README
+    "Sizing"). Over the machine's cores, no setting makes the goals hold: the machine is too small."""
+    if stored_per_s <= 0:
+        return "CPU this load needs: unknown (no vector stored during the soak)"
+    per_vector = cores.get("worker", 0.0) / stored_per_s
+    service = {role: used for role, used in cores.items() if role not in ("worker", "load generator")}
+    needed = sum(service.values()) + written_per_s * per_vector
+    return (f"CPU this load needs for the embedding to keep up (cores, of {psutil.cpu_count()}): "
+            + " + ".join(f"{role} {used:.2f}" for role, used in service.items() if used >= 0.005)
+            + f" + embedding {written_per_s:.0f} memories/s x {1000 * per_vector:.1f} ms = {needed:.2f}"
+            f" (and this load generator's {cores.get('load generator', 0.0):.2f})")
+
+
 def stored_counts(database_url: str, record_ids: list[str]) -> Counter[str]:
     import psycopg
 
@@ -603,8 +618,11 @@ def run_soak(args: argparse.Namespace) -> int:
                                       after)
             print(f"\nCPU during the soak (cores, of {psutil.cpu_count()}): "
                   + ", ".join(f"{role} {used:.2f}" for role, used in cores.items()))
+            print(capacity_line(cores, len(recorder.acknowledged) / elapsed,
+                                (metrics["end"].get("memoryhub_embeddings_stored", 0.0)
+                                 - metrics["start"].get("memoryhub_embeddings_stored", 0.0)) / elapsed))
             # The worker yields to requests while embedding keeps up (memoryhub/worker_priority.py):
-            # when it switched, from the runner's own log.
+            # the switches it made, from the runner's own log.
             switches = [line.split("] ", 1)[-1] for line in service.log_path.read_text(errors="replace").splitlines()
                         if "embedding is over" in line or "embedding caught up" in line]
             print(f"worker priority switches: {len(switches)}" + "".join(f"\n  {line}" for line in switches[:6]))
