@@ -30,7 +30,9 @@ PASS/FAIL: no response >= 500; nothing lost or duplicated; p95 of every operatio
 p95; no process's RSS growing > 20 % over the second half. Also, to read those figures by: the p95
 of all operations in each tenth of the run, each operation's p95 timed from when it was actually
 sent, how late this load generator's own event loop ran (it shares the cores: its lateness is in
-every figure, none of it the service's), and the cores each part used during the soak.
+every figure, none of it the service's), the cores each part used during the soak, and the cores
+the load would need for the embedding to keep up (the worker's share scaled from the vectors it
+stored to the memories the agents wrote): above the machine's, no setting can meet the goals.
 
 `--saturate` instead doubles closed-loop clients (each sends its next request when the last is
 answered) until 2xx/s rises by < 5 %, and prints the peak requests/s of the mix with the cores used
