@@ -83,7 +83,8 @@ import psutil  # noqa: E402
 
 from bench.harness import log, percentiles, print_table  # noqa: E402
 from bench.service import RunnerService, runner_service  # noqa: E402
-from memoryhub.embedded import set_session_group_nice  # noqa: E402
+from memoryhub.embedded import session_group_nice, set_session_group_nice  # noqa: E402
+from memoryhub.worker_priority import AWAITING_VECTORS  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -205,8 +206,7 @@ def backlog(database_url: str) -> int:
     import psycopg
 
     with psycopg.connect(database_url) as conn:
-        row = conn.execute("SELECT count(*) FROM memories_memory WHERE embedded_version IS NULL "
-                           "AND deleted_at IS NULL").fetchone()
+        row = conn.execute(f"SELECT count(*) {AWAITING_VECTORS}").fetchone()
     return int(row[0]) if row else 0
 
 
@@ -562,8 +562,7 @@ def ahead_of_the_service() -> Iterator[str]:
     Both this process and its session's scheduling group (with autogroup every session is weighed
     alike, whatever its processes' niceness: docs/operations.md §8); the group's niceness is put
     back at the end, since the shell that started this shares the session."""
-    autogroup = Path("/proc/self/autogroup")
-    before = autogroup.read_text().split()[-1] if autogroup.exists() else None
+    before = session_group_nice("self")
     try:
         os.setpriority(os.PRIO_PROCESS, 0, LOAD_GENERATOR_NICE)
     except OSError:
@@ -574,7 +573,7 @@ def ahead_of_the_service() -> Iterator[str]:
         yield f"at nice {LOAD_GENERATOR_NICE}, ahead of the service's processes"
     finally:
         if before is not None:
-            set_session_group_nice("self", int(before))
+            set_session_group_nice("self", before)
 
 
 def run_soak(args: argparse.Namespace) -> int:

@@ -60,6 +60,14 @@ def set_session_group_nice(pid: int | str, nice: int) -> None:
         Path(f"/proc/{pid}/autogroup").write_text(f"{nice}\n")
 
 
+def session_group_nice(pid: int | str) -> int | None:
+    """What `set_session_group_nice` set ("/autogroup-123 nice 10"); None without autogroup."""
+    try:
+        return int(Path(f"/proc/{pid}/autogroup").read_text().split()[-1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def pgserver_bin() -> Path:
     import pgserver._commands as pg_commands
 

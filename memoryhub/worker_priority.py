@@ -21,9 +21,12 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from memoryhub.embedded import set_session_nice
+
+if TYPE_CHECKING:
+    import psycopg
 
 # The memories awaiting a current vector: the predicate of the partial index
 # `memories_embedding_backlog` (memories.models), so counting them reads that small index, not the
@@ -52,7 +55,7 @@ class WorkerPriority:
         self.catch_up_seconds = catch_up_seconds
         self.log = log
         self.catching_up = False
-        self._connection: Any = None
+        self._connection: psycopg.Connection | None = None
 
     def check(self) -> None:
         pid = self.worker_pid()
@@ -81,7 +84,7 @@ class WorkerPriority:
                     self.database_url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_SECONDS,
                     options=f"-c statement_timeout={STATEMENT_TIMEOUT_MS}", application_name="memoryhub-runner")
             row = self._connection.execute(BEHIND_SQL, {"seconds": seconds}).fetchone()
-            return bool(row[0])
+            return row is not None and bool(row[0])  # (EXISTS always answers one row)
         except psycopg.Error:
             self.close()
             return None

@@ -92,12 +92,17 @@ def session_client(user: User) -> APIClient:
     return client
 
 
+def database_conninfo() -> str:
+    """How another process reaches the test database (a libpq connection string)."""
+    db = settings.DATABASES["default"]
+    return psycopg.conninfo.make_conninfo(host=db["HOST"], port=db["PORT"], user=db["USER"], dbname=db["NAME"],
+                                          password=db.get("PASSWORD") or None)
+
+
 def other_connection(*, autocommit: bool = False) -> psycopg.Connection:
     """A second connection to the test database: another process's session, with its own locks and
     transactions (a push in progress, a job run still going). The caller closes it."""
-    db = settings.DATABASES["default"]
-    return psycopg.connect(host=db["HOST"], port=db["PORT"], user=db["USER"], dbname=db["NAME"],
-                           password=db.get("PASSWORD") or None, autocommit=autocommit)
+    return psycopg.connect(database_conninfo(), autocommit=autocommit)
 
 
 SqlParams = Sequence[Any] | Mapping[str, Any] | None
