@@ -35,7 +35,9 @@ from django.conf import settings
 from django.db import OperationalError, connection, transaction
 from eth_account import Account
 from eth_account.messages import encode_typed_data
+from eth_keys.exceptions import BadSignature
 from eth_typing import ChecksumAddress
+from eth_utils import ValidationError as EthValidationError
 from eth_utils import keccak, to_checksum_address
 from hexbytes import HexBytes
 from web3 import HTTPProvider, Web3
@@ -53,10 +55,12 @@ from memoryhub.errors import BillingUnavailable, ChainUnavailable, InvalidInput,
 logger = logging.getLogger(__name__)
 
 TRANSFER_TOPIC = "0x" + keccak(text="Transfer(address,address,uint256)").hex()
-_SECP256K1_HALF_ORDER = 0x7FFFFFFFFFFFFFFFFFFFFFFFFFFFFFFF5D576E7357A4501DDFE92F46681B20A0
+_SECP256K1_ORDER = 0xFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFEBAAEDCE6AF48A03BBFD25E8CD0364141
+_SECP256K1_HALF_ORDER = _SECP256K1_ORDER // 2
 _TX_HASH = re.compile(r"0x[0-9a-fA-F]{64}")
 _ADDRESS = re.compile(r"0x[0-9a-fA-F]{40}")
 _NONCE = re.compile(r"0x[0-9a-fA-F]{64}")
+_SIGNATURE = re.compile(r"0x[0-9a-fA-F]{130}")  # r, s, v: 65 bytes
 # An authorization must stay valid this long after we look at it, or it may expire in the mempool
 # (Base makes a block every 2 s; the margin covers a few of them and our own round trips).
 SETTLEMENT_MARGIN_SECONDS = 30
@@ -502,7 +506,22 @@ def x402_decode_payment(header_value: str) -> X402Payment:
     payer = authorization.get("from")
     if not isinstance(payer, str) or not _ADDRESS.fullmatch(payer):
         raise InvalidInput("The x402 authorization's `from` is not an address.", code="invalid_payment")
+    if not _is_ecdsa_signature(signature):
+        raise InvalidInput("The x402 signature is not a 65-byte secp256k1 signature (r and s between 1 and the "
+                           "curve order, v 0, 1, 27 or 28).", code="invalid_signature",
+                           fields={"signature": ["Not a secp256k1 signature."]})
     return X402Payment(authorization=authorization, signature=signature, payer=to_checksum_address(payer))
+
+
+def _is_ecdsa_signature(signature: str) -> bool:
+    """Is this hex a signature at all (whoever made it)? 0x00…00 is not: no key signs with r or s
+    zero, and the library refuses to recover from it. Such input is refused as malformed, before
+    anything is stored; a real signature by the wrong key is SettlementRefused `bad_signature`."""
+    if not _SIGNATURE.fullmatch(signature):
+        return False
+    raw = bytes.fromhex(signature[2:])
+    r, s = int.from_bytes(raw[:32], "big"), int.from_bytes(raw[32:64], "big")
+    return 0 < r < _SECP256K1_ORDER and 0 < s < _SECP256K1_ORDER and raw[64] in (0, 1, 27, 28)
 
 
 def x402_settle_response_header(tx_hash: str, payer: str, amount: int | None = None) -> str:
@@ -548,7 +567,10 @@ def _parse_authorization(authorization: dict[str, Any], signature: str) -> tuple
 
 
 def _signer(config: ChainConfig, w3: Web3, auth: _Authorization, signature: bytes) -> str | None:
-    """Who signed this TransferWithAuthorization for our token's EIP-712 domain (None if nobody)."""
+    """Who signed this TransferWithAuthorization for our token's EIP-712 domain (None if nobody).
+    The one place an x402 signature is verified: every way the library refuses one (no point on
+    the curve, r or s zero or out of range — eth_keys' BadSignature, which is no ValueError —, a v
+    it does not know) is "nobody", never an exception (a 500)."""
     if int.from_bytes(signature[32:64], "big") > _SECP256K1_HALF_ORDER:
         return None  # the malleable twin of a signature: the token refuses it, so do we
     name, version = _token_domain(config, w3)
@@ -562,15 +584,24 @@ def _signer(config: ChainConfig, w3: Web3, auth: _Authorization, signature: byte
     }
     try:
         return str(Account.recover_message(encode_typed_data(full_message=typed), signature=signature))
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, BadSignature, EthValidationError):
         return None
 
 
-def settle_transfer_with_authorization(authorization: dict[str, Any], signature: str, *, expected_amount: int,
-                                       expected_from: Iterable[str]) -> str:
-    """Check an x402 `exact` authorization completely, then submit it from our relayer account;
-    the transaction hash (0x lowercase). Refusals raise SettlementRefused with a reason; the
-    returned transaction still goes through inspect_transfer like a pasted hash."""
+@dataclass(frozen=True)
+class CheckedAuthorization:
+    """An x402 authorization that passed every check made before submitting it (x402_check)."""
+
+    authorization: _Authorization
+    signature: bytes
+
+
+def x402_check(authorization: dict[str, Any], signature: str, *, expected_amount: int,
+               expected_from: Iterable[str]) -> CheckedAuthorization:
+    """Check an x402 `exact` authorization completely without sending anything: recipient, amount,
+    linked sender, signature, validity window, unused nonce, funds. Refusals raise
+    SettlementRefused with a reason; the node not answering raises ChainUnavailable. The billing
+    services run this before they store anything."""
     config = chain_config()
     if not config.relayer_key:
         raise BillingUnavailable("x402 payments are not configured on this server (no CHAIN_RELAYER_KEY).")
@@ -597,7 +628,18 @@ def settle_transfer_with_authorization(authorization: dict[str, Any], signature:
         raise SettlementRefused("nonce_used", "This authorization has already been used.")
     if int(_call(lambda: token.functions.balanceOf(auth.sender).call())) < auth.value:
         raise SettlementRefused("insufficient_funds", "The paying wallet does not hold enough USDC.")
+    return CheckedAuthorization(auth, raw_signature)
 
+
+def x402_submit(checked: CheckedAuthorization) -> str:
+    """Submit a checked authorization from our relayer account; the transaction hash (0x
+    lowercase). The token itself may still refuse it (simulated before sending: SettlementRefused
+    `rejected_by_token`); the returned transaction still goes through inspect_transfer like a
+    pasted hash."""
+    config = chain_config()
+    w3 = _web3(config)
+    auth, raw_signature = checked.authorization, checked.signature
+    token = w3.eth.contract(address=config.usdc_contract, abi=TOKEN_ABI)
     relayer = Account.from_key(config.relayer_key)
     call = token.functions.transferWithAuthorization(
         auth.sender, auth.recipient, auth.value, auth.valid_after, auth.valid_before, auth.nonce,
@@ -619,6 +661,14 @@ def settle_transfer_with_authorization(authorization: dict[str, Any], signature:
     with contextlib.suppress(TimeExhausted, Web3RPCError, OSError):
         w3.eth.wait_for_transaction_receipt(sent, timeout=SETTLEMENT_RECEIPT_TIMEOUT_SECONDS, poll_latency=0.2)
     return tx_hash
+
+
+def settle_transfer_with_authorization(authorization: dict[str, Any], signature: str, *, expected_amount: int,
+                                       expected_from: Iterable[str]) -> str:
+    """Check an x402 `exact` authorization completely, then submit it from our relayer account
+    (x402_check, then x402_submit); the transaction hash (0x lowercase)."""
+    return x402_submit(x402_check(authorization, signature, expected_amount=expected_amount,
+                                  expected_from=expected_from))
 
 
 @contextmanager

@@ -297,31 +297,47 @@ class X402Result:
 
 def x402_pay(*, principal: Principal, tier: str, payment_header: str, ip: str | None = None,
              now: datetime | None = None) -> X402Result:
-    """Upgrade paid with an x402 `exact` authorization: open the intent, settle the authorization
-    on our chain (billing.chain checks recipient, amount, linked sender, signature, validity and
-    nonce before submitting), then claim the settled transfer exactly as a pasted hash is claimed
-    (`claim_transfer`: pending_verification until PAYMENT_CONFIRMATIONS, then the tier).
+    """Upgrade paid with an x402 `exact` authorization: check it completely (billing.chain:
+    signature, recipient, amount, linked sender, validity and nonce), then open the intent, have
+    our relayer submit the authorization, and claim the settled transfer exactly as a pasted hash
+    is claimed (`claim_transfer`: pending_verification until PAYMENT_CONFIRMATIONS, then the tier).
 
-    The intent is committed before the transfer is submitted, so the transfer's block is never
-    older than the intent (billing.chain's before_intent). A refused authorization leaves that
-    intent `failed` with the reason, nothing sent and nothing activated."""
+    Nothing is stored before the authorization passed its checks: a header that is no payment, or
+    a signature that is no signature (0x00…00), is a 400 and a node outage a 503, with no intent
+    left behind. An authorization refused by a check is recorded as a `failed` intent with the
+    reason (README "Billing"), created failed in one transaction: it is never pending. The intent
+    of an authorization that passed is committed before it is submitted, so the transfer's block is
+    never older than the intent (billing.chain's before_intent); the token refusing it at
+    submission fails that intent the same way. Nothing is sent or activated for a refusal."""
     decoded = chain.x402_decode_payment(payment_header)  # malformed: 400 before anything is stored
+    _ensure_upgradable(principal, tier)
+    try:
+        checked = chain.x402_check(decoded.authorization, decoded.signature, expected_amount=PRICES[tier],
+                                   expected_from=linked_addresses(principal.organization))
+    except chain.SettlementRefused as refused:
+        with transaction.atomic():
+            _x402_refused(upgrade(principal=principal, tier=tier, ip=ip, now=now), refused, principal=principal,
+                          ip=ip)
+        raise
     payment = upgrade(principal=principal, tier=tier, ip=ip, now=now)
     try:
-        tx_hash = chain.settle_transfer_with_authorization(
-            decoded.authorization, decoded.signature, expected_amount=payment.amount,
-            expected_from=linked_addresses(payment.organization))
+        tx_hash = chain.x402_submit(checked)
     except chain.SettlementRefused as refused:
-        Payment.objects.filter(pk=payment.pk, status=Payment.Status.PENDING).update(
-            status=Payment.Status.FAILED, failure_reason=f"x402_{refused.reason}"[:64])
-        _audit(payment.organization, "billing.transfer_refused", principal=principal, target_id=payment.public_id,
-               ip=ip, reason=refused.reason, method="x402")
+        _x402_refused(payment, refused, principal=principal, ip=ip)
         raise
     # Settled (or submitted and not yet mined: the claim then answers pending and the re-check
     # task, or a confirm with this hash, carries on). Should the chain fail after submitting, the
     # intent stays open and the treasury watcher matches the transfer to it.
     result = claim_transfer(payment=payment, tx_hash=tx_hash, principal=principal, ip=ip, now=now)
     return X402Result(confirm=result, tx_hash=tx_hash, payer=decoded.payer)
+
+
+def _x402_refused(payment: Payment, refused: chain.SettlementRefused, *, principal: Principal,
+                  ip: str | None) -> None:
+    Payment.objects.filter(pk=payment.pk, status=Payment.Status.PENDING).update(
+        status=Payment.Status.FAILED, failure_reason=f"x402_{refused.reason}"[:64])
+    _audit(payment.organization, "billing.transfer_refused", principal=principal, target_id=payment.public_id,
+           ip=ip, reason=refused.reason, method="x402")
 
 
 def _snapshot(subscription: Subscription, organization: Organization) -> dict[str, Any]:

@@ -32,6 +32,9 @@ import siwe
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
+from eth_account.messages import encode_defunct
+from eth_keys.exceptions import BadSignature
+from siwe.siwe import check_contract_wallet_signature
 from web3 import HTTPProvider, Web3
 from web3.exceptions import Web3Exception
 
@@ -95,7 +98,9 @@ def _parse(message: object) -> siwe.SiweMessage:
 
 
 def _verify_signature(parsed: siwe.SiweMessage, signature: str, *, domain: str, nonce: str, now: datetime) -> str:
-    """The wallet kind whose signature this is; raises InvalidInput when it is none's."""
+    """The wallet kind whose signature this is; raises InvalidInput when it is none's. The one
+    place a SIWE signature is verified: whatever the libraries make of the bytes, a signature
+    nobody made is 400 `siwe_bad_signature`, never a 500, and nothing is stored."""
     try:
         parsed.verify(signature, domain=domain, nonce=nonce, timestamp=now)
         return Wallet.Kind.EOA
@@ -103,7 +108,11 @@ def _verify_signature(parsed: siwe.SiweMessage, signature: str, *, domain: str, 
         raise _refuse("The signed message has expired.", "siwe_expired") from None
     except siwe.NotYetValidMessage:
         raise _refuse("The signed message is not valid yet.", "siwe_not_yet_valid") from None
-    except siwe.InvalidSignature:
+    except (siwe.InvalidSignature, BadSignature):
+        # Not the address's key. eth_keys refuses some bytes outright with BadSignature, which siwe
+        # lets through: r or s zero (0x00…00) or past the curve order. Such bytes are no key's
+        # signature, but a contract wallet may still accept them (a Safe's approved-hash signature
+        # has s = 0), so they go on to the contract check like any other.
         pass
     except (ValueError, TypeError):
         raise _refuse("signature is not a hexadecimal signature.", "siwe_bad_signature") from None
@@ -115,12 +124,13 @@ def _verify_signature(parsed: siwe.SiweMessage, signature: str, *, domain: str, 
         if int(w3.eth.chain_id) != int(settings.CHAIN_ID):
             # The message names CHAIN_ID; a contract at this address on another chain proves nothing.
             raise ChainUnavailable("The chain node is on another chain than the one configured; retry later.")
-        try:
-            parsed.verify(signature, domain=domain, nonce=nonce, timestamp=now, provider=w3.provider)
-        except siwe.VerificationError:
-            is_contract = len(w3.eth.get_code(parsed.address)) > 0
-        else:
+        # siwe's own EIP-1271 check, called directly: its verify(provider=…) recovers a key's signer
+        # first and would raise BadSignature again before asking the contract. The message's
+        # domain, nonce and validity window passed the verify above.
+        if check_contract_wallet_signature(address=parsed.address, signature=signature, w3=w3,
+                                           message=encode_defunct(text=parsed.prepare_message())):
             return Wallet.Kind.CONTRACT
+        is_contract = len(w3.eth.get_code(parsed.address)) > 0
     if is_contract:
         raise _refuse(f"The contract wallet {parsed.address} does not accept this signature (EIP-1271).",
                       "siwe_bad_signature")

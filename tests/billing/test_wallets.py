@@ -161,6 +161,25 @@ def test_garbage_is_a_clear_400(school: School) -> None:
     assert response.status_code == 400 and "signature" in response.json()["error"]["fields"]
 
 
+# r and s zero (with v 0 or 27), or r past the curve order: bytes no key signs, which eth_keys
+# refuses with BadSignature (no ValueError, so siwe lets it through: it was a 500).
+NO_SIGNATURES = ["0x" + "00" * 65, "0x" + "00" * 64 + "1b", "0x" + "ff" * 64 + "1b",
+                 "0x" + (5).to_bytes(32, "big").hex() + (1).to_bytes(32, "big").hex() + "1b"]
+
+
+@pytest.mark.parametrize("signature", NO_SIGNATURES)
+def test_a_signature_no_key_made_is_a_400_and_links_nothing(school: School, signature: str) -> None:
+    client = billing_client(school)
+    account = Account.create()
+    message = siwe_message(account, nonce_for(client))
+    response = link(client, message, signature)
+    assert response.status_code == 400, response.content
+    assert response.json()["error"]["code"] == "siwe_bad_signature"
+    assert not Wallet.objects.exists() and not AuditEvent.objects.filter(action="wallet.linked").exists()
+    # Nothing was spent either: the nonce still links the wallet with its real signature.
+    assert link(client, message, sign(account, message)).status_code == 201
+
+
 def test_another_schools_nonce_cannot_be_used(school: School, other_school: School) -> None:
     account = Account.create()
     message = siwe_message(account, nonce_for(billing_client(other_school)))
@@ -240,6 +259,26 @@ def test_a_contract_wallet_refuses_another_keys_signature(chain: DevChain, schoo
     assert not Wallet.objects.exists()
     # The refusals spent no nonce: the owner's signature of the first message still links.
     assert link(client, message, sign(owner, message)).status_code == 201
+
+
+@pytest.mark.parametrize("signature", NO_SIGNATURES)
+def test_a_signature_no_key_made_is_a_400_with_a_chain_configured(chain: DevChain, school: School,
+                                                                  signature: str) -> None:
+    """Such bytes go on to the contract check (a contract wallet may accept what no key signs):
+    an account's address and a contract wallet that refuses them are both a clear 400."""
+    client = billing_client(school)
+    account = Account.create()
+    message = siwe_message(account, nonce_for(client))
+    response = link(client, message, signature)
+    assert response.status_code == 400 and response.json()["error"]["code"] == "siwe_bad_signature", response.content
+    wallet, owner = contract_wallet(chain)
+    wallet_message = siwe_message(wallet, nonce_for(client))
+    response = link(client, wallet_message, signature)
+    assert response.status_code == 400, response.content
+    error = response.json()["error"]
+    assert error["code"] == "siwe_bad_signature" and "EIP-1271" in error["message"]
+    assert not Wallet.objects.exists()
+    assert link(client, wallet_message, sign(owner, wallet_message)).status_code == 201
 
 
 def test_a_contract_wallet_check_needs_the_node_and_its_outage_is_a_503(chain: DevChain, school: School) -> None:

@@ -24,6 +24,7 @@ from x402.mechanisms.evm.exact import register_exact_evm_client
 from accounts.models import AuditEvent, Organization
 from accounts.tiers import MB
 from billing.models import Payment
+from memoryhub.embedded import free_port
 from tests.billing.chain import USDC, DevAccount, DevChain
 from tests.billing.test_payments import now_on_chain
 from tests.factories import bearer_client, make_key, make_org, make_stack
@@ -173,6 +174,65 @@ def test_a_tampered_signature_is_refused_with_nothing_sent_or_activated(chain: D
     [payment] = Payment.objects.filter(organization=agent.org)
     assert (payment.status, payment.failure_reason, payment.tx_hash) == ("failed", "x402_bad_signature", None)
     assert AuditEvent.objects.filter(organization=agent.org, action="billing.transfer_refused").exists()
+
+
+def _signed_with(header: str, signature: str) -> str:
+    payload = json.loads(base64.b64decode(header))
+    payload["payload"]["signature"] = signature
+    return base64.b64encode(json.dumps(payload).encode()).decode()
+
+
+ZERO_SIGNATURE = "0x" + "00" * 65
+# r = 5 is no point's x coordinate: a well-formed signature that eth_keys cannot recover from
+# (BadSignature, like the zero one) — it reaches the signature check itself.
+NO_POINT_SIGNATURE = "0x" + (5).to_bytes(32, "big").hex() + (1).to_bytes(32, "big").hex() + "1b"
+
+
+@pytest.mark.parametrize("signature", [ZERO_SIGNATURE, "0x" + "00" * 64 + "1b", "0x" + "ff" * 64 + "1c",
+                                       "0x" + "11" * 64 + "05"])
+def test_a_signature_that_is_no_signature_is_a_400_that_stores_and_sends_nothing(
+        chain: DevChain, agent: Agent, signature: str) -> None:
+    """0x00…00 (and r, s zero or past the curve order, or an unknown v) was a 500 that left a
+    pending intent behind: eth_keys' BadSignature is no ValueError."""
+    agent.link()
+    relayer_nonce = chain.w3.eth.get_transaction_count(chain.relayer.address)
+    header = agent.signed_header(agent.quote())
+
+    refused = agent.send(_signed_with(header, signature))
+    assert refused.status_code == 400, refused.content
+    error = refused.json()["error"]
+    assert error["code"] == "invalid_signature" and "signature" in error["fields"]
+    assert not Payment.objects.exists()
+    assert not AuditEvent.objects.filter(organization=agent.org, action__startswith="billing.").exists()
+    assert chain.w3.eth.get_transaction_count(chain.relayer.address) == relayer_nonce
+    assert agent.tier() == "free"
+    # The real signature of the same authorization still pays.
+    assert agent.send(header).status_code == 200
+
+
+def test_a_signature_no_key_can_have_made_is_refused_as_bad_and_never_left_pending(
+        chain: DevChain, agent: Agent) -> None:
+    agent.link()
+    relayer_nonce = chain.w3.eth.get_transaction_count(chain.relayer.address)
+    refused = agent.send(_signed_with(agent.signed_header(agent.quote()), NO_POINT_SIGNATURE))
+    assert refused.status_code == 422, refused.content
+    assert refused.json()["error"]["fields"]["reason"] == ["bad_signature"]
+    [payment] = Payment.objects.filter(organization=agent.org)
+    assert (payment.status, payment.failure_reason) == ("failed", "x402_bad_signature")
+    assert chain.w3.eth.get_transaction_count(chain.relayer.address) == relayer_nonce
+    assert agent.tier() == "free"
+
+
+def test_a_node_outage_while_checking_leaves_no_pending_intent(chain: DevChain, agent: Agent) -> None:
+    """The authorization is checked before the intent opens: a check the node cannot answer is a
+    503 with nothing stored, not an intent nobody will pay."""
+    agent.link()
+    header = agent.signed_header(agent.quote())
+    with chain.settings(CHAIN_RPC_URL=f"http://127.0.0.1:{free_port()}", CHAIN_RPC_TIMEOUT_SECONDS=2):
+        down = agent.send(header)
+    assert down.status_code == 503 and down.json()["error"]["code"] == "chain_unavailable", down.content
+    assert not Payment.objects.exists()
+    assert agent.send(header).status_code == 200  # the node back: the same authorization pays
 
 
 def test_a_replayed_authorization_is_refused_and_pays_once(chain: DevChain, agent: Agent) -> None:
