@@ -4,17 +4,28 @@
 only what a restore may write — regular files and directories under relative paths — plus a report
 of what it left out. The rules, one per kind of member:
 
-* **Refused** (the whole upload, `InvalidInput` naming the member and why): a name that is absolute
-  or has a `..` component (component-wise: `a..b` is an ordinary name), a symbolic or hard link
-  whose target lies outside the archive's root, a device, FIFO or other special file. These only
-  appear in archives built to escape the restore directory; keeping the rest would hide that.
+* **Member types** are an allow-list: a regular file (`REGTYPE`, `AREGTYPE`), a directory, a
+  symbolic or hard link (below). Everything else is refused: devices, FIFOs, GNU sparse files
+  (`GNUTYPE_SPARSE`, or a pax header's `GNU.sparse.*`: their header names a `realsize` that the
+  reader expands from holes, so 78 bytes of upload unpack to any size), contiguous files,
+  volume labels, multi-volume parts and any type tarfile does not know. Pax extended headers and
+  GNU long names are not members: tarfile reads them (through the counted stream) as part of the
+  member they describe, which is then checked like any other.
+* **Refused** (the whole upload, `InvalidInput` `snapshot_unsafe_member` naming the member and
+  why): a name that is absolute or has a `..` component (component-wise: `a..b` is an ordinary
+  name), a symbolic or hard link whose target lies outside the archive's root, a type not on the
+  allow-list. These only appear in archives built to escape the restore directory or to expand on
+  the server; keeping the rest would hide that.
 * **Stripped** (left out and listed in the report): secret files (`.env`, `id_rsa`, `*.pem`, …,
   `SECRET_NAMES` / `SECRET_SUFFIXES`) and links pointing inside the archive (a restore writes no
   links, so a link could only ever be refused there).
-* **Size**: one limit (`settings.TELEPORT_MAX_BYTES`) on the upload and on the bytes the gzip
-  stream unpacks to. The unpacked bytes are counted while they stream out of the decompressor and
-  reading stops at the limit, so a small archive that unpacks to gigabytes (a zip bomb) costs at
-  most `limit` bytes of work and memory before it is refused (`PayloadTooLarge`).
+* **Size**: one limit (`settings.TELEPORT_MAX_BYTES`) on the upload, on the bytes the gzip stream
+  unpacks to, and on the kept files' content. The unpacked bytes are counted while they stream out
+  of the decompressor, and each kept file's bytes while they are copied out of the archive (in
+  chunks, never the whole member in memory); a member whose declared size does not fit what is
+  left is refused before any of it is read. Reading stops at the limit, so a small archive that
+  unpacks to gigabytes (a zip bomb) costs at most `limit` bytes of work and memory before it is
+  refused (`PayloadTooLarge`, `snapshot_too_large`).
 
 The stored archive is rebuilt, not copied: owners, times and permission bits are normalised
 (0644 files, 0755 directories, owner 0, no setuid), so nothing from the uploader's machine but
@@ -43,6 +54,10 @@ SECRET_PREFIXES = (".env.",)  # .env.local, .env.production, …
 SECRET_SUFFIXES = (".pem", ".key", ".p12", ".pfx")
 
 _READ_CHUNK = 64 * 1024
+# The allow-list of member types (module doc): anything else is refused. CONTTYPE ('7') is left out
+# on purpose although tarfile treats it as a regular file: no workspace tool writes it.
+_FILE_TYPES = frozenset({tarfile.REGTYPE, tarfile.AREGTYPE})
+_LINK_TYPES = frozenset({tarfile.SYMTYPE, tarfile.LNKTYPE})
 
 
 def is_secret_name(name: str) -> bool:
@@ -53,7 +68,7 @@ def is_secret_name(name: str) -> bool:
 @dataclass
 class CleanArchive:
     data: bytes  # the rebuilt tar.gz
-    unpacked_bytes: int  # sum of the kept files' sizes
+    unpacked_bytes: int  # sum of the kept files' sizes (at most the limit)
     file_count: int
     stripped: list[dict[str, str]] = field(default_factory=list)  # [{"name", "reason"}]
 
@@ -134,7 +149,7 @@ def clean_archive(upload: bytes, *, limit: int) -> CleanArchive:
                 tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as out, \
                 tarfile.open(fileobj=io.BufferedReader(unpacked, _READ_CHUNK), mode="r|") as tar:
             for member in tar:
-                _keep(member, tar, out, kept)
+                _keep(member, tar, out, kept, limit)
     except _TooLarge:
         raise _too_large(limit, "unpacked") from None
     except (tarfile.TarError, EOFError, OSError, zlib.error, UnicodeError) as exc:
@@ -145,15 +160,48 @@ def clean_archive(upload: bytes, *, limit: int) -> CleanArchive:
     return kept
 
 
-def _keep(member: tarfile.TarInfo, tar: tarfile.TarFile, out: tarfile.TarFile, kept: CleanArchive) -> None:
+class _MemberContent:
+    """A kept file's content as `TarFile.addfile` copies it out (chunk by chunk), counted against
+    what is left of the limit: more than `left` bytes is `_TooLarge`, whatever the header said."""
+
+    def __init__(self, source: IO[bytes], left: int) -> None:
+        self._source = source
+        self._left = left
+        self.count = 0
+
+    def read(self, size: int = _READ_CHUNK) -> bytes:
+        if size < 0:  # addfile always asks for a size; "everything" would defeat the bound
+            size = _READ_CHUNK
+        chunk = self._source.read(min(size, self._left - self.count + 1))
+        self.count += len(chunk)
+        if self.count > self._left:
+            raise _TooLarge()
+        return chunk
+
+
+def _type_refusal(member: tarfile.TarInfo) -> str | None:
+    """Why a member's type is not on the allow-list, or None when it is."""
+    if member.type == tarfile.GNUTYPE_SPARSE or member.issparse():
+        # Checked first: tarfile counts a sparse member as a regular file (isfile() is true).
+        return "is a sparse file (its holes would expand on the server); pack it without --sparse"
+    if member.type in _FILE_TYPES or member.type in _LINK_TYPES or member.type == tarfile.DIRTYPE:
+        return None
+    if member.ischr() or member.isblk() or member.isfifo():
+        return "is a device, FIFO or other special file"
+    return f"has a member type that is not accepted (tar type {member.type.decode('latin-1')!r})"
+
+
+def _keep(member: tarfile.TarInfo, tar: tarfile.TarFile, out: tarfile.TarFile, kept: CleanArchive,
+          limit: int) -> None:
     name = _relative_name(member)
-    if member.issym() or member.islnk():
+    refusal = _type_refusal(member)
+    if refusal:
+        raise _refused(member.name, refusal)
+    if member.type in _LINK_TYPES:
         if not _link_inside(member, name):
             raise _refused(member.name, "is a link pointing outside the workspace")
         kept.stripped.append({"name": name, "reason": "link"})
         return
-    if not (member.isfile() or member.isdir()):
-        raise _refused(member.name, "is a device, FIFO or other special file")
     if not name:  # the root directory itself ("./")
         return
     if is_secret_name(name):
@@ -161,14 +209,19 @@ def _keep(member: tarfile.TarInfo, tar: tarfile.TarFile, out: tarfile.TarFile, k
         return  # its content is never read: the stream skips it
     clean = tarfile.TarInfo(name)
     clean.mtime = int(member.mtime) if 0 <= member.mtime < 2**33 else 0
-    if member.isdir():
+    if member.type == tarfile.DIRTYPE:
         clean.type, clean.mode = tarfile.DIRTYPE, 0o755
         out.addfile(clean)
         return
+    left = limit - kept.unpacked_bytes
+    if member.size > left:  # refused on the header's word, before a byte of it is read
+        raise _TooLarge()
     clean.mode = 0o755 if member.mode & 0o100 else 0o644
+    clean.size = member.size
     source: IO[bytes] | None = tar.extractfile(member)
-    content = source.read() if source is not None else b""
-    clean.size = len(content)
-    out.addfile(clean, io.BytesIO(content))
+    content = _MemberContent(source if source is not None else io.BytesIO(), left)
+    # addfile copies exactly clean.size bytes in chunks; a member that ends early is an OSError
+    # ("unexpected end of data"): a truncated archive, refused as not a readable tar.gz.
+    out.addfile(clean, content)  # tarfile needs only read(size) of it
     kept.file_count += 1
-    kept.unpacked_bytes += len(content)
+    kept.unpacked_bytes += content.count

@@ -6,12 +6,14 @@ encrypted on disk, and expired ones are purged."""
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import io
 import os
 import re
 import tarfile
 import time
+import tracemalloc
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -23,7 +25,7 @@ from pytest_django.fixtures import SettingsWrapper
 from rest_framework.test import APIClient
 
 from accounts.models import AuditEvent
-from memoryhub.errors import PayloadTooLarge
+from memoryhub.errors import DomainError, PayloadTooLarge
 from stacks.models import Stack
 from teleport.archive import clean_archive
 from teleport.models import Snapshot, TeleportCode
@@ -237,14 +239,19 @@ def test_links_inside_are_stripped_not_refused(school: School) -> None:
     assert answer.json()["file_count"] == 1
 
 
-def test_zip_bomb_is_stopped_at_the_limit(school: School, settings: SettingsWrapper) -> None:
-    settings.TELEPORT_MAX_BYTES = 1024 * 1024
+def _zeros_archive(size: int) -> bytes:
+    """One file of `size` zero bytes: tiny compressed, `size` unpacked."""
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
-        bomb = tarfile.TarInfo("zeros.bin")
-        bomb.size = 64 * 1024 * 1024
-        tar.addfile(bomb, io.BytesIO(bytes(bomb.size)))
-    upload = buffer.getvalue()
+        zeros = tarfile.TarInfo("zeros.bin")
+        zeros.size = size
+        tar.addfile(zeros, io.BytesIO(bytes(size)))
+    return buffer.getvalue()
+
+
+def test_zip_bomb_is_stopped_at_the_limit(school: School, settings: SettingsWrapper) -> None:
+    settings.TELEPORT_MAX_BYTES = 1024 * 1024
+    upload = _zeros_archive(64 * 1024 * 1024)
     assert len(upload) < 200 * 1024  # small compressed, 64x the limit unpacked
 
     started = time.perf_counter()
@@ -256,6 +263,120 @@ def test_zip_bomb_is_stopped_at_the_limit(school: School, settings: SettingsWrap
     assert answer.status_code == 413
     assert answer.json()["error"]["code"] == "snapshot_too_large"
     assert "unpacked" in answer.json()["error"]["message"]
+    assert not Snapshot.objects.exists()
+
+
+SPARSE_REALSIZE = 48 * 1024 * 1024  # what the probe's 110-byte archive expanded to
+
+
+def _gnu_sparse(realsize: int = SPARSE_REALSIZE) -> bytes:
+    """One old-style GNU sparse member ('S'), crafted by hand (tarfile reads these but never writes
+    them): no data at all, a sparse map of holes and a `realsize` of the attacker's choosing."""
+    info = tarfile.TarInfo("bomb.bin")
+    info.type = tarfile.GNUTYPE_SPARSE
+    header = bytearray(info.tobuf(tarfile.GNU_FORMAT))
+    header[483:495] = b"%011o\0" % realsize  # the realsize field; the map (386-481) stays zero: holes
+    header[148:156] = b" " * 8  # the checksum is computed over the header with its own field blank
+    header[148:156] = b"%06o\0 " % sum(header)
+    return gzip.compress(bytes(header) + bytes(2 * tarfile.BLOCKSIZE), mtime=0)
+
+
+def _pax_sparse(version: str, realsize: int = SPARSE_REALSIZE) -> bytes:
+    """The same through a pax header: GNU sparse format 0.1 (map in the header) or 1.0 (map in the data)."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz", format=tarfile.PAX_FORMAT) as tar:
+        info = tarfile.TarInfo("bomb.bin")
+        if version == "0.1":
+            info.pax_headers = {"GNU.sparse.map": "0,0", "GNU.sparse.size": str(realsize)}
+            tar.addfile(info)
+        else:
+            info.pax_headers = {"GNU.sparse.major": "1", "GNU.sparse.minor": "0",
+                                "GNU.sparse.name": "bomb.bin", "GNU.sparse.realsize": str(realsize)}
+            sparse_map = b"1\n0\n0\n".ljust(tarfile.BLOCKSIZE, b"\0")  # one empty region: all hole
+            info.size = len(sparse_map)
+            tar.addfile(info, io.BytesIO(sparse_map))
+    return buffer.getvalue()
+
+
+SPARSE: dict[str, Callable[[], bytes]] = {
+    "gnu 'S' header": _gnu_sparse,
+    "pax GNU.sparse 0.1": lambda: _pax_sparse("0.1"),
+    "pax GNU.sparse 1.0": lambda: _pax_sparse("1.0"),
+}
+
+
+def _peak_bytes(work: Callable[[], object]) -> int:
+    """The most memory Python held at once while `work` ran (tracemalloc), beyond what it held before."""
+    tracemalloc.start()
+    try:
+        with contextlib.suppress(DomainError):
+            work()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+@pytest.mark.parametrize("case", sorted(SPARSE))
+def test_sparse_bomb_is_refused_without_expanding_it(school: School, store: Path, case: str) -> None:
+    """A sparse member's holes are expanded by the reader to `realsize`, which the header states:
+    ~100 bytes of upload were stored as a 48 MiB file (and held in memory whole) against a 16 MiB
+    limit. Sparse members are refused outright, before any of them is read."""
+    upload = SPARSE[case]()
+    assert len(upload) < 250
+    before = Stack.objects.get(pk=school.stack.pk).bytes_used
+
+    assert _peak_bytes(lambda: clean_archive(upload, limit=16 * 1024 * 1024)) < 4 * 1024 * 1024  # was 48 MiB
+
+    answer = _upload(school.agent, school, upload)
+    assert answer.status_code == 400, answer.json()
+    error = answer.json()["error"]
+    assert error["code"] == "snapshot_unsafe_member"
+    assert "'bomb.bin' is a sparse file" in error["message"]
+    assert not Snapshot.objects.exists()
+    assert _blob_files(store) == []
+    assert Stack.objects.get(pk=school.stack.pk).bytes_used == before
+
+
+def test_a_sparse_member_within_the_limit_is_refused_too(school: School) -> None:
+    """Not a size rule: a workspace has no reason to hold a sparse member (GNU tar writes one only
+    with --sparse), so even a small one is refused (docs/teleport.md §2)."""
+    answer = _upload(school.agent, school, _gnu_sparse(realsize=4096))
+    assert answer.status_code == 400
+    assert answer.json()["error"]["code"] == "snapshot_unsafe_member"
+
+
+def test_only_allowed_member_types_are_accepted(school: School) -> None:
+    for kind in (tarfile.CONTTYPE, b"V", b"M", b"Z"):  # contiguous, volume label, multi-volume, unknown
+        answer = _upload(school.agent, school, _hostile(_member("odd", kind)))
+        assert answer.status_code == 400, kind
+        assert answer.json()["error"]["code"] == "snapshot_unsafe_member"
+        assert "'odd'" in answer.json()["error"]["message"]
+    assert not Snapshot.objects.exists()
+
+
+def test_kept_files_are_streamed_not_held_in_memory(school: School, settings: SettingsWrapper) -> None:
+    """A 12 MiB file under the 16 MiB limit is copied into the cleaned archive in chunks: the clean
+    never holds the member whole (it did: `read()` of the member, 12 MiB at once)."""
+    upload = _zeros_archive(12 * 1024 * 1024)
+    limit = int(settings.TELEPORT_MAX_BYTES)
+    assert limit == 16 * 1024 * 1024
+
+    assert _peak_bytes(lambda: clean_archive(upload, limit=limit)) < 4 * 1024 * 1024
+    answer = _upload(school.agent, school, upload)
+    assert answer.status_code == 201, answer.json()
+    assert answer.json()["unpacked_bytes"] == 12 * 1024 * 1024
+
+
+def test_a_member_declaring_more_than_the_limit_is_refused_before_it_is_read(school: School) -> None:
+    """A pax header may state any size: one over the limit is refused on its word (413), not read."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz", format=tarfile.PAX_FORMAT) as tar:
+        liar = tarfile.TarInfo("liar.bin")
+        liar.pax_headers = {"size": str(2**40)}
+        tar.addfile(liar)
+    answer = _upload(school.agent, school, buffer.getvalue())
+    assert answer.status_code == 413
+    assert answer.json()["error"]["code"] == "snapshot_too_large"
     assert not Snapshot.objects.exists()
 
 
@@ -282,6 +403,9 @@ def test_restore_helper_refuses_links_specials_and_escapes(
         with pytest.raises(ValueError, match="refusing"):
             restore(_hostile(member), str(target))
         assert not (target / "fine.txt").exists()  # refused before anything was written
+    for make in SPARSE.values():  # it would write a 48 MiB file of holes
+        with pytest.raises(ValueError, match=r"refusing 'bomb\.bin'"):
+            restore(make(), str(tmp_path / "target"))
     # A symlink already in the target directory does not lead a member outside either.
     target = tmp_path / "target"
     outside.mkdir()
