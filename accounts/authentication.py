@@ -91,11 +91,11 @@ def _refused_by_back_off(seconds: float) -> Throttled:
 class BearerAuthentication(authentication.BaseAuthentication):
     """Authenticates a raw API key or a JWT issued from one; anything malformed is a 401.
 
-    Guessing costs (accounts/throttles.py FailureLimit): every failed Bearer credential counts
-    against the client IP, and a failed API key also against its 12-character prefix. An IP over
-    its limit is refused outright (429 + Retry-After) before its credential is even looked at; a
-    prefix over its limit turns failing guesses at it into 429s, while the real key with that
-    prefix keeps working (so nobody can lock a key out by knowing its prefix).
+    Guessing costs (accounts/throttles.py FailureLimit; docs/operations.md §5): every failed Bearer
+    credential counts against the client IP, and a failed API key also against its 12-character
+    prefix. Past either limit, failing credentials get 429 + Retry-After instead of 401, while a
+    credential that verifies is always served: nobody can lock a key out by knowing its prefix,
+    and one broken client behind a school's NAT cannot lock out every agent at that address.
     """
 
     keyword = "Bearer"
@@ -107,11 +107,14 @@ class BearerAuthentication(authentication.BaseAuthentication):
         ip = client_ip(request)
         # One Redis round trip: this address's back-off and the API-key cache's generation.
         blocked, generation = BEARER_IP_FAILURES.blocked_for_and_read(ip, key_cache.generation_key())
-        if blocked is not None:
-            raise _refused_by_back_off(blocked)
         try:
             return self._authenticate(header, generation)
         except (NotAuthenticated, Throttled):  # (a Throttled here is a prefix's back-off)
+            # WHY the credential is checked even while its address is blocked: the back-off is
+            # one address's, and a school's NAT or a vendor's egress is many clients. A blocked
+            # address's failures are not counted again (the block already answers them).
+            if blocked is not None:
+                raise _refused_by_back_off(blocked) from None
             BEARER_IP_FAILURES.record(ip)
             raise
 
