@@ -1,4 +1,5 @@
 from django.apps import AppConfig
+from django.contrib.admin import apps as admin_apps
 
 
 class AccountsConfig(AppConfig):
@@ -12,3 +13,11 @@ class AccountsConfig(AppConfig):
         )
 
         key_cache.connect()  # every process that can change access invalidates the API-key cache
+
+
+class AdminConfig(admin_apps.AdminConfig):
+    """django.contrib.admin with our site (accounts/admin_site.py: the sign-in lockout), installed
+    in INSTALLED_APPS in its place. Not this app's config (default = False)."""
+
+    default = False
+    default_site = "accounts.admin_site.AdminSite"

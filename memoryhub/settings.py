@@ -134,7 +134,7 @@ DATABASE_READ_ALIAS = "replica" if DATABASE_REPLICA_URL else "default"
 
 INSTALLED_APPS = [
     "memoryhub",  # the project package, for its operator commands (manage.py backup / restore)
-    "django.contrib.admin",
+    "accounts.apps.AdminConfig",  # django.contrib.admin with our site: the sign-in lockout on /admin/login/
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",

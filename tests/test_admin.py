@@ -1,12 +1,14 @@
 """The Django admin at /admin/: every model registered, every list and change page opens for a
 superuser, no page ever shows a key hash or an embedding, memories cannot be written there, and
-people who are not staff (a school admin included) are sent to the admin's sign-in."""
+people who are not staff (a school admin included) are sent to the admin's sign-in, which locks
+like the dashboard's and shares its state (accounts/signin.py)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import pytest
+from django.conf import settings
 from django.contrib import admin
 from django.contrib.auth.models import Group
 from django.db.models import Model
@@ -15,7 +17,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from accounts.invitations import invitation_create
-from accounts.models import ApiKey, Invitation, Organization, User
+from accounts.models import ApiKey, AuditEvent, Invitation, Organization, User
 from accounts.principal import Principal
 from billing.models import ChainCursor, Payment, SiweNonce, Subscription, Wallet
 from memories.erasure import memory_erase_request
@@ -155,3 +157,81 @@ def test_a_school_admin_who_is_not_staff_is_sent_to_the_admin_sign_in(school: Sc
     for url in ("/admin/", _admin_url(Memory, "changelist"), _admin_url(ApiKey, "changelist")):
         response = client.get(url)
         assert response.status_code == 302 and response["Location"].startswith("/admin/login/")
+
+
+# --- signing in: the dashboard's lockout, one state for both pages -----------------------------------
+
+PASSWORD = "correct horse battery staple"  # tests.factories.make_user's
+
+
+def _staff(**fields: Any) -> User:
+    user = make_user(None, **fields)
+    User.objects.filter(pk=user.pk).update(is_staff=True, is_superuser=True)
+    return user
+
+
+def _admin_sign_in(username: str, password: str, ip: str = "192.0.2.10") -> Any:
+    return Client(REMOTE_ADDR=ip).post("/admin/login/", {"username": username, "password": password,
+                                                         "next": "/admin/"})
+
+
+def _dashboard_sign_in(username: str, password: str, ip: str = "192.0.2.10") -> Any:
+    return Client(REMOTE_ADDR=ip).post("/login/", {"username": username, "password": password})
+
+
+def _signed_in(response: Any) -> bool:
+    return "_auth_user_id" in response.wsgi_request.session
+
+
+@pytest.mark.usefixtures("throttle_clock")
+def test_wrong_admin_passwords_lock_the_account_and_the_right_one_then_gets_no_session() -> None:
+    """The probe's attack: 40 wrong passwords, then the right one, gave a superuser session."""
+    staff = _staff()
+    statuses = [_admin_sign_in(staff.username, f"wrong-{n}").status_code for n in range(40)]
+    limit = settings.AUTH_FAILURE_LIMITS["login_account"][0]
+    assert statuses[:limit - 1] == [200] * (limit - 1) and set(statuses[limit - 1:]) == {429}
+    right = _admin_sign_in(staff.username, PASSWORD, ip="192.0.2.99")  # from anywhere
+    assert right.status_code == 429 and int(right["Retry-After"]) > 0
+    assert "Too many failed sign-in attempts" in right.content.decode() and not _signed_in(right)
+    assert AuditEvent.objects.filter(action="login.locked", target_id=staff.public_id,
+                                     metadata__via="admin").exists()
+    other = _staff()
+    assert _admin_sign_in(other.username, PASSWORD).status_code == 302  # other accounts are unaffected
+
+
+@pytest.mark.usefixtures("throttle_clock")
+def test_the_admin_and_the_dashboard_share_one_lockout() -> None:
+    """Each account fails from its own address and signs in from another: only the account's
+    lock (not an address's) can refuse it."""
+    limit = settings.AUTH_FAILURE_LIMITS["login_account"][0]
+    first, second, third = _staff(), _staff(), _staff()
+    # Locked on the dashboard: the admin refuses the right password too …
+    for n in range(limit):
+        _dashboard_sign_in(first.username, f"wrong-{n}", ip="192.0.2.21")
+    refused = _admin_sign_in(first.username.upper(), PASSWORD, ip="192.0.2.99")  # names are case-folded
+    assert refused.status_code == 429 and not _signed_in(refused)
+    # … and the other way round.
+    for n in range(limit):
+        _admin_sign_in(second.username, f"wrong-{n}", ip="192.0.2.22")
+    refused = _dashboard_sign_in(second.username, PASSWORD, ip="192.0.2.99")
+    assert refused.status_code == 429 and not _signed_in(refused)
+    # Failures on both pages count together: half here, half there lock the account.
+    for n in range(limit):
+        sign_in = _admin_sign_in if n % 2 else _dashboard_sign_in
+        sign_in(third.username, f"wrong-{n}", ip="192.0.2.23")
+    assert _admin_sign_in(third.username, PASSWORD, ip="192.0.2.99").status_code == 429
+    assert _dashboard_sign_in(third.username, PASSWORD, ip="192.0.2.99").status_code == 429
+    assert _admin_sign_in(_staff().username, PASSWORD, ip="192.0.2.99").status_code == 302
+
+
+@pytest.mark.usefixtures("throttle_clock")
+def test_wrong_admin_passwords_from_one_ip_lock_that_ip_on_both_pages(school: School) -> None:
+    staff = _staff()
+    for n in range(settings.AUTH_FAILURE_LIMITS["login_ip"][0]):
+        _admin_sign_in(f"someone{n}@example.test", "wrong", ip="192.0.2.50")
+    assert _admin_sign_in(staff.username, PASSWORD, ip="192.0.2.50").status_code == 429
+    assert _dashboard_sign_in(school.teacher.username, PASSWORD, ip="192.0.2.50").status_code == 429
+    signed_in = _admin_sign_in(staff.username, PASSWORD, ip="192.0.2.51")
+    assert signed_in.status_code == 302 and signed_in["Location"] == "/admin/" and _signed_in(signed_in)
+    assert AuditEvent.objects.filter(action="login.succeeded", target_id=staff.public_id,
+                                     metadata__via="admin").exists()
