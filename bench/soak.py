@@ -443,8 +443,8 @@ def cores_used(before: dict[str, float], after: dict[str, float], own_before: An
 
 def capacity_line(cores: dict[str, float], written_per_s: float, stored_per_s: float) -> str:
     """The cores this load would need for the embedding to keep up: what the service used, with the
-    worker's share scaled from the vectors it stored to the memories the agents wrote (README
-    "Sizing"). Over the machine's cores, no setting makes the goals hold: the machine is too small."""
+    worker's share scaled from the vectors it stored to the memories the agents wrote
+    (docs/production.md §3). Over the machine's cores, no setting makes the goals hold: the machine is too small."""
     if stored_per_s <= 0:
         return "CPU this load needs: unknown (no vector stored during the soak)"
     per_vector = cores.get("worker", 0.0) / stored_per_s

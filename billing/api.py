@@ -1,5 +1,5 @@
-"""Subscriptions, payments, usage and wallets over HTTP (docs/kernle-protocol.md §12.8; README
-"Billing"). Thin: the rules are billing.selectors (who, what) and billing.services (writes);
+"""Subscriptions, payments, usage and wallets over HTTP (docs/kernle-protocol.md §12.8;
+docs/billing.md §2). Thin: the rules are billing.selectors (who, what) and billing.services (writes);
 billing.siwe_wallets links wallets. The chain being down is a 503 with Retry-After on the payment
 routes only — nothing else here asks the chain."""
 

@@ -1,5 +1,5 @@
 """Subscriptions, linked wallets, SIWE nonces, payments (intents and the transfers that pay them) and
-the treasury watcher's block cursor (docs/kernle-protocol.md §12.7-12.8; README "Billing").
+the treasury watcher's block cursor (docs/kernle-protocol.md §12.7-12.8; docs/billing.md).
 
 `Organization.tier` stays the tier every limit is read from (accounts.tiers); a subscription is the
 billing record that moves it: billing.services writes both in one transaction whenever a payment

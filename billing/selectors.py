@@ -155,7 +155,7 @@ class Usage:
 def usage_of(organization: Organization, *, now: datetime | None = None, alias: str | None = None) -> Usage:
     """One aggregate over the organization's stack counters (never a scan of its memories).
 
-    For showing, it reads the replica when there is one (`read_alias()`, README "Scaling out"): a
+    For showing, it reads the replica when there is one (`read_alias()`, docs/production.md §4): a
     figure a moment old is fine on a usage page. What decides or charges (the renewal's overflow,
     `overflow_charge`) passes `alias=DEFAULT_DB_ALIAS`: the primary."""
     now = now or timezone.now()

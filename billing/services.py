@@ -1,6 +1,6 @@
 """Every billing write: payment intents, claiming and confirming transfers, activating and lapsing
 tiers, downgrades, cancellations, the treasury watcher and the daily lifecycle
-(docs/kernle-protocol.md §12.7-12.8; README "Billing").
+(docs/kernle-protocol.md §12.7-12.8; docs/billing.md).
 
 Money moves a tier only through `_activate`, and only for a transfer that billing.chain says is
 final enough (PAYMENT_CONFIRMATIONS), correctly addressed, of the exact amount, from a wallet the
@@ -305,7 +305,7 @@ def x402_pay(*, principal: Principal, tier: str, payment_header: str, ip: str | 
     Nothing is stored before the authorization passed its checks: a header that is no payment, or
     a signature that is no signature (0x00…00), is a 400 and a node outage a 503, with no intent
     left behind. An authorization refused by a check is recorded as a `failed` intent with the
-    reason (README "Billing"), created failed in one transaction: it is never pending. The intent
+    reason (docs/billing.md §4), created failed in one transaction: it is never pending. The intent
     of an authorization that passed is committed before it is submitted, so the transfer's block is
     never older than the intent (billing.chain's before_intent); the token refusing it at
     submission fails that intent the same way. Nothing is sent or activated for a refusal."""

@@ -1,4 +1,4 @@
-"""Linking a wallet by Sign-In with Ethereum (EIP-4361, PyPI `siwe`; README "Billing").
+"""Linking a wallet by Sign-In with Ethereum (EIP-4361, PyPI `siwe`; docs/billing.md §2).
 
 1. The caller asks for a nonce: random, single-use, valid for NONCE_LIFETIME, issued to its
    organization (only its SHA-256 is stored).

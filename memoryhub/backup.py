@@ -1,4 +1,4 @@
-"""Backup and restore of a whole MemoryHub deployment (issue 19; README "Backup and restore").
+"""Backup and restore of a whole MemoryHub deployment (docs/operations.md §10).
 
 A backup is a directory:
 * `database.dump` — `pg_dump --format=custom` of the database: one consistent snapshot (pg_dump
@@ -17,7 +17,7 @@ environment on purpose: keep them with your other secrets, apart from the backup
 
 The binaries are the embedded server's own (pgserver's PostgreSQL 16), which also dump an external
 server of that major version. For an external PostgreSQL, its own backups (base backup + WAL
-archiving, i.e. point-in-time recovery) are the better tool; see the README.
+archiving, i.e. point-in-time recovery) are the better tool; see docs/operations.md §10.
 """
 
 from __future__ import annotations

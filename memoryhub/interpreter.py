@@ -24,7 +24,7 @@ meanwhile, CPython makes it wait until that thread has run for the switch interv
 default. A request makes several such round trips (authentication, the stack lookup, its
 statements, the commit), and the event loop that reads requests and writes answers needs the GIL
 too, so under load each could wait up to 5 ms. At 1 ms the waits are a fifth as long, for no
-measurable CPU (bench/soak.py, README "Benchmarks"). `PYTHON_GIL_SWITCH_MS` sets it (1 by default;
+measurable CPU (bench/soak.py, docs/benchmarks.md). `PYTHON_GIL_SWITCH_MS` sets it (1 by default;
 5 is CPython's own).
 """
 

@@ -1,4 +1,4 @@
-"""Prometheus metrics (issue 19; README "Operations: metrics"), with the official client library.
+"""Prometheus metrics (docs/operations.md §11), with the official client library.
 
 What is measured, and where it is counted:
 * HTTP requests by route pattern (never the path: it names stacks and memories), method and status,

@@ -71,7 +71,7 @@ def default_web_workers(cores: int, *, database_here: bool) -> int:
     runs one request's Python at a time, so in a single process one long request (a 500-operation
     push, a school-wide search) makes every request behind it wait, while two processes let the OS
     share the cores. On 2 cores, 3-minute `bench/soak.py` runs at the agents' pace: p95 213-334 ms
-    with two against 305-594 ms with one (pairs run in turn; README "Sizing"), for 0.89x the peak
+    with two against 305-594 ms with one (pairs run in turn; docs/production.md §2), for 0.89x the peak
     requests/s under closed-loop load (`bench/soak.py --compare WEB_WORKERS=2`)."""
     if not database_here:
         return cores
@@ -80,7 +80,7 @@ def default_web_workers(cores: int, *, database_here: bool) -> int:
 
 def sized_pool(max_connections: int, web_workers: int, concurrency: int) -> int:
     """DB_POOL_MAX_SIZE for each process so that every pool at its fullest still fits in the
-    server's max_connections (README "Production": sizing): web processes share what the worker
+    server's max_connections (docs/production.md §2): web processes share what the worker
     children and the reserve leave, at most POOL_CEILING each, at least 2."""
     budget = max_connections - RESERVED_CONNECTIONS - WORKER_CONNECTIONS * concurrency
     return max(2, min(POOL_CEILING, budget // max(web_workers, 1)))
@@ -223,7 +223,7 @@ def main() -> int:
         anvil_port = env_int("MEMORYHUB_ANVIL_PORT", 58545, minimum=1, maximum=65535)
         # Base makes a block every 2 s: payments in development reach their confirmations the same way.
         anvil_block_time = env_int("ANVIL_BLOCK_TIME", 2, minimum=1)
-        # Sized to the machine (README "Production": sizing): web processes for the web's share of
+        # Sized to the machine (docs/production.md §2): web processes for the web's share of
         # the cores and a worker process per core (embedding is CPU-bound).
         cores = machine_cores()
         web_workers = env_int("WEB_WORKERS", default_web_workers(cores, database_here=not os.environ.get(

@@ -90,7 +90,7 @@ BEAT_SCHEDULE["webhooks-prune"] = {
     "options": {"expires": 60 * 60},
 }
 
-# Billing (billing/tasks.py; README "Billing"). The lifecycle runs daily: renewal warnings 3 days
+# Billing (billing/tasks.py; docs/billing.md §5). The lifecycle runs daily: renewal warnings 3 days
 # ahead, grace after an unpaid renewal, expiry to free, scheduled downgrades. Claimed transfers
 # are re-checked until confirmed and then until final (reorgs); the treasury watcher matches
 # transfers from linked wallets to open intents, so paying needs no pasted hash.

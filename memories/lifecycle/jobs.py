@@ -170,7 +170,7 @@ def run_job(name: str, work: Callable[[dict[str, Any]], None]) -> JobRun:
 def job_runs_recent(*, name: str | None = None) -> QuerySet[JobRun]:
     """Job runs, newest first (the caller decides who may see them: operators and school admins).
     For listing (the overview's latest runs, the jobs API): from the replica when there is one, as a
-    list a moment old is fine (README "Scaling out")."""
+    list a moment old is fine (docs/production.md §4)."""
     runs = JobRun.objects.using(read_alias()).order_by("-started_at", "-pk")
     if name:
         if name not in JOB_NAMES:

@@ -142,7 +142,7 @@ def test_archive_has_every_kind_and_matches_the_database_field_for_field(school:
 def test_archive_reimports_into_an_empty_stack_with_equal_content(school: School, tmp_path: Path) -> None:
     _populate(school)
     # The stack's own key: it sees every memory whatever its privacy grants (a school key would get
-    # only what the grants admit it to, README "Privacy grants"), so the round trip is complete.
+    # only what the grants admit it to, docs/privacy.md "Privacy grants"), so the round trip is complete.
     _, archive = _export(school.agent, school.stack_url("export/archive"))
     path = tmp_path / "ada.zip"
     with archive.fp as fp:  # type: ignore[union-attr]

@@ -1,4 +1,4 @@
-"""The runner's default sizing and priorities (memoryhub/runner.py; README "Production": sizing)."""
+"""The runner's default sizing and priorities (memoryhub/runner.py; docs/production.md §2)."""
 
 from __future__ import annotations
 

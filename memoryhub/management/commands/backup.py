@@ -1,5 +1,5 @@
 """`manage.py backup DIR`: a consistent backup of the database and the data dir's secrets and
-blobs, with progress (memoryhub/backup.py; README "Backup and restore")."""
+blobs, with progress (memoryhub/backup.py; docs/operations.md §10)."""
 
 from __future__ import annotations
 
