@@ -1,5 +1,5 @@
 """Agents pay over HTTP 402 (x402 `exact`, EIP-3009) on `POST /api/v1/subscriptions/upgrade`,
-settled by MemoryHub on the session's real Anvil node: the README's own client end to end (402 →
+settled by MemoryHub on the session's real Anvil node: docs/billing.md's own client end to end (402 →
 signed retry → pending_verification → mine → confirmed → tier and quotas), and a tampered or
 replayed authorization refused with nothing sent and nothing activated."""
 
@@ -31,25 +31,25 @@ from tests.factories import bearer_client, make_key, make_org, make_stack
 
 pytestmark = pytest.mark.django_db
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+BILLING_DOC = Path(__file__).resolve().parents[2] / "docs" / "billing.md"
 UPGRADE = "/api/v1/subscriptions/upgrade"
 CORE = 5 * USDC
 
 
 def readme_client() -> dict[str, Any]:
-    """The x402 client of README "Billing", executed from the README's own text."""
-    text = README.read_text()
-    section = text[text.index("**Agents pay over HTTP 402 (x402).**"):]
+    """The x402 client of docs/billing.md §4, executed from the page's own text."""
+    text = BILLING_DOC.read_text()
+    section = text[text.index("## §4 Agents pay over HTTP 402 (x402)"):]
     code = re.search(r"```python\n(.*?)```", section, re.S)
     assert code is not None
     namespace: dict[str, Any] = {"__name__": "readme_x402"}
-    exec(compile(code.group(1), "README.md", "exec"), namespace)  # noqa: S102 - our own README's snippet
+    exec(compile(code.group(1), "docs/billing.md", "exec"), namespace)  # noqa: S102 - our own docs' snippet
     return namespace
 
 
 def http_for(client: Client, secret: str) -> httpx.Client:
     """An httpx client whose requests Django's test client serves in-process (same database
-    transaction as the test), so the README's httpx code runs unchanged."""
+    transaction as the test), so the page's httpx code runs unchanged."""
 
     def handle(request: httpx.Request) -> httpx.Response:
         headers = {k: v for k, v in request.headers.items() if k.lower() not in {"host", "content-length",
