@@ -95,8 +95,8 @@ class Organization(models.Model):
     # The PII categories this school redacts at ingest (memories.redaction names them; secrets are
     # always redacted whatever this says). None: every PII category (the default).
     redaction_categories = models.JSONField(null=True, blank=True, default=None)
-    # What an empty `access_grants` list means for school staff and school keys (README "Privacy
-    # grants"): "school" — staff of the school may read it; "owner" — only the stack's own keys.
+    # What an empty `access_grants` list means for school staff and school keys (docs/privacy.md
+    # "Privacy grants"): "school" — staff of the school may read it; "owner" — only the stack's own keys.
     class EmptyGrantsPolicy(models.TextChoices):
         SCHOOL = "school"
         OWNER = "owner"

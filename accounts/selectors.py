@@ -268,6 +268,6 @@ def members_visible_to(principal: Principal) -> QuerySet[Membership]:
 def audit_events_visible_to(principal: Principal) -> QuerySet[AuditEvent]:
     if not principal.is_org_wide:
         raise Forbidden("Only school admins may read the audit log.", code="admin_required")
-    # A log a moment old is fine (README "Scaling out"); who may read it was decided just above.
+    # A log a moment old is fine (docs/production.md §4); who may read it was decided just above.
     return (AuditEvent.objects.using(read_alias()).filter(organization_id=principal.organization.pk)
             .select_related("actor", "actor_key"))

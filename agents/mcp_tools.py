@@ -255,7 +255,7 @@ def _teleport_restore(principal: Principal, args: Payload, base_url: str) -> Pay
     url = f"{base_url}/api/v1/stacks/{quote(target.slug, safe='')}/snapshots/{snapshot.pk}/archive"
     return {"stack": target.slug, "snapshot": snapshot_view(snapshot),
             "download": {"method": "GET", "url": url, "headers": {"Authorization": "Bearer <the same API key>"}},
-            "note": "Extract it safely (no links, nothing outside the target): README, \"Teleport\"."}
+            "note": "Extract it safely (no links, nothing outside the target): docs/teleport.md §5."}
 
 
 _SEARCH_KINDS = {"type": ["array", "null"], "items": {"type": "string", "enum": KINDS}, "maxItems": 20,

@@ -1,5 +1,5 @@
 """Privacy grants: which memories of a stack a requester other than the stack's own credentials sees
-(README "Privacy grants", docs/privacy.md "Privacy grants").
+(docs/privacy.md "Privacy grants").
 
 A memory carries `access_grants`, a list of entity ids (Kernle Phase 8). A requester is described by
 an `Audience`: the entity ids it answers to and what its school says an empty list means.

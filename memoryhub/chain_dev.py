@@ -6,7 +6,7 @@ PostgreSQL and Redis (memoryhub/embedded.py): a supervised child on 127.0.0.1, i
 first start deploys contracts/TestUSDC.sol (compiled from source by `make install` into
 build/contracts/), mints to a few demo wallets and names a treasury; later starts find the
 token still there. What it deployed is written to <data dir>/chain.json, which settings read
-when CHAIN_RPC_URL is not set (README "Payments in USDC (development chain)"). The test session
+when CHAIN_RPC_URL is not set (docs/billing.md §6). The test session
 uses the same pieces with a throw-away node (tests/billing/chain.py).
 
 Every key here is one of Anvil's public development keys (the well-known "test test … junk"

@@ -1,4 +1,4 @@
-"""Which database a read-only query may use (README "Scaling out").
+"""Which database a read-only query may use (docs/production.md §4).
 
 With `DATABASE_REPLICA_URL` set, the reads that can show data a moment old — the dashboard's charts
 and backlog counts, a stack's usage series — go to the streaming replica (`read_alias()`), which

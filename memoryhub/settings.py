@@ -119,7 +119,7 @@ PYTHON_GC_TUNING = env_bool("PYTHON_GC_TUNING", True)
 # How long a web process's busy thread keeps the GIL from a thread whose database or Redis answer
 # has come back (memoryhub/interpreter.py); CPython's own is 5.
 PYTHON_GIL_SWITCH_MS = env_int("PYTHON_GIL_SWITCH_MS", 1, minimum=1, maximum=100)
-# An optional streaming replica (README "Scaling out"): the read-only pages that can show data a
+# An optional streaming replica (docs/production.md §4): the read-only pages that can show data a
 # moment old read it through memoryhub.replica.read_alias(); writes, access decisions, sync pull
 # and anything inside a transaction stay on the primary. Unset: no "replica" alias is used at all.
 DATABASE_REPLICA_URL = env_str("DATABASE_REPLICA_URL", "")
@@ -295,7 +295,7 @@ WEBHOOKS_ALLOW_LOOPBACK_HTTP = env_bool("WEBHOOKS_ALLOW_LOOPBACK_HTTP", False)
 # from loopback and not through a proxy (memoryhub.metrics).
 METRICS_TOKEN = env_str("METRICS_TOKEN", "")
 
-# Payments in USDC, checked on the chain itself (billing/chain.py; README "Payments in USDC").
+# Payments in USDC, checked on the chain itself (billing/chain.py; docs/billing.md §3).
 # Production: Base mainnet — CHAIN_RPC_URL of a Base node, CHAIN_ID 8453, USDC_CONTRACT defaults to
 # Base's USDC there, TREASURY_ADDRESS your receiving wallet, CHAIN_RELAYER_KEY the key that submits
 # agents' x402 authorizations (it pays their gas; keep little ETH on it). Unset CHAIN_RPC_URL means
@@ -354,7 +354,7 @@ CELERY_TASK_TIME_LIMIT = 360
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600, "socket_connect_timeout": 2}
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
-# A worker process per core by default, as `make run` sizes it (memoryhub/runner.py, README "Production").
+# A worker process per core by default, as `make run` sizes it (memoryhub/runner.py, docs/production.md §2).
 _CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 2)
 CELERY_WORKER_CONCURRENCY = env_int("CELERY_CONCURRENCY", _CORES, minimum=1)
 

@@ -1,6 +1,6 @@
 """One delivery attempt: the signed request and what the receiver answered.
 
-Header format (README "Webhooks"):
+Header format (docs/webhooks.md):
 
     MemoryHub-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256(secret, "<t>.<raw body>")>
     MemoryHub-Event-Id: <change event id, or the delivery id for a test event>

@@ -7,7 +7,7 @@ counters only, so it costs the same at 20 students as at 2,000.
 Paying, downgrading, cancelling and wallets go through billing.services and billing.siwe_wallets,
 the same functions the API calls; these views only read forms and redirect. A browser wallet
 (EIP-1193) is driven by static/dashboard/billing.js: it signs the SIWE message built here and
-calls the API routes with the dashboard's session and CSRF token (README "Billing").
+calls the API routes with the dashboard's session and CSRF token (docs/billing.md §2).
 
 A billing user sees this page and nothing else of the dashboard (dashboard.access roles), and no
 student's name: usage is shown for the school as a whole.
