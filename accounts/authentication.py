@@ -7,8 +7,12 @@ they are told apart by the `knl_sk_` prefix. `request.user` is the acting user a
 
 from __future__ import annotations
 
+from importlib import import_module
 from typing import Any
 
+from django.conf import settings
+from django.contrib.auth import get_user
+from django.http import HttpRequest
 from django.utils import timezone
 from rest_framework import authentication
 from rest_framework.exceptions import Throttled
@@ -188,3 +192,23 @@ class SessionPrincipalAuthentication(authentication.SessionAuthentication):
         if principal is None:
             return None
         return user, principal
+
+def request_credential_verifies(request: HttpRequest) -> bool:
+    """Does `request` carry a credential that authenticates: a signed-in session, or a Bearer
+    credential the API would accept? Reads only the headers and the client address (the body is
+    not read yet): the edge's body limit asks it before letting a request send more than a
+    stranger may (memoryhub/limits.py; docs/kernle-protocol.md §7.3), since a credential merely
+    present proves nothing. The Bearer check is BearerAuthentication itself, so a failing
+    credential costs here what it costs on the API (the failure limits count it; past them it
+    is refused) and a verified key is remembered for the request's own authentication."""
+    session_key = request.COOKIES.get(settings.SESSION_COOKIE_NAME)
+    if session_key:
+        request.session = import_module(settings.SESSION_ENGINE).SessionStore(session_key)
+        if get_user(request).is_authenticated:  # the session exists and its user still matches it
+            return True
+    if not request.META.get("HTTP_AUTHORIZATION"):
+        return False
+    try:
+        return BearerAuthentication().authenticate(Request(request)) is not None
+    except (NotAuthenticated, Throttled):
+        return False

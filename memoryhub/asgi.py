@@ -104,6 +104,7 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402  (needs Django set u
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
+from accounts.authentication import request_credential_verifies  # noqa: E402
 from agents.mcp_server import MCP_PATHS, endpoint  # noqa: E402
 from memoryhub.limits import RequestBodyLimit, WebsocketGuard  # noqa: E402
 from memoryhub.routing import websocket_urlpatterns  # noqa: E402
@@ -155,7 +156,8 @@ class WithLifespan:
 
 application = WithLifespan(ProtocolTypeRouter(
     {
-        "http": RequestBodyLimit(McpOrDjango(endpoint, django_asgi_app)),
+        "http": RequestBodyLimit(McpOrDjango(endpoint, django_asgi_app),
+                                 credential_verifies=request_credential_verifies),
         "websocket": WebsocketGuard(AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns)))),
     }
 ))

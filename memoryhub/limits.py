@@ -3,10 +3,13 @@
 * `RequestBodyLimit` — ASGI middleware around the HTTP app. A body over the limit is refused with
   413 before it is read past the limit: a declared Content-Length over it is refused without
   reading a byte; a body of unknown length (chunked) is counted as it streams and cut off at the
-  limit. The limit is `MAX_REQUEST_BYTES` (`DATA_UPLOAD_MAX_MEMORY_SIZE`), and the much smaller
-  `MAX_UNAUTHENTICATED_REQUEST_BYTES` for the routes anyone may call without a credential
-  (register, the logins) and for any request that carries no credential at all: a stranger can
-  make the server hold at most that much.
+  limit. A stranger may send `MAX_UNAUTHENTICATED_REQUEST_BYTES`; the routes anyone may call
+  without a credential (register, the logins) take no more from anyone. Elsewhere a request whose
+  credential (Bearer header or session cookie) *verifies* may send up to `MAX_REQUEST_BYTES`
+  (`DATA_UPLOAD_MAX_MEMORY_SIZE`): the credential is checked — by the app's own authentication,
+  on a worker thread — only once the body would pass the stranger's limit, so small requests
+  cost nothing extra. A bogus credential gets the stranger's limit (413), and a check that cannot
+  be made (database or Redis down) a 503: a stranger can make the server hold at most that much.
 * `BoundedJSONParser` — DRF's JSON parser, bounded: it reads at most the body limit (so the cap
   holds under any server, the test client's WSGI handler included), refuses JSON nested deeper
   than `JSON_MAX_DEPTH` or holding a string longer than `JSON_MAX_STRING_CHARS` with a 400
@@ -21,25 +24,36 @@ Settings are read per request / per connection (one attribute lookup), so a test
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from itertools import compress
 from typing import Any
 
 from django.conf import settings
+from django.db import close_old_connections
+from django.http import HttpRequest
+from django.http.cookie import parse_cookie
 from rest_framework.exceptions import ParseError
 from rest_framework.parsers import BaseParser, JSONParser
 from rest_framework.utils.json import strict_constant
 
 from memoryhub.errors import InvalidInput, PayloadTooLarge, error_body
 from memoryhub.metrics import WEBSOCKETS_OPEN
+from memoryhub.outage import retry_after_seconds
+
+logger = logging.getLogger(__name__)
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+# Does the request (headers and client address only) carry a credential that authenticates?
+# Synchronous (it may read the database); memoryhub/asgi.py passes accounts' check.
+CredentialCheck = Callable[[HttpRequest], bool]
 
 # Routes served to anyone, without a credential: their bodies are a few hundred bytes.
 UNAUTHENTICATED_PATHS = frozenset({"/auth/register", "/auth/login", "/login", "/admin/login"})
@@ -60,10 +74,15 @@ class _BodyTooLarge(Exception):
     """Raised from the counting `receive` once a streamed body passes the limit."""
 
 
-def body_limit(path: str, has_credential: bool) -> int:
-    """The most a request to `path` may send."""
+class _CheckFailed(Exception):
+    """Raised from the counting `receive` when the credential could not be checked."""
+
+
+def larger_limit(path: str, has_credential: bool) -> int | None:
+    """What a request to `path` may send once its credential verifies, or None: the stranger's
+    limit is all it may ever send (no credential, or a route served to anyone)."""
     if not has_credential or path.rstrip("/") in UNAUTHENTICATED_PATHS:
-        return int(settings.MAX_UNAUTHENTICATED_REQUEST_BYTES)
+        return None
     return int(settings.DATA_UPLOAD_MAX_MEMORY_SIZE)
 
 
@@ -72,15 +91,53 @@ def _too_large_body(limit: int) -> bytes:
     return json.dumps(error_body("payload_too_large", message, {"body": [f"At most {limit:,} bytes."]})).encode()
 
 
+_CREDENTIAL_HEADERS = {b"authorization": ",", b"x-forwarded-for": ",", b"cookie": "; "}
+
+
+def credential_request(scope: Scope) -> HttpRequest:
+    """A request carrying only what a credential check reads: the credential headers (repeated
+    ones joined as Django joins them) and the client address."""
+    request = HttpRequest()
+    request.method = scope.get("method")
+    request.path = request.path_info = scope["path"]
+    for name, value in scope["headers"]:
+        joiner = _CREDENTIAL_HEADERS.get(name)
+        if joiner is not None:
+            key = "HTTP_" + name.decode("latin-1").upper().replace("-", "_")
+            text = value.decode("latin-1")
+            request.META[key] = f"{request.META[key]}{joiner}{text}" if key in request.META else text
+    client = scope.get("client")
+    request.META["REMOTE_ADDR"] = client[0] if client else ""
+    request.COOKIES = parse_cookie(request.META.get("HTTP_COOKIE", ""))
+    return request
+
+
+def _check_on_this_thread(check: CredentialCheck, request: HttpRequest) -> bool:
+    # As a request does: connections left over are closed first, this thread's goes back after.
+    close_old_connections()
+    try:
+        return check(request)
+    finally:
+        close_old_connections()
+
+
 class RequestBodyLimit:
     """ASGI middleware: 413 for a body over the limit, never reading past it (see the module doc).
 
     Cost per request: one pass over the header list; the body is counted only when its length
     was not declared (or Transfer-Encoding is present: a declared length can then not be trusted).
-    A declared length is enforced by the HTTP server itself, which never hands over more."""
+    A declared length is enforced by the HTTP server itself, which never hands over more. The
+    credential is checked only for a body past the stranger's limit (at most once a request)."""
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, *, credential_verifies: CredentialCheck) -> None:
         self.app = app
+        self.credential_verifies = credential_verifies
+
+    async def _verifies(self, scope: Scope) -> bool:
+        """The credential check, on a worker thread (it may wait for the database)."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(None, _check_on_this_thread, self.credential_verifies,
+                                          credential_request(scope))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -96,10 +153,21 @@ class RequestBodyLimit:
                 streamed = True
             elif name == b"authorization" or (name == b"cookie" and session_cookie in value):
                 has_credential = True
-        limit = body_limit(scope["path"], has_credential)
+        limit = int(settings.MAX_UNAUTHENTICATED_REQUEST_BYTES)
+        larger = larger_limit(scope["path"], has_credential)
         if declared is not None and declared > limit:
-            await _refuse(send, limit)
-            return
+            if larger is None or declared > larger:
+                await _refuse(send, limit if larger is None else larger)
+                return
+            try:
+                verified = await self._verifies(scope)
+            except Exception as exc:
+                await _check_unavailable(send, exc)
+                return
+            if not verified:  # a bogus credential: the stranger's limit, the body never read
+                await _refuse(send, limit)
+                return
+            limit, larger = larger, None
         if declared is not None and not streamed:
             await self.app(scope, receive, send)
             return
@@ -108,10 +176,18 @@ class RequestBodyLimit:
         started = False
 
         async def counting_receive() -> Message:
-            nonlocal received
+            nonlocal received, limit, larger
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
+                if received > limit and larger is not None:
+                    grow, larger = larger, None  # checked once: either way, no second check
+                    try:
+                        verified = await self._verifies(scope)
+                    except Exception as exc:
+                        raise _CheckFailed from exc
+                    if verified:
+                        limit = grow
                 if received > limit:
                     raise _BodyTooLarge
             return message
@@ -126,15 +202,29 @@ class RequestBodyLimit:
         except _BodyTooLarge:
             if not started:  # Django reads the whole body before it answers: always the case here
                 await _refuse(send, limit)
+        except _CheckFailed as failed:
+            if not started:
+                await _check_unavailable(send, failed.__cause__)
 
 
 async def _refuse(send: Send, limit: int) -> None:
-    body = _too_large_body(limit)
+    await _answer(send, 413, _too_large_body(limit))
+
+
+async def _check_unavailable(send: Send, exc: BaseException | None) -> None:
+    """503 with Retry-After: the credential could not be checked (the database or Redis is down),
+    so the body is neither taken nor refused as too large. Logged by type only: no credential."""
+    logger.warning("credential check for the body limit failed: %s", type(exc).__name__)
+    body = json.dumps(error_body("service_unavailable", "The credential could not be checked; retry shortly.")).encode()
+    await _answer(send, 503, body, [(b"retry-after", str(retry_after_seconds("the credential check")).encode())])
+
+
+async def _answer(send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None) -> None:
     # `connection: close`: the rest of the body is never read, so the connection cannot carry
     # another request; the server closes it once the answer is written.
-    await send({"type": "http.response.start", "status": 413,
+    await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                            (b"connection", b"close")]})
+                            (b"connection", b"close"), *(headers or [])]})
     await send({"type": "http.response.body", "body": body})
 
 

@@ -8,16 +8,19 @@ every DRF view shares and are tested through the ordinary test client.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, MutableMapping
 from pathlib import Path
+from secrets import token_hex
 from typing import Any
 
 import httpx
 import pytest
+from django.conf import settings
 from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver
 from rest_framework.views import APIView
@@ -25,11 +28,26 @@ from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect as websocket_connect
 from websockets.typing import Origin
 
+from accounts.authentication import request_credential_verifies
 from memories.models import Memory
 from memoryhub.embedded import ManagedProcess, free_port
-from memoryhub.limits import JSON_MAX_DEPTH, JSON_MAX_STRING_CHARS, BoundedBodyParser, BoundedJSONParser
+from memoryhub.limits import (
+    JSON_MAX_DEPTH,
+    JSON_MAX_STRING_CHARS,
+    BoundedBodyParser,
+    BoundedJSONParser,
+    RequestBodyLimit,
+)
 from stacks.services import personal_account_register
-from tests.factories import bearer_client, database_url_for_processes, make_key, make_org, make_stack, wait_for_health
+from tests.factories import (
+    bearer_client,
+    database_url_for_processes,
+    make_key,
+    make_org,
+    make_stack,
+    make_user,
+    wait_for_health,
+)
 
 BASE_DIR = Path(__file__).resolve().parents[2]
 MB = 1024 * 1024
@@ -131,6 +149,109 @@ def test_unauthenticated_routes_have_the_smaller_limit_and_the_rest_still_work(w
     assert pushed.json()["synced"] == 8
     assert Memory.objects.filter(stack=stack).count() == 8
     assert small_register.status_code == 400  # under the limit: the view's own validation answers
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_bogus_credential_gets_the_strangers_limit_over_http(web: dict[str, Any]) -> None:
+    """A credential merely present raised a stranger's 64 KiB to 16 MiB, read in full before the
+    401. Now a 1 MiB body with a bogus Bearer header or session cookie is a 413 at the stranger's
+    limit; with a valid key or session it passes the edge and reaches the view."""
+    small = settings.MAX_UNAUTHENTICATED_REQUEST_BYTES
+    org = make_org()
+    _, secret = make_key(org, stack=make_stack(org, "ada"))
+    web_client = Client()
+    web_client.force_login(make_user(org))
+    session = web_client.cookies[settings.SESSION_COOKIE_NAME].value
+    json_type = {"content-type": "application/json"}
+    bogus = [{"authorization": "Bearer x"}, {"authorization": "Bearer knl_sk_" + "0" * 40},
+             {"cookie": f"{settings.SESSION_COOKIE_NAME}=x"}]
+    with httpx.Client(base_url=web["url"], timeout=30) as client:
+        for headers in bogus:
+            for how, content in (("declared", b"x" * MB), ("chunked", _chunks(MB))):
+                response = client.post("/sync/push", content=content, headers={**headers, **json_type})
+                assert response.status_code == 413, (headers, how, response.status_code)
+                assert response.json()["error"]["code"] == "payload_too_large"
+                assert f"{small:,}" in response.json()["error"]["message"], (headers, how)
+        # Past the edge, the view answers: not JSON (400) for the key, no CSRF token (403) for the session.
+        keyed = client.post("/sync/push", content=b"x" * MB, headers={"authorization": f"Bearer {secret}", **json_type})
+        assert keyed.status_code == 400 and keyed.json()["error"]["code"] != "payload_too_large"
+        signed_in = client.post("/api/v1/stacks/", content=_chunks(MB),
+                                headers={"cookie": f"{settings.SESSION_COOKIE_NAME}={session}", **json_type})
+        assert signed_in.status_code == 403, signed_in.text
+
+
+class _Edge:
+    """RequestBodyLimit in front of an app that reads the whole body, driven as the server drives
+    it, with the real credential check (database and Redis): how much of the body was taken."""
+
+    CHUNK = 64 * 1024
+
+    def __init__(self) -> None:
+        self.app_called = False
+
+    async def _app(self, scope: Any, receive: Any, send: Any) -> None:
+        self.app_called = True
+        while (await receive()).get("more_body"):
+            pass
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    def post(self, headers: dict[str, str], size: int, *, declared: bool) -> tuple[int, dict[str, Any], int]:
+        """(status, body, bytes the server handed over) for a POST /sync/push of `size` bytes."""
+        chunks = [b"x" * self.CHUNK] * (size // self.CHUNK)
+        pulled = 0
+        sent: list[dict[str, Any]] = []
+
+        async def receive() -> dict[str, Any]:
+            nonlocal pulled
+            if not chunks:
+                return {"type": "http.disconnect"}
+            chunk = chunks.pop()
+            pulled += len(chunk)
+            return {"type": "http.request", "body": chunk, "more_body": bool(chunks)}
+
+        async def send(message: MutableMapping[str, Any]) -> None:
+            sent.append(dict(message))
+
+        framing = [(b"content-length", str(size).encode())] if declared else [(b"transfer-encoding", b"chunked")]
+        scope = {"type": "http", "method": "POST", "path": "/sync/push", "client": ("127.0.0.1", 50123),
+                 "headers": [*framing, *((k.encode(), v.encode()) for k, v in headers.items())]}
+        asyncio.run(RequestBodyLimit(self._app, credential_verifies=request_credential_verifies)(scope, receive, send))
+        body = json.loads(sent[1]["body"]) if sent[1]["body"] else {}
+        return sent[0]["status"], body, pulled
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_bogus_credential_is_refused_before_the_body_is_read_past_the_strangers_limit() -> None:
+    small = settings.MAX_UNAUTHENTICATED_REQUEST_BYTES
+    org = make_org()
+    _, secret = make_key(org, stack=make_stack(org, "ada"))
+    signed_in = Client()
+    signed_in.force_login(make_user(org))
+    session = signed_in.cookies[settings.SESSION_COOKIE_NAME].value
+    cookie = settings.SESSION_COOKIE_NAME
+    for headers in ({"authorization": "Bearer x"}, {"authorization": f"Bearer knl_sk_{'0' * 40}"},
+                    {"cookie": f"{cookie}=x"}, {"cookie": f"{cookie}={session[:-1]}"}):
+        edge = _Edge()
+        status, body, pulled = edge.post(headers, MB, declared=True)
+        assert (status, body["error"]["code"], pulled, edge.app_called) == (413, "payload_too_large", 0, False)
+        assert f"{small:,}" in body["error"]["message"]
+        status, _, pulled = edge.post(headers, MB, declared=False)
+        assert status == 413 and pulled <= small + _Edge.CHUNK, (headers, pulled)  # not the whole MiB
+    for headers in ({"authorization": f"Bearer {secret}"}, {"cookie": f"{cookie}={session}"}):
+        for declared in (True, False):
+            status, _, pulled = _Edge().post(headers, MB, declared=declared)
+            assert (status, pulled) == (200, MB), (headers, declared)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("throttle_clock")
+def test_bogus_credentials_with_big_bodies_count_as_failed_authentications() -> None:
+    """Else a big body would be a free oracle: 413 for a wrong key, let through for a right one."""
+    for _ in range(settings.AUTH_FAILURE_LIMITS["bearer_ip"][0]):
+        assert _Edge().post({"authorization": f"Bearer knl_sk_{token_hex(16)}"}, MB, declared=True)[0] == 413
+    refused = bearer_client(f"knl_sk_{token_hex(16)}").get("/api/v1/stacks/")  # from 127.0.0.1 too
+    assert refused.status_code == 429 and refused["Retry-After"]
 
 
 @pytest.mark.django_db(transaction=True)
