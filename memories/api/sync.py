@@ -11,8 +11,7 @@ shapes but do not read them: memories.sync reads each operation itself, with
 memories.schemas.normalize_memory for the record. A push carries up to 1,000 operations and
 validation is already its largest per-operation cost (~25 µs a record); a DRF serializer costs
 over ten times that (~365 µs, see memories.schemas), a third of a second more for a push of 1,000.
-Pulls keep the protocol's own leniency there too (an unreadable `since` is read as absent:
-docs/kernle-protocol.md §4.1).
+The whole-request checks (a list, a readable `since`) are the services'.
 """
 
 from __future__ import annotations
@@ -37,8 +36,8 @@ from memories import sync
 from memoryhub.errors import InvalidInput
 
 ERRORS = {
-    400: OpenApiResponse(description="Body is not a JSON object, `operations` is not a list, or the stack id is "
-                                     "invalid; `detail` says why"),
+    400: OpenApiResponse(description="Body is not a JSON object, `operations` is not a list, the stack id or "
+                                     "`since` is invalid; `detail` says why"),
     401: OpenApiResponse(description="Missing, invalid or expired credential"),
     403: OpenApiResponse(description="Read-only key writing"),
     404: OpenApiResponse(description="Stack not reachable with this credential (e.g. a key bound to another stack)"),
@@ -86,7 +85,8 @@ class KernlePushResponseSerializer(serializers.Serializer):
 class KernlePullRequestSerializer(serializers.Serializer):
     stack_id = serializers.CharField()
     since = serializers.DateTimeField(allow_null=True, required=False,
-                                      help_text="The client's clock at its last pull; absent or null: everything")
+                                      help_text="The client's clock at its last pull; absent or null: everything; "
+                                                "anything but an ISO-8601 timestamp: 400 invalid_since")
 
 
 class KernlePulledOperationSerializer(serializers.Serializer):

@@ -152,12 +152,12 @@ class KernlePullResult:
 
 @transaction.atomic
 def kernle_pull(*, principal: Principal, stack_id: Any, since: Any) -> KernlePullResult:
-    """The complete change set since the client's clock (§4.2, §4.4). `since` absent or null: all.
+    """The complete change set since the client's clock (§4.2, §4.4). `since` absent or null: all;
+    anything else must be an ISO-8601 timestamp, or the pull is a 400 `invalid_since` (§4.1).
 
     Four round trips inside the transaction: the stack (the access decision), its share lock with
     the clock and the watermark, the change set with the watermark's upsert, the commit."""
-    # An unreadable `since` is treated as absent: re-sending everything is harmless, skipping is not.
-    since_time = parse_timestamp(since) if since is not None else None
+    since_time = _since(since)
     stack = sync_stack_for_read(principal, stack_id)
     if stack is None:
         return KernlePullResult(operations_json="[]", count=0, server_time=timezone.now())
@@ -175,6 +175,21 @@ def kernle_pull(*, principal: Principal, stack_id: Any, since: Any) -> KernlePul
         cursor.execute(_kernle_pull_sql(grants), {**keys, "since": effective, "now": now, **grant_params})
         rows = [_kernle_operation_json(row) for row in cursor.fetchall()]
     return KernlePullResult(operations_json="[" + ",".join(rows) + "]", count=len(rows), server_time=now)
+
+
+def _since(value: Any) -> datetime | None:
+    """A kernle pull's `since`: None (absent or null) or an aware timestamp.
+
+    An unreadable one is refused rather than read as absent: the client would silently receive (and
+    re-apply, logging a conflict for each local edit) the whole stack, and the caller never learns
+    its clock was not understood. kernle==0.15.0 sends `datetime.isoformat()` or nothing."""
+    if value is None:
+        return None
+    parsed = parse_timestamp(value) if isinstance(value, str) else None
+    if parsed is None:
+        raise InvalidInput("since must be an ISO-8601 timestamp, or null for everything.", code="invalid_since",
+                           fields={"since": ["An ISO-8601 timestamp (e.g. 2026-11-21T23:15:58+00:00) or null."]})
+    return parsed
 
 
 # --- native pull ---------------------------------------------------------------------------------------

@@ -619,3 +619,27 @@ def test_the_clients_stack_id_alphabet_is_accepted() -> None:
     assert response.status_code == 200 and response.json()["synced"] == 1, response.content
     assert Stack.objects.filter(organization=reg.organization, slug=stack_id).exists()
     assert [op["record_id"] for op in pull(client, stack_id=stack_id, omit_since=True).json()["operations"]] == ["e1"]
+
+
+# --- whole-request limits: the operation cap and `since` (§3.2, §4.1, §7.3) -----------------------------
+
+@pytest.mark.parametrize("since", ["not-a-date", "", "2026-13-45T99:99:99", "9999-12-31T23:59:59-23:00", 12345,
+                                   True, ["2026-11-21T23:00:00+00:00"], {"at": "2026-11-21T23:00:00+00:00"}])
+def test_an_unreadable_since_is_400_naming_since_not_a_full_pull(account: dict[str, Any], since: Any) -> None:
+    assert push(account["client"], [episode("e1")]).json()["synced"] == 1
+    watermarks = SyncWatermark.objects.count()
+    response = pull(account["client"], since=since)
+    assert response.status_code == 400, response.content
+    assert response.json()["error"]["code"] == "invalid_since"
+    assert list(response.json()["error"]["fields"]) == ["since"]
+    assert SyncWatermark.objects.count() == watermarks  # nothing recorded as pulled
+
+
+@pytest.mark.parametrize("since", ["2026-11-21T23:15:58.099442+00:00", "2026-11-21T23:15:58Z", "2026-11-21 23:15:58",
+                                   None])
+def test_every_since_the_client_sends_is_read(account: dict[str, Any], since: str | None) -> None:
+    """What kernle sends: `datetime.isoformat()` of its clock (aware), nothing, or null (`sync full`)."""
+    assert push(account["client"], [episode("e1")]).json()["synced"] == 1
+    response = pull(account["client"], since=since)
+    assert response.status_code == 200, response.content
+    assert [op["record_id"] for op in response.json()["operations"]] == ["e1"]
