@@ -287,11 +287,11 @@ def _pax_sparse(version: str, realsize: int = SPARSE_REALSIZE) -> bytes:
     with tarfile.open(fileobj=buffer, mode="w:gz", format=tarfile.PAX_FORMAT) as tar:
         info = tarfile.TarInfo("bomb.bin")
         if version == "0.1":
-            info.pax_headers = {"GNU.sparse.map": "0,0", "GNU.sparse.size": str(realsize)}
+            info.pax_headers.update({"GNU.sparse.map": "0,0", "GNU.sparse.size": str(realsize)})
             tar.addfile(info)
         else:
-            info.pax_headers = {"GNU.sparse.major": "1", "GNU.sparse.minor": "0",
-                                "GNU.sparse.name": "bomb.bin", "GNU.sparse.realsize": str(realsize)}
+            info.pax_headers.update({"GNU.sparse.major": "1", "GNU.sparse.minor": "0",
+                                     "GNU.sparse.name": "bomb.bin", "GNU.sparse.realsize": str(realsize)})
             sparse_map = b"1\n0\n0\n".ljust(tarfile.BLOCKSIZE, b"\0")  # one empty region: all hole
             info.size = len(sparse_map)
             tar.addfile(info, io.BytesIO(sparse_map))
@@ -372,7 +372,7 @@ def test_a_member_declaring_more_than_the_limit_is_refused_before_it_is_read(sch
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w:gz", format=tarfile.PAX_FORMAT) as tar:
         liar = tarfile.TarInfo("liar.bin")
-        liar.pax_headers = {"size": str(2**40)}
+        liar.pax_headers.update({"size": str(2**40)})
         tar.addfile(liar)
     answer = _upload(school.agent, school, buffer.getvalue())
     assert answer.status_code == 413
