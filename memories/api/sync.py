@@ -1,7 +1,7 @@
 """Sync routes: the Kernle protocol at the root and the native cursor API under /api/v1/.
 
 * `POST sync/push`, `POST sync/pull` — docs/kernle-protocol.md §3-§4, exactly what `kernle==0.15.0`
-  sends (no trailing slash: the CLI appends paths directly to the backend URL);
+  sends (no trailing slash: the CLI appends paths directly to the backend URL); up to 1,000 operations;
 * `POST api/v1/stacks/{stack}/sync/push` — up to 1,000 operations, per-operation results;
 * `GET api/v1/stacks/{stack}/sync/pull?cursor=&limit=` — a page of changes after an opaque cursor.
 
@@ -11,7 +11,7 @@ shapes but do not read them: memories.sync reads each operation itself, with
 memories.schemas.normalize_memory for the record. A push carries up to 1,000 operations and
 validation is already its largest per-operation cost (~25 µs a record); a DRF serializer costs
 over ten times that (~365 µs, see memories.schemas), a third of a second more for a push of 1,000.
-The whole-request checks (a list, a readable `since`) are the services'.
+The whole-request checks (a list, at most 1,000 operations, a readable `since`) are the services'.
 """
 
 from __future__ import annotations
@@ -45,6 +45,9 @@ ERRORS = {
     429: OpenApiResponse(description="Rate limited; see Retry-After"),
     503: OpenApiResponse(description="Database or rate-limit store unavailable; see Retry-After"),
 }
+TOO_MANY_OPERATIONS = OpenApiResponse(
+    description=f"More than {sync.PUSH_MAX_OPERATIONS:,} operations (`too_many_operations`; the limit is "
+                "`error.fields.max_operations`); nothing was stored")
 
 
 # --- documentation serializers (the wire shapes; parsing is the service's, op by op) -------------------
@@ -61,7 +64,7 @@ class KernleOperationSerializer(serializers.Serializer):
 
 class KernlePushRequestSerializer(serializers.Serializer):
     stack_id = serializers.CharField()
-    operations = KernleOperationSerializer(many=True)
+    operations = KernleOperationSerializer(many=True, help_text=f"At most {sync.PUSH_MAX_OPERATIONS}")
 
 
 class KernleAckSerializer(serializers.Serializer):
@@ -115,7 +118,7 @@ class NativeOperationSerializer(serializers.Serializer):
 
 
 class NativePushRequestSerializer(serializers.Serializer):
-    operations = NativeOperationSerializer(many=True, help_text=f"At most {sync.NATIVE_MAX_OPERATIONS}")
+    operations = NativeOperationSerializer(many=True, help_text=f"At most {sync.PUSH_MAX_OPERATIONS}")
 
 
 class NativeOpErrorSerializer(serializers.Serializer):
@@ -198,7 +201,7 @@ class KernlePushView(APIView):
 
     @extend_schema(
         operation_id="kernle_sync_push", tags=["kernle sync"], request=KernlePushRequestSerializer,
-        responses={200: KernlePushResponseSerializer, **ERRORS},
+        responses={200: KernlePushResponseSerializer, 413: TOO_MANY_OPERATIONS, **ERRORS},
         examples=[OpenApiExample("A note and a deletion", request_only=True, value={
             "stack_id": "ada", "operations": [
                 {"operation": "upsert", "table": "notes", "record_id": "3f6c2b1e-0d7a-4c55-8e0b-6a1d2c3b4a59",
@@ -212,12 +215,8 @@ class KernlePushView(APIView):
     def post(self, request: Request) -> Response:
         with _cyclic_gc_paused():
             body = _object_body(request)
-            operations = body.get("operations")
-            if not isinstance(operations, list):
-                raise InvalidInput("operations must be a list.", code="invalid_operations",
-                                   fields={"operations": ["Must be a list."]})
             result = sync.kernle_push(principal=principal_of(request), stack_id=body.get("stack_id"),
-                                      operations=operations)
+                                      operations=body.get("operations"))
         return Response({
             "synced": result.synced,
             "conflicts": result.conflicts,
@@ -255,7 +254,7 @@ class NativePushView(APIView):
         responses={200: NativePushResponseSerializer,
                    402: OpenApiResponse(description="Storage quota exceeded; `error.fields.limit` names the limit "
                                                     "and nothing was stored"),
-                   413: OpenApiResponse(description="More than 1,000 operations"), **ERRORS},
+                   413: TOO_MANY_OPERATIONS, **ERRORS},
         examples=[OpenApiExample("Upsert a note, delete a belief", request_only=True, value={"operations": [
             {"op": "upsert", "kind": "note", "record_id": "n-1", "updated_at": "2026-11-24T09:00:00+00:00",
              "data": {"content": "Fractions click with pizza diagrams", "tags": ["math"]}},

@@ -22,9 +22,9 @@ The room, by data flow:
 Below, the room's public surface — what the views (memories.api.sync) call — and nothing else.
 """
 
-from memories.sync.protocol import NATIVE_MAX_OPERATIONS, NATIVE_PAGE_DEFAULT, NATIVE_PAGE_MAX, RECORD_ID_MAX
+from memories.sync.protocol import NATIVE_PAGE_DEFAULT, NATIVE_PAGE_MAX, PUSH_MAX_OPERATIONS, RECORD_ID_MAX
 from memories.sync.pull import kernle_pull, native_pull
 from memories.sync.push import kernle_push, native_push
 
-__all__ = ("NATIVE_MAX_OPERATIONS", "NATIVE_PAGE_DEFAULT", "NATIVE_PAGE_MAX", "RECORD_ID_MAX", "kernle_pull",
+__all__ = ("NATIVE_PAGE_DEFAULT", "NATIVE_PAGE_MAX", "PUSH_MAX_OPERATIONS", "RECORD_ID_MAX", "kernle_pull",
            "kernle_push", "native_pull", "native_push")

@@ -25,7 +25,7 @@ from django.db import connection
 
 from accounts.principal import Principal
 from memories.models import MemoryKind
-from memories.redaction import RedactionPolicy
+from memories.redaction import RedactionPolicy, SensitiveIdentifier, refuse_sensitive_identifier
 from memories.schemas import (
     KIND_FOR_TABLE,
     LIST_ITEMS,
@@ -79,7 +79,13 @@ REQUIRED_FOR_PULL = {MemoryKind.DRIVE: "drive_type", MemoryKind.RELATIONSHIP: "e
                      MemoryKind.PLAYBOOK: "name"}
 
 CLIENT_FORGET_REASON = "client_forget"
-NATIVE_MAX_OPERATIONS = 1000
+# The most operations one push may carry, in either wire format (docs/kernle-protocol.md §3.1, §7.3).
+# kernle==0.15.0 sends at most 100 per `sync push` (its --limit default) and 1,000 per `sync full`
+# (`get_queued_changes(limit=1000)` in kernle/cli/commands/sync.py): the cap refuses nothing the
+# client sends on its own. Above it a push is refused whole, before the stack is locked: a body of
+# tiny operations fits the 16 MiB body limit tens of thousands of times over, and each costs a
+# parse, a row and a result held for the whole request.
+PUSH_MAX_OPERATIONS = 1000
 NATIVE_PAGE_DEFAULT = 500
 NATIVE_PAGE_MAX = 1000
 RECORD_ID_MAX = 200
@@ -153,6 +159,10 @@ def _prepare_upsert(op: SyncOp, data: Any, op_time: Any, now: datetime, redactio
     """Interpret the sync keys of `data`, strip server-controlled fields, validate through the schema."""
     if not isinstance(data, dict):
         raise OpRejected("Missing data for insert/update", fields={"data": ["Must be an object."]})
+    try:  # a record id is stored and returned as sent: one holding a secret is refused (a delete may name it)
+        refuse_sensitive_identifier(op.record_id, field="record_id")
+    except SensitiveIdentifier as exc:
+        raise OpRejected(exc.message, code=exc.code, fields=exc.fields) from None
     op.client_version = _client_version(data.get("version"))
     op.wants_delete = data.get("deleted") is True
     strength = data.get("strength")
@@ -242,6 +252,25 @@ def parse_native_op(index: int, raw: Any, now: datetime, redaction: RedactionPol
             raise OpRejected("An upsert needs data.", code="missing_data", fields={"data": ["Required."]})
         _prepare_upsert(op, raw.get("data"), raw.get("updated_at"), now, redaction)
     return op
+
+
+def push_operations(operations: Any) -> list[Any]:
+    """The operations of a push, either wire format, checked as a whole before anything is read.
+
+    Not a list: 400 `invalid_operations`. More than PUSH_MAX_OPERATIONS: 413 `too_many_operations`
+    with the limit in `fields.max_operations` (docs/kernle-protocol.md §3.2, §8). A 4xx is final for
+    the kernle CLI: it prints the answer, keeps the changes queued and does not retry on its own."""
+    if not isinstance(operations, list):
+        raise InvalidInput("operations must be a list.", code="invalid_operations",
+                           fields={"operations": ["Must be a list."]})
+    if len(operations) > PUSH_MAX_OPERATIONS:
+        raise PayloadTooLarge(
+            f"At most {PUSH_MAX_OPERATIONS:,} operations per push (got {len(operations):,}): "
+            f"send them in batches of at most {PUSH_MAX_OPERATIONS:,}.",
+            code="too_many_operations",
+            fields={"operations": [f"At most {PUSH_MAX_OPERATIONS:,} operations (got {len(operations):,})."],
+                    "max_operations": PUSH_MAX_OPERATIONS, "received": len(operations)})
+    return operations
 
 
 # --- the native cursor -----------------------------------------------------------------------------------

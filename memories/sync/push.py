@@ -21,16 +21,16 @@ from billing import entitlements
 from memories.redaction import ALL_CATEGORIES, stack_policy
 from memories.sync.engine import apply_batch, apply_native_operations, with_retry_per_record
 from memories.sync.protocol import (
-    NATIVE_MAX_OPERATIONS,
     OpRejected,
     OpResult,
     SyncOp,
     db_now,
     not_reachable,
     parse_kernle_op,
+    push_operations,
     wire_key,
 )
-from memoryhub.errors import DomainError, InvalidInput, NotFound, PayloadTooLarge, QuotaExceeded, utf8_encodable
+from memoryhub.errors import DomainError, NotFound, QuotaExceeded, utf8_encodable
 from memoryhub.metrics import PUSH_OPERATIONS
 from stacks.models import Stack
 from stacks.selectors import stack_for_principal
@@ -84,11 +84,12 @@ class KernlePushResult:
     server_time: datetime
 
 
-def kernle_push(*, principal: Principal, stack_id: Any, operations: list[Any]) -> KernlePushResult:
+def kernle_push(*, principal: Principal, stack_id: Any, operations: Any) -> KernlePushResult:
     """Apply a kernle push (docs/kernle-protocol.md §3). Whole-request errors are raised before any write
-    (invalid stack id 400, unreachable stack 404, read-only key 403, archived stack 409); every
-    other problem is one operation's conflict."""
-    return with_retry_per_record(lambda per_record: _kernle_push(principal, stack_id, operations, per_record))
+    (`operations` not a list 400, over PUSH_MAX_OPERATIONS 413, invalid stack id 400, unreachable
+    stack 404, read-only key 403, archived stack 409); every other problem is one operation's conflict."""
+    checked = push_operations(operations)
+    return with_retry_per_record(lambda per_record: _kernle_push(principal, stack_id, checked, per_record))
 
 
 def _kernle_push(principal: Principal, stack_id: Any, operations: list[Any], per_record: bool) -> KernlePushResult:
@@ -142,19 +143,16 @@ class NativePushResult:
 
 
 def native_push(*, principal: Principal, stack_slug: str, operations: Any) -> NativePushResult:
-    """Apply up to NATIVE_MAX_OPERATIONS operations to one stack, in order, each on its own.
+    """Apply up to PUSH_MAX_OPERATIONS operations to one stack, in order, each on its own.
 
-    Over the storage quota the whole batch is refused (402 naming the limit) and nothing is stored.
+    Not a list: 400; more operations: 413 `too_many_operations` (the kernle push's rule). Over the
+    storage quota the whole batch is refused (402 naming the limit) and nothing is stored.
     """
-    return with_retry_per_record(lambda per_record: _native_push(principal, stack_slug, operations, per_record))
+    checked = push_operations(operations)
+    return with_retry_per_record(lambda per_record: _native_push(principal, stack_slug, checked, per_record))
 
 
-def _native_push(principal: Principal, stack_slug: str, operations: Any, per_record: bool) -> NativePushResult:
-    if not isinstance(operations, list):
-        raise InvalidInput("operations must be a list.", fields={"operations": ["Must be a list."]})
-    if len(operations) > NATIVE_MAX_OPERATIONS:
-        raise PayloadTooLarge(f"At most {NATIVE_MAX_OPERATIONS} operations per push.",
-                              fields={"operations": [f"At most {NATIVE_MAX_OPERATIONS} (got {len(operations)})."]})
+def _native_push(principal: Principal, stack_slug: str, operations: list[Any], per_record: bool) -> NativePushResult:
     stack = stack_for_principal(principal, stack_slug, write=True, lock=True)
     now = db_now()
     results = apply_native_operations(stack=stack, operations=operations, now=now, per_record=per_record)

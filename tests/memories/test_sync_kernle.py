@@ -623,6 +623,31 @@ def test_the_clients_stack_id_alphabet_is_accepted() -> None:
 
 # --- whole-request limits: the operation cap and `since` (§3.2, §4.1, §7.3) -----------------------------
 
+def test_a_push_over_the_operation_cap_is_413_and_stores_nothing(account: dict[str, Any]) -> None:
+    """The cap is the native push's (1,000): kernle==0.15.0 sends at most that (100 per `sync push`,
+    1,000 per `sync full`), so only a client past what the real one sends is refused, as a whole."""
+    assert push(account["client"], [episode("kept")]).json()["synced"] == 1
+    over = push(account["client"], [episode(f"e{i}") for i in range(1001)] + [
+        {"operation": "delete", "table": "episodes", "record_id": "kept"}])
+    assert over.status_code == 413, over.content
+    error = over.json()["error"]
+    assert error["code"] == "too_many_operations"
+    assert error["fields"]["max_operations"] == 1000 and error["fields"]["received"] == 1002
+    assert "1,000" in over.json()["detail"]
+    # The CLI prints the first 200 characters of a refused push: the reason fits in them.
+    assert "too_many_operations" in over.content.decode()[:200] and "1,000" in over.content.decode()[:200]
+    assert [m.record_id for m in memories_of(account["stack"])] == ["kept"]
+    assert Memory.objects.get(record_id="kept").deleted_at is None
+
+
+def test_sixty_thousand_tiny_operations_are_refused_before_any_work(account: dict[str, Any]) -> None:
+    tiny = [{"operation": "delete", "table": "notes", "record_id": f"n{i}"} for i in range(60_000)]
+    response = push(account["client"], tiny)
+    assert response.status_code == 413
+    assert response.json()["error"]["fields"]["received"] == 60_000
+    assert push(account["client"], tiny[:1000]).json()["synced"] == 1000  # the cap itself is accepted
+
+
 @pytest.mark.parametrize("since", ["not-a-date", "", "2026-13-45T99:99:99", "9999-12-31T23:59:59-23:00", 12345,
                                    True, ["2026-11-21T23:00:00+00:00"], {"at": "2026-11-21T23:00:00+00:00"}])
 def test_an_unreadable_since_is_400_naming_since_not_a_full_pull(account: dict[str, Any], since: Any) -> None:

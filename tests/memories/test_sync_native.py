@@ -70,6 +70,8 @@ def test_push_limits(school: dict[str, Any]) -> None:
     too_many = client.post(push_url("student-1"), {"operations": [note(f"n{i}") for i in range(1001)]},
                            format="json")
     assert too_many.status_code == 413
+    assert too_many.json()["error"]["code"] == "too_many_operations"  # the kernle push's rule
+    assert too_many.json()["error"]["fields"]["max_operations"] == 1000
     assert client.post(push_url("student-1"), {"operations": "x"}, format="json").status_code == 400
     assert client.post(push_url("student-1"), [1, 2], format="json").status_code == 400
     assert Memory.objects.count() == 0
