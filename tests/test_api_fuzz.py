@@ -395,7 +395,7 @@ def test_tampered_cursor_is_400(world: World) -> None:
     response = client.get(f"/api/v1/stacks/?cursor={cursor}",
                           headers={"authorization": f"Bearer {world.school_secret}"})
     assert response.status_code == 400
-    assert response.json()["error"]["code"] == "invalid"
+    assert response.json()["error"]["code"] == "invalid_cursor"
 
 
 def test_deeply_nested_json_is_400_and_stores_nothing(world: World) -> None:

@@ -36,6 +36,7 @@ from memories.schemas import (
 )
 from memories.writes.hooks import prepare_memory
 from memoryhub.errors import DomainError, InvalidInput, NotFound, PayloadTooLarge, Unprocessable, utf8_encodable
+from memoryhub.pagination import invalid_cursor
 from stacks.models import Stack
 
 # --- wire vocabulary ---------------------------------------------------------------------------------
@@ -280,22 +281,20 @@ def cursor_encode(change_seq: int) -> str:
 
 
 def cursor_decode(cursor: str | None) -> int:
-    """0 for "from the beginning"; InvalidInput for anything we did not issue."""
+    """0 for "from the beginning" (absent or empty); anything we did not issue is the API's one
+    refusal of a cursor, 400 `invalid_cursor` (memoryhub.pagination), never a restart."""
     if not cursor:
         return 0
     try:
         padded = cursor + "=" * (-len(cursor) % 4)
-        text = base64.urlsafe_b64decode(padded.encode("ascii")).decode("ascii")
-        if not text.startswith(_CURSOR_PREFIX):
-            raise ValueError(text)
-        value = int(text[len(_CURSOR_PREFIX):])
-        if value < 0:
-            raise ValueError(text)
-        return value
+        text = base64.b64decode(padded.encode("ascii"), altchars=b"-_", validate=True).decode("ascii")
     except (ValueError, UnicodeError, binascii.Error):
-        raise InvalidInput("Invalid cursor.", code="invalid_cursor",
-                           fields={"cursor": ["Pass back a next_cursor this API returned."]}) from None
-
+        raise invalid_cursor() from None
+    digits = text[len(_CURSOR_PREFIX):]
+    # Exactly what cursor_encode writes: the prefix and ASCII digits of a change_seq (a bigint).
+    if not text.startswith(_CURSOR_PREFIX) or not (digits.isascii() and digits.isdigit()) or int(digits) >= 2**63:
+        raise invalid_cursor()
+    return int(digits)
 
 
 # --- stacks a key cannot reach, and the clock ---------------------------------------------------------------

@@ -125,8 +125,12 @@ def test_pull_pages_by_cursor_and_resumes_exactly(school: dict[str, Any]) -> Non
 
 def test_invalid_cursor_and_limit_are_400(school: dict[str, Any]) -> None:
     client = school["client"]
-    assert client.get(pull_url("student-1"), {"cursor": "garbage!!"}).status_code == 400
-    assert client.get(pull_url("student-1"), {"cursor": "Zm9vOjE"}).status_code == 400  # "foo:1"
+    # "foo:1"; "c1:+5" and "c1: 5" (int() would read them); padding and characters out of the alphabet.
+    for cursor in ("garbage!!", "Zm9vOjE", "YzE6KzU", "YzE6IDU", "YzE6NQ==x", "YzE6N*Q"):
+        response = client.get(pull_url("student-1"), {"cursor": cursor})
+        assert response.status_code == 400, cursor
+        assert response.json()["error"]["code"] == "invalid_cursor" and "cursor" in response.json()["error"]["fields"]
+    assert client.get(pull_url("student-1"), {"cursor": "YzE6NQ"}).status_code == 200  # "c1:5", as issued
     assert client.get(pull_url("student-1"), {"limit": "ten"}).status_code == 400
 
 
