@@ -280,8 +280,8 @@ TOOLS: tuple[AgentTool, ...] = (
         "memory_load",
         "Load what an agent should know at the start of a session, within a token budget: the latest checkpoint, "
         "the boot config, then the most important memories by priority (values and beliefs first).",
-        _schema({"budget": {"type": ["integer", "null"], "description": "Token budget; default 8000, clamped to "
-                                                                         "100-50000."},
+        _schema({"budget": {"type": ["integer", "null"], "description": "Token budget, 100-50000 (others are "
+                                                                         "refused); default 8000."},
                  "item_chars": {"type": ["integer", "null"], "description": "Longest text per memory before it is "
                                                                             "truncated at a word."},
                  "no_truncate": {"type": ["boolean", "null"], "description": "Never truncate a memory's text."}}),

@@ -28,6 +28,7 @@ from drf_spectacular.extensions import OpenApiSerializerExtension
 from drf_spectacular.plumbing import ResolvedComponent
 from rest_framework import serializers
 
+from memories.load import DEFAULT_BUDGET, MAX_BUDGET, MIN_BUDGET
 from memories.models import BootConfigEntry, Checkpoint, Memory, MemoryKind
 from memories.schemas import EXTRA_FIELD, GOAL_STATUSES, KINDS, FieldSpec, kind_fields, native_record
 from memories.search.hybrid import DEFAULT_MIN_SIMILARITY, MAX_LIMIT, MAX_QUERY_CHARS, SearchQuery
@@ -226,8 +227,10 @@ class BootConfigEntrySerializer(serializers.ModelSerializer):
 
 
 class LoadQuerySerializer(serializers.Serializer):
-    budget = serializers.IntegerField(required=False, min_value=-(2**31), max_value=2**31,
-                                      help_text="Token budget; default 8000, clamped to 100-50000.")
+    # Refused outside its range (400 naming `budget`), not clamped: a load of 10 tokens cannot be
+    # served as one of 100, nor -5 as anything (docs/algorithms.md §8.1).
+    budget = serializers.IntegerField(required=False, min_value=MIN_BUDGET, max_value=MAX_BUDGET,
+                                      help_text=f"Token budget, {MIN_BUDGET}-{MAX_BUDGET}; default {DEFAULT_BUDGET}.")
     item_chars = serializers.IntegerField(required=False, min_value=-(2**31), max_value=2**31,
                                           help_text="Per-item character cap; default 500, clamped to 10-10000.")
     no_truncate = serializers.BooleanField(required=False, default=False,

@@ -121,12 +121,16 @@ def test_greedy_walk_skips_what_does_not_fit_but_takes_smaller_later_items(schoo
     assert result.echoes[0]["hint"].startswith("big the quick")
 
 
-def test_budget_is_clamped_not_rejected(school: School, url: str) -> None:
+def test_budget_outside_its_range_is_400_naming_budget(school: School, url: str) -> None:
+    """docs/algorithms.md §8.1: 100-50,000 tokens, default 8000; anything else is refused, not clamped."""
     client = school.agent
     assert client.get(url).json()["meta"]["budget_total"] == 8000
-    assert client.get(url, {"budget": 10}).json()["meta"]["budget_total"] == 100
-    assert client.get(url, {"budget": 10**6}).json()["meta"]["budget_total"] == 50000
-    assert client.get(url, {"budget": "lots"}).status_code == 400
+    for budget in (100, 8000, 50000):
+        assert client.get(url, {"budget": budget}).json()["meta"]["budget_total"] == budget
+    for refused in ("-5", "0", "99", "50001", str(10**6), "9" * 30, "lots", "1.5", "1e3"):
+        response = client.get(url, {"budget": refused})
+        assert response.status_code == 400, refused
+        assert list(response.json()["error"]["fields"]) == ["budget"], refused
 
 
 def test_long_items_truncated_at_word_boundaries(school: School, url: str) -> None:
