@@ -17,7 +17,7 @@ import tracemalloc
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from django.utils import timezone
@@ -281,17 +281,22 @@ def _gnu_sparse(realsize: int = SPARSE_REALSIZE) -> bytes:
     return gzip.compress(bytes(header) + bytes(2 * tarfile.BLOCKSIZE), mtime=0)
 
 
+def _pax(member: tarfile.TarInfo) -> dict[str, str]:
+    """The member's own pax header fields, to fill in (typeshed calls them a read-only Mapping)."""
+    return cast(dict[str, str], member.pax_headers)
+
+
 def _pax_sparse(version: str, realsize: int = SPARSE_REALSIZE) -> bytes:
     """The same through a pax header: GNU sparse format 0.1 (map in the header) or 1.0 (map in the data)."""
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w:gz", format=tarfile.PAX_FORMAT) as tar:
         info = tarfile.TarInfo("bomb.bin")
         if version == "0.1":
-            info.pax_headers.update({"GNU.sparse.map": "0,0", "GNU.sparse.size": str(realsize)})
+            _pax(info).update({"GNU.sparse.map": "0,0", "GNU.sparse.size": str(realsize)})
             tar.addfile(info)
         else:
-            info.pax_headers.update({"GNU.sparse.major": "1", "GNU.sparse.minor": "0",
-                                     "GNU.sparse.name": "bomb.bin", "GNU.sparse.realsize": str(realsize)})
+            _pax(info).update({"GNU.sparse.major": "1", "GNU.sparse.minor": "0",
+                               "GNU.sparse.name": "bomb.bin", "GNU.sparse.realsize": str(realsize)})
             sparse_map = b"1\n0\n0\n".ljust(tarfile.BLOCKSIZE, b"\0")  # one empty region: all hole
             info.size = len(sparse_map)
             tar.addfile(info, io.BytesIO(sparse_map))
@@ -372,7 +377,7 @@ def test_a_member_declaring_more_than_the_limit_is_refused_before_it_is_read(sch
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w:gz", format=tarfile.PAX_FORMAT) as tar:
         liar = tarfile.TarInfo("liar.bin")
-        liar.pax_headers.update({"size": str(2**40)})
+        _pax(liar).update({"size": str(2**40)})
         tar.addfile(liar)
     answer = _upload(school.agent, school, buffer.getvalue())
     assert answer.status_code == 413
