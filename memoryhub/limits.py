@@ -99,7 +99,7 @@ def credential_request(scope: Scope) -> HttpRequest:
     ones joined as Django joins them) and the client address."""
     request = HttpRequest()
     request.method = scope.get("method")
-    request.path = request.path_info = scope["path"]
+    request.path = scope["path"]
     for name, value in scope["headers"]:
         joiner = _CREDENTIAL_HEADERS.get(name)
         if joiner is not None:
