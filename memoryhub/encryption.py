@@ -14,9 +14,14 @@ nothing of the project, so settings can build the keyring at startup.
   first the *current* key (every new seal), the others still open what they sealed until
   `manage.py rotate_encryption_key` has re-sealed it. Parsed strictly at startup: a bad entry is an
   `ImproperlyConfigured` naming the entry's position and id, never echoing key material.
-* **Development key**: with the variable unset, the test suite and DEBUG (never production) use a
-  key derived from SECRET_KEY by HKDF under the id `dev`, so a checkout works without set-up. Where
-  keys are configured, the development key still opens (never seals) what it sealed, so rows made
+* **Kept key**: outside production and the test suite (`make run`'s defaults), a random key kept
+  in `<data dir>/secrets.json` beside the other generated secrets (memoryhub.secrets), under the
+  id `local`: it seals when the variable is unset, so a fresh start stores snapshots and originals
+  encrypted without set-up. Where keys are configured it still opens (never seals) what it sealed.
+  Production never has one: it seals with configured keys or not at all.
+* **Development key**: the test suite and DEBUG (never production) also hold a key derived from
+  SECRET_KEY by HKDF under the id `dev`; it seals only when neither a configured nor a kept key
+  exists (the test suite). Otherwise it still opens (never seals) what it sealed, so rows made
   before the keys were set can be re-sealed by the rotation command.
 * A failure to open — the key id is not configured, the wrong key, a changed blob or a blob moved
   to another record — is `DecryptionFailed` ("wrong key or tampered data", naming the key id); the
@@ -38,6 +43,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 VARIABLE = "MEMORYHUB_ENCRYPTION_KEYS"
 DEV_KEY_ID = "dev"
+LOCAL_KEY_ID = "local"  # the key kept in the data dir (memoryhub.secrets)
 KEY_BYTES = 32  # AES-256
 NONCE_BYTES = 12  # 96 bits, GCM's native nonce size
 TAG_BYTES = 16
@@ -48,7 +54,7 @@ _DEV_KEY_INFO = b"memoryhub encryption-at-rest development key v1"
 
 
 class EncryptionUnavailable(Exception):
-    """No current key to seal with (`MEMORYHUB_ENCRYPTION_KEYS` unset outside development)."""
+    """No current key to seal with (`MEMORYHUB_ENCRYPTION_KEYS` unset in production)."""
 
 
 class DecryptionFailed(Exception):
@@ -104,6 +110,8 @@ def parse_keys(value: str) -> Keyring:
         where = f"{where} (key id {key_id!r})"
         if key_id == DEV_KEY_ID:
             raise ImproperlyConfigured(f"{where}: the id {DEV_KEY_ID!r} is reserved for the development key")
+        if key_id == LOCAL_KEY_ID:
+            raise ImproperlyConfigured(f"{where}: the id {LOCAL_KEY_ID!r} is reserved for the key kept in the data dir")
         if key_id in keys:
             raise ImproperlyConfigured(f"{where}: the id is listed twice; every key needs its own id")
         if not _HEX_KEY.fullmatch(hex_key):
@@ -120,15 +128,24 @@ def development_key(secret_key: str) -> bytes:
         secret_key.encode())
 
 
-def keyring_from_environment(environ: Mapping[str, str], *, secret_key: str, development: bool) -> Keyring:
+def keyring_from_environment(environ: Mapping[str, str], *, secret_key: str, development: bool,
+                             kept_key: bytes | None = None) -> Keyring:
     """The process's keyring (settings.ENCRYPTION_KEYRING). `development`: the test suite or DEBUG,
-    never production (settings decides)."""
+    never production (settings decides). `kept_key`: the data dir's generated key (outside
+    production and the test suite; memoryhub.secrets.load_secrets). The first of the configured
+    keys, the kept key and the development key that exists seals; all of them open."""
     value = (environ.get(VARIABLE) or "").strip()
     keyring = parse_keys(value) if value else Keyring(current_id=None, keys={})
-    if not development:
-        return keyring
-    keys = {**keyring.keys, DEV_KEY_ID: development_key(secret_key)}
-    return Keyring(current_id=keyring.current_id or DEV_KEY_ID, keys=keys)
+    keys, current_id = dict(keyring.keys), keyring.current_id
+    if kept_key is not None:
+        if len(kept_key) != KEY_BYTES:
+            raise ImproperlyConfigured(f"the kept encryption key must be {KEY_BYTES} bytes")
+        keys[LOCAL_KEY_ID] = kept_key
+        current_id = current_id or LOCAL_KEY_ID
+    if development:
+        keys[DEV_KEY_ID] = development_key(secret_key)
+        current_id = current_id or DEV_KEY_ID
+    return Keyring(current_id=current_id, keys=keys)
 
 
 def current_keyring() -> Keyring:

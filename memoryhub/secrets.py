@@ -1,4 +1,5 @@
-"""The service's three secrets: Django's SECRET_KEY, the JWT signing key and the API-key pepper.
+"""The service's three secrets: Django's SECRET_KEY, the JWT signing key and the API-key pepper
+(and, outside production, a generated encryption-at-rest key: below).
 
 They are separate so that rotating one does not invalidate what the others protect
 (docs/operations.md §4): a new JWT signing key ends every access token but no API key; a new
@@ -20,6 +21,17 @@ environment value too — so a token signed with them is worthless against a rea
 `API_KEY_PEPPER_PREVIOUS` (comma-separated) and the file's `previous_api_key_peppers` list
 peppers still accepted when looking a key up; a key found under one is re-hashed under the
 current pepper on that use (accounts.services.api_key_rehash).
+
+**The kept encryption key.** Outside production and the test suite (what `make run` starts), the
+file also holds `encryption_key`: 32 random bytes as 64 hex characters, generated on first start
+like the others, which seals snapshots and raw originals while `MEMORYHUB_ENCRYPTION_KEYS` is unset
+(memoryhub.encryption, id `local`), so a fresh start does not answer every teleport upload with 503
+`encryption_unavailable`. With the variable set, a kept key still opens what it sealed and no new
+one is made. It is a development convenience: it sits beside the data it protects (and goes into
+backups with secrets.json), so production never generates or reads one: there the keys come from
+the variable or sealing is refused, as before. It is never logged or shown (`Secrets` leaves it out
+of its repr, errors name the file, never the value), and unlike the three above it is not rotated
+by replacing it: what it sealed would no longer open (docs/privacy.md "Rotation").
 """
 
 from __future__ import annotations
@@ -28,14 +40,18 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import secrets
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
+
+from memoryhub.encryption import KEY_BYTES
+from memoryhub.encryption import VARIABLE as ENCRYPTION_KEYS_VARIABLE
 
 # Only ever accepted by the test suite. The first is the SECRET_KEY every earlier release used by
 # default (and signed its tokens and peppered its key hashes with): refusing it is the point.
@@ -47,6 +63,8 @@ DEV_SECRETS = {
 # The environment variable of each secret (the JSON file uses the lowercase names).
 VARIABLES = {"secret_key": "SECRET_KEY", "jwt_signing_key": "JWT_SIGNING_KEY", "api_key_pepper": "API_KEY_PEPPER"}
 PREVIOUS_PEPPERS = "previous_api_key_peppers"
+ENCRYPTION_KEY = "encryption_key"  # the kept encryption-at-rest key (module docstring)
+_HEX_KEY = re.compile(rf"[0-9a-fA-F]{{{2 * KEY_BYTES}}}")
 PEPPER_ROTATED_AT = "api_key_pepper_rotated_at"
 FILE_NAME = "secrets.json"
 MIN_LENGTH = 32
@@ -61,6 +79,8 @@ class Secrets:
     jwt_signing_key: str
     api_key_pepper: str
     previous_api_key_peppers: tuple[str, ...]
+    # The kept encryption key (None in production and the test suite); never in a repr.
+    encryption_key: bytes | None = field(default=None, repr=False)
 
 
 def _value(environ: Mapping[str, str], name: str) -> str:
@@ -106,8 +126,14 @@ def load_secrets(data_dir: Path, *, production: bool, environ: Mapping[str, str]
     if "api_key_pepper" in missing:  # the file's list belongs to the file's pepper
         previous += [str(p) for p in stored.get(PREVIOUS_PEPPERS, [])]
     peppers = tuple(dict.fromkeys(p for p in previous if p != values["api_key_pepper"]))
+    encryption_key = None
+    if not production and not test_suite:
+        # Made only while no key is configured; with keys configured, kept only to open what it sealed.
+        encryption_key = _kept_encryption_key(secrets_path(data_dir),
+                                              generate=not _value(environ, ENCRYPTION_KEYS_VARIABLE))
     return Secrets(secret_key=values["secret_key"], jwt_signing_key=values["jwt_signing_key"],
-                   api_key_pepper=values["api_key_pepper"], previous_api_key_peppers=peppers)
+                   api_key_pepper=values["api_key_pepper"], previous_api_key_peppers=peppers,
+                   encryption_key=encryption_key)
 
 
 # --- the file -----------------------------------------------------------------------------------
@@ -115,6 +141,10 @@ def load_secrets(data_dir: Path, *, production: bool, environ: Mapping[str, str]
 
 def _new_secret() -> str:
     return secrets.token_urlsafe(48)  # 384 random bits
+
+
+def _new_encryption_key() -> str:
+    return secrets.token_hex(KEY_BYTES)  # AES-256
 
 
 def _read(path: Path) -> dict[str, Any]:
@@ -169,7 +199,7 @@ def _locked(path: Path) -> Iterator[None]:
         os.close(descriptor)  # closing releases the lock
 
 
-def _kept_secrets(path: Path, wanted: list[str]) -> dict[str, Any]:
+def _kept_secrets(path: Path, wanted: list[str], new: Callable[[], str] = _new_secret) -> dict[str, Any]:
     stored = _read(path)  # the common case, without the lock: the file is only ever replaced whole
     if all(stored.get(name) for name in wanted):
         return stored
@@ -178,12 +208,26 @@ def _kept_secrets(path: Path, wanted: list[str]) -> dict[str, Any]:
             stored = _read(path)
             missing = [name for name in wanted if not stored.get(name)]
             if missing:
-                stored.update({name: _new_secret() for name in missing})
+                stored.update({name: new() for name in missing})
                 _write(path, stored)
     except OSError as exc:
+        variables = ", ".join(VARIABLES.get(n, ENCRYPTION_KEYS_VARIABLE) for n in wanted)
         raise ImproperlyConfigured(f"cannot keep generated secrets in {path} ({exc.strerror}); make the data "
-                                   f"directory writable or set {', '.join(VARIABLES[n] for n in wanted)}") from None
+                                   f"directory writable or set {variables}") from None
     return stored
+
+
+def _kept_encryption_key(path: Path, *, generate: bool) -> bytes | None:
+    """The file's encryption key, generated (under the file's lock) when missing and `generate`."""
+    stored = _kept_secrets(path, [ENCRYPTION_KEY], new=_new_encryption_key) if generate else _read(path)
+    value = stored.get(ENCRYPTION_KEY)
+    if not value:
+        return None
+    if not isinstance(value, str) or not _HEX_KEY.fullmatch(value):
+        # Never echo it: name the file and the entry only.
+        raise ImproperlyConfigured(f"{path}: {ENCRYPTION_KEY!r} must be {2 * KEY_BYTES} hex characters; "
+                                   "restore the file from a backup (what the key sealed opens with no other key)")
+    return bytes.fromhex(value)
 
 
 def rotate_kept_secret(data_dir: Path, name: str) -> datetime:

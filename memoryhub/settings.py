@@ -47,10 +47,11 @@ JWT_SIGNING_KEY = _SECRETS.jwt_signing_key
 API_KEY_PEPPER = _SECRETS.api_key_pepper
 API_KEY_PEPPERS_PREVIOUS = _SECRETS.previous_api_key_peppers
 # Encryption at rest (memoryhub/encryption.py; docs/privacy.md "Encryption at rest"): the keys in
-# MEMORYHUB_ENCRYPTION_KEYS, parsed strictly here so a bad value stops the start. A key derived from
-# SECRET_KEY serves the test suite and DEBUG only: production seals with configured keys or not at all.
+# MEMORYHUB_ENCRYPTION_KEYS, parsed strictly here so a bad value stops the start. Without them, the
+# key kept in <data dir>/secrets.json outside production (memoryhub/secrets.py), and a key derived
+# from SECRET_KEY in the test suite: production seals with configured keys or not at all.
 ENCRYPTION_KEYRING = keyring_from_environment(
-    os.environ, secret_key=SECRET_KEY,
+    os.environ, secret_key=SECRET_KEY, kept_key=_SECRETS.encryption_key,
     development=(DEBUG or is_test_suite()) and not env_bool("MEMORYHUB_PRODUCTION", False))
 # Redaction at ingest can be switched off for one thing only: bench/redaction.py measuring a push
 # with and without it (MEMORYHUB_REDACTION=off next to MEMORYHUB_BENCH=1). Anywhere else the switch

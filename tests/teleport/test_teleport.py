@@ -25,7 +25,9 @@ from pytest_django.fixtures import SettingsWrapper
 from rest_framework.test import APIClient
 
 from accounts.models import AuditEvent
+from memoryhub.encryption import LOCAL_KEY_ID, keyring_from_environment
 from memoryhub.errors import DomainError, PayloadTooLarge
+from memoryhub.secrets import load_secrets
 from stacks.models import Stack
 from teleport.archive import clean_archive
 from teleport.models import Snapshot, TeleportCode
@@ -514,6 +516,32 @@ def test_read_only_key_reads_but_cannot_write(school: School, snapshot_id: str) 
     assert _upload(reader, school, _hostile()).status_code == 403
     assert reader.post(school.stack_url(f"snapshots/{snapshot_id}/codes"), {}, format="json").status_code == 403
     assert reader.delete(school.stack_url(f"snapshots/{snapshot_id}")).status_code == 403
+
+
+# --- the encryption key on `make run`'s defaults ------------------------------------------------------
+
+
+def test_a_fresh_make_run_data_dir_stores_snapshots_under_its_kept_key(
+        school: School, settings: SettingsWrapper, tmp_path: Path) -> None:
+    """No MEMORYHUB_ENCRYPTION_KEYS, not production, not the test suite: the keyring settings build
+    from a fresh data dir's secrets seals (every upload was a 503 encryption_unavailable)."""
+    kept = load_secrets(tmp_path / "var", production=False, environ={})
+    settings.ENCRYPTION_KEYRING = keyring_from_environment({}, secret_key=kept.secret_key, development=False,
+                                                           kept_key=kept.encryption_key)
+    answer = _upload(school.agent, school, _hostile())
+    assert answer.status_code == 201, answer.json()
+    assert Snapshot.objects.get(pk=answer.json()["id"]).key_id == LOCAL_KEY_ID
+    archive = school.agent.get(school.stack_url(f"snapshots/{answer.json()['id']}/archive"))
+    assert archive.status_code == 200
+    with tarfile.open(fileobj=io.BytesIO(archive.content)) as restored:
+        assert restored.getnames() == ["fine.txt"]
+
+    # Production without configured keys keeps no key: uploads are refused, nothing stored (unchanged).
+    settings.ENCRYPTION_KEYRING = keyring_from_environment({}, secret_key=kept.secret_key, development=False)
+    refused = _upload(school.agent, school, _hostile())
+    assert refused.status_code == 503
+    assert refused.json()["error"]["code"] == "encryption_unavailable"
+    assert Snapshot.objects.count() == 1
 
 
 # --- quota and purge ----------------------------------------------------------------------------------
