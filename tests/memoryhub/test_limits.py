@@ -151,17 +151,22 @@ def test_unauthenticated_routes_have_the_smaller_limit_and_the_rest_still_work(w
     assert small_register.status_code == 400  # under the limit: the view's own validation answers
 
 
+def _key_and_session() -> tuple[str, str]:
+    """The secret of an agent key of stack "ada" and the session key of its school's admin, signed in."""
+    org = make_org()
+    _, secret = make_key(org, stack=make_stack(org, "ada"))
+    browser = Client()
+    browser.force_login(make_user(org))
+    return secret, browser.cookies[settings.SESSION_COOKIE_NAME].value
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_bogus_credential_gets_the_strangers_limit_over_http(web: dict[str, Any]) -> None:
     """A credential merely present raised a stranger's 64 KiB to 16 MiB, read in full before the
     401. Now a 1 MiB body with a bogus Bearer header or session cookie is a 413 at the stranger's
     limit; with a valid key or session it passes the edge and reaches the view."""
     small = settings.MAX_UNAUTHENTICATED_REQUEST_BYTES
-    org = make_org()
-    _, secret = make_key(org, stack=make_stack(org, "ada"))
-    web_client = Client()
-    web_client.force_login(make_user(org))
-    session = web_client.cookies[settings.SESSION_COOKIE_NAME].value
+    secret, session = _key_and_session()
     json_type = {"content-type": "application/json"}
     bogus = [{"authorization": "Bearer x"}, {"authorization": "Bearer knl_sk_" + "0" * 40},
              {"cookie": f"{settings.SESSION_COOKIE_NAME}=x"}]
@@ -224,11 +229,7 @@ class _Edge:
 @pytest.mark.django_db(transaction=True)
 def test_a_bogus_credential_is_refused_before_the_body_is_read_past_the_strangers_limit() -> None:
     small = settings.MAX_UNAUTHENTICATED_REQUEST_BYTES
-    org = make_org()
-    _, secret = make_key(org, stack=make_stack(org, "ada"))
-    signed_in = Client()
-    signed_in.force_login(make_user(org))
-    session = signed_in.cookies[settings.SESSION_COOKIE_NAME].value
+    secret, session = _key_and_session()
     cookie = settings.SESSION_COOKIE_NAME
     for headers in ({"authorization": "Bearer x"}, {"authorization": f"Bearer knl_sk_{'0' * 40}"},
                     {"cookie": f"{cookie}=x"}, {"cookie": f"{cookie}={session[:-1]}"}):
