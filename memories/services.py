@@ -37,7 +37,15 @@ from accounts.principal import Principal
 from billing.entitlements import ensure_can_store
 from memories.events import BOOT_CONFIG, CHECKPOINT, record_change
 from memories.models import BootConfigEntry, Checkpoint, Memory
-from memories.redaction import RedactionRefused, redact_value, stack_policy
+from memories.redaction import (
+    RedactionPolicy,
+    RedactionRefused,
+    SensitiveIdentifier,
+    redact_text,
+    redact_value,
+    refuse_sensitive_identifier,
+    stack_policy,
+)
 from memories.schemas import clean_json, clean_text
 from memories.writes.columns import CONTENT_COLUMNS
 from memories.writes.hooks import prepare_memory
@@ -67,7 +75,9 @@ def _clean_record_id(record_id: str | None) -> str | None:
     cleaned = clean_text(record_id).strip()
     if len(cleaned) > RECORD_ID_MAX:
         raise InvalidInput("Invalid record id.", fields={"record_id": [f"At most {RECORD_ID_MAX} characters."]})
-    return cleaned
+    # Stored and returned as sent, never rewritten (the client syncs by it): one holding a secret or
+    # an e-mail address is refused, 400 `sensitive_identifier` (docs/privacy.md "Redaction").
+    return refuse_sensitive_identifier(cleaned, field="record_id")
 
 
 @transaction.atomic
@@ -137,6 +147,8 @@ def memory_batch_create(*, stack: Stack, items: Sequence[dict[str, Any]], source
                                         redaction=policy)
         except RedactionRefused as exc:  # a CRITICAL secret refuses the whole batch (422), naming the item
             raise RedactionRefused(exc.rule, f"items.{index}.{next(iter(exc.fields), 'non_field_errors')}") from None
+        except SensitiveIdentifier as exc:  # so does a record id holding a secret (400), keeping its code
+            raise SensitiveIdentifier(exc.rule, f"items.{index}.record_id") from None
         except (InvalidInput, PayloadTooLarge) as exc:
             for name, messages in exc.fields.items():
                 errors[f"items.{index}.{name}"] = messages
@@ -203,6 +215,7 @@ def memory_forget(*, memory: Memory, reason: str, source: str = "api") -> Memory
     Refuses protected memories and memories already forgotten (409), like kernle's `forget`.
     Sets strength to 0.0 too, which is what a forgotten record looks like to a Kernle client.
     """
+    policy = stack_policy(memory.stack)  # from the stack the caller resolved, before the re-read
     memory = locked_memory(memory)
     if memory.deleted_at is not None:
         raise Conflict("The memory was deleted.", code="memory_deleted")
@@ -210,13 +223,26 @@ def memory_forget(*, memory: Memory, reason: str, source: str = "api") -> Memory
         raise Conflict("The memory is protected; unprotect it first.", code="memory_protected")
     if memory.forgotten_at is not None:
         raise Conflict("The memory is already forgotten.", code="already_forgotten")
-    reason = clean_text(reason or "").strip()[:FORGET_REASON_MAX] or "manual"
+    reason = _forget_reason(reason, policy)
     before = memory_snapshot(memory)
     memory.forgotten_at = timezone.now()
     memory.forgotten_reason = reason
     memory.strength = 0.0
     return save_change(memory, before=before, source=source, action="forget", reason=reason,
                        fields=["forgotten_at", "forgotten_reason", "strength"])
+
+
+def _forget_reason(reason: str | None, policy: RedactionPolicy) -> str:
+    """The reason as stored (the memory's `forgotten_reason` and its revision): redacted like any
+    text (a CRITICAL secret: 422), then cut to FORGET_REASON_MAX — after redaction, so no secret is
+    cut in two past recognition; a placeholder the cut would split is dropped whole."""
+    text = redact_text(clean_text(reason or "").strip(), field="reason", policy=policy)
+    if len(text) > FORGET_REASON_MAX:
+        text = text[:FORGET_REASON_MAX]
+        opened = text.rfind("<REDACTED:")
+        if opened != -1 and ">" not in text[opened:]:
+            text = text[:opened]
+    return text.strip() or "manual"
 
 
 @transaction.atomic
@@ -307,7 +333,9 @@ def _validate_boot_key(key: str) -> str:
     if not isinstance(key, str) or not BOOT_KEY_PATTERN.match(key):
         raise InvalidInput("Invalid boot config key.",
                            fields={"key": ["1-100 characters: letters, digits, '_', '.', ':' or '-'."]})
-    return key
+    # A key name is stored and read back as sent: one holding a secret (`AKIA…` and `knl_sk_…` fit the
+    # pattern) is refused, 400 `sensitive_identifier` (docs/privacy.md "Redaction").
+    return refuse_sensitive_identifier(key, field="key")
 
 
 @transaction.atomic

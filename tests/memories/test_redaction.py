@@ -18,24 +18,32 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ed25519, rsa
 from django.db import DatabaseError, connection, transaction
 from django.test import override_settings
+from pytest_django.fixtures import SettingsWrapper
 
+from accounts.models import Organization
 from accounts.throttles import throttle_state_clear
 from memories.events import event_dict
-from memories.models import BootConfigEntry, ChangeEvent, Checkpoint, Memory, MemoryRevision
+from memories.models import BootConfigEntry, ChangeEvent, Checkpoint, Memory, MemoryRevision, RawOriginal
+from memories.originals import associated_data
 from memories.redaction import (
     PII_CATEGORIES,
+    RedactionRefused,
+    redact_secrets,
     redact_text,
     redact_value,
     redaction_categories_validated,
 )
 from memories.search.embedding_jobs import memories_embed
 from memories.search.embeddings import HashEmbedder, Vector
+from memoryhub.encryption import parse_keys, seal
 from memoryhub.errors import InvalidInput
 from memoryhub.logsafety import SafeFormatter
 from tests.actors import School
-from tests.factories import bearer_client, make_key, sql_values
+from tests.factories import bearer_client, make_key, session_client, sql_values
 from tests.webhooks.conftest import make_endpoint
 from webhooks import dispatch
 from webhooks.models import WebhookDelivery
@@ -54,7 +62,77 @@ PLACEHOLDERS = ("<REDACTED:EMAIL>", "<REDACTED:PHONE>", "<REDACTED:AWS_ACCESS_KE
 
 PRIVATE_KEY = "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAA\n-----END OPENSSH PRIVATE KEY-----"
 AUTH_HEADER = "curl -H 'Authorization: Bearer eyJhbGciOiJIUzI1NiJ9.e30.sig' https://api.example"
-CRITICAL = [("ssh_private_key", PRIVATE_KEY), ("auth_header", AUTH_HEADER)]
+ZW = "\u200b"  # a zero-width space: invisible, and it used to split a secret past every rule
+
+
+def _fullwidth(text: str) -> str:
+    """`text` in fullwidth forms (U+FF01-U+FF5E), which NFKC folds back to ASCII."""
+    return "".join(chr(ord(c) + 0xFEE0) if "!" <= c <= "~" else c for c in text)
+
+
+
+def _pem_body(pem: str) -> str:
+    return "\n".join(line for line in pem.splitlines() if line and not line.startswith("-----"))
+
+
+_ED25519 = ed25519.Ed25519PrivateKey.generate().private_bytes(
+    serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()).decode()
+_RSA = rsa.generate_private_key(public_exponent=65537, key_size=1024).private_bytes(  # noqa: S505 (a test key)
+    serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL, serialization.NoEncryption()).decode()
+_OPENSSH = ed25519.Ed25519PrivateKey.generate().private_bytes(
+    serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()).decode()
+CRITICAL = [
+    ("ssh_private_key", PRIVATE_KEY),
+    ("auth_header", AUTH_HEADER),
+    # Variants (issue: the refusal must not depend on the exact header): lower case, a zero-width
+    # space inside BEGIN, and a bare body with no header at all (PKCS#8, PKCS#1, OpenSSH).
+    ("ssh_private_key", f"my key:\n{_ED25519.lower()}"),
+    ("ssh_private_key", _RSA.replace("BEGIN", f"BE{ZW}GIN")),
+    ("private_key_body", f"the key is\n{_pem_body(_ED25519)}\nkeep it safe"),
+    ("private_key_body", _pem_body(_RSA)),
+    ("private_key_body", f"openssh: {_pem_body(_OPENSSH)}"),
+    ("auth_header", "Authorization: Token 9944b09199c62bcf9418ad846dd0e4bbdfc6ee4b"),
+    ("auth_header", _fullwidth("authorization") + ": bearer abc.def"),
+]
+
+# The N9 variants: what got through the rules before. Each is redacted; the raw value (or the part
+# of it named in VARIANT_RAW) must be found nowhere.
+VARIANTS = {
+    "aws glued to a word": "keyAKIAJ7Q2EXAMPLEKEY42",
+    "aws followed by _": "AKIAJ7Q3EXAMPLEKEY43_prod",
+    "aws in fullwidth": _fullwidth("AKIAJ7Q4EXAMPLEKEY44"),
+    "knl key split by a zero-width space": f"knl_sk_{ZW}fedcba9876543210fedcba98",
+    "card with dots": "4111.1111.1111.1111",
+    "card with slashes": "5500/0000/0000/0004",
+    "non-ASCII e-mail": "jörg.müller@beispiel.de",
+    "(at)/(dot) e-mail": "grace (at) example (dot) org",
+    "[at] e-mail": "alan[at]example[dot]co[dot]uk",
+    "e-mail split by a zero-width space": f"mary{ZW}.shelley@example.org",
+    "fullwidth e-mail": _fullwidth("hopper@example.org"),
+    "UK landline": "020 7946 0958",
+    "UK mobile": "07911 123456",
+    "DE landline": "030/90182046",
+    "DE international": "+49 (0)89 12345678",
+    "JWT with a short payload": "eyJhbGciOiJIUzI1NiJ9.e30.c2lnbmF0dXJlMQ",
+    "JWT glued to a word": "tokeneyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9.eyJzdWIiOiI0MiJ9.c2lnbmF0dXJlMg",
+    "Bearer without digits": "Bearer AbCdEfGhIjKlMnOpQrSt",
+}
+VARIANT_RAW = ("J7Q2EXAMPLE", "J7Q3EXAMPLE", "J7Q4EXAMPLE", _fullwidth("EXAMPLEKEY"), "fedcba9876543210", "4111.1111",
+               "5500/0000", "jörg", "müller", "grace (at)", "alan[at]", f"mary{ZW}", _fullwidth("hopper"), "7946 0958",
+               "07911 123456", "90182046", "89 12345678", "e30.c2ln", "c2lnbmF0dXJlMg", "AbCdEfGhIjKl")
+VARIANT_CANARY = "Notes: " + "; ".join(f"{name}: {value}" for name, value in VARIANTS.items()) + "."
+
+# Ordinary student text the rules must leave exactly as it is.
+ORDINARY = (
+    "On 03.04.2024 and 03/04/2024 (2024-03-15) she scored 17/20, answered 3/4 of the questions by 09:30 "
+    "and worked on fractions from 14:00-15:30. Python 3.11.4, v2.3.1 and 1.10.0; 12.5% of 200; 1/2 + 1/4 = 3/4; "
+    "the score was 98-87; room 0101; ISBN 978-3-16-148410-0; the 2023/2024 school year; 09.11.1989. "
+    "We met at the library at noon. Look at the dot on the map, then dot the i's. The bearer of bad news "
+    "carried bearer bonds. Authorization: pending from the head teacher. Émilie a répondu à 3/4 des "
+    "questions — très bien! Das Treffen ist am 12.03.2024 um 14:30 Uhr in Raum 2.014, Note 1,7. "
+    "Internationalization is a long word; see https://example.com/lessons/fractions/part-two for more. "
+    "Chapter 3 -- the end of private key cryptography basics. 05 06 07 08 09."
+)
 
 
 @pytest.fixture(autouse=True)
@@ -123,6 +201,50 @@ def test_rules_replace_with_typed_placeholders_and_report_counts_never_values() 
     assert redact_text("api_key=" + "x" * 40) == "api_key=<REDACTED:API_KEY>"
     assert redact_text("sk-proj-" + "a1" * 12) == "<REDACTED:SK_SECRET_KEY>"
     assert redact_text("xoxb-1234567890-abcdef") == "<REDACTED:SLACK_TOKEN>"
+
+
+def _assert_variants_clean(text: str) -> None:
+    lowered = text.lower()
+    for raw in VARIANT_RAW:
+        assert raw.lower() not in lowered, f"a raw value survived: {raw[:5]}…"
+
+
+def test_every_variant_is_redacted_and_ordinary_text_and_unmatched_characters_stay() -> None:
+    for name, value in VARIANTS.items():
+        out = redact_text(f"before {value} after")
+        assert "<REDACTED:" in out and out.startswith("before ") and out.endswith(" after"), name
+        _assert_variants_clean(out)
+    counts: Counter[str] = Counter()
+    out = redact_text(VARIANT_CANARY, counts=counts)
+    _assert_variants_clean(out)
+    assert sum(counts.values()) == out.count("<REDACTED:") == len(VARIANTS)
+    # Student prose with dates, fractions, times, scores, versions and "at"/"dot" sentences: unchanged.
+    assert redact_text(ORDINARY) == ORDINARY
+    # The text is folded (NFKC, invisible characters out) only to match: what did not match is
+    # stored exactly as sent — accents, fullwidth letters and zero-width characters included.
+    kept = f"Émilie{ZW}s {_fullwidth('ABC')} \ufb01nal"  # \ufb01: the "fi" ligature
+    assert redact_text(kept) == kept
+    assert redact_text(f"{kept}: {_fullwidth('ada@example.org')}, ok") == f"{kept}: <REDACTED:EMAIL>, ok"
+
+
+@pytest.mark.parametrize(("rule", "secret"), CRITICAL)
+def test_critical_variants_are_refused_and_kept_originals_lose_them(rule: str, secret: str) -> None:
+    with pytest.raises(RedactionRefused) as refused:
+        redact_text(f"note: {secret}")
+    assert refused.value.rule == rule
+    # What an original may keep (memories.originals) never holds them either: replaced, not refused.
+    cleared = redact_secrets(f"note: {secret} end")
+    assert "REDACTED" in cleared and "b3BlbnNz" not in cleared
+    assert not any(line in cleared for line in _pem_body(secret).splitlines() if len(line) >= 40)
+
+
+def test_a_public_key_or_certificate_body_is_not_a_private_key() -> None:
+    public = ed25519.Ed25519PrivateKey.generate().public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo).decode()
+    rsa_public = rsa.generate_private_key(public_exponent=65537, key_size=1024).public_key().public_bytes(  # noqa: S505
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo).decode()
+    for body in (_pem_body(public), _pem_body(rsa_public)):
+        assert redact_text(body) == body
 
 
 # --- the canary through every write path ------------------------------------------------------------
@@ -203,6 +325,139 @@ def test_canary_through_every_write_path_leaves_no_raw_value(school: School) -> 
     _assert_clean(client.get(f"{base}/memories").content.decode())
     _assert_clean(client.post("/sync/pull", {"stack_id": school.stack.slug, "since": None},
                               format="json").content.decode())
+
+
+def test_variants_and_the_forget_reason_through_every_write_path_leave_no_raw_value(school: School) -> None:
+    """The N9 variants through the write paths, and the forget reason (stored on the memory and its
+    revision): found nowhere — rows, vectors, revisions, boot config, MEMORY.md, events, API, pull."""
+    client, base = school.agent, f"/api/v1/stacks/{school.stack.slug}"
+    created = client.post(f"{base}/memories", {"kind": "note", "content": VARIANT_CANARY,
+                                               "tags": [VARIANTS["UK mobile"]]}, format="json")
+    assert created.status_code == 201, created.content
+    assert client.post(f"{base}/memories/batch", {"items": [{"kind": "belief", "statement": VARIANT_CANARY}]},
+                       format="json").status_code == 201
+    kernle = client.post("/sync/push", {"stack_id": school.stack.slug,
+                                        "operations": [_kernle_op("k1", VARIANT_CANARY)]}, format="json")
+    assert kernle.json()["synced"] == 1, kernle.content
+    native = client.post(f"{base}/sync/push", {"operations": [_native_op("n1", VARIANT_CANARY)]}, format="json")
+    assert native.json()["applied"] == 1, native.content
+    ingested = client.post(f"{base}/ingest", {"kind": "note", "content": f"Ingested: {VARIANT_CANARY}"},
+                           format="json")
+    assert ingested.status_code == 201, ingested.content
+    assert client.post(f"{base}/checkpoint", {"task": "variants", "progress": VARIANT_CANARY,
+                                              "context": {"v": list(VARIANTS.values())}}, format="json").status_code \
+        in (200, 201)
+    assert client.put(f"{base}/boot-config/contact", {"value": VARIANT_CANARY}, format="json").status_code == 200
+    # The forget reason is redacted like any text (then cut to its 64 characters, never mid-placeholder).
+    for memory, reason in ((created.json()["id"], "parent asked: grace (at) example (dot) org"),
+                           (ingested.json()["memory"]["id"], f"leaked {VARIANTS['aws followed by _']} + 07911 123456")):
+        forgotten = client.post(f"{base}/memories/{memory}/forget", {"reason": reason}, format="json")
+        assert forgotten.status_code == 200, forgotten.content
+        assert "<REDACTED:" in Memory.objects.get(pk=memory).forgotten_reason
+    assert MemoryRevision.objects.filter(memory__stack=school.stack, action="forget").count() == 2
+
+    stored = _everything_stored(school.stack.pk)
+    assert stored.count("<REDACTED:") > 5 * len(VARIANTS)
+    _assert_variants_clean(stored)
+    _assert_variants_clean(client.get(f"{base}/export/memory.md").content.decode())
+    _assert_variants_clean(json.dumps([event_dict(e, school.stack.slug)
+                                       for e in ChangeEvent.objects.filter(stack=school.stack)], ensure_ascii=False))
+    _assert_variants_clean(client.get(f"{base}/memories?include_forgotten=true").content.decode())
+    _assert_variants_clean(client.post("/sync/pull", {"stack_id": school.stack.slug, "since": None},
+                                       format="json").content.decode())
+
+
+@pytest.mark.parametrize("record_id", [AWS, EMAIL, KNL, "note-AKIAIOSFODNN7EXAMPLE_2",
+                                       _fullwidth("knl_sk_") + "0123456789abcdefXYZ",
+                                       "eyJhbGciOiJIUzI1NiJ9.e30.c2lnbmF0dXJlMQ"])
+def test_a_record_id_holding_a_secret_is_refused_on_every_path(school: School, record_id: str) -> None:
+    """A record id cannot be redacted (the client syncs by it): refused with 400 `sensitive_identifier`
+    on create and batch, and as that operation's conflict in a push; nothing is stored."""
+    client, base = school.agent, f"/api/v1/stacks/{school.stack.slug}"
+    created = client.post(f"{base}/memories", {"kind": "note", "record_id": record_id, "content": "fractions"},
+                          format="json")
+    assert created.status_code == 400, created.content
+    assert created.json()["error"]["code"] == "sensitive_identifier"
+    assert list(created.json()["error"]["fields"]) == ["record_id"]
+    assert record_id not in created.content.decode()
+    batch = client.post(f"{base}/memories/batch", {"items": [
+        {"kind": "note", "record_id": "fine-1", "content": "a"},
+        {"kind": "note", "record_id": record_id, "content": "b"}]}, format="json")
+    assert batch.status_code == 400 and batch.json()["error"]["code"] == "sensitive_identifier"
+    assert list(batch.json()["error"]["fields"]) == ["items.1.record_id"]
+    kernle = client.post("/sync/push", {"stack_id": school.stack.slug, "operations": [
+        _kernle_op("fine-2", "a"), _kernle_op(record_id, "b")]}, format="json")
+    assert kernle.status_code == 200 and kernle.json()["synced"] == 1
+    (conflict,) = kernle.json()["conflicts"]
+    assert "looks like it holds a secret" in conflict["error"]
+    native = client.post(f"{base}/sync/push", {"operations": [_native_op(record_id, "c")]}, format="json")
+    (result,) = native.json()["results"]
+    assert result["status"] == "rejected" and result["error"]["code"] == "sensitive_identifier"
+    assert sorted(Memory.objects.filter(stack=school.stack).values_list("record_id", flat=True)) == ["fine-2"]
+    assert record_id not in _everything_stored(school.stack.pk)
+    # A delete may still name it (one stored before ids were checked can be removed): nothing to store.
+    deleted = client.post(f"{base}/sync/push", {"operations": [{"op": "delete", "kind": "note",
+                                                                "record_id": record_id}]}, format="json")
+    assert deleted.json()["applied"] == 1
+    # Ordinary ids — UUIDs, slugs, timestamps, numbers — are accepted.
+    for ordinary in (str(uuid.uuid4()), "ep-1732147200", "4111111111111111", "2024-03-15-note"):
+        assert client.post(f"{base}/memories", {"kind": "note", "record_id": ordinary, "content": "x"},
+                           format="json").status_code == 201, ordinary
+
+
+def test_a_boot_config_key_name_holding_a_secret_is_refused(school: School) -> None:
+    client, base = school.agent, f"/api/v1/stacks/{school.stack.slug}"
+    for key in (AWS, KNL, "aws:AKIAIOSFODNN7EXAMPLE_x", "jwt.eyJhbGciOiJIUzI1NiJ9.e30.c2lnbmF0dXJlMQ"):
+        response = client.put(f"{base}/boot-config/{key}", {"value": "x"}, format="json")
+        assert response.status_code == 400, (key, response.content)
+        error = response.json()["error"]
+        assert error["code"] == "sensitive_identifier" and list(error["fields"]) == ["key"]
+        assert key not in response.content.decode()
+    assert not BootConfigEntry.objects.filter(stack=school.stack).exists()
+    assert client.put(f"{base}/boot-config/tutor.style", {"value": "warm"}, format="json").status_code == 200
+
+
+# --- kept originals: the school's PII, never a secret -------------------------------------------------
+
+@pytest.mark.parametrize("categories", [None, ["PHONE"]])
+def test_a_kept_original_holds_the_pii_but_no_secret(school: School, settings: SettingsWrapper,
+                                                     categories: list[str] | None) -> None:
+    """With raw originals kept, an AWS key, a JWT and a card number are redacted in the original too
+    (they are documented as always redacted); the e-mail address the school redacts from the stored
+    text is what the original keeps — read back by an admin through `/original`."""
+    settings.ENCRYPTION_KEYRING = parse_keys(f"k1:{'11' * 32}")
+    Organization.objects.filter(pk=school.org.pk).update(keep_raw_originals=True, redaction_categories=categories)
+    jwt = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiI0MiJ9.c2lnbmF0dXJlMw"
+    content = f"Mum: {EMAIL}. Pasted {AWS}, {jwt} and card {CARD} by mistake."
+    created = school.agent.post(f"/api/v1/stacks/{school.stack.slug}/memories", {"kind": "raw", "content": content},
+                                format="json")
+    assert created.status_code == 201, created.content
+    original = session_client(school.admin).get(
+        f"/api/v1/stacks/{school.stack.slug}/memories/{created.json()['id']}/original")
+    if categories is None:  # e-mail redacted in the stored text: the original keeps it, and only it
+        assert original.status_code == 200, original.content
+        text = original.json()["text"]
+        assert EMAIL in text
+        for secret in (AWS, jwt, "eyJzdWIi", CARD, "4111"):
+            assert secret not in text
+        assert "<REDACTED:AWS_ACCESS_KEY>" in text and "<REDACTED:JWT>" in text and "<REDACTED:CREDIT_CARD>" in text
+    else:  # e-mail kept in the stored text, secrets redacted: the stored text is the original, none is kept
+        assert original.status_code == 404
+        assert EMAIL in created.json()["text"] and AWS not in created.json()["text"]
+        assert not RawOriginal.objects.filter(memory_id=created.json()["id"]).exists()
+
+
+def test_an_original_sealed_before_secrets_were_cleared_shows_none(school: School, settings: SettingsWrapper) -> None:
+    """A row sealed with a secret in it (before originals were cleared of them) is cleared when read."""
+    settings.ENCRYPTION_KEYRING = parse_keys(f"k1:{'11' * 32}")
+    Organization.objects.filter(pk=school.org.pk).update(keep_raw_originals=True)
+    created = school.agent.post(f"/api/v1/stacks/{school.stack.slug}/memories",
+                                {"kind": "raw", "content": f"Mum: {EMAIL}"}, format="json").json()
+    legacy = f"Mum: {EMAIL}, key {AWS}"
+    key_id, blob = seal(legacy.encode(), associated_data=associated_data(created["id"], school.stack.pk))
+    RawOriginal.objects.filter(memory_id=created["id"]).update(key_id=key_id, ciphertext=blob)
+    text = school.agent.get(f"/api/v1/stacks/{school.stack.slug}/memories/{created['id']}/original").json()["text"]
+    assert EMAIL in text and AWS not in text
 
 
 def test_a_redacted_record_is_idempotent_and_keeps_its_report(school: School) -> None:
