@@ -7,8 +7,12 @@ then the write kernel hands this module the original of every raw entry that red
 and it is sealed (memoryhub.encryption: AES-256-GCM, random 96-bit nonce, the memory id and the
 stack id as associated data, the key id on the row) into `RawOriginal`, in the writing transaction.
 
-* **Only when redaction changed the text.** Otherwise the stored text *is* the original, and a
-  second, encrypted copy would add risk and storage for nothing.
+* **Never a secret.** An original keeps what the school's PII categories redacted (e-mail
+  addresses, phone numbers, IP addresses), never a secret: keys, tokens, JWTs and card numbers are
+  redacted in it as in the stored text (`memories.redaction.redact_secrets`), when the kernel
+  builds it, again when it is sealed, and when one sealed before that rule is read or re-sealed.
+* **Only when redaction changed more than secrets.** Otherwise the stored text *is* the original,
+  and a second, encrypted copy would add risk and storage for nothing.
 * **A text change replaces the original**: a new one when redaction changed the new text,
   none when it did not (an original never describes another version than the stored one). A
   deleted memory (a kernle delete keeps a tombstone row) loses its original at once; erasure and
@@ -37,6 +41,7 @@ from accounts.models import Membership, Organization
 from accounts.principal import Principal
 from accounts.services import audit_record
 from memories.models import Memory, RawOriginal
+from memories.redaction import redact_secrets
 from memoryhub.encryption import (
     DecryptionFailed,
     EncryptionUnavailable,
@@ -61,7 +66,9 @@ def associated_data(memory_id: Any, stack_id: int) -> bytes:
 
 
 def _sealed(memory_id: Any, stack_id: int, text: str, now: datetime, keyring: Keyring | None = None) -> RawOriginal:
-    key_id, blob = seal(text.encode(), associated_data=associated_data(memory_id, stack_id), keyring=keyring)
+    # Whatever a caller hands in, no secret is sealed (the kernel already took them out: a no-op then).
+    key_id, blob = seal(redact_secrets(text).encode(), associated_data=associated_data(memory_id, stack_id),
+                        keyring=keyring)
     return RawOriginal(memory_id=memory_id, key_id=key_id, ciphertext=blob, sealed_at=now)
 
 
@@ -113,9 +120,11 @@ def may_read_originals(principal: Principal, stack_id: int) -> bool:
 
 
 def open_original(row: RawOriginal, *, stack_id: int, keyring: Keyring | None = None) -> str:
-    """The plaintext of a kept original, or DecryptionFailed."""
-    return open_sealed(row.ciphertext, key_id=row.key_id, associated_data=associated_data(row.memory_id, stack_id),
-                       keyring=keyring).decode()
+    """The plaintext of a kept original, or DecryptionFailed. Without secrets: a row sealed before
+    originals were cleared of them shows (and, re-sealed, keeps) none either."""
+    return redact_secrets(open_sealed(row.ciphertext, key_id=row.key_id,
+                                      associated_data=associated_data(row.memory_id, stack_id),
+                                      keyring=keyring).decode())
 
 
 @transaction.atomic

@@ -47,7 +47,7 @@ from redis.exceptions import RedisError
 from accounts.throttles import redis_client
 from memories.events import MEMORY, Statement, record_change
 from memories.models import Memory, MemoryKind
-from memories.redaction import RedactionPolicy, redact_memory
+from memories.redaction import RedactionPolicy, redact_memory, redact_secrets
 from memories.schemas import NormalizedMemory, normalize_memory
 
 logger = logging.getLogger(__name__)
@@ -124,10 +124,13 @@ def prepare_memory(kind: str, payload: Any, *, redaction: RedactionPolicy, parti
     for transform in _transforms:
         normalized = transform(normalized)
     if normalized is not submitted and submitted.kind == MemoryKind.RAW and normalized.text != submitted.text:
-        # A raw entry redaction changed: its text as submitted goes along (never stored as is; the
-        # writer seals it when the school opted in, memories.originals). Unchanged text needs no
-        # copy: what is stored IS the original.
-        normalized = dataclasses.replace(normalized, original_text=submitted.text)
+        # A raw entry redaction changed: its text as submitted, less every secret (an original keeps
+        # the PII the school redacts, never a key, token or card number), goes along — never stored
+        # as is; the writer seals it when the school opted in (memories.originals). When that is the
+        # stored text (only secrets were redacted), no copy: what is stored IS the original.
+        original = redact_secrets(submitted.text)
+        if original != normalized.text:
+            normalized = dataclasses.replace(normalized, original_text=original)
     return normalized
 
 
