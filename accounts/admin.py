@@ -73,15 +73,17 @@ class MembershipAdmin(ReadOnlyAdmin):
 
 @admin.register(ApiKey)
 class ApiKeyAdmin(admin.ModelAdmin):
-    list_display = ["public_id", "name", "key_prefix", "organization", "stack", "user", "read_only", "expires_at",
-                    "revoked_at", "last_used_at", "created_at"]
-    list_filter = ["read_only", ("revoked_at", admin.EmptyFieldListFilter)]
+    list_display = ["public_id", "name", "key_prefix", "organization", "stack", "user", "read_only", "stack_agent",
+                    "expires_at", "revoked_at", "last_used_at", "created_at"]
+    list_filter = ["read_only", "stack_agent", ("revoked_at", admin.EmptyFieldListFilter)]
     search_fields = ["public_id", "key_prefix", "name", "organization__slug", "user__email"]
     list_select_related = ["organization", "stack", "user"]
     date_hierarchy = "created_at"
     exclude = ["key_hash"]  # never shown, not even read-only: the prefix identifies a key
-    readonly_fields = ["public_id", "key_prefix", "organization", "user", "stack", "replaced_by", "last_used_at",
-                       "created_at"]
+    # What a key may read (stack_agent, issued_by_key) is chosen when it is issued, audited, and never
+    # changed afterwards: not here either.
+    readonly_fields = ["public_id", "key_prefix", "organization", "user", "stack", "stack_agent", "issued_by_key",
+                       "replaced_by", "last_used_at", "created_at"]
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # keys are issued through the API so the secret is shown exactly once

@@ -30,6 +30,7 @@ from accounts.selectors import (
     api_key_for_secret,
     api_key_for_token,
     api_key_hash,
+    issuer_role_of,
     principal_for_session,
 )
 from accounts.services import api_key_rehash
@@ -40,13 +41,16 @@ LAST_USED_RESOLUTION_SECONDS = 60  # write last_used_at at most once a minute pe
 
 
 def principal_for_key(key: ApiKey, *, credential_id: str | None = None) -> Principal:
+    # `role`: the current role of the person the key acts as (memories.grants reads it for a key
+    # that is not its stack's own agent key). A key is only found while that person still reaches
+    # what it is bound to, so they hold a role here; the fallback is the least of them.
     return Principal(
         user=key.user,
         organization=key.organization,
         api_key=key,
         bound_stack_id=key.stack_id,
         read_only=key.read_only,
-        role=Membership.Role.ADMIN,
+        role=issuer_role_of(key) or Membership.Role.BILLING,
         credential_id=credential_id or key.public_id,
     )
 
@@ -192,6 +196,7 @@ class SessionPrincipalAuthentication(authentication.SessionAuthentication):
         if principal is None:
             return None
         return user, principal
+
 
 def request_credential_verifies(request: HttpRequest) -> bool:
     """Does `request` carry a credential that authenticates: a signed-in session, or a Bearer

@@ -139,6 +139,11 @@ class ApiKey(models.Model):
 
     Bound to one stack (an agent's key) or, with `stack` null, to the whole organization (a
     school's service key, which names the stack per request). `user` is whom the key acts as.
+
+    What a stack-bound key may read of its stack's memories (docs/privacy.md "Keys and the grants"):
+    with `stack_agent` it is the stack's own agent key and reads all of it, like the student's own
+    agent (set only by an explicit, audited choice when it is issued); without it, it reads what its
+    issuer may read — the school key `issued_by_key` names, else the person `user`.
     """
 
     public_id = models.CharField(max_length=40, unique=True, default=new_key_public_id, editable=False)
@@ -153,7 +158,20 @@ class ApiKey(models.Model):
     revoked_at = models.DateTimeField(null=True, blank=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
     replaced_by = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    # The stack's own agent key: reads every memory of its stack whatever its grants say. Only with
+    # a stack, only by the issuer's explicit choice (audited as `key.issued_as_stack_agent`).
+    stack_agent = models.BooleanField(default=False)
+    # The public id of the school-wide key that issued this key ("" when a person did): a key issued
+    # by a school key reads what that school key may read. A public id, not a foreign key, so the
+    # audience never changes (nor widens to `user`'s) if that key's row is ever deleted.
+    issued_by_key = models.CharField(max_length=40, blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(condition=models.Q(stack_agent=False) | models.Q(stack__isnull=False),
+                                   name="accounts_apikey_stack_agent_has_stack"),
+        ]
 
 
 class AuditEvent(models.Model):

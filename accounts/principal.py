@@ -16,6 +16,10 @@ class Principal:
     * a school (organization) key: `api_key` set, `bound_stack_id` None — any stack of `organization`;
     * a dashboard user: `api_key` None, `role` from their membership — admins see the whole
       organization, teachers their assigned stacks, billing users no stack at all.
+
+    For a key, `role` is the current role of the person it acts as (its issuer), which is what a
+    stack-bound key that is not the stack's own agent key answers to in the privacy grants
+    (memories.grants, docs/privacy.md "Keys and the grants").
     """
 
     user: User
@@ -34,6 +38,12 @@ class Principal:
     @property
     def is_stack_bound(self) -> bool:
         return self.bound_stack_id is not None
+
+    @property
+    def is_stack_agent(self) -> bool:
+        """The stack's own agent credential: a key issued as the student's own agent (or a token of
+        one). It reads every memory of its stack; any other key reads what its issuer may read."""
+        return self.api_key is not None and self.bound_stack_id is not None and self.api_key.stack_agent
 
     @property
     def is_org_wide(self) -> bool:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from django.conf import settings
-from django.db.models import BooleanField, Q, QuerySet
+from django.db.models import BooleanField, CharField, Q, QuerySet
 from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
@@ -65,6 +65,30 @@ def _issuer_reaches() -> RawSQL:
                   output_field=BooleanField())
 
 
+# The current role of the person a key acts as, in the key's school ((user, organization) is unique:
+# one probe of the same index as above). A stack-bound key that is not the stack's own agent key
+# answers to it in the privacy grants (`role:<role>`, memories.grants), so a lowered role narrows
+# what the key reads at once.
+_ISSUER_ROLE_SQL = (
+    '(SELECT m.role FROM "accounts_membership" m'
+    ' WHERE m.user_id = "accounts_apikey".user_id AND m.organization_id = "accounts_apikey".organization_id)'
+)
+
+
+def with_issuer_role(keys: QuerySet[ApiKey]) -> QuerySet[ApiKey]:
+    """Annotate `issuer_role`: the key's person's current role in its school (None: none)."""
+    return keys.annotate(issuer_role=RawSQL(_ISSUER_ROLE_SQL, (), output_field=CharField()))  # noqa: S611 - constant SQL
+
+
+def issuer_role_of(key: ApiKey) -> str | None:
+    """The current role of the person `key` acts as: the annotation when the key was found by
+    authentication (`_live_keys`), else read now."""
+    if hasattr(key, "issuer_role"):
+        return str(key.issuer_role) if key.issuer_role is not None else None
+    return (Membership.objects.filter(organization_id=key.organization_id, user_id=key.user_id)
+            .values_list("role", flat=True).first())
+
+
 def user_reaches(*, organization_id: int, user: User, stack_id: int | None) -> bool:
     """Would a key of `user` bound to `stack_id` (None: the whole school) be within their reach?
     The rule of `_ISSUER_REACHES_SQL`, for a key not issued yet (accounts.services.api_key_issue)."""
@@ -87,8 +111,8 @@ class KeyMatch:
 
 
 def _live_keys() -> QuerySet[ApiKey]:
-    return with_issuer_reach(ApiKey.objects.select_related("organization", "user", "stack")
-                             .filter(revoked_at__isnull=True))
+    return with_issuer_role(with_issuer_reach(ApiKey.objects.select_related("organization", "user", "stack")
+                                              .filter(revoked_at__isnull=True)))
 
 
 def _unexpired(key: ApiKey) -> bool:
@@ -247,6 +271,46 @@ def ensure_teacher_may_manage_keys(principal: Principal) -> None:
     if is_teacher_session(principal) and not teacher_may_manage_keys(principal):
         raise Forbidden("This school does not let teachers issue or change keys; ask a school admin.",
                         code="teacher_keys_disabled")
+
+
+def may_issue_stack_agent_key(principal: Principal) -> bool:
+    """Who may issue (or be handed by a cycle) a stack's own agent key — one that reads every memory
+    of the stack, also those its grants keep from every member of staff: a school manager (an
+    admin's session, a writable school key; docs/privacy.md "Keys and the grants"). Never a
+    teacher, whatever the school's key policy, and never another agent key."""
+    return may_manage_organization(principal)
+
+
+def ensure_may_issue_stack_agent_key(principal: Principal) -> None:
+    if not may_issue_stack_agent_key(principal):
+        raise Forbidden("Only a school admin (or a writable school key) may issue a student's own agent key.",
+                        code="stack_agent_needs_admin")
+
+
+def _reads_as_issuer_of(principal: Principal, key: ApiKey) -> bool:
+    """Does the caller read exactly what `key` reads, being its issuer (the school key that issued
+    it, or the same person signed in) or its stack's own agent key?"""
+    if principal.is_stack_agent and principal.bound_stack_id == key.stack_id:
+        return True
+    if key.issued_by_key:
+        return principal.api_key is not None and principal.api_key.public_id == key.issued_by_key
+    return principal.api_key is None and principal.user.pk == key.user_id
+
+
+def ensure_may_receive_secret_of(principal: Principal, key: ApiKey) -> None:
+    """A cycle hands its caller the new secret of `key`, which reads what `key` reads: the key
+    itself may always cycle; a stack's own agent key only someone who may issue one; another
+    stack-bound key only its issuer (anyone else revokes it and issues their own, which then reads
+    what they may read). School-wide keys read as themselves, as before."""
+    if principal.api_key is not None and principal.api_key.pk == key.pk:
+        return
+    if key.stack_id is None:
+        return
+    if key.stack_agent:
+        ensure_may_issue_stack_agent_key(principal)
+    elif not _reads_as_issuer_of(principal, key):
+        raise Forbidden("Cycling hands out a secret that reads what this key's issuer may read; revoke the key and "
+                        "issue your own instead.", code="not_key_issuer")
 
 
 def key_to_change(principal: Principal, key_id: str) -> ApiKey:

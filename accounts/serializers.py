@@ -33,6 +33,8 @@ def key_summary(key: ApiKey) -> dict[str, Any]:
         "key_prefix": key.key_prefix,
         "stack_id": key.stack.slug if key.stack_id and key.stack else None,
         "read_only": key.read_only,
+        "stack_agent": key.stack_agent,
+        "issued_by_key": key.issued_by_key or None,
         "created_at": iso(key.created_at),
         "last_used_at": iso(key.last_used_at),
         "expires_at": iso(key.expires_at),
@@ -62,6 +64,12 @@ class KeySummarySerializer(serializers.Serializer):
     key_prefix = serializers.CharField()
     stack_id = serializers.CharField(allow_null=True)
     read_only = serializers.BooleanField()  # type: ignore[assignment]  # shadows Field.read_only by name only
+    stack_agent = serializers.BooleanField(help_text=(
+        "True: the student's own agent key — it reads every memory of its stack, also those shared only with "
+        "the student. False: it reads what its issuer may read (docs/privacy.md \"Keys and the grants\")."))
+    issued_by_key = serializers.CharField(allow_null=True, help_text=(
+        "The school key that issued this key, whose privacy grants it reads with; null when a person issued it "
+        "(it then reads with that person's)."))
     created_at = serializers.DateTimeField()
     last_used_at = serializers.DateTimeField(allow_null=True)
     expires_at = serializers.DateTimeField(allow_null=True)
@@ -130,6 +138,12 @@ class KeyIssueSerializer(serializers.Serializer):
                                      help_text="Bind the key to this stack; omit for a school-wide key.")
     read_only = serializers.BooleanField(required=False, default=False)  # type: ignore[assignment]
     expires_at = serializers.DateTimeField(required=False, allow_null=True, default=None)
+    stack_agent = serializers.BooleanField(required=False, default=False, help_text=(
+        "This key is the student's own agent: it reads every memory of its stack, also those shared only with "
+        "the student (`access_grants` no member of staff passes), like the agent the student registered "
+        "themself. Needs `stack_id` and a school admin or a writable school key (a teacher: 403 "
+        "`stack_agent_needs_admin`); audited as `key.issued_as_stack_agent`. Off (the default): the key reads "
+        "what you, its issuer, may read — your own privacy grants, or your school key's."))
 
     def validate_expires_at(self, value: datetime | None) -> datetime | None:
         if value is not None and value <= timezone.now():

@@ -21,6 +21,7 @@ from accounts.selectors import (
     KEY_PREFIX_LENGTH,
     api_key_hash,
     email_taken,
+    ensure_may_receive_secret_of,
     keys_beyond_issuer_reach,
     user_reaches,
 )
@@ -79,6 +80,8 @@ def api_key_issue(
     name: str = "",
     read_only: bool = False,
     expires_at: datetime | None = None,
+    stack_agent: bool = False,
+    issued_by_key: str | None = None,
     principal: Principal | None = None,
     ip: str | None = None,
 ) -> tuple[ApiKey, str]:
@@ -86,10 +89,20 @@ def api_key_issue(
 
     The key acts as `user`, who must reach what it is bound to (selectors.with_issuer_reach): a
     key is never more than its person's access, and dies with it. Whether the *caller* may issue
-    it is the view's selector's decision (stacks.selectors.stack_for_new_key)."""
+    it is the view's selector's decision (stacks.selectors.stack_for_new_key).
+
+    What a stack-bound key reads (docs/privacy.md "Keys and the grants"): with `stack_agent` (the
+    caller's explicit choice, audited as `key.issued_as_stack_agent`) every memory of its stack, as
+    the student's own agent; otherwise what its issuer may read — the school key that issued it
+    (`issued_by_key`; by default the calling principal's key, if it is one) or else `user`."""
     if not user_reaches(organization_id=organization.pk, user=user, stack_id=stack_id):
         raise InvalidInput("The key's owner does not have access to what the key would be bound to.",
                            code="owner_lacks_access", fields={"stack_id": ["Not reachable by the key's owner."]})
+    if stack_agent and stack_id is None:
+        raise InvalidInput("Only a key bound to a stack can be that stack's own agent key.",
+                           code="stack_agent_needs_stack", fields={"stack_agent": ["Name the stack (stack_id)."]})
+    if issued_by_key is None:
+        issued_by_key = principal.api_key.public_id if principal is not None and principal.api_key else ""
     secret = new_api_key_secret()
     key = ApiKey.objects.create(
         organization=organization,
@@ -100,13 +113,23 @@ def api_key_issue(
         key_hash=api_key_hash(secret),
         read_only=read_only,
         expires_at=expires_at,
+        stack_agent=stack_agent,
+        issued_by_key=issued_by_key,
     )
+    actor = user if principal is None else None
     audit_record(
-        organization=organization, action="key.issued", principal=principal, actor=user if principal is None else None,
+        organization=organization, action="key.issued", principal=principal, actor=actor,
         target_type="api_key", target_id=key.public_id, ip=ip,
         metadata={"name": name, "stack_id": stack_id, "read_only": read_only,
-                  "expires_at": expires_at.isoformat() if expires_at else None},
+                  "expires_at": expires_at.isoformat() if expires_at else None, "stack_agent": stack_agent,
+                  "issued_by_key": issued_by_key or None},
     )
+    if stack_agent:
+        # Its own event: this key reads every memory of the stack, also those no member of staff
+        # may read, so the choice stands out in the log rather than as one flag of `key.issued`.
+        audit_record(organization=organization, action="key.issued_as_stack_agent", principal=principal,
+                     actor=actor, target_type="api_key", target_id=key.public_id, ip=ip,
+                     metadata={"stack_id": stack_id, "name": name})
     return key, secret
 
 
@@ -147,13 +170,19 @@ def api_key_revoke(*, key: ApiKey, principal: Principal | None = None, ip: str |
 
 @transaction.atomic
 def api_key_cycle(*, key: ApiKey, principal: Principal | None = None, ip: str | None = None) -> tuple[ApiKey, str]:
-    """Atomically deactivate `key` and issue its replacement (same owner, binding and flags)."""
+    """Atomically deactivate `key` and issue its replacement (same owner, binding and flags — and
+    so the same privacy audience: whether it is the stack's own agent key and which school key, if
+    any, issued it). The caller receives the new secret, so it must be allowed to read what the key
+    reads (selectors.ensure_may_receive_secret_of)."""
     locked = ApiKey.objects.select_for_update().select_related("organization", "user").get(pk=key.pk)
+    if principal is not None:
+        ensure_may_receive_secret_of(principal, locked)
     if locked.revoked_at is not None or (locked.expires_at is not None and locked.expires_at <= timezone.now()):
         raise InvalidInput("The key is already inactive and cannot be cycled.", code="key_inactive")
     new_key, secret = api_key_issue(
         organization=locked.organization, user=locked.user, stack_id=locked.stack_id, name=locked.name,
-        read_only=locked.read_only, expires_at=locked.expires_at, principal=principal, ip=ip,
+        read_only=locked.read_only, expires_at=locked.expires_at, stack_agent=locked.stack_agent,
+        issued_by_key=locked.issued_by_key, principal=principal, ip=ip,
     )
     locked.revoked_at = timezone.now()
     locked.replaced_by = new_key

@@ -95,7 +95,8 @@ def main() -> None:
         user = User.objects.create_user(username="bench-overhead", email="bench-overhead@example.test",
                                         password="x" * 20)
         Membership.objects.create(user=user, organization=org, role=Membership.Role.ADMIN)
-        key, secret = api_key_issue(organization=org, user=user, stack_id=stack.pk, name="bench", read_only=False)
+        key, secret = api_key_issue(organization=org, user=user, stack_id=stack.pk, name="bench", read_only=False,
+                                    stack_agent=True)
         jwt = str(access_token_for_key(key))
         stack_path = f"/api/v1/stacks/{stack.slug}/"
 

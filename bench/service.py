@@ -95,7 +95,7 @@ agents = []
 for n in range(p["stacks"]):
     stack = stack_create(organization=org, slug=f"{p['slug']}-{n:03d}")
     _, secret = api_key_issue(organization=org, user=admin, stack_id=stack.pk if p["stack_bound_keys"] else None,
-                              name=f"{p['slug']} client {n}")
+                              name=f"{p['slug']} client {n}", stack_agent=bool(p["stack_bound_keys"]))
     agents.append({"stack": stack.slug, "secret": secret})
 if p["webhook_url"]:
     from webhooks.services import endpoint_create

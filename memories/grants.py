@@ -4,19 +4,26 @@
 A memory carries `access_grants`, a list of entity ids (Kernle Phase 8). A requester is described by
 an `Audience`: the entity ids it answers to and what its school says an empty list means.
 
-* The stack's own credentials (an agent key bound to the stack, or a JWT issued for that key) see all
-  of the stack: `audience_for` returns None for them, and None means "no grants predicate at all",
-  so the agent's own reads are exactly as fast as before.
-* Anyone else — a school key, a signed-in admin or teacher, a webhook endpoint — sees a memory only
-  when `access_grants && <its ids>` (Postgres array overlap) or, under the school policy "school"
-  (the default), when `access_grants` is empty. Under "owner" an empty list means "the stack's own
-  credentials only".
+* The stack's own credentials — a key issued as the stack's own agent key (`ApiKey.stack_agent`, an
+  explicit, audited choice), or a JWT issued for such a key — see all of the stack: `audience_for`
+  returns None for them, and None means "no grants predicate at all", so the agent's own reads are
+  exactly as fast as before.
+* Anyone else — a school key, a signed-in admin or teacher, a webhook endpoint, and any other key
+  bound to the stack — sees a memory only when `access_grants && <its ids>` (Postgres array
+  overlap) or, under the school policy "school" (the default), when `access_grants` is empty. Under
+  "owner" an empty list means "the stack's own credentials only".
 
 Entity ids (every requester also answers to `*` and to its school, `org:<school public id>`):
 
     signed-in admin / teacher / billing user   human:<user public id>, role:admin|teacher|billing
     school (organization-wide) key             key:<key public id>, role:school_key
     webhook endpoint                           webhook:<endpoint public id>, role:webhook
+    stack-bound key, not the stack's agent     its issuer's: the ids of the school key that issued
+                                               it (key:<that key's id>, role:school_key), else those
+                                               of the person it acts as (human:<user>, role:<their
+                                               current role>)
+
+So a key never reads more of a stack than whoever issued it (docs/privacy.md "Keys and the grants").
 
 The user's public id (`usr_…`) is the stable one: an e-mail address can change or be reused.
 
@@ -60,14 +67,23 @@ def _audience(organization: Organization, *ids: str) -> Audience:
 def audience_for(principal: Principal, *, stack_id: int | None = None) -> Audience | None:
     """The principal's audience; None for the stack's own credentials (they see everything).
 
-    A stack-bound credential only ever reaches its own stack (stacks.selectors), so it is "own"
-    unless `stack_id` names another stack (then it gets a key audience, which fails closed)."""
+    The stack's own agent key only ever reaches its own stack (stacks.selectors), so it is "own"
+    unless `stack_id` names another stack. Any other stack-bound key gets its issuer's audience:
+    the school key that issued it, or the person it acts as with their current role."""
     key = principal.api_key
-    if principal.bound_stack_id is not None and stack_id in (None, principal.bound_stack_id):
-        return None
-    if key is not None:
+    if key is None:
+        return _person(principal)
+    if principal.bound_stack_id is None:
         return _audience(principal.organization, f"key:{key.public_id}", f"role:{ROLE_SCHOOL_KEY}")
-    role = principal.role or Membership.Role.ADMIN
+    if principal.is_stack_agent and stack_id in (None, principal.bound_stack_id):
+        return None
+    if key.issued_by_key:
+        return _audience(principal.organization, f"key:{key.issued_by_key}", f"role:{ROLE_SCHOOL_KEY}")
+    return _person(principal)
+
+
+def _person(principal: Principal) -> Audience:
+    role = principal.role or Membership.Role.BILLING  # (a Principal always has one; fail towards the least)
     return _audience(principal.organization, f"human:{principal.user.public_id}", f"role:{role}")
 
 

@@ -203,17 +203,21 @@ class KeyListView(APIView):
 
     @extend_schema(operation_id="keys_issue", tags=["keys"], request=KeyIssueSerializer,
                    responses={201: KeyCreatedSerializer, **FORBIDDEN, **NOT_VISIBLE, **ERRORS},
-                   summary="Issue a key bound to a stack (agent key) or to the school; the secret is shown once")
+                   summary="Issue a key bound to a stack or to the school; the secret is shown once",
+                   description=("A key bound to a stack reads what its issuer may read of the stack's memories "
+                                "(the caller's privacy grants), unless `stack_agent` makes it the student's own "
+                                "agent key, which reads all of them (school admins and school keys only; audited "
+                                "as `key.issued_as_stack_agent`). docs/privacy.md \"Keys and the grants\"."))
     def post(self, request: Request) -> Response:
         principal = principal_of(request)
         serializer = KeyIssueSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
-        stack = stack_for_new_key(principal, data["stack_id"])
+        stack = stack_for_new_key(principal, data["stack_id"], stack_agent=data["stack_agent"])
         key, secret = api_key_issue(organization=principal.organization, user=principal.user,
                                     stack_id=stack.pk if stack else None, name=data["name"],
                                     read_only=data["read_only"], expires_at=data["expires_at"],
-                                    principal=principal, ip=client_ip(request))
+                                    stack_agent=data["stack_agent"], principal=principal, ip=client_ip(request))
         return Response(key_with_secret(key, secret), status=status.HTTP_201_CREATED)
 
 

@@ -11,7 +11,11 @@ from django.db.models import QuerySet
 
 from accounts.models import Membership, Organization
 from accounts.principal import Principal
-from accounts.selectors import ensure_may_manage_organization, ensure_teacher_may_manage_keys
+from accounts.selectors import (
+    ensure_may_issue_stack_agent_key,
+    ensure_may_manage_organization,
+    ensure_teacher_may_manage_keys,
+)
 from accounts.tiers import tier_for
 from memoryhub.errors import Conflict, Forbidden, NotFound, QuotaExceeded
 from stacks.models import Stack
@@ -79,13 +83,15 @@ def ensure_writable(principal: Principal, stack: Stack) -> None:
         raise Conflict("The stack is archived; it keeps its data but refuses writes.", code="stack_archived")
 
 
-def stack_for_new_key(principal: Principal, slug: str | None) -> Stack | None:
+def stack_for_new_key(principal: Principal, slug: str | None, *, stack_agent: bool = False) -> Stack | None:
     """The stack a key the caller issues is bound to (None: a school key), if the caller may issue it.
 
     Visibility decides first: a stack the caller cannot see is a 404, not a 403 (and an archived
     one a 409). A school key needs a school manager; read-only and agent keys issue no keys, nor
     do teachers unless their school allows it (403). The key acts as its issuer and dies with the
-    issuer's access to the stack (accounts.selectors.with_issuer_reach).
+    issuer's access to the stack (accounts.selectors.with_issuer_reach). `stack_agent` (the
+    stack's own agent key, which reads what no member of staff may: docs/privacy.md "Keys and the
+    grants") needs a school manager (403), never a teacher (and a stack: accounts.services.api_key_issue).
     """
     stack = None
     if slug:
@@ -97,6 +103,8 @@ def stack_for_new_key(principal: Principal, slug: str | None) -> Stack | None:
     if principal.is_stack_bound:
         raise Forbidden("An agent key cannot issue keys.", code="admin_required")
     ensure_teacher_may_manage_keys(principal)
+    if stack_agent:
+        ensure_may_issue_stack_agent_key(principal)
     return stack
 
 

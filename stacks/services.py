@@ -214,5 +214,7 @@ def personal_account_register(*, stack_id: Any, email: Any = None, display_name:
     membership_add(organization=organization, user=user, role=Membership.Role.ADMIN, ip=ip)
     stack = stack_create(organization=organization, slug=slug, display_name=name, kind=Stack.Kind.AGENT,
                          created_by=user, ip=ip)
-    key, secret = api_key_issue(organization=organization, user=user, stack_id=stack.pk, name="register", ip=ip)
+    # The registering agent's own key: the stack's own credential (docs/privacy.md "Keys and the grants").
+    key, secret = api_key_issue(organization=organization, user=user, stack_id=stack.pk, name="register",
+                                stack_agent=True, ip=ip)
     return Registration(user=user, organization=organization, stack=stack, key=key, secret=secret)

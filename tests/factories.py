@@ -73,11 +73,14 @@ def assign_teacher(teacher: User, stack: Stack) -> None:
 
 
 def make_key(org: Organization, *, stack: Stack | None = None, user: User | None = None,
-             read_only: bool = False, name: str = "test") -> tuple[ApiKey, str]:
-    """An API key and its secret. `stack` given: an agent key bound to it; else a school key."""
+             read_only: bool = False, name: str = "test", stack_agent: bool | None = None) -> tuple[ApiKey, str]:
+    """An API key and its secret. `stack` given: an agent key bound to it — the stack's own agent
+    key (`stack_agent`, what a student's tutor agent holds) unless `stack_agent=False`, which makes
+    a key that reads what its issuer may read; else a school key."""
     owner = user or make_user(org)
     return api_key_issue(organization=org, user=owner, stack_id=stack.pk if stack else None,
-                         name=name, read_only=read_only)
+                         name=name, read_only=read_only,
+                         stack_agent=stack is not None if stack_agent is None else stack_agent)
 
 
 def bearer_client(secret: str) -> APIClient:

@@ -220,3 +220,47 @@ def test_a_teacher_with_the_policy_issues_keys_for_assigned_stacks_only(school: 
     assert teacher.post(f"/dashboard/keys/{school.agent_key.public_id}/cycle").status_code == 403
     assert teacher.post(f"/dashboard/keys/{key.public_id}/revoke").status_code == 302
     assert bearer_client(secret).get("/api/v1/stacks/alice/").status_code == 401
+
+
+# --- what a key reads: its issuer's grants, or the student's own agent by a named choice ----------
+
+
+STACK_AGENT_LABEL = "This key is the student&#x27;s own agent — it reads memories shared only with the student"
+
+
+def test_the_student_s_own_agent_is_a_named_choice_off_by_default(school: School) -> None:
+    admin = client_for(school.admin)
+    page = admin.get(URL).content.decode()
+    assert STACK_AGENT_LABEL in page and 'name="stack_agent"' in page and 'name="stack_agent" checked' not in page
+    plain, _, _ = issue(admin, name="helper", scope="alice")
+    agent, _, _ = issue(admin, name="tutor", scope="alice", stack_agent="on")
+    assert (plain.stack_agent, agent.stack_agent) == (False, True)
+    assert list(AuditEvent.objects.filter(action="key.issued_as_stack_agent", target_id__in=[
+        plain.public_id, agent.public_id]).values_list("target_id", "actor")) == [(agent.public_id, school.admin.pk)]
+    rows = admin.get(URL).content.decode()
+    agent_row = re.search(rf'<tr data-key="{agent.public_id}">(.*?)</tr>', rows, re.S).group(1)  # type: ignore[union-attr]
+    plain_row = re.search(rf'<tr data-key="{plain.public_id}">(.*?)</tr>', rows, re.S).group(1)  # type: ignore[union-attr]
+    assert "student's own agent" in agent_row and "what its issuer may read" in plain_row
+    # Only for a stack: a school-wide key cannot be a student's agent.
+    before = ApiKey.objects.count()
+    refused = admin.post(URL, {"name": "x", "scope": "", "stack_agent": "on"})
+    assert refused.status_code == 400 and "Only a key bound to a student" in refused.content.decode()
+    assert ApiKey.objects.count() == before
+
+
+def test_a_teacher_is_not_offered_the_choice_and_cannot_make_it(school: School) -> None:
+    allow_teacher_keys(school)
+    teacher = client_for(school.teacher)
+    assert 'name="stack_agent"' not in teacher.get(URL).content.decode()
+    key, _, _ = issue(teacher, name="tutor", scope="alice", stack_agent="on")  # the field is not there: ignored
+    assert key.stack_agent is False
+
+
+def test_an_admin_is_not_offered_to_cycle_a_key_that_reads_what_a_teacher_reads(school: School) -> None:
+    allow_teacher_keys(school)
+    key, _, _ = issue(client_for(school.teacher), name="tutor", scope="alice")
+    admin = client_for(school.admin)
+    row = re.search(rf'<tr data-key="{key.public_id}">(.*?)</tr>', admin.get(URL).content.decode(),
+                    re.S).group(1)  # type: ignore[union-attr]
+    assert "Revoke" in row and "Cycle" not in row
+    assert admin.post(f"/dashboard/keys/{key.public_id}/cycle").status_code == 403

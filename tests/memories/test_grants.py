@@ -80,8 +80,13 @@ class Cast:
         known = {str(memory.pk) for memory in self.memories.values()}
         return {self.label_of(i) for i in ids if str(i) in known}
 
+    def named_in(self, text: str) -> set[str]:
+        """The labels whose memory's text (each ends "(<label>)") appears in `text` (a MEMORY.md)."""
+        return {label for label in self.memories if f"({label.replace('_', ' ')})" in text}
 
-def _cast(school: School, policy: str = "school") -> Cast:
+
+def _cast(school: School, policy: str = "school", grants_by_label: dict[str, list[str]] | None = None) -> Cast:
+    """One belief per label of `grants_by_label` (default: `grants_of(school)`) under the school policy `policy`."""
     Organization.objects.filter(pk=school.org.pk).update(empty_grants_policy=policy)
     school.org.refresh_from_db()
     school.stack.organization.refresh_from_db()
@@ -89,7 +94,7 @@ def _cast(school: School, policy: str = "school") -> Cast:
         label: memory_create(stack=school.stack, kind="belief", source="api", payload={
             "statement": f"Pizza slices explain fractions ({label.replace('_', ' ')})", "confidence": 0.9,
             "access_grants": grants, "subject_ids": ["human:student-ada"], "consent_grants": ["human:parent-ada"]})
-        for label, grants in grants_of(school).items()
+        for label, grants in (grants_of(school) if grants_by_label is None else grants_by_label).items()
     }
     return Cast(school=school, memories=memories)
 
@@ -151,7 +156,7 @@ def api_reads(cast: Cast, client: APIClient) -> dict[str, set[str]]:
 
     response = client.get(base + "export/memory.md")
     assert response.status_code == 200
-    seen["memory.md"] = {label for label in LABELS if f"({label.replace('_', ' ')})" in response.content.decode()}
+    seen["memory.md"] = cast.named_in(response.content.decode())
 
     response = client.get(base + "export/archive")
     assert response.status_code == 200
@@ -161,7 +166,7 @@ def api_reads(cast: Cast, client: APIClient) -> dict[str, set[str]]:
     revisions = [json.loads(line) for line in archive.read("revisions.jsonl").splitlines()]
     assert cast.labels(r["memory_id"] for r in revisions) <= seen["archive"]
     memory_md = archive.read("MEMORY.md").decode()
-    assert {label for label in LABELS if f"({label.replace('_', ' ')})" in memory_md} == seen["archive"]
+    assert cast.named_in(memory_md) == seen["archive"]
 
     response = client.post("/sync/pull", {"stack_id": slug, "since": None}, format="json")
     assert response.status_code == 200, response.content

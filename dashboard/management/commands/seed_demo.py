@@ -199,7 +199,8 @@ class Command(BaseCommand):
             if teacher_users:
                 teacher_assign(stack=stack, teacher=teacher_users[(n - 1) % len(teacher_users)])
             if not ApiKey.objects.filter(stack=stack, name="demo-agent", revoked_at__isnull=True).exists():
-                _, secret = api_key_issue(organization=org, user=admin, stack_id=stack.pk, name="demo-agent")
+                _, secret = api_key_issue(organization=org, user=admin, stack_id=stack.pk, name="demo-agent",
+                                          stack_agent=True)  # the student's tutor agent: the stack's own key
                 self.stdout.write(f"  agent key for {slug}: {secret}")
             created += self._memories(stack, n)
         self.stdout.write(f"  {created} demo memories written" if created else "  demo memories already there")

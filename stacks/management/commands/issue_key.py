@@ -37,6 +37,10 @@ class Command(BaseCommand):
                                  "--school is omitted")
         parser.add_argument("--stack", default=None, help="Bind the key to this stack (slug); default: school-wide")
         parser.add_argument("--read-only", action="store_true", help="The key may read but not write")
+        parser.add_argument("--stack-agent", action="store_true",
+                            help="With --stack: the student's own agent key, which reads every memory of the stack "
+                                 "(also those shared only with the student; audited). Without it the key reads "
+                                 "what its person may read")
         parser.add_argument("--expires-in-days", type=int, default=None, help="The key stops working after N days")
         parser.add_argument("--name", default="", help="A label shown in key lists")
         add_url_argument(parser)
@@ -55,10 +59,10 @@ class Command(BaseCommand):
         if principal is None or principal.organization.pk != organization.pk:
             raise CommandError(f"{membership.user.email} signs in to another school; issue their keys there.")
         try:
-            stack = stack_for_new_key(principal, options["stack"])
+            stack = stack_for_new_key(principal, options["stack"], stack_agent=options["stack_agent"])
             key, secret = api_key_issue(
                 organization=organization, user=membership.user, stack_id=stack.pk if stack else None,
-                name=options["name"], read_only=options["read_only"],
+                name=options["name"], read_only=options["read_only"], stack_agent=options["stack_agent"],
                 expires_at=timezone.now() + timedelta(days=days) if days else None, principal=principal)
         except NotFound:
             raise CommandError(f"No stack {options['stack']!r} in {organization.name} ({organization.slug}) that "
