@@ -13,12 +13,12 @@ from __future__ import annotations
 import base64
 import binascii
 from datetime import UTC, datetime
-from typing import Any, cast
+from typing import Any
 from urllib import parse
 
 from django.core.exceptions import FieldDoesNotExist, ValidationError
 from django.db.models import Field, QuerySet
-from rest_framework.pagination import Cursor, CursorPagination
+from rest_framework.pagination import CursorPagination
 from rest_framework.request import Request
 
 from memoryhub.errors import InvalidInput
@@ -39,55 +39,49 @@ class StableCursorPagination(CursorPagination):
     max_page_size = 500
     ordering = "-created_at"
 
-    _position_field: Field[Any, Any] | None = None
-
     def paginate_queryset(self, queryset: QuerySet[Any], request: Request, view: Any = None) -> list[Any] | None:
-        # The position is checked against the ordering field before it reaches the ORM (see decode_cursor).
+        # Checked before DRF reads it: what passes is read by DRF's own decoder exactly as written.
         try:
-            self._position_field = queryset.model._meta.get_field(self.ordering.lstrip("-"))
+            position_field = queryset.model._meta.get_field(self.ordering.lstrip("-"))
         except FieldDoesNotExist:
-            self._position_field = None
+            position_field = None
+        check_cursor(request.query_params.get(self.cursor_query_param), position_field)
         return super().paginate_queryset(queryset, request, view)
 
-    def decode_cursor(self, request: Request) -> Cursor | None:
-        """DRF's cursor (base64 of `o=<offset>&r=1&p=<position>`), read strictly.
 
-        DRF's own reader starts again from the first page for any base64 text without these keys
-        (e.g. `YWJj`, "abc") and answers 404 for the rest; here both are `invalid_cursor()`, and so
-        is a position its ordering field cannot hold (it used to reach the ORM)."""
-        encoded = request.query_params.get(self.cursor_query_param)
-        if not encoded:
-            return None
-        try:
-            text = base64.b64decode(encoded.encode("ascii"), validate=True).decode("ascii")
-            tokens = parse.parse_qs(text, keep_blank_values=True, strict_parsing=True)
-        except (ValueError, UnicodeError, binascii.Error):
-            raise invalid_cursor() from None
-        if not tokens.keys() <= _CURSOR_KEYS or any(len(values) != 1 for values in tokens.values()):
-            raise invalid_cursor()
-        offset_text = tokens.get("o", ["0"])[0]
-        reverse_text = tokens.get("r", ["0"])[0]
-        position = tokens.get("p", [None])[0]
-        if not (offset_text.isascii() and offset_text.isdigit()) or reverse_text not in ("0", "1"):
-            raise invalid_cursor()
-        # Clamped like DRF does: a run of rows sharing one position can make it issue a larger one.
-        offset = min(int(offset_text), self.offset_cutoff)
-        if position is None and offset == 0:
+def check_cursor(encoded: str | None, position_field: Field[Any, Any] | None) -> None:
+    """`invalid_cursor()` unless `encoded` is absent, empty, or a cursor DRF's CursorPagination
+    issues (base64 of `o=<offset>&r=1&p=<position>`).
+
+    DRF's own reader starts again from the first page for any base64 text without these keys (e.g.
+    `YWJj`, "abc") and answers 404 for the rest; a position its ordering field cannot hold used to
+    reach the ORM. Here: strict base64, only the keys o, r and p, each once, an offset of ASCII
+    digits, r 0 or 1, a position or an offset, and a position the field reads as an aware timestamp."""
+    if not encoded:
+        return
+    try:
+        text = base64.b64decode(encoded.encode("ascii"), validate=True).decode("ascii")
+        tokens = parse.parse_qs(text, keep_blank_values=True, strict_parsing=True)
+    except (ValueError, UnicodeError, binascii.Error):
+        raise invalid_cursor() from None
+    if not tokens.keys() <= _CURSOR_KEYS or any(len(values) != 1 for values in tokens.values()):
+        raise invalid_cursor()
+    offset = tokens.get("o", ["0"])[0]
+    position = tokens.get("p", [None])[0]
+    if not (offset.isascii() and offset.isdigit()) or tokens.get("r", ["0"])[0] not in ("0", "1"):
+        raise invalid_cursor()
+    if position is None:
+        if int(offset) == 0:
             raise invalid_cursor()  # DRF never issues a cursor that points at the first page
-        if position is not None:
-            self._check_position(position)
-        # DRF's position is the ordering field's value as text (the stubs say int).
-        return Cursor(offset=offset, reverse=reverse_text == "1", position=cast(Any, position))
-
-    def _check_position(self, position: str) -> None:
-        if self._position_field is None:
-            return
-        try:
-            value = self._position_field.to_python(position)
-            if isinstance(value, datetime):
-                # An aware timestamp PostgreSQL can compare (a naive or unrepresentable one cannot).
-                if value.tzinfo is None:
-                    raise ValueError(position)
-                value.astimezone(UTC)
-        except (ValidationError, ValueError, TypeError, OverflowError):
-            raise invalid_cursor() from None
+        return
+    if position_field is None:
+        return
+    try:
+        value = position_field.to_python(position)
+        if isinstance(value, datetime):
+            # An aware timestamp PostgreSQL can compare (a naive or unrepresentable one cannot).
+            if value.tzinfo is None:
+                raise ValueError(position)
+            value.astimezone(UTC)
+    except (ValidationError, ValueError, TypeError, OverflowError):
+        raise invalid_cursor() from None

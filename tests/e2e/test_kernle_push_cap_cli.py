@@ -35,8 +35,9 @@ def pushes() -> Iterator[list[str]]:
     """The paths of the sync pushes the live server receives (it runs in this process)."""
     seen: list[str] = []
 
-    def record(sender: Any, environ: dict[str, Any] | None = None, **kwargs: Any) -> None:
-        if environ is not None and environ.get("PATH_INFO") == "/sync/push":
+    def record(**signal: Any) -> None:  # request_started sends sender= and environ= (WSGI)
+        environ = signal.get("environ") or {}
+        if environ.get("PATH_INFO") == "/sync/push":
             seen.append(environ["PATH_INFO"])
 
     request_started.connect(record, dispatch_uid="test-push-cap-pushes")
