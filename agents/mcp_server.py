@@ -2,7 +2,9 @@
 
 * The official `mcp` package's session manager serves the protocol, in STATELESS mode with JSON
   responses: every POST is answered on its own (no session id, no server-held stream), so any web
-  process behind a load balancer can serve any call, and nothing is lost when one restarts.
+  process behind a load balancer can serve any call, and nothing is lost when one restarts. Any
+  other method (a GET asking for an event stream, a DELETE ending a session) is a 405 with
+  `Allow: POST`, before authentication.
 * Authentication is the REST API's: `Authorization: Bearer <knl_sk_ key or JWT>` goes through
   accounts.authentication.BearerAuthentication (the same key lookup, back-off on failed guesses,
   expiry and revocation), on a worker thread, before the request reaches the MCP transport. A
@@ -140,6 +142,14 @@ class McpEndpoint:
                 self.manager = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        method = str(scope.get("method", ""))
+        if method != "POST":
+            # Stateless: every exchange is one POST. There is no session to end (DELETE) and nothing
+            # to push on a server-to-client stream (GET), which the transport would otherwise hold
+            # open for ever, one per request: refused before anything else, as the spec allows (405).
+            await _send_json(send, 405, error_body("method_not_allowed", f'Method "{method}" not allowed.'),
+                             [(b"allow", b"POST")])
+            return
         manager = self.manager
         if manager is None:
             await _send_json(send, 503, error_body(

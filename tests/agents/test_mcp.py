@@ -245,6 +245,21 @@ def test_no_key_or_a_bad_key_is_a_401_from_the_transport(server: str) -> None:
         asyncio.run(_in_session(server, "knl_sk_" + "y" * 40, [("tools/list", {})]))
 
 
+def test_a_get_for_an_event_stream_is_refused_not_held_open(server: str) -> None:
+    """The server is stateless: a GET asking for a server-to-client stream (or a DELETE ending a
+    session) is a 405 with `Allow: POST` in the error contract, at once, with a key or without."""
+    org = make_org()
+    _, secret = make_key(org, stack=make_stack(org, "ada"))
+    stream = {"Accept": "text/event-stream"}
+    for method, headers in (("GET", {**stream, "Authorization": f"Bearer {secret}"}), ("GET", stream),
+                            ("DELETE", {"Authorization": f"Bearer {secret}"})):
+        response = httpx.request(method, f"{server}/mcp", headers=headers, timeout=5)
+        assert response.status_code == 405 and response.headers["allow"] == "POST", (method, response.text)
+        assert response.json()["error"]["code"] == "method_not_allowed"
+    # The official client still works against it (it opens no stream on a stateless server).
+    assert "memory_search" in tool_names(server, secret)
+
+
 def test_a_foreign_host_or_origin_is_refused(server: str) -> None:
     org = make_org()
     _, secret = make_key(org, stack=make_stack(org, "ada"))
