@@ -16,8 +16,11 @@ from typing import Any
 
 from django.core import signals
 from django.core.handlers.asgi import ASGIHandler, get_script_prefix
-from django.http import HttpResponseBase
+from django.db import close_old_connections
+from django.http import HttpResponseBase, StreamingHttpResponse
 from django.urls import set_script_prefix
+
+from memoryhub.streaming import BodyThread
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "memoryhub.settings")
 
@@ -35,6 +38,8 @@ class SingleHopASGIHandler(ASGIHandler):
     response (`request_finished` returns the DB connection to the pool) before the event loop
     writes the already-rendered bytes. Same middleware, same order, same signals; the thread's
     DB connection is the view's for the whole request and is released before the next one.
+    A streaming response (a download) is the exception: its body reads the database as the client
+    takes it, on a thread of its own that also closes it (`_send_streamed`).
 
     Threads: at most twice the DB pool size per process — a thread beyond the pool could only
     wait for a connection, and waiters past the pool's timeout still fail as 503.
@@ -60,6 +65,11 @@ class SingleHopASGIHandler(ASGIHandler):
             response._handler_class = self.__class__  # type: ignore[attr-defined]
             if not response.streaming:
                 response.close()  # fires request_finished on THIS thread: its connection goes back
+            else:
+                # The body is read and the response closed on another thread (`_send_streamed`):
+                # this thread's part is over, so its connection goes back now, as
+                # request_finished would return it (the close there returns only that thread's).
+                close_old_connections()
         except BaseException:
             signals.request_finished.send(sender=self.__class__)
             raise
@@ -80,6 +90,9 @@ class SingleHopASGIHandler(ASGIHandler):
         # state is set per request (script prefix above, urlconf in get_response).
         try:
             response = await loop.run_in_executor(self._executor, self._serve, scope, body_file)
+            if isinstance(response, StreamingHttpResponse) and not response.is_async:
+                await self._send_streamed(response, receive, send)
+                return
             try:
                 await self.send_response(response, send)
             except asyncio.CancelledError:
@@ -89,6 +102,27 @@ class SingleHopASGIHandler(ASGIHandler):
                     await loop.run_in_executor(self._executor, response.close)
         finally:
             body_file.close()
+
+    async def _send_streamed(self, response: StreamingHttpResponse, receive: Any, send: Any) -> None:
+        """Send a streaming response whose body is read from the database as it goes (a download).
+
+        The body is pulled chunk by chunk, and the response closed, on one thread of its own
+        (memoryhub.streaming.BodyThread): `request_finished` then returns the very connection the
+        body read with. A client that goes away stops the reading at the next chunk."""
+        body = BodyThread(response)
+        body.attach()
+        sending = asyncio.ensure_future(self.send_response(response, send))
+        listening = asyncio.ensure_future(self.listen_for_disconnect(receive))
+        try:
+            await asyncio.wait((sending, listening), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (listening, sending):
+                task.cancel()
+            await asyncio.gather(listening, sending, return_exceptions=True)
+            await body.close()
+        failure = None if sending.cancelled() else sending.exception()
+        if failure is not None:
+            raise failure  # a body that failed mid-way: the server cuts the connection, the client sees it cut
 
 
 def _django_http_app() -> Any:
