@@ -6,18 +6,20 @@ them, DRF's own exceptions and infrastructure failures into
     {"error": {"code": "...", "message": "...", "fields": {...}}, "detail": "..."}
 
 `detail` repeats the message because the kernle CLI prints `detail` (docs/kernle-protocol.md §1.4).
-An unreachable database or Redis is a 503 with Retry-After (fail closed), never a 500.
+An unreachable database or Redis is a 503 with Retry-After (fail closed), never a 500; for the views
+that are not DRF's (the dashboard, sign-in) `ServiceUnavailableMiddleware` answers the same.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Callable
+from typing import Any, cast
 
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import DatabaseError, DataError, InterfaceError, OperationalError
-from django.http import Http404, HttpRequest, JsonResponse
+from django.http import Http404, HttpRequest, HttpResponseBase, JsonResponse
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from rest_framework import exceptions as drf
@@ -138,14 +140,44 @@ def _as_messages(value: Any) -> list[Any]:
     return [str(value)]
 
 
-def _unavailable(part: str) -> Response:
-    response = Response(
+def unavailable_part(exc: BaseException) -> str | None:
+    """The backing service `exc` says is unreachable ("the database": down, or no pooled connection
+    free within the pool's timeout; "the cache": Redis), or None for any other error."""
+    if isinstance(exc, (OperationalError, InterfaceError)):
+        return "the database"
+    if isinstance(exc, (RedisConnectionError, RedisTimeoutError)):
+        return "the cache"
+    return None
+
+
+def _unavailable(part: str, exc: BaseException, response_class: Callable[..., HttpResponseBase]) -> HttpResponseBase:
+    logger.warning("%s unavailable: %s", part, type(exc).__name__)
+    response = response_class(
         error_body("service_unavailable", f"{part} is unavailable; retry shortly"), status=503
     )
     response["Retry-After"] = str(retry_after_seconds(part))
-    # The caller logged a WARNING naming the part; Django would add an ERROR line per request.
+    # Logged above as a WARNING naming the part; Django would add an ERROR line per request.
     response._has_been_logged = True  # type: ignore[attr-defined]
     return response
+
+
+class ServiceUnavailableMiddleware:
+    """The API's 503 for every other view: a dashboard page, a sign-in page (docs/architecture.md §8.3).
+
+    DRF views map an unreachable database or Redis in `api_exception_handler`; any other view's
+    exception reaches Django's 500 handler instead. This middleware's `process_exception` answers
+    such a view's database or Redis failure (a pool exhausted included) with the same 503, the
+    error contract and Retry-After; every other exception passes on untouched."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponseBase]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponseBase:
+        return self.get_response(request)
+
+    def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponseBase | None:
+        part = unavailable_part(exception)
+        return None if part is None else _unavailable(part, exception, JsonResponse)
 
 
 def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response:
@@ -157,12 +189,9 @@ def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response:
         if exc.status == 401:
             response["WWW-Authenticate"] = "Bearer"
         return response
-    if isinstance(exc, (OperationalError, InterfaceError)):
-        logger.warning("database unavailable: %s", type(exc).__name__)
-        return _unavailable("the database")
-    if isinstance(exc, (RedisConnectionError, RedisTimeoutError)):
-        logger.warning("redis unavailable: %s", type(exc).__name__)
-        return _unavailable("the cache")
+    part = unavailable_part(exc)
+    if part is not None:
+        return cast(Response, _unavailable(part, exc, Response))
     if isinstance(exc, Http404):
         return Response(error_body("not_found", "Not found."), status=404)
     if isinstance(exc, DjangoPermissionDenied):

@@ -175,6 +175,9 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "csp.middleware.CSPMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # Last, so a view's exception reaches it first: a database or Redis failure in a view that is
+    # not DRF's (the dashboard, sign-in) is the API's 503 with Retry-After, not a 500 (memoryhub.errors).
+    "memoryhub.errors.ServiceUnavailableMiddleware",
 ]
 
 ROOT_URLCONF = "memoryhub.urls"
