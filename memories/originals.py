@@ -112,10 +112,13 @@ class OriginalText:
 
 
 def may_read_originals(principal: Principal, stack_id: int) -> bool:
-    """The stack's own credentials (its agent key or kernle token) and the school's signed-in admins.
-    Not a school key (an integration, not a person answering for the read), not a teacher."""
+    """The stack's own agent credentials (a key issued as the student's own agent, or its kernle
+    token) and the school's signed-in admins. Not a school key (an integration, not a person
+    answering for the read), not a teacher, and not a key bound to the stack without the agent
+    choice: it reads as its issuer, and an issuing teacher may not read originals
+    (docs/privacy.md "Keys and the grants")."""
     if principal.api_key is not None:
-        return principal.bound_stack_id == stack_id
+        return principal.is_stack_agent and principal.bound_stack_id == stack_id
     return principal.role == Membership.Role.ADMIN
 
 

@@ -266,12 +266,16 @@ def test_original_endpoint_isolation_and_audit(school: School, other_school: Sch
     _opt_in(school)
     memory = _create_raw(school)
     _, sibling_agent = make_key(school.org, stack=school.other_stack, user=school.admin)
+    # A key bound to the stack but not issued as its agent reads as its issuer: a teacher may not
+    # read originals, so neither may the key a teacher mints for the stack.
+    _, teachers_key = make_key(school.org, stack=school.stack, user=school.teacher, stack_agent=False)
     denied = {
         "another school's agent": other_school.agent,
         "another school's admin": session_client(other_school.admin),
         "a teacher of the stack": session_client(school.teacher),
         "the school key": school.admin_api,
         "an agent key of another stack": bearer_client(sibling_agent),
+        "a key a teacher issued for the stack": bearer_client(teachers_key),
     }
     for who, client in denied.items():
         response = _original(client, school, memory["id"])
