@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed-$(shell cat requirements.txt | cksum | cut -d' ' -f1
 # package-lock.json and served by WhiteNoise from node_modules/ (no CDN: the service works offline).
 NODE_STAMP := node_modules/.installed-$(shell cat package-lock.json | cksum | cut -d' ' -f1)
 
-.PHONY: install run test lint check bench clean-data browser
+.PHONY: install run test test-fast lint check bench clean-data browser
 
 # The first install takes minutes (torch alone is large): say what is happening, step by step,
 # one line per package (on a terminal, one line rewritten in place) instead of pip's silence.
@@ -82,9 +82,17 @@ browser:
 run: install
 	@$(PY) -m memoryhub.runner
 
-# The twenty slowest tests are listed at the end: the suite should stay well under 20 minutes on 2 cores.
+# The whole suite, spread over pytest-xdist workers, each with its own PostgreSQL, Redis, data
+# directory and Celery worker (docs/testing.md). Many tests wait on processes, sockets or the
+# browser rather than compute, so more workers than cores pays. The slowest tests are listed last.
+TEST_WORKERS ?= 4
 test: install browser
-	@$(PY) -m pytest --durations=20 $(PYTEST_ARGS)
+	@$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal --durations=15 $(PYTEST_ARGS)
+
+# The inner loop: everything but the tests marked slow (whole processes), browser and chain
+# (tests/conftest.py marks them from the fixtures they use).
+test-fast: install
+	@$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal -m "not slow and not browser and not chain" $(PYTEST_ARGS)
 
 # ruff and mypy; the import-linter contracts (the layers, in pyproject.toml); vulture (dead code).
 lint: install

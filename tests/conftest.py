@@ -17,7 +17,6 @@ from django.test import override_settings
 from memoryhub.embedded import ManagedProcess
 from memoryhub.environment import data_dir
 from memoryhub.schedule import WORKER_QUEUES
-from tests import mypy_early
 from tests.factories import database_url_for_processes
 
 if TYPE_CHECKING:
@@ -205,10 +204,12 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-def pytest_collection_finish(session: pytest.Session) -> None:
-    if any(item.name == mypy_early.TEST_NAME for item in session.items):
-        mypy_early.start()
+# Marks that follow from the fixtures a test uses, so the fast tier (`make test-fast`) needs no list.
+MARKS_BY_FIXTURE = {"browser": "browser", "dev_chain_node": "chain"}
 
 
-def pytest_sessionfinish(session: pytest.Session) -> None:
-    mypy_early.stop()
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        for fixture in getattr(item, "fixturenames", ()):
+            if fixture in MARKS_BY_FIXTURE:
+                item.add_marker(MARKS_BY_FIXTURE[fixture])

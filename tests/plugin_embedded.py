@@ -4,6 +4,10 @@ Loaded with `-p tests.plugin_embedded` (see pyproject.toml) so that it runs befo
 reads the settings: the servers must be up and DATABASE_URL / REDIS_URL set first. Each session
 gets free ports and a throw-away data directory, so parallel sessions never collide. When
 DATABASE_URL / REDIS_URL are already set, those external servers are used instead.
+
+Under pytest-xdist (`make test` runs `-n`), every worker is such a session: its own PostgreSQL,
+Redis, data directory and Celery worker, so no test sees another worker's rows, queues, throttle
+counters or files. The controller runs no test and starts nothing (docs/testing.md §1).
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Pa
     os.environ["MEMORYHUB_TEST_SUITE"] = "1"
     if os.environ.get("DATABASE_URL") and os.environ.get("REDIS_URL"):
         return
+    if _is_xdist_controller(early_config):
+        return
     _tmpdir = Path(tempfile.mkdtemp(prefix="memoryhub-test-"))
     # The session's data dir, not ./var: settings must not read a running `make run`'s runtime file
     # or its collected static files (the session serves static files from source).
@@ -53,6 +59,14 @@ def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Pa
     except Exception:
         _stop_all()
         raise
+
+
+def _is_xdist_controller(early_config: pytest.Config) -> bool:
+    """True in the process that hands tests to xdist workers (`-n N`, N > 0), not in a worker."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return False
+    workers = getattr(early_config.known_args_namespace, "numprocesses", None)
+    return bool(workers) and workers != "0"
 
 
 def _stop_all() -> None:
