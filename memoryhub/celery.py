@@ -42,8 +42,9 @@ def _settle_worker_heap(**_: object) -> None:
 
 worker_process_init.connect(_settle_worker_heap)
 app.autodiscover_tasks()
-# Infrastructure tasks live in the project package, which is not an installed app.
-app.conf.imports = ("memoryhub.tasks", "memories.lifecycle_tasks")
+# Infrastructure tasks live in the project package, which is not an installed app; the lifecycle
+# room's tasks in a sub-package, which autodiscovery (`<app>.tasks` only) does not visit.
+app.conf.imports = ("memoryhub.tasks", "memories.lifecycle.tasks")
 # The beat schedule (periodic jobs) lives in code, in memoryhub/schedule.py.
 from memoryhub.schedule import BEAT_SCHEDULE, on_periodic_queue  # noqa: E402
 

@@ -29,7 +29,7 @@ BEAT_SCHEDULE["memories-embedding-sweep"] = {
     "options": {"expires": 55},
 }
 
-# Lifecycle jobs (memories/lifecycle_tasks.py). Each holds an advisory lock, so a run that starts
+# Lifecycle jobs (memories/lifecycle/tasks.py). Each holds an advisory lock, so a run that starts
 # while the previous one is still going records `skipped` and does nothing. `expires` drops a
 # queued run that could not start before the next one is due anyway.
 # Decay: salience moves slowly (days), so hourly is plenty; rows that barely changed are not

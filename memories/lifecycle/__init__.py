@@ -6,6 +6,8 @@
 * `ttl`         — the purge of expired memories and old job runs.
 * `promotion`   — recurring episode lessons promoted to beliefs.
 * `jobs`        — the bookkeeping every job shares: one run at a time (advisory lock), each run recorded.
+* `tasks`       — the Celery tasks the beat schedule runs (memoryhub/schedule.py); their registered names
+                  (`memories.decay_pass`, …) are fixed by `name=`, whatever the module's path.
 
 Writes to memories go through the write kernel (`memories.writes`); see docs/architecture.md.
 """

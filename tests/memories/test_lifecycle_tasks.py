@@ -13,7 +13,7 @@ from django.db import connection
 from django.utils import timezone
 
 from memories.lifecycle.jobs import JOB_EMBEDDING_SWEEP, JOB_STACK_VECTOR_INDEXES
-from memories.lifecycle_tasks import decay_pass_task, promotion_run_task, ttl_purge_task
+from memories.lifecycle.tasks import decay_pass_task, promotion_run_task, ttl_purge_task
 from memories.models import JobRun, Memory
 from memories.services import memory_create
 from memories.tasks import embedding_sweep_task
