@@ -291,7 +291,7 @@ def memory_detail(memory: Memory, *, now: datetime | None = None) -> MemoryDetai
 
 
 def _shape(value: Any) -> str:
-    """How the detail page shows a kind-specific field (memories.schemas decides what they hold)."""
+    """How the detail page shows a kind-specific field (memories.records.schemas decides what they hold)."""
     if value is None or value == "" or value == []:
         return "none"
     if isinstance(value, list) and all(isinstance(item, (str, int, float)) for item in value):

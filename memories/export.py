@@ -21,7 +21,7 @@ from django.db.models.functions import Cast, Coalesce
 from django.utils import timezone
 
 from memories.grants import Audience
-from memories.schemas import goal_priority_rank
+from memories.records.schemas import goal_priority_rank
 from memories.selectors import boot_config_entries, checkpoint_latest, checkpoint_warnings, memories_list
 from stacks.models import Stack
 

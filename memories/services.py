@@ -37,6 +37,7 @@ from accounts.principal import Principal
 from billing.entitlements import ensure_can_store
 from memories.events import BOOT_CONFIG, CHECKPOINT, record_change
 from memories.models import BootConfigEntry, Checkpoint, Memory
+from memories.records.schemas import clean_json, clean_text
 from memories.redaction import (
     RedactionPolicy,
     RedactionRefused,
@@ -46,7 +47,6 @@ from memories.redaction import (
     refuse_sensitive_identifier,
     stack_policy,
 )
-from memories.schemas import clean_json, clean_text
 from memories.writes.columns import CONTENT_COLUMNS
 from memories.writes.hooks import prepare_memory
 from memories.writes.rows import (

@@ -293,7 +293,7 @@ class BoundedJSONParser(JSONParser):
     """DRF's JSONParser with the body cap, a depth and a string bound (see the module doc).
 
     Lone surrogates (`"\\ud800"`) parse as before: they are one record's defect, refused where the
-    record is validated (memories/schemas.py), so one bad operation never sinks a sync push."""
+    record is validated (memories/records/schemas.py), so one bad operation never sinks a sync push."""
 
     def parse(self, stream: Any, media_type: str | None = None,
               parser_context: Mapping[str, Any] | None = None) -> Any:

@@ -25,8 +25,7 @@ from django.db import connection
 
 from accounts.principal import Principal
 from memories.models import MemoryKind
-from memories.redaction import RedactionPolicy, SensitiveIdentifier, refuse_sensitive_identifier
-from memories.schemas import (
+from memories.records.schemas import (
     KIND_FOR_TABLE,
     LIST_ITEMS,
     NOT_UNICODE,
@@ -34,6 +33,7 @@ from memories.schemas import (
     has_lone_surrogate,
     parse_timestamp,
 )
+from memories.redaction import RedactionPolicy, SensitiveIdentifier, refuse_sensitive_identifier
 from memories.writes.hooks import prepare_memory
 from memoryhub.errors import DomainError, InvalidInput, NotFound, PayloadTooLarge, Unprocessable, utf8_encodable
 from memoryhub.pagination import invalid_cursor

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from memories.models import Memory
-from memories.schemas import KINDS, kind_fields, native_record, normalize_memory
+from memories.records.schemas import KINDS, kind_fields, native_record, normalize_memory
 from memoryhub.errors import InvalidInput
 from tests.actors import School
 

@@ -11,7 +11,7 @@ from drf_spectacular.generators import SchemaGenerator
 from drf_spectacular.renderers import OpenApiJsonRenderer
 
 from memories.models import Memory
-from memories.schemas import KINDS, kind_fields
+from memories.records.schemas import KINDS, kind_fields
 from tests.actors import School
 
 MEMORIES = "/api/v1/stacks/{stack}/memories"
