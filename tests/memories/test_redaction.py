@@ -26,7 +26,7 @@ from pytest_django.fixtures import SettingsWrapper
 
 from accounts.models import Organization
 from accounts.throttles import throttle_state_clear
-from memories.events import event_dict
+from memories.changes.feed import event_dict
 from memories.models import BootConfigEntry, ChangeEvent, Checkpoint, Memory, MemoryRevision, RawOriginal
 from memories.originals import associated_data
 from memories.redaction import (
@@ -94,6 +94,9 @@ CRITICAL = [
     ("auth_header", "Authorization: Token 9944b09199c62bcf9418ad846dd0e4bbdfc6ee4b"),
     ("auth_header", _fullwidth("authorization") + ": bearer abc.def"),
 ]
+# The keys above are made afresh in every process: ids that do not print them keep the test names
+# the same in every pytest-xdist worker.
+CRITICAL_IDS = [f"{rule}-{n}" for n, (rule, _) in enumerate(CRITICAL)]
 
 # The N9 variants: what got through the rules before. Each is redacted; the raw value (or the part
 # of it named in VARIANT_RAW) must be found nowhere.
@@ -227,7 +230,7 @@ def test_every_variant_is_redacted_and_ordinary_text_and_unmatched_characters_st
     assert redact_text(f"{kept}: {_fullwidth('ada@example.org')}, ok") == f"{kept}: <REDACTED:EMAIL>, ok"
 
 
-@pytest.mark.parametrize(("rule", "secret"), CRITICAL)
+@pytest.mark.parametrize(("rule", "secret"), CRITICAL, ids=CRITICAL_IDS)
 def test_critical_variants_are_refused_and_kept_originals_lose_them(rule: str, secret: str) -> None:
     with pytest.raises(RedactionRefused) as refused:
         redact_text(f"note: {secret}")
@@ -486,7 +489,7 @@ def test_preview_is_a_dry_run_with_the_create_access_decision(school: School, ot
 
 # --- CRITICAL: nothing stored, the right error ------------------------------------------------------
 
-@pytest.mark.parametrize(("rule", "secret"), CRITICAL)
+@pytest.mark.parametrize(("rule", "secret"), CRITICAL, ids=CRITICAL_IDS)
 def test_critical_secret_is_refused_on_every_native_path(school: School, rule: str, secret: str) -> None:
     client, base = school.agent, f"/api/v1/stacks/{school.stack.slug}"
     existing = client.post(f"{base}/memories", {"kind": "note", "content": "fractions"}, format="json").json()
@@ -511,7 +514,7 @@ def test_critical_secret_is_refused_on_every_native_path(school: School, rule: s
     assert "b3BlbnNz" not in _everything_stored(school.stack.pk)
 
 
-@pytest.mark.parametrize(("rule", "secret"), CRITICAL)
+@pytest.mark.parametrize(("rule", "secret"), CRITICAL, ids=CRITICAL_IDS)
 def test_critical_secret_in_a_push_is_that_operations_conflict_and_the_rest_applies(
         school: School, rule: str, secret: str) -> None:
     client, slug = school.agent, school.stack.slug
