@@ -3,7 +3,7 @@
     .venv/bin/python bench/payments.py                          # 200 confirm checks, 10,000 treasury transfers
     .venv/bin/python bench/payments.py --checks 50 --transfers 1000   # a quick run
 
-One embedded Anvil node (memoryhub/chain_dev.py) with the compiled TestUSDC; billing/chain.py is
+One embedded Anvil node (memoryhub/chain_dev.py) with the compiled TestUSDC; billing/chain/ is
 pointed at it exactly as settings point it at Base in production (HTTP JSON-RPC, no shortcut).
 
 * confirm check: `inspect_transfer` (the full rule set: chain id, receipt, the USDC Transfer log,
@@ -24,6 +24,7 @@ import os
 import sys
 import tempfile
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -115,24 +116,24 @@ def main() -> int:
         import django
 
         django.setup()
-        from billing import chain as billing_chain
+        from billing.chain.node import TRANSFER_TOPIC, chain_config, web3_client
+        from billing.chain.transfers import inspect_transfer, treasury_transfers
 
         log(f"confirm checks: sending {args.checks} transfers of 5 USDC to the treasury")
         linked = {p.address for p in payers}
-        since = billing_chain.datetime.fromtimestamp(0, tz=billing_chain.UTC)
+        since = datetime.fromtimestamp(0, tz=UTC)
         check_hashes = load_transfers(anvil.url(), [
             transfer_call(usdc, payers[i % len(payers)].address, treasury.address, PRICE) for i in range(args.checks)])
         rpc_call(anvil.url(), "anvil_mine", [hex(CONFIRMATIONS)])
         full: list[float] = []
         bare: list[float] = []
-        client = billing_chain._web3(billing_chain.chain_config())
+        client = web3_client(chain_config())
         for tx_hash in check_hashes:
             started = time.perf_counter()
             client.eth.get_transaction_receipt(HexStr(tx_hash))
             bare.append((time.perf_counter() - started) * 1000)
             started = time.perf_counter()
-            check = billing_chain.inspect_transfer(tx_hash, expected_amount=PRICE, expected_from=linked,
-                                                   not_before=since)
+            check = inspect_transfer(tx_hash, expected_amount=PRICE, expected_from=linked, not_before=since)
             full.append((time.perf_counter() - started) * 1000)
             if check.status != "confirmed":
                 raise RuntimeError(f"expected a confirmed transfer, got {check.status} {check.reason}")
@@ -161,7 +162,7 @@ def main() -> int:
             f"({time.perf_counter() - load_started:.1f}s)")
 
         started = time.perf_counter()
-        found = billing_chain.treasury_transfers(start_block, end_block)
+        found = treasury_transfers(start_block, end_block)
         matched = sum(1 for t in found if (t.sender, t.amount) in expected)
         scan_seconds = time.perf_counter() - started
         if len(found) != args.transfers or matched != args.transfers:
@@ -170,7 +171,7 @@ def main() -> int:
         started = time.perf_counter()
         raw: Any = rpc_call(anvil.url(), "eth_getLogs", [{
             "fromBlock": hex(start_block), "toBlock": hex(end_block), "address": usdc,
-            "topics": [billing_chain.TRANSFER_TOPIC, None, treasury_topic]}], timeout=300)
+            "topics": [TRANSFER_TOPIC, None, treasury_topic]}], timeout=300)
         bare_seconds = time.perf_counter() - started
         print_table(f"watcher over {args.transfers:,} treasury transfers", [
             {"what": f"treasury_transfers + match (CHAIN_LOG_RANGE {args.log_range})", "seconds": scan_seconds,

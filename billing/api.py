@@ -25,7 +25,9 @@ from accounts.throttles import (
     WALLET_LINK_THROTTLES,
     RequestRateThrottle,
 )
-from billing import chain, services, siwe_wallets
+from billing import siwe_wallets
+from billing.chain.node import chain_config, explorer_tx_url
+from billing.chain.x402 import x402_payment_required, x402_settle_response_header
 from billing.models import Payment, Wallet
 from billing.selectors import (
     API_PAYMENT_STATUS,
@@ -37,6 +39,9 @@ from billing.selectors import (
     usdc,
     wallets_of,
 )
+from billing.services.payments import chain_name, confirm, payment_link, upgrade
+from billing.services.subscriptions import cancel, downgrade, reactivate
+from billing.services.x402 import x402_offer, x402_pay
 from memoryhub.errors import InvalidInput
 
 TIERS = ["free", "core", "pro", "enterprise"]
@@ -142,14 +147,14 @@ class UpgradeView(APIView):
         tier = serializer.validated_data["tier"]
         if serializer.validated_data["pay_with"] == "x402":
             return self._x402(request, principal, tier)
-        payment = services.upgrade(principal=principal, tier=tier, ip=client_ip(request))
-        config = chain.chain_config()
+        payment = upgrade(principal=principal, tier=tier, ip=client_ip(request))
+        config = chain_config()
         return Response({
             "payment_id": payment.public_id, "amount": usdc(payment.amount), "amount_base_units": payment.amount,
-            "currency": payment.currency, "treasury_address": config.treasury, "chain": services.chain_name(
+            "currency": payment.currency, "treasury_address": config.treasury, "chain": chain_name(
                 config.chain_id), "chain_id": config.chain_id, "usdc_contract": config.usdc_contract,
             "tier": payment.tier, "expires_at": payment.expires_at.isoformat(),
-            "payment_link": services.payment_link(payment, config),
+            "payment_link": payment_link(payment, config),
             "message": (f"Send exactly {usdc(payment.amount)} USDC to {config.treasury} from a linked wallet "
                         "within 24 hours, then confirm with the transaction hash (or wait: transfers from "
                         "linked wallets are matched automatically)."),
@@ -158,17 +163,17 @@ class UpgradeView(APIView):
     def _x402(self, request: Request, principal: Principal, tier: str) -> Response:
         header = next((request.headers[name] for name in X402_HEADERS if request.headers.get(name)), None)
         if header is None:
-            amount = services.x402_offer(principal=principal, tier=tier)
-            body, required = chain.x402_payment_required(
+            amount = x402_offer(principal=principal, tier=tier)
+            body, required = x402_payment_required(
                 amount, resource_url=request.build_absolute_uri(),
                 description=f"MemoryHub {tier}, one month ({usdc(amount)} USDC)")
             return Response(body, status=status.HTTP_402_PAYMENT_REQUIRED, headers={"PAYMENT-REQUIRED": required})
-        paid = services.x402_pay(principal=principal, tier=tier, payment_header=header, ip=client_ip(request))
+        paid = x402_pay(principal=principal, tier=tier, payment_header=header, ip=client_ip(request))
         result = paid.confirm
         return Response({"payment_id": result.payment.public_id, "status": result.status, "reason": result.reason,
                          "tier": result.payment.tier, "tx_hash": paid.tx_hash,
                          "activated_at": _iso(result.payment.confirmed_at), "message": result.message},
-                        headers={"PAYMENT-RESPONSE": chain.x402_settle_response_header(
+                        headers={"PAYMENT-RESPONSE": x402_settle_response_header(
                             paid.tx_hash, paid.payer, result.payment.amount)})
 
 
@@ -196,8 +201,8 @@ class ConfirmView(APIView):
         serializer = ConfirmSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         payment = payment_for(principal, serializer.validated_data["payment_id"])
-        result = services.confirm(principal=principal, payment=payment, tx_hash=serializer.validated_data["tx_hash"],
-                                  ip=client_ip(request))
+        result = confirm(principal=principal, payment=payment, tx_hash=serializer.validated_data["tx_hash"],
+                         ip=client_ip(request))
         return Response({"payment_id": payment.public_id, "status": result.status, "reason": result.reason,
                          "tier": payment.tier, "activated_at": _iso(result.payment.confirmed_at),
                          "message": result.message})
@@ -216,8 +221,8 @@ class DowngradeView(APIView):
         principal = principal_of(request)
         serializer = TierSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        subscription = services.downgrade(principal=principal, tier=serializer.validated_data["tier"],
-                                          ip=client_ip(request))
+        subscription = downgrade(principal=principal, tier=serializer.validated_data["tier"],
+                                 ip=client_ip(request))
         return Response({"current_tier": subscription.tier, "new_tier": subscription.scheduled_tier,
                          "effective_at": _iso(subscription.renews_at),
                          "message": f"{subscription.tier} stays until the end of the period; then "
@@ -234,7 +239,7 @@ class CancelView(APIView):
                        "message": serializers.CharField()}), **FORBIDDEN, **ERRORS},
                    summary="Stop renewing; the tier stays until the period ends, then free")
     def post(self, request: Request) -> Response:
-        subscription = services.cancel(principal=principal_of(request), ip=client_ip(request))
+        subscription = cancel(principal=principal_of(request), ip=client_ip(request))
         return Response({"tier": subscription.tier, "status": subscription.status,
                          "cancelled_at": _iso(subscription.cancelled_at), "active_until": _iso(subscription.renews_at),
                          "message": "Cancelled: the plan stays until the end of the paid period, then the free tier."})
@@ -250,7 +255,7 @@ class ReactivateView(APIView):
                        "message": serializers.CharField()}), **FORBIDDEN, **ERRORS},
                    summary="Undo a cancellation before the period ends")
     def post(self, request: Request) -> Response:
-        subscription = services.reactivate(principal=principal_of(request), ip=client_ip(request))
+        subscription = reactivate(principal=principal_of(request), ip=client_ip(request))
         return Response({"tier": subscription.tier, "status": subscription.status,
                          "auto_renew": subscription.auto_renew, "renews_at": _iso(subscription.renews_at),
                          "message": "Reactivated: the plan renews at the end of the period."})
@@ -260,13 +265,13 @@ def payment_row(payment: Payment) -> dict[str, Any]:
     return {"id": payment.public_id, "amount": usdc(payment.amount), "currency": payment.currency,
             "tx_hash": payment.tx_hash, "from_address": payment.from_address or None,
             "to_address": payment.to_address or None,
-            "chain": services.chain_name(payment.chain_id) if payment.chain_id else None,
+            "chain": chain_name(payment.chain_id) if payment.chain_id else None,
             "status": API_PAYMENT_STATUS[Payment.Status(payment.status)], "state": payment.status,
             "reason": payment.failure_reason or None, "tier": payment.tier, "kind": payment.kind,
             "period_start": _iso(payment.period_start), "period_end": _iso(payment.period_end),
             "created_at": _iso(payment.created_at), "expires_at": _iso(payment.expires_at),
             "claimed_at": _iso(payment.claimed_at), "confirmed_at": _iso(payment.confirmed_at),
-            "explorer_url": chain.explorer_tx_url(payment.tx_hash) if payment.tx_hash else None}
+            "explorer_url": explorer_tx_url(payment.tx_hash) if payment.tx_hash else None}
 
 
 def _positive(request: Request, name: str, default: int) -> int:

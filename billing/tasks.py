@@ -13,7 +13,8 @@ from typing import TypeVar
 
 from celery import shared_task
 
-from billing import services
+from billing.services.lifecycle import expire_intents, lifecycle_run
+from billing.services.payments import recheck_claimed, watch_treasury
 from memoryhub.errors import BillingUnavailable, ChainUnavailable
 
 logger = logging.getLogger(__name__)
@@ -33,18 +34,18 @@ def _with_chain(name: str, work: Callable[[], T]) -> T | None:
 @shared_task(name="billing.lifecycle", acks_late=True, ignore_result=True)
 def lifecycle_task() -> dict[str, int]:
     """Daily: renewal warnings, grace, expiry to free, scheduled downgrades, expired intents."""
-    return vars(services.lifecycle_run())
+    return vars(lifecycle_run())
 
 
 @shared_task(name="billing.payments_recheck", acks_late=True, ignore_result=True)
 def payments_recheck_task() -> dict[str, int] | None:
     """Confirm claimed transfers once deep enough; catch reorgs before finality."""
-    services.expire_intents()
-    return _with_chain("re-check", services.recheck_claimed)
+    expire_intents()
+    return _with_chain("re-check", recheck_claimed)
 
 
 @shared_task(name="billing.treasury_watch", acks_late=True, ignore_result=True)
 def treasury_watch_task() -> dict[str, int] | None:
     """Match the treasury's incoming transfers from linked wallets to open intents."""
-    report = _with_chain("treasury watch", services.watch_treasury)
+    report = _with_chain("treasury watch", watch_treasury)
     return vars(report) if report is not None else None

@@ -299,7 +299,7 @@ WEBHOOKS_ALLOW_LOOPBACK_HTTP = env_bool("WEBHOOKS_ALLOW_LOOPBACK_HTTP", False)
 # from loopback and not through a proxy (memoryhub.metrics).
 METRICS_TOKEN = env_str("METRICS_TOKEN", "")
 
-# Payments in USDC, checked on the chain itself (billing/chain.py; docs/billing.md §3).
+# Payments in USDC, checked on the chain itself (billing/chain/; docs/billing.md §3).
 # Production: Base mainnet — CHAIN_RPC_URL of a Base node, CHAIN_ID 8453, USDC_CONTRACT defaults to
 # Base's USDC there, TREASURY_ADDRESS your receiving wallet, CHAIN_RELAYER_KEY the key that submits
 # agents' x402 authorizations (it pays their gas; keep little ETH on it). Unset CHAIN_RPC_URL means
@@ -323,7 +323,7 @@ CHAIN_RELAYER_KEY = env_str("CHAIN_RELAYER_KEY", _DEV_CHAIN.get("relayer_key", "
 CHAIN_LOG_RANGE = env_int("CHAIN_LOG_RANGE", 2000, minimum=1)  # blocks per eth_getLogs (providers cap it)
 CHAIN_RPC_TIMEOUT_SECONDS = env_int("CHAIN_RPC_TIMEOUT_SECONDS", 10, minimum=1)
 CHAIN_EXPLORER_URL = env_str("CHAIN_EXPLORER_URL", "https://basescan.org" if CHAIN_ID == 8453 else "")
-# Subscriptions (billing/services.py): a confirmed payment is watched for reorgs until this deep
+# Subscriptions (billing/services/payments.py): a confirmed payment is watched for reorgs until this deep
 # (0: twice PAYMENT_CONFIRMATIONS). SIWE wallet links must be signed for SIWE_DOMAIN (empty: the
 # request's own host, which ALLOWED_HOSTS already vets).
 PAYMENT_FINALITY_CONFIRMATIONS = env_int("PAYMENT_FINALITY_CONFIRMATIONS", 0, minimum=0)

@@ -35,7 +35,9 @@ from eth_utils import is_address, to_checksum_address
 
 from accounts.principal import Principal
 from accounts.tiers import TIERS, Tier, tier_for
-from billing import chain, services, siwe_wallets
+from billing import siwe_wallets
+from billing.chain.node import ChainConfig, chain_config, explorer_tx_url
+from billing.chain.transfers import normalize_tx_hash
 from billing.entitlements import storage_used
 from billing.models import Payment, Subscription
 from billing.selectors import (
@@ -52,6 +54,9 @@ from billing.selectors import (
     usdc,
     wallets_of,
 )
+from billing.services.lifecycle import GRACE_PERIOD
+from billing.services.payments import chain_name, confirm, payment_link, upgrade
+from billing.services.subscriptions import cancel, downgrade, reactivate
 from dashboard.access import BILLING_PAGES, dashboard_page, request_ip
 from memoryhub.errors import BillingUnavailable, InvalidInput
 from stacks.models import Stack
@@ -119,9 +124,9 @@ def _chart(rows: list[tuple[str, dict[str, Any], str]]) -> dict[str, Any] | None
 PAYMENTS_PER_PAGE = 10
 
 
-def _payments_configured() -> chain.ChainConfig | None:
+def _payments_configured() -> ChainConfig | None:
     try:
-        return chain.chain_config()
+        return chain_config()
     except BillingUnavailable:
         return None
 
@@ -135,7 +140,7 @@ def _plan(organization: Any, subscription: Subscription | None, *, now: datetime
     paid = subscription is not None and subscription.tier in PAID_TIERS and status != Subscription.Status.EXPIRED
     return {
         "status": status, "status_label": status.replace("_", " "), "renews_at": renews_at,
-        "grace_ends": renews_at + services.GRACE_PERIOD if renews_at and status == Subscription.Status.GRACE_PERIOD
+        "grace_ends": renews_at + GRACE_PERIOD if renews_at and status == Subscription.Status.GRACE_PERIOD
         else None,
         "scheduled_tier": subscription.scheduled_tier if subscription else "",
         # Overflow included (stacks or GB past the limit on a paid tier), as the renewal intent will ask.
@@ -153,7 +158,7 @@ def _payment_row(payment: Payment) -> dict[str, Any]:
             "status": API_PAYMENT_STATUS[Payment.Status(payment.status)], "state": payment.status,
             "state_label": payment.status.replace("_", " "), "reason": payment.failure_reason,
             "created_at": payment.created_at, "tx_hash": payment.tx_hash,
-            "explorer_url": chain.explorer_tx_url(payment.tx_hash) if payment.tx_hash else None,
+            "explorer_url": explorer_tx_url(payment.tx_hash) if payment.tx_hash else None,
             "open": payment.status in (Payment.Status.PENDING, Payment.Status.PENDING_VERIFICATION)
             and payment.expires_at > timezone.now()}
 
@@ -193,7 +198,7 @@ def billing(request: HttpRequest, principal: Principal) -> HttpResponse:
 @dashboard_page(roles=BILLING_PAGES)
 @require_POST
 def billing_upgrade(request: HttpRequest, principal: Principal) -> HttpResponse:
-    payment = services.upgrade(principal=principal, tier=request.POST.get("tier", ""), ip=request_ip(request))
+    payment = upgrade(principal=principal, tier=request.POST.get("tier", ""), ip=request_ip(request))
     return redirect("dashboard:billing-payment", payment_id=payment.public_id)
 
 
@@ -202,13 +207,13 @@ def billing_payment(request: HttpRequest, principal: Principal, payment_id: str)
     """One payment: how to pay it (amount, treasury, EIP-681 link and its QR code) while it is
     open, and where it stands."""
     payment = payment_for(principal, payment_id)
-    config = chain.chain_config()
-    link = services.payment_link(payment, config)
+    config = chain_config()
+    link = payment_link(payment, config)
     # Server-side SVG (no script, no image request): segno writes paths only, which the CSP allows.
     qr = segno.make(link, error="m").svg_inline(scale=4, title="QR code of the payment link")
     return render(request, "dashboard/billing/payment.html", {
         "organization": principal.organization, "payment": _payment_row(payment), "record": payment,
-        "config": config, "chain_name": services.chain_name(config.chain_id), "link": link,
+        "config": config, "chain_name": chain_name(config.chain_id), "link": link,
         "qr_svg": mark_safe(qr),  # noqa: S308 - segno's own SVG of our own link
         "amount_base_units": payment.amount, "chain_id_hex": hex(config.chain_id),
         "may_manage": may_manage_billing(principal),
@@ -220,8 +225,8 @@ def billing_payment(request: HttpRequest, principal: Principal, payment_id: str)
 def billing_confirm(request: HttpRequest, principal: Principal, payment_id: str) -> HttpResponse:
     payment = payment_for(principal, payment_id)
     tx_hash = request.POST.get("tx_hash", "").strip()
-    result = services.confirm(principal=principal, payment=payment, tx_hash=chain.normalize_tx_hash(tx_hash),
-                              ip=request_ip(request))
+    result = confirm(principal=principal, payment=payment, tx_hash=normalize_tx_hash(tx_hash),
+                     ip=request_ip(request))
     level = {"confirmed": messages.SUCCESS, "failed": messages.ERROR}.get(result.status, messages.INFO)
     messages.add_message(request, level, result.message)
     return redirect("dashboard:billing-payment", payment_id=payment.public_id)
@@ -239,7 +244,7 @@ def _plan_changed(request: HttpRequest, principal: Principal, change: Callable[.
 @dashboard_page(roles=BILLING_PAGES)
 @require_POST
 def billing_downgrade(request: HttpRequest, principal: Principal) -> HttpResponse:
-    return _plan_changed(request, principal, services.downgrade, lambda subscription: (
+    return _plan_changed(request, principal, downgrade, lambda subscription: (
         f"{subscription.tier.capitalize()} stays until the end of the period; then {subscription.scheduled_tier}."),
         tier=request.POST.get("tier", ""))
 
@@ -247,14 +252,14 @@ def billing_downgrade(request: HttpRequest, principal: Principal) -> HttpRespons
 @dashboard_page(roles=BILLING_PAGES)
 @require_POST
 def billing_cancel(request: HttpRequest, principal: Principal) -> HttpResponse:
-    return _plan_changed(request, principal, services.cancel, lambda _: (
+    return _plan_changed(request, principal, cancel, lambda _: (
         "Cancelled: the plan stays until the end of the paid period, then the free tier."))
 
 
 @dashboard_page(roles=BILLING_PAGES)
 @require_POST
 def billing_reactivate(request: HttpRequest, principal: Principal) -> HttpResponse:
-    return _plan_changed(request, principal, services.reactivate,
+    return _plan_changed(request, principal, reactivate,
                          lambda _: "Reactivated: the plan renews at the end of the period.")
 
 

@@ -4,7 +4,7 @@ events, another address) — and funded payer accounts.
 
 `DevChain` is what tests touch: accounts with their keys, `send_usdc`, `mine`, `snapshot`/`revert`
 (also how a reorg is made), contract wallets (`deploy_wallet`: contracts/OwnerWallet.sol, EIP-1271,
-and `send_usdc_from_wallet`), and the settings that point billing/chain.py at this node. The
+and `send_usdc_from_wallet`), and the settings that point billing/chain/ at this node. The
 `chain` fixture (tests/billing/conftest.py) reverts every test's blocks when it ends.
 """
 
@@ -62,7 +62,7 @@ class DevChain:
         return rpc_call(self.rpc_url, method, list(params), timeout=30)
 
     def settings(self, **overrides: Any) -> Any:
-        """override_settings pointing billing/chain.py at this node (use as a context manager)."""
+        """override_settings pointing billing/chain/ at this node (use as a context manager)."""
         values = {"CHAIN_RPC_URL": self.rpc_url, "CHAIN_ID": 31337, "USDC_CONTRACT": self.usdc,
                   "TREASURY_ADDRESS": self.treasury.address, "PAYMENT_CONFIRMATIONS": self.confirmations,
                   "CHAIN_RELAYER_KEY": self.relayer.key, "CHAIN_LOG_RANGE": 2000, "CHAIN_RPC_TIMEOUT_SECONDS": 10,

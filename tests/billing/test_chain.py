@@ -1,4 +1,4 @@
-"""billing/chain.py against a real EVM (Anvil) and the real compiled TestUSDC.
+"""billing/chain/ against a real EVM (Anvil) and the real compiled TestUSDC.
 
 Every refusal a forger could try is checked with a real transaction: a look-alike token, the
 wrong recipient, an amount one base unit off, a reverted transaction, too few confirmations, an
@@ -32,7 +32,10 @@ from x402.http import x402HTTPClientSync
 from x402.mechanisms.evm import EthAccountSigner
 from x402.mechanisms.evm.exact import register_exact_evm_client
 
-from billing import chain as billing_chain
+from billing.chain import node as chain_node
+from billing.chain import relayer as chain_relayer
+from billing.chain import transfers as chain_transfers
+from billing.chain import x402 as chain_x402
 from memoryhub.embedded import free_port
 from memoryhub.errors import BillingUnavailable, ChainUnavailable, InvalidInput, api_exception_handler
 from tests.billing.chain import USDC, DevChain
@@ -50,11 +53,11 @@ def pay(chain: DevChain, payer_index: int = 0, amount: int = PRICE, **kwargs: ob
 
 
 def inspect(chain: DevChain, tx_hash: str, *, payer_index: int = 0, amount: int = PRICE,
-            not_before: object = None) -> billing_chain.TransferCheck:
+            not_before: object = None) -> chain_transfers.TransferCheck:
     before = not_before if not_before is not None else chain.block_time(0)
-    return billing_chain.inspect_transfer(tx_hash, expected_amount=amount,
-                                          expected_from={chain.accounts[payer_index].address.lower()},
-                                          not_before=before)  # type: ignore[arg-type]
+    return chain_transfers.inspect_transfer(tx_hash, expected_amount=amount,
+                                            expected_from={chain.accounts[payer_index].address.lower()},
+                                            not_before=before)  # type: ignore[arg-type]
 
 
 def test_a_correct_transfer_is_pending_until_final_then_confirmed(chain: DevChain) -> None:
@@ -100,8 +103,8 @@ def test_a_reverted_transaction_is_refused(chain: DevChain) -> None:
     broke = chain.owner  # holds no USDC: its transfer reverts on chain, with a receipt
     tx_hash = chain.send_usdc(broke, chain.treasury.address, PRICE, gas=100_000)
     chain.confirm()
-    check = billing_chain.inspect_transfer(tx_hash, expected_amount=PRICE, expected_from={broke.address},
-                                           not_before=chain.block_time(0))
+    check = chain_transfers.inspect_transfer(tx_hash, expected_amount=PRICE, expected_from={broke.address},
+                                             not_before=chain.block_time(0))
     assert (check.status, check.reason) == ("failed", "reverted")
 
 
@@ -147,8 +150,8 @@ def test_a_sender_that_is_not_a_linked_wallet_is_refused(chain: DevChain) -> Non
     chain.confirm()
     check = inspect(chain, tx_hash, payer_index=0)
     assert (check.status, check.reason, check.sender) == ("failed", "sender_not_linked", chain.accounts[1].address)
-    nobody = billing_chain.inspect_transfer(tx_hash, expected_amount=PRICE, expected_from=set(),
-                                            not_before=chain.block_time(0))
+    nobody = chain_transfers.inspect_transfer(tx_hash, expected_amount=PRICE, expected_from=set(),
+                                              not_before=chain.block_time(0))
     assert nobody.reason == "sender_not_linked"
 
 
@@ -158,10 +161,10 @@ def test_a_reorg_removes_a_transfer_before_it_is_final(chain: DevChain) -> None:
     chain.mine(3)
     seen = inspect(chain, tx_hash)
     assert seen.status == "pending" and seen.block_hash
-    assert billing_chain.still_canonical(tx_hash, seen.block_hash)
+    assert chain_transfers.still_canonical(tx_hash, seen.block_hash)
     chain.revert(before)  # the blocks holding the transfer are replaced by others
     chain.mine(chain.confirmations)
-    assert not billing_chain.still_canonical(tx_hash, seen.block_hash)
+    assert not chain_transfers.still_canonical(tx_hash, seen.block_hash)
     assert inspect(chain, tx_hash).reason == "unknown_tx"
 
 
@@ -175,13 +178,13 @@ def test_treasury_transfers_finds_every_transfer_across_bounded_ranges(chain: De
         chain.mine(i % 3)
     end = chain.head()
     with chain.settings(CHAIN_LOG_RANGE=5):  # many small eth_getLogs ranges, boundaries everywhere
-        found = billing_chain.treasury_transfers(start, end)
+        found = chain_transfers.treasury_transfers(start, end)
     assert [(t.tx_hash, t.sender, t.amount) for t in found] == sent
     assert all(t.recipient == chain.treasury.address and t.block_hash.startswith("0x") for t in found)
     assert [t.block_number for t in found] == sorted(t.block_number for t in found)
-    assert billing_chain.treasury_transfers(end + 1, end + 1) == []
+    assert chain_transfers.treasury_transfers(end + 1, end + 1) == []
     with pytest.raises(InvalidInput):
-        billing_chain.treasury_transfers(end, start)
+        chain_transfers.treasury_transfers(end, start)
 
 
 def test_payments_fail_closed_without_a_treasury(chain: DevChain) -> None:
@@ -191,7 +194,7 @@ def test_payments_fail_closed_without_a_treasury(chain: DevChain) -> None:
     response = api_exception_handler(excinfo.value, {})
     assert response.status_code == 503 and response.data["error"]["code"] == "billing_unavailable"
     with chain.settings(CHAIN_RPC_URL=""), pytest.raises(BillingUnavailable):
-        billing_chain.head_block()
+        chain_node.head_block()
 
 
 def test_an_unreachable_node_is_503_with_retry_after(chain: DevChain) -> None:
@@ -199,7 +202,7 @@ def test_an_unreachable_node_is_503_with_retry_after(chain: DevChain) -> None:
         with pytest.raises(ChainUnavailable) as excinfo:
             inspect(chain, "0x" + "ab" * 32)
         with pytest.raises(ChainUnavailable):
-            billing_chain.treasury_transfers(0, 10)
+            chain_transfers.treasury_transfers(0, 10)
     response = api_exception_handler(excinfo.value, {})
     assert response.status_code == 503 and int(response["Retry-After"]) >= 1
     assert response.data["error"]["code"] == "chain_unavailable"
@@ -212,8 +215,8 @@ def test_an_unreachable_node_is_503_with_retry_after(chain: DevChain) -> None:
 def agent_payment_header(chain: DevChain, key: str, amount: int = PRICE, *, max_timeout_seconds: int = 600) -> str:
     """What an agent does with PyPI x402's own client when our upgrade route answers 402."""
     url = "http://testserver/api/v1/subscriptions/upgrade"
-    body, header = billing_chain.x402_payment_required(amount, resource_url=url, description="MemoryHub core",
-                                                       max_timeout_seconds=max_timeout_seconds)
+    body, header = chain_x402.x402_payment_required(amount, resource_url=url, description="MemoryHub core",
+                                                    max_timeout_seconds=max_timeout_seconds)
     # On Base the client knows USDC already; the development token must be allowed explicitly.
     client = x402ClientSync().set_spend_controls(
         {"allowed_assets": [{"network": "eip155:31337", "asset": chain.usdc, "max_amount_per_payment": str(amount)}]})
@@ -223,9 +226,9 @@ def agent_payment_header(chain: DevChain, key: str, amount: int = PRICE, *, max_
     return str(headers["PAYMENT-SIGNATURE"])
 
 
-def settle(chain: DevChain, payment: billing_chain.X402Payment, *, payer_index: int = 0,
+def settle(chain: DevChain, payment: chain_x402.X402Payment, *, payer_index: int = 0,
            amount: int = PRICE) -> str:
-    return billing_chain.settle_transfer_with_authorization(
+    return chain_relayer.settle_transfer_with_authorization(
         payment.authorization, payment.signature, expected_amount=amount,
         expected_from={chain.accounts[payer_index].address})
 
@@ -234,7 +237,7 @@ def test_an_agent_pays_over_x402_without_holding_gas(chain: DevChain) -> None:
     agent = chain.accounts[0]
     eth_before = chain.w3.eth.get_balance(agent.address)
     treasury_before = chain.balance(chain.treasury.address)
-    payment = billing_chain.x402_decode_payment(agent_payment_header(chain, agent.key))
+    payment = chain_x402.x402_decode_payment(agent_payment_header(chain, agent.key))
     assert payment.payer == agent.address
     tx_hash = settle(chain, payment)
     assert inspect(chain, tx_hash).status == "pending"
@@ -243,68 +246,68 @@ def test_an_agent_pays_over_x402_without_holding_gas(chain: DevChain) -> None:
     assert (check.status, check.sender, check.amount) == ("confirmed", agent.address, PRICE)
     assert chain.balance(chain.treasury.address) == treasury_before + PRICE
     assert chain.w3.eth.get_balance(agent.address) == eth_before  # our relayer paid the gas
-    receipt = billing_chain.x402_settle_response_header(tx_hash, agent.address, PRICE)
+    receipt = chain_x402.x402_settle_response_header(tx_hash, agent.address, PRICE)
     assert receipt  # base64 JSON the agent's client reads
 
 
 def test_x402_replayed_authorization_is_refused(chain: DevChain) -> None:
-    payment = billing_chain.x402_decode_payment(agent_payment_header(chain, chain.accounts[0].key))
+    payment = chain_x402.x402_decode_payment(agent_payment_header(chain, chain.accounts[0].key))
     settle(chain, payment)
-    with pytest.raises(billing_chain.SettlementRefused) as excinfo:
+    with pytest.raises(chain_x402.SettlementRefused) as excinfo:
         settle(chain, payment)
     assert excinfo.value.reason == "nonce_used" and excinfo.value.status == 422
 
 
 def test_x402_tampered_or_foreign_signatures_are_refused_before_anything_is_sent(chain: DevChain) -> None:
     relayer_nonce = chain.w3.eth.get_transaction_count(chain.relayer.address)
-    payment = billing_chain.x402_decode_payment(agent_payment_header(chain, chain.accounts[0].key))
+    payment = chain_x402.x402_decode_payment(agent_payment_header(chain, chain.accounts[0].key))
     longer = dict(payment.authorization, validBefore=str(int(payment.authorization["validBefore"]) + 3600))
     flipped = payment.signature[:-4] + ("00" if payment.signature[-4:-2] != "00" else "11") + payment.signature[-2:]
     # Signed by account 1, claiming to come from account 0 (whose wallet is linked).
-    forged = billing_chain.x402_decode_payment(agent_payment_header(chain, chain.accounts[1].key))
+    forged = chain_x402.x402_decode_payment(agent_payment_header(chain, chain.accounts[1].key))
     forged_auth = dict(forged.authorization, **{"from": chain.accounts[0].address})
     for authorization, signature in ((longer, payment.signature), (payment.authorization, flipped),
                                      (forged_auth, forged.signature)):
-        with pytest.raises(billing_chain.SettlementRefused) as excinfo:
-            billing_chain.settle_transfer_with_authorization(
+        with pytest.raises(chain_x402.SettlementRefused) as excinfo:
+            chain_relayer.settle_transfer_with_authorization(
                 authorization, signature, expected_amount=PRICE, expected_from={chain.accounts[0].address})
         assert excinfo.value.reason == "bad_signature"
     assert chain.w3.eth.get_transaction_count(chain.relayer.address) == relayer_nonce  # nothing submitted
 
 
 def test_x402_checks_recipient_amount_payer_and_validity(chain: DevChain) -> None:
-    payment = billing_chain.x402_decode_payment(agent_payment_header(chain, chain.accounts[0].key))
-    with pytest.raises(billing_chain.SettlementRefused) as excinfo:
+    payment = chain_x402.x402_decode_payment(agent_payment_header(chain, chain.accounts[0].key))
+    with pytest.raises(chain_x402.SettlementRefused) as excinfo:
         settle(chain, payment, amount=PRICE + 1)
     assert excinfo.value.reason == "wrong_amount"
-    with pytest.raises(billing_chain.SettlementRefused) as excinfo:
+    with pytest.raises(chain_x402.SettlementRefused) as excinfo:
         settle(chain, payment, payer_index=1)
     assert excinfo.value.reason == "sender_not_linked"
-    with pytest.raises(billing_chain.SettlementRefused) as excinfo:
-        billing_chain.settle_transfer_with_authorization(
+    with pytest.raises(chain_x402.SettlementRefused) as excinfo:
+        chain_relayer.settle_transfer_with_authorization(
             dict(payment.authorization, to=chain.accounts[2].address), payment.signature, expected_amount=PRICE,
             expected_from={chain.accounts[0].address})
     assert excinfo.value.reason == "wrong_recipient"
     # Signed, but valid for 10 s only: it could expire before a block includes it.
     header = agent_payment_header(chain, chain.accounts[0].key, max_timeout_seconds=10)
-    short = billing_chain.x402_decode_payment(header)
-    with pytest.raises(billing_chain.SettlementRefused) as excinfo:
+    short = chain_x402.x402_decode_payment(header)
+    with pytest.raises(chain_x402.SettlementRefused) as excinfo:
         settle(chain, short)
     assert excinfo.value.reason == "expired"
-    with pytest.raises(billing_chain.SettlementRefused) as excinfo:
-        billing_chain.settle_transfer_with_authorization({"from": "nope"}, "0x00", expected_amount=PRICE,
+    with pytest.raises(chain_x402.SettlementRefused) as excinfo:
+        chain_relayer.settle_transfer_with_authorization({"from": "nope"}, "0x00", expected_amount=PRICE,
                                                          expected_from={chain.accounts[0].address})
     assert excinfo.value.reason == "malformed"
     for garbage in ("not base64!", "eyJ4NDAyVmVyc2lvbiI6IDJ9"):  # the second is {"x402Version": 2}
         with pytest.raises(InvalidInput):
-            billing_chain.x402_decode_payment(garbage)
+            chain_x402.x402_decode_payment(garbage)
 
 
 def test_x402_payer_without_enough_usdc_is_refused(chain: DevChain) -> None:
     broke = chain.owner
-    payment = billing_chain.x402_decode_payment(agent_payment_header(chain, broke.key))
-    with pytest.raises(billing_chain.SettlementRefused) as excinfo:
-        billing_chain.settle_transfer_with_authorization(payment.authorization, payment.signature,
+    payment = chain_x402.x402_decode_payment(agent_payment_header(chain, broke.key))
+    with pytest.raises(chain_x402.SettlementRefused) as excinfo:
+        chain_relayer.settle_transfer_with_authorization(payment.authorization, payment.signature,
                                                          expected_amount=PRICE, expected_from={broke.address})
     assert excinfo.value.reason == "insufficient_funds"
 
@@ -317,14 +320,14 @@ def test_x402_authorization_not_valid_yet_is_refused(chain: DevChain) -> None:
     now = int(chain.block_time(chain.head()).timestamp())
     authorization = {"from": payer.address, "to": chain.treasury.address, "value": str(PRICE),
                      "validAfter": str(now + 3600), "validBefore": str(now + 7200), "nonce": "0x" + "07" * 32}
-    typed = {"types": billing_chain._AUTHORIZATION_TYPES, "primaryType": "TransferWithAuthorization",
+    typed = {"types": chain_x402._AUTHORIZATION_TYPES, "primaryType": "TransferWithAuthorization",
              "domain": {"name": "USD Coin (MemoryHub dev)", "version": "2", "chainId": 31337,
                         "verifyingContract": chain.usdc},
              "message": {**{k: int(v) for k, v in authorization.items() if k in ("value", "validAfter", "validBefore")},
                          "from": payer.address, "to": chain.treasury.address, "nonce": bytes.fromhex("07" * 32)}}
     signature = Account.sign_message(encode_typed_data(full_message=typed), payer.key).signature.to_0x_hex()
-    with pytest.raises(billing_chain.SettlementRefused) as excinfo:
-        billing_chain.settle_transfer_with_authorization(authorization, signature, expected_amount=PRICE,
+    with pytest.raises(chain_x402.SettlementRefused) as excinfo:
+        chain_relayer.settle_transfer_with_authorization(authorization, signature, expected_amount=PRICE,
                                                          expected_from={payer.address})
     assert excinfo.value.reason == "not_yet_valid"
 
@@ -349,11 +352,11 @@ def test_x402_authorizations_signed_for_another_chain_or_a_look_alike_token_are_
                              "verifyingContract": chain.lookalike},
     }
     for label, domain in domains.items():
-        typed = {"types": billing_chain._AUTHORIZATION_TYPES, "primaryType": "TransferWithAuthorization",
+        typed = {"types": chain_x402._AUTHORIZATION_TYPES, "primaryType": "TransferWithAuthorization",
                  "domain": domain, "message": message}
         signature = Account.sign_message(encode_typed_data(full_message=typed), payer.key).signature.to_0x_hex()
-        with pytest.raises(billing_chain.SettlementRefused) as excinfo:
-            billing_chain.settle_transfer_with_authorization(authorization, signature, expected_amount=PRICE,
+        with pytest.raises(chain_x402.SettlementRefused) as excinfo:
+            chain_relayer.settle_transfer_with_authorization(authorization, signature, expected_amount=PRICE,
                                                              expected_from={payer.address})
         assert excinfo.value.reason == "bad_signature", label
     assert chain.w3.eth.get_transaction_count(chain.relayer.address) == relayer_nonce
@@ -361,7 +364,7 @@ def test_x402_authorizations_signed_for_another_chain_or_a_look_alike_token_are_
     payload = json.loads(base64.b64decode(header))
     payload["accepted"]["network"] = "eip155:8453"
     with pytest.raises(InvalidInput) as invalid:
-        billing_chain.x402_decode_payment(base64.b64encode(json.dumps(payload).encode()).decode())
+        chain_x402.x402_decode_payment(base64.b64encode(json.dumps(payload).encode()).decode())
     assert invalid.value.code == "invalid_payment"
 
 
@@ -373,14 +376,14 @@ def _hold_relayer_lock_elsewhere(chain: DevChain) -> Any:
     """Another web process in the middle of a settlement: its own database session holds the lock."""
     other = other_connection(autocommit=True)
     other.execute("SELECT pg_advisory_lock(%s, hashtext(%s))",
-                  [billing_chain.RELAYER_LOCK_NAMESPACE, chain.relayer.address.lower()])
+                  [chain_relayer.RELAYER_LOCK_NAMESPACE, chain.relayer.address.lower()])
     return other
 
 
 @pytest.mark.django_db(transaction=True)
 def test_a_settlement_waits_while_another_process_holds_the_relayers_turn(
         chain: DevChain, monkeypatch: pytest.MonkeyPatch) -> None:
-    payment = billing_chain.x402_decode_payment(agent_payment_header(chain, chain.accounts[0].key))
+    payment = chain_x402.x402_decode_payment(agent_payment_header(chain, chain.accounts[0].key))
     relayer_nonce = chain.w3.eth.get_transaction_count(chain.relayer.address)
     settled: list[str] = []
 
@@ -394,13 +397,13 @@ def test_a_settlement_waits_while_another_process_holds_the_relayers_turn(
     other = _hold_relayer_lock_elsewhere(chain)
     try:
         # No turn within the wait: a clear 503 (retry), nothing sent.
-        monkeypatch.setattr(billing_chain, "RELAYER_LOCK_WAIT_SECONDS", 1)
+        monkeypatch.setattr(chain_relayer, "RELAYER_LOCK_WAIT_SECONDS", 1)
         with pytest.raises(ChainUnavailable) as excinfo:
             settle(chain, payment)
         assert (excinfo.value.code, excinfo.value.status) == ("relayer_busy", 503)
         assert chain.w3.eth.get_transaction_count(chain.relayer.address) == relayer_nonce
         # With the usual wait it waits, sending nothing while the other process has the turn...
-        monkeypatch.setattr(billing_chain, "RELAYER_LOCK_WAIT_SECONDS", 30)
+        monkeypatch.setattr(chain_relayer, "RELAYER_LOCK_WAIT_SECONDS", 30)
         thread.start()
         thread.join(timeout=2)
         assert thread.is_alive() and not settled
@@ -419,7 +422,7 @@ def test_a_settlement_waits_while_another_process_holds_the_relayers_turn(
 def test_concurrent_settlements_each_take_their_own_relayer_nonce(chain: DevChain) -> None:
     """Four payers settle at once from four threads (each its own database session), and the first
     payer's authorization is sent twice: four transfers, four consecutive relayer nonces, one refusal."""
-    payments = [billing_chain.x402_decode_payment(agent_payment_header(chain, chain.accounts[i].key))
+    payments = [chain_x402.x402_decode_payment(agent_payment_header(chain, chain.accounts[i].key))
                 for i in range(4)]
     jobs = [(payment, i) for i, payment in enumerate(payments)] + [(payments[0], 0)]
     relayer_nonce = chain.w3.eth.get_transaction_count(chain.relayer.address)
@@ -427,11 +430,11 @@ def test_concurrent_settlements_each_take_their_own_relayer_nonce(chain: DevChai
     start = threading.Barrier(len(jobs))
     outcomes: list[str | None] = [None] * len(jobs)
 
-    def attempt(n: int, payment: billing_chain.X402Payment, payer_index: int) -> None:
+    def attempt(n: int, payment: chain_x402.X402Payment, payer_index: int) -> None:
         try:
             start.wait(timeout=30)
             outcomes[n] = settle(chain, payment, payer_index=payer_index)
-        except billing_chain.SettlementRefused as refused:
+        except chain_x402.SettlementRefused as refused:
             outcomes[n] = refused.reason
         finally:
             connection.close()
@@ -456,12 +459,12 @@ SETTLE_SCRIPT = """
 import json, sys
 import django
 django.setup()
-from billing import chain
+from billing.chain import relayer
 jobs = json.loads(sys.argv[1])
 print("ready", flush=True)
 sys.stdin.readline()  # the test's go: both processes start settling together
-hashes = [chain.settle_transfer_with_authorization(job["authorization"], job["signature"],
-                                                   expected_amount=job["amount"], expected_from=[job["payer"]])
+hashes = [relayer.settle_transfer_with_authorization(job["authorization"], job["signature"],
+                                                     expected_amount=job["amount"], expected_from=[job["payer"]])
           for job in jobs]
 print(json.dumps(hashes), flush=True)
 """
@@ -482,7 +485,7 @@ def test_two_web_processes_settling_at_once_never_share_a_relayer_nonce(chain: D
     for first in (0, 4):
         batch = []
         for i in range(first, first + 4):
-            payment = billing_chain.x402_decode_payment(agent_payment_header(chain, chain.accounts[i].key))
+            payment = chain_x402.x402_decode_payment(agent_payment_header(chain, chain.accounts[i].key))
             batch.append({"authorization": payment.authorization, "signature": payment.signature,
                           "amount": PRICE, "payer": payment.payer})
         batches.append(batch)

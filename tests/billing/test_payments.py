@@ -22,10 +22,10 @@ from rest_framework.test import APIClient
 from accounts.models import AuditEvent, Membership, Organization
 from accounts.principal import Principal
 from accounts.tiers import GB, MB
-from billing import services
 from billing.entitlements import storage_remaining
 from billing.models import Payment, Subscription
 from billing.selectors import payment_for
+from billing.services.payments import confirm, recheck_claimed, watch_treasury
 from memoryhub.errors import DomainError
 from tests.accounts.clients import csrf_session_client
 from tests.billing.chain import USDC, DevAccount, DevChain
@@ -164,13 +164,13 @@ def test_sending_the_amount_is_enough_the_watcher_matches_it(chain: DevChain, pa
     now_on_chain(chain)
     chain.send_usdc(chain.accounts[1], chain.treasury.address, 5 * USDC)  # someone else's: not ours
     tx_hash = payer.pay(intent)
-    report = services.watch_treasury()
+    report = watch_treasury()
     assert report.transfers >= 2 and report.claimed == 1
     payment = Payment.objects.get(public_id=intent["payment_id"])
     assert payment.status == "pending_verification" and payment.tx_hash == tx_hash
-    assert services.watch_treasury().transfers == 0  # the cursor moved on
+    assert watch_treasury().transfers == 0  # the cursor moved on
     chain.confirm()
-    assert services.recheck_claimed() == {"confirmed": 1}
+    assert recheck_claimed() == {"confirmed": 1}
     assert payer.tier() == "core"
 
 
@@ -186,7 +186,7 @@ def test_the_watcher_does_not_take_a_transfer_sent_before_the_intent(chain: DevC
     # of the wall clock after earlier tests' mining; the rule compares the two).
     Payment.objects.filter(public_id=intent["payment_id"]).update(created_at=sent_at + timedelta(seconds=5))
     chain.confirm()
-    report = services.watch_treasury()
+    report = watch_treasury()
     assert report.transfers >= 1 and report.claimed == 0
     payment = Payment.objects.get(public_id=intent["payment_id"])
     assert payment.status == "pending" and payment.tx_hash in (None, "")
@@ -211,7 +211,7 @@ def test_two_concurrent_confirms_of_one_transfer_cannot_both_win(chain: DevChain
         try:
             payment = payment_for(principal, payment_id)
             start.wait(timeout=10)
-            outcomes.append(services.confirm(principal=principal, payment=payment, tx_hash=tx_hash).status)
+            outcomes.append(confirm(principal=principal, payment=payment, tx_hash=tx_hash).status)
         except DomainError as error:
             outcomes.append(error.code)
         finally:
@@ -240,7 +240,7 @@ def test_a_reorg_before_finality_reverts_the_activation_and_tells_the_admins(
     assert payer.tier() == "pro"
     chain.revert(before)  # the blocks holding the transfer are gone
     with django_capture_on_commit_callbacks(execute=True):
-        assert services.recheck_claimed() == {"reverted": 1}
+        assert recheck_claimed() == {"reverted": 1}
     assert payer.tier() == "free"
     subscription = Subscription.objects.get(organization=payer.org)
     assert subscription.tier == "free" and subscription.renews_at is None
@@ -255,11 +255,11 @@ def test_a_confirmed_payment_becomes_final_and_is_no_longer_watched(chain: DevCh
     tx_hash = payer.pay(intent)
     chain.confirm()
     assert payer.confirm(intent["payment_id"], tx_hash).json()["status"] == "confirmed"
-    assert services.recheck_claimed() == {"confirmed": 1}  # not deep enough to be final yet
+    assert recheck_claimed() == {"confirmed": 1}  # not deep enough to be final yet
     chain.mine(chain.confirmations)
-    services.recheck_claimed()
+    recheck_claimed()
     assert Payment.objects.get(public_id=intent["payment_id"]).finalized_at is not None
-    assert services.recheck_claimed() == {}
+    assert recheck_claimed() == {}
 
 
 def test_storage_quota_is_raised_with_the_tier(chain: DevChain, payer: Payer) -> None:

@@ -18,9 +18,10 @@ from rest_framework.test import APIClient
 
 from accounts.models import AuditEvent, Membership, Organization
 from accounts.tiers import GB, MB
-from billing import services
 from billing.models import Payment, Subscription
 from billing.selectors import overflow_tier_for
+from billing.services.lifecycle import LifecycleReport, lifecycle_run
+from billing.services.subscriptions import one_month_after
 from stacks.models import Stack
 from stacks.selectors import stack_room
 from stacks.services import personal_account_register
@@ -33,7 +34,7 @@ pytestmark = pytest.mark.django_db
 
 # A chain configuration that names a treasury but whose node is not there: enough to open intents
 # (no RPC call), and every chain call fails as it would with the node down.
-Lifecycle = Callable[[datetime], services.LifecycleReport]
+Lifecycle = Callable[[datetime], LifecycleReport]
 CHAIN_DOWN = {"CHAIN_RPC_URL": "http://127.0.0.1:9", "CHAIN_ID": 8453,
               "USDC_CONTRACT": "0x833589fCD6eDb6E08f4c7C32D4f71b54bdA02913",
               "TREASURY_ADDRESS": "0x1111111111111111111111111111111111111111", "CHAIN_RPC_TIMEOUT_SECONDS": 1}
@@ -42,9 +43,9 @@ CHAIN_DOWN = {"CHAIN_RPC_URL": "http://127.0.0.1:9", "CHAIN_ID": 8453,
 def paid(org: Organization, tier: str, *, start: datetime) -> Subscription:
     """The state a confirmed payment leaves (test_payments.py covers getting there on a real chain)."""
     subscription = Subscription.objects.create(organization=org, tier=tier, status=Subscription.Status.ACTIVE,
-                                               starts_at=start, renews_at=services.one_month_after(start),
+                                               starts_at=start, renews_at=one_month_after(start),
                                                auto_renew=True)
-    overflow = overflow_tier_for(subscription, organization_tier=tier)  # as billing.services writes it
+    overflow = overflow_tier_for(subscription, organization_tier=tier)  # as billing.services.subscriptions writes it
     org.tier, org.overflow_tier = tier, overflow
     org.save(update_fields=["tier", "overflow_tier"])  # a save, whose signal resets the web's key cache
     return subscription
@@ -54,9 +55,9 @@ def paid(org: Organization, tier: str, *, start: datetime) -> Subscription:
 def run(django_capture_on_commit_callbacks: Any) -> Lifecycle:
     """The daily lifecycle at `now`, with its after-commit effects (the emails) carried out."""
 
-    def lifecycle(now: datetime) -> services.LifecycleReport:
+    def lifecycle(now: datetime) -> LifecycleReport:
         with django_capture_on_commit_callbacks(execute=True):
-            return services.lifecycle_run(now=now)
+            return lifecycle_run(now=now)
 
     return lifecycle
 
@@ -262,7 +263,7 @@ def test_an_intent_for_24_hours_and_the_chain_down_is_a_503_on_payment_routes_on
     payment.refresh_from_db()
     assert payment.status == "pending" and payment.tx_hash is None
 
-    assert services.lifecycle_run(now=payment.expires_at).intents_expired == 1
+    assert lifecycle_run(now=payment.expires_at).intents_expired == 1
     late = client.post("/api/v1/subscriptions/payments/confirm",
                        {"payment_id": payment.public_id, "tx_hash": "0x" + "ab" * 32}, format="json")
     assert late.status_code == 400 and late.json()["error"]["code"] == "payment_expired"

@@ -21,8 +21,8 @@ from eth_account.signers.local import LocalAccount
 from rest_framework.test import APIClient
 
 from accounts.models import AuditEvent, Membership, Organization
-from billing import services
 from billing.models import Payment, SiweNonce, Wallet
+from billing.services.payments import recheck_claimed, watch_treasury
 from memoryhub.embedded import free_port
 from tests.accounts.clients import csrf_session_client
 from tests.actors import School
@@ -366,9 +366,9 @@ def test_the_treasury_watcher_matches_a_contract_wallets_payment(chain: DevChain
     intent = client.post("/api/v1/subscriptions/upgrade", {"tier": "core"}, format="json").json()
     now_on_chain(chain)
     tx_hash = chain.send_usdc_from_wallet(wallet, owner, intent["treasury_address"], intent["amount_base_units"])
-    assert services.watch_treasury().claimed == 1
+    assert watch_treasury().claimed == 1
     payment = Payment.objects.get(public_id=intent["payment_id"])
     assert (payment.status, payment.tx_hash, payment.from_address) == ("pending_verification", tx_hash, wallet)
     chain.confirm()
-    assert services.recheck_claimed() == {"confirmed": 1}
+    assert recheck_claimed() == {"confirmed": 1}
     assert Organization.objects.get(pk=org.pk).tier == "core"
