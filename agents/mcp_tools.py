@@ -28,7 +28,8 @@ from memories.export import stack_memory_md
 from memories.grants import Audience, audience_for
 from memories.load import MAX_ITEM_CHARS, stack_load
 from memories.models import MemoryKind
-from memories.records.schemas import clean_json, kind_fields
+from memories.records.cleaning import clean_json
+from memories.records.fields import kind_fields
 from memories.search.hybrid import search_memories
 from memories.search.smart_ingest import smart_ingest
 from memories.serializers import (

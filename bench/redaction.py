@@ -57,7 +57,7 @@ def _median_us(fn: Any, items: int, repeats: int) -> float:
 
 def micro_costs(repeats: int) -> list[dict[str, Any]]:
     """µs per memory of the schema and of redaction, on clean and canary records."""
-    from memories.records.schemas import normalize_memory
+    from memories.records.normalize import normalize_memory
     from memories.redaction import ALL_CATEGORIES, redact_memory
 
     rng = random.Random(5)

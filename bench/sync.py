@@ -148,7 +148,8 @@ def compare_events(env: Any, secret: str, memories: int, batch: int) -> dict[str
 
 def baseline_rows(operations: list[dict[str, Any]], stack_pk: int) -> list[tuple[Any, ...]]:
     """The rows a push stores, computed outside the timing (the baseline measures only the insert)."""
-    from memories.records.schemas import KIND_FOR_TABLE, normalize_memory
+    from memories.records.normalize import normalize_memory
+    from memories.records.vocabulary import KIND_FOR_TABLE
 
     now = datetime.now(UTC)
     rows = []

@@ -50,7 +50,7 @@ MEMORY_FIELDS = tuple(f.attname for f in Memory._meta.concrete_fields
 REVISION_FIELDS = ("id", "memory_id", "version", "source", "action", "reason", "snapshot", "created_at")
 CHECKPOINT_FIELDS = ("id", "task", "progress", "next_step", "blocker", "context", "created_at")
 BOOT_FIELDS = ("key", "value", "updated_at")
-# The memory block's columns a client sends (memories.records.schemas.memory_payload_view).
+# The memory block's columns a client sends (memories.records.normalize.memory_payload_view).
 _PAYLOAD_COLUMNS = ("tags", "confidence", "source_type", "source_entity", "derived_from", "source_episodes",
                     "emotional_valence", "emotional_arousal", "emotional_tags", "subject_ids", "access_grants",
                     "consent_grants", "strength", "times_accessed", "is_protected", "last_accessed", "expires_at")

@@ -40,7 +40,7 @@ from stacks.models import Stack
 
 SESSION_FIELDS = ("session_id", "timestamp", "tool_name", "success", "summary", "tags", "schema_version",
                   "metadata")
-SUMMARY_MAX = 20_000  # the episode's outcome holds it (memories.records.schemas.LONG)
+SUMMARY_MAX = 20_000  # the episode's outcome holds it (memories.records.vocabulary.LONG)
 SESSION_ID_MAX = 100
 CARD_NOTE_TYPE = "session_card"
 SESSION_TAG = "session"

@@ -2,7 +2,7 @@
 
 One table means one full-text GIN index, one decay UPDATE and one change feed (docs/architecture.md
 §4.1); vectors are indexed per large stack (memories.search.vector_indexes), not table-wide.
-Type-specific fields live in `data` (validated per kind by memories/records/schemas.py, through
+Type-specific fields live in `data` (validated per kind by memories/records/, through
 memories.writes.hooks.prepare_memory); fields a client sends that we do not model are kept
 verbatim in `extra`.
 """
@@ -122,7 +122,7 @@ class Memory(models.Model):
         db_persist=True,
     )
     # What the quota counts: the bytes of the record as the client sent it — `data` and `extra` as
-    # JSON plus the tags (memories.records.schemas.normalize_memory); not `text`, derived from `data`.
+    # JSON plus the tags (memories.records.normalize.normalize_memory); not `text`, derived from `data`.
     size_bytes = models.IntegerField(default=0)
     # What redaction replaced in this record: [{"rule", "count"}], never a value (memories.redaction,
     # docs/algorithms.md §11). Server-owned; not sent on pull.

@@ -61,7 +61,7 @@ from typing import TYPE_CHECKING, Any
 import phonenumbers
 from django.conf import settings
 
-from memories.records.schemas import NormalizedMemory, assemble_memory, normalize_memory
+from memories.records.normalize import NormalizedMemory, assemble_memory, normalize_memory
 from memoryhub.errors import InvalidInput, Unprocessable
 
 if TYPE_CHECKING:

@@ -14,7 +14,7 @@ from typing import Any
 from rest_framework import serializers
 
 from memories.models import MemoryKind
-from memories.records.schemas import clean_text, parse_timestamp
+from memories.records.cleaning import clean_text, parse_timestamp
 
 # Kernle sends plural table names for kinds (`memory_types: ["episodes"]`); search accepts those
 # and the singular kinds alike.
@@ -31,7 +31,7 @@ class _NullIsAbsent(serializers.Field):
 
 class StrictCharField(_NullIsAbsent, serializers.CharField):
     """A string and nothing else. `remove_control_characters`: as every stored string
-    (memories.records.schemas.clean_text), for values that are stored rather than looked up."""
+    (memories.records.cleaning.clean_text), for values that are stored rather than looked up."""
 
     def __init__(self, *, remove_control_characters: bool = False, **kwargs: Any) -> None:
         self.remove_control_characters = remove_control_characters
@@ -99,7 +99,7 @@ class ClampedFloatField(_NullIsAbsent, serializers.FloatField):
 
 
 class TimestampField(_NullIsAbsent, serializers.DateTimeField):
-    """ISO 8601, read the way every memory timestamp is (memories.records.schemas.parse_timestamp: a naive
+    """ISO 8601, read the way every memory timestamp is (memories.records.cleaning.parse_timestamp: a naive
     value is UTC); "" means not given."""
 
     default_error_messages = {"invalid": "Must be an ISO 8601 date-time."}

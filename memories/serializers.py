@@ -6,9 +6,9 @@ Two things are deliberately not parsed here:
 
 * the values of a memory record's fields (a belief's `statement`, a goal's `priority`, …): every
   memory write — this API, batch, smart ingest and kernle sync — checks them with the one per-kind
-  schema, `memories.records.schemas.normalize_memory`, in the service. A body that carries a record
+  schema, `memories.records.normalize.normalize_memory`, in the service. A body that carries a record
   (`MemoryRecordSerializer`) checks its envelope here, refuses keys the kind does not have
-  (`memories.records.schemas.native_record`: a 400 `unknown_field` with the closest known field; fields a
+  (`memories.records.fields.native_record`: a 400 `unknown_field` with the closest known field; fields a
   kind does not model go under `extra`) and hands the record on. Kernle sync does not come
   through here and keeps unknown fields (docs/kernle-protocol.md §3.7). The OpenAPI document of
   these bodies — one schema per memory kind — is generated from the same field list
@@ -30,7 +30,8 @@ from rest_framework import serializers
 
 from memories.load import DEFAULT_BUDGET, MAX_BUDGET, MIN_BUDGET
 from memories.models import BootConfigEntry, Checkpoint, Memory, MemoryKind
-from memories.records.schemas import EXTRA_FIELD, GOAL_STATUSES, KINDS, FieldSpec, kind_fields, native_record
+from memories.records.fields import EXTRA_FIELD, FieldSpec, kind_fields, native_record
+from memories.records.vocabulary import GOAL_STATUSES, KINDS
 from memories.search.hybrid import DEFAULT_MIN_SIMILARITY, MAX_LIMIT, MAX_QUERY_CHARS, SearchQuery
 from memories.search.retrieval_feedback import DEMOTE, PROMOTE
 from memories.search.smart_ingest import Thresholds
@@ -104,9 +105,9 @@ class MemoryRecordSerializer(serializers.Serializer):
 
     The declared fields (the envelope) are checked here; every other key belongs to the record and
     must be a field of the record's kind (`kind` in the body, or `context["kind"]` for an update):
-    `memories.records.schemas.native_record` refuses the others with a 400 `unknown_field` and unpacks
+    `memories.records.fields.native_record` refuses the others with a 400 `unknown_field` and unpacks
     `extra`. The record comes out as `validated_data["record"]`, for the service to check with the
-    kind's schema (memories.records.schemas.normalize_memory, the one schema of every memory write)."""
+    kind's schema (memories.records.normalize.normalize_memory, the one schema of every memory write)."""
 
     # Which per-kind OpenAPI schemas document this body (MemoryRecordSchemaExtension).
     openapi_variant = "create"
@@ -402,7 +403,7 @@ class RetrievalFeedbackInSerializer(serializers.Serializer):
 
 
 # --- OpenAPI: one schema per memory kind -------------------------------------------------------------
-# Generated from the kinds' field lists (memories.records.schemas.kind_fields, recorded from the validation
+# Generated from the kinds' field lists (memories.records.fields.kind_fields, recorded from the validation
 # itself), so the document cannot drift from what the API accepts. Each kind gets a component per
 # body (create, update, ingest); a create or ingest body is a `oneOf` with `kind` as discriminator,
 # an update body (whose kind is the stored memory's) an `anyOf`.

@@ -37,7 +37,7 @@ from accounts.principal import Principal
 from billing.entitlements import ensure_can_store
 from memories.events import BOOT_CONFIG, CHECKPOINT, record_change
 from memories.models import BootConfigEntry, Checkpoint, Memory
-from memories.records.schemas import clean_json, clean_text
+from memories.records.cleaning import clean_json, clean_text
 from memories.redaction import (
     RedactionPolicy,
     RedactionRefused,

@@ -58,7 +58,7 @@ CredentialCheck = Callable[[HttpRequest], bool]
 # Routes served to anyone, without a credential: their bodies are a few hundred bytes.
 UNAUTHENTICATED_PATHS = frozenset({"/auth/register", "/auth/login", "/login", "/admin/login"})
 
-JSON_MAX_DEPTH = 64  # a sync push is ~5 levels deep, a record's own nesting at most 20 (schemas.clean_json)
+JSON_MAX_DEPTH = 64  # a sync push is ~5 levels deep, a record's own nesting at most 20 (records.cleaning.clean_json)
 JSON_MAX_STRING_CHARS = 1024 * 1024  # the longest field a record may hold is 100,000 characters
 
 WEBSOCKET_MESSAGES_PER_SECOND = 2.0
@@ -293,7 +293,7 @@ class BoundedJSONParser(JSONParser):
     """DRF's JSONParser with the body cap, a depth and a string bound (see the module doc).
 
     Lone surrogates (`"\\ud800"`) parse as before: they are one record's defect, refused where the
-    record is validated (memories/records/schemas.py), so one bad operation never sinks a sync push."""
+    record is validated (memories/records/), so one bad operation never sinks a sync push."""
 
     def parse(self, stream: Any, media_type: str | None = None,
               parser_context: Mapping[str, Any] | None = None) -> Any:

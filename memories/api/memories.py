@@ -3,7 +3,7 @@ MEMORY.md export and promotion.
 
 Thin views: resolve the stack through `stack_for_principal` (write=True for writes), read the body
 or query string with its request serializer (memories.serializers), call one service or selector,
-serialize. Every rule lives in memories.records.schemas / services / selectors / load / export / promotion.
+serialize. Every rule lives in memories.records / services / selectors / load / export / promotion.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from memories.grants import Audience, audience_for
 from memories.lifecycle.promotion import promote_lessons
 from memories.load import MAX_ITEM_CHARS, stack_load
 from memories.models import Memory
-from memories.records.schemas import clean_json
+from memories.records.cleaning import clean_json
 from memories.serializers import (
     BootConfigEntrySerializer,
     BootConfigValueSerializer,

@@ -8,9 +8,9 @@
 Views only check that the body is an object, call one service in memories.sync and serialize its
 result. Unlike the rest of the API (memories.serializers), the serializers below document the wire
 shapes but do not read them: memories.sync reads each operation itself, with
-memories.records.schemas.normalize_memory for the record. A push carries up to 1,000 operations and
+memories.records.normalize.normalize_memory for the record. A push carries up to 1,000 operations and
 validation is already its largest per-operation cost (~25 µs a record); a DRF serializer costs
-over ten times that (~365 µs, see memories.records.schemas), a third of a second more for a push of 1,000.
+over ten times that (~365 µs, see memories.records.reader), a third of a second more for a push of 1,000.
 The whole-request checks (a list, at most 1,000 operations, a readable `since`) are the services'.
 """
 

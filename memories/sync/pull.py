@@ -24,7 +24,7 @@ from django.utils import timezone
 from accounts.principal import Principal
 from memories.grants import audience_for, grants_sql
 from memories.models import SyncWatermark
-from memories.records.schemas import parse_timestamp
+from memories.records.cleaning import parse_timestamp
 from memories.sync.protocol import (
     NATIVE_PAGE_DEFAULT,
     NATIVE_PAGE_MAX,
@@ -69,9 +69,9 @@ def _lock_stack_shared(stack: Stack) -> None:
 # decode/convert/encode round trips (nor jsonb concatenations in the database).
 #
 # Later keys override earlier ones for JSON readers (Python's json, httpx): extra < data < columns
-# < sync block. By construction of memories.records.schemas the three sets are disjoint anyway.
+# < sync block. By construction of memories.records.normalize the three sets are disjoint anyway.
 
-# The Memory columns a client payload carries (memories.records.schemas.memory_payload_view's set).
+# The Memory columns a client payload carries (memories.records.normalize.memory_payload_view's set).
 _COLUMNS_JSON = "json_build_object(" + ", ".join(f"'{c}', m.{c}" for c in PAYLOAD_COLUMNS) + ")::text"
 _TABLE_SQL = "CASE m.kind " + " ".join(f"WHEN '{k}' THEN '{t}'" for k, t in PULL_TABLE_FOR_KIND.items()) + " END"
 # A 0.15.0 device cannot apply these without their natural key (§3.9); stored, never pulled.

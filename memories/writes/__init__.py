@@ -22,7 +22,7 @@ leaves the same traces, and they are made here, not re-implemented per writer:
   messages of up to 500 ids; a broker that is down is logged, the periodic sweep embeds the rows)
   and the registered change listeners;
 * **before anything is stored**, every payload goes through `hooks.prepare_memory`: the schema
-  (`memories.records.schemas.normalize_memory`) and then the registered transforms (where redaction plugs in).
+  (`memories.records.normalize.normalize_memory`) and then the registered transforms (where redaction plugs in).
 * **a raw entry's original**: when redaction changed a raw entry's text, `prepare_memory` hands the
   text as submitted along (`NormalizedMemory.original_text`, never a column), and the writer — the
   single-row insert / change, or `sets.finish_set` once per batch — seals it into `RawOriginal` in the

@@ -47,7 +47,7 @@ from redis.exceptions import RedisError
 from accounts.throttles import redis_client
 from memories.events import MEMORY, Statement, record_change
 from memories.models import Memory, MemoryKind
-from memories.records.schemas import NormalizedMemory, normalize_memory
+from memories.records.normalize import NormalizedMemory, normalize_memory
 from memories.redaction import RedactionPolicy, redact_memory, redact_secrets
 
 logger = logging.getLogger(__name__)
@@ -107,7 +107,7 @@ def unregister_listener(listener: Listener) -> None:
 
 def prepare_memory(kind: str, payload: Any, *, redaction: RedactionPolicy, partial: bool = False,
                    existing: Memory | None = None, natural_key_optional: bool = False) -> NormalizedMemory:
-    """THE way a payload becomes storable: `memories.records.schemas.normalize_memory` (its contract, its
+    """THE way a payload becomes storable: `memories.records.normalize.normalize_memory` (its contract, its
     errors), then redaction under the stack's school's policy (`memories.redaction.redact_memory`:
     `RedactionRefused`, 422, for a CRITICAL secret), then every registered transform.
 

@@ -19,7 +19,7 @@ from django.utils import timezone
 from memories.events import Statement
 from memories.models import Memory, MemoryKind, MemoryRevision, NextChangeSeq, StackDailyActivity
 from memories.originals import keep_originals
-from memories.records.schemas import NormalizedMemory
+from memories.records.normalize import NormalizedMemory
 from memories.writes.columns import SNAPSHOT_COLUMNS
 from memories.writes.hooks import SMALL_EMBED_MESSAGE_IDS, after_commit
 from stacks.models import Stack

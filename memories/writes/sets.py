@@ -25,7 +25,7 @@ from django.db import connection
 
 from memories.models import Memory, MemoryKind, MemoryRevision, NextChangeSeq
 from memories.originals import keep_originals
-from memories.records.schemas import NormalizedMemory
+from memories.records.normalize import NormalizedMemory
 from memories.writes.columns import ARRAY_COLUMNS, COPY_COLUMNS, COPY_TYPES, JSON_COLUMNS, SET_UPDATE_COLUMNS
 from memories.writes.hooks import after_commit
 from memories.writes.rows import counters_statement

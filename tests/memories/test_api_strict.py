@@ -10,7 +10,9 @@ from typing import Any
 import pytest
 
 from memories.models import Memory
-from memories.records.schemas import KINDS, kind_fields, native_record, normalize_memory
+from memories.records.fields import kind_fields, native_record
+from memories.records.normalize import normalize_memory
+from memories.records.vocabulary import KINDS
 from memoryhub.errors import InvalidInput
 from tests.actors import School
 

@@ -1,4 +1,4 @@
-"""memories.records.schemas.normalize_memory: kernle-shaped records (nulls included) are accepted, typed and
+"""memories.records.normalize.normalize_memory: kernle-shaped records (nulls included) are accepted, typed and
 split into columns / data / extra; bad values name their field."""
 
 from __future__ import annotations
@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from memories.records.schemas import KIND_FOR_TABLE, normalize_memory
+from memories.records.normalize import normalize_memory
+from memories.records.vocabulary import KIND_FOR_TABLE
 from memoryhub.errors import InvalidInput
 
 SYNC_BLOCK = {"id": "f3d5897b", "stack_id": "acceptance", "created_at": "2026-11-21T23:15:33.202096+00:00",

@@ -13,7 +13,8 @@ from django.db import transaction
 
 from accounts.throttles import throttle_state_clear
 from memories.models import Memory, MemoryRevision
-from memories.records.schemas import NormalizedMemory, canonical_text, memory_payload_view, normalize_memory
+from memories.records.normalize import NormalizedMemory, memory_payload_view, normalize_memory
+from memories.records.schemas import canonical_text
 from memories.services import memory_create, memory_forget, memory_update
 from memories.tasks import embed_memories
 from memories.writes import columns, hooks

@@ -11,7 +11,8 @@ from drf_spectacular.generators import SchemaGenerator
 from drf_spectacular.renderers import OpenApiJsonRenderer
 
 from memories.models import Memory
-from memories.records.schemas import KINDS, kind_fields
+from memories.records.fields import kind_fields
+from memories.records.vocabulary import KINDS
 from tests.actors import School
 
 MEMORIES = "/api/v1/stacks/{stack}/memories"
