@@ -1,0 +1,215 @@
+"""What the soak measures of the service and how it reports it (bench/soak.py has the whole story):
+the runner's processes by role with their RSS and CPU, /metrics, the embedding backlog, the writes
+found stored, and the soak's report with its goals.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+if str(BASE_DIR) not in sys.path:
+    sys.path.insert(0, str(BASE_DIR))
+
+import httpx  # noqa: E402
+import psutil  # noqa: E402
+
+from bench.harness import percentiles, print_table  # noqa: E402
+from bench.soak_agents import MIX, LivePage, Recorder  # noqa: E402
+from memoryhub.worker_priority import AWAITING_VECTORS  # noqa: E402
+
+
+def service_processes(runner_pid: int) -> dict[str, list[psutil.Process]]:
+    """The runner's children by role, each with the processes it started (prefork children, backends)."""
+    roles: dict[str, list[psutil.Process]] = {}
+    for child in psutil.Process(runner_pid).children():
+        cmd = " ".join(child.cmdline())
+        if "uvicorn" in cmd:
+            role = "web"
+        elif "celery" in cmd and " worker " in cmd:
+            role = "worker"
+        elif "celery" in cmd and " beat " in cmd:
+            role = "beat"
+        elif cmd.split(" ", 1)[0].endswith("/postgres"):
+            role = "postgres"
+        elif "redis-server" in cmd:
+            role = "redis"
+        else:
+            continue
+        roles[role] = [child, *child.children(recursive=True)]
+    return roles
+
+
+def rss_snapshot(runner_pid: int) -> dict[str, float]:
+    """MB per long-lived process; PostgreSQL's backends (they come and go with the pools) as one sum."""
+    sizes: dict[str, float] = {}
+    for role, procs in service_processes(runner_pid).items():
+        for n, proc in enumerate(procs):
+            try:
+                rss = proc.memory_info().rss / 2**20
+            except psutil.Error:
+                continue
+            if role == "postgres" and n > 0:
+                sizes["postgres backends (sum)"] = sizes.get("postgres backends (sum)", 0.0) + rss
+            else:
+                sizes[role if n == 0 else f"{role} child {n}"] = rss
+    return sizes
+
+
+def cpu_seconds(runner_pid: int) -> dict[str, float]:
+    """user+system CPU seconds so far per role, children included (from /proc through psutil)."""
+    spent: dict[str, float] = {}
+    for role, procs in service_processes(runner_pid).items():
+        total = 0.0
+        for proc in procs:
+            try:
+                times = proc.cpu_times()
+            except psutil.Error:
+                continue
+            total += times.user + times.system
+        spent[role] = total
+    return spent
+
+
+def scrape_metrics(base_url: str) -> dict[str, float]:
+    """Totals of a few counters from /metrics (loopback needs no token)."""
+    text = httpx.get(f"{base_url}/metrics", timeout=30).text
+    totals: dict[str, float] = defaultdict(float)
+    for line in text.splitlines():
+        match = re.match(r"^(memoryhub_[a-z_]+?)(?:_total)?(?:\{[^}]*\})? ([0-9.e+-]+)$", line)
+        if match and not line.startswith(("memoryhub_http_request_duration", "memoryhub_search_duration",
+                                          "memoryhub_job_duration")):
+            totals[match.group(1)] += float(match.group(2))
+    return dict(totals)
+
+
+def backlog(database_url: str) -> int:
+    import psycopg
+
+    with psycopg.connect(database_url) as conn:
+        row = conn.execute(f"SELECT count(*) {AWAITING_VECTORS}").fetchone()
+    return int(row[0]) if row else 0
+
+
+def cores_used(before: dict[str, float], after: dict[str, float], own_before: Any, own_after: Any,
+               elapsed: float) -> dict[str, float]:
+    """CPU seconds per second of each role over a stretch, and of this load generator itself (it
+    shares the machine: cores it burns are cores the service does not get)."""
+    used = {role: (after[role] - before.get(role, 0.0)) / elapsed for role in sorted(after)}
+    used["load generator"] = (own_after.user + own_after.system - own_before.user - own_before.system) / elapsed
+    return used
+
+
+def capacity_line(cores: dict[str, float], written_per_s: float, stored_per_s: float) -> str:
+    """The cores this load would need for the embedding to keep up: what the service used, with the
+    worker's share scaled from the vectors it stored to the memories the agents wrote
+    (docs/production.md §3). Over the machine's cores, no setting makes the goals hold: the machine is too small."""
+    if stored_per_s <= 0:
+        return "CPU this load needs: unknown (no vector stored during the soak)"
+    per_vector = cores.get("worker", 0.0) / stored_per_s
+    service = {role: used for role, used in cores.items() if role not in ("worker", "load generator")}
+    needed = sum(service.values()) + written_per_s * per_vector
+    return (f"CPU this load needs for the embedding to keep up (cores, of {psutil.cpu_count()}): "
+            + " + ".join(f"{role} {used:.2f}" for role, used in service.items() if used >= 0.005)
+            + f" + embedding {written_per_s:.0f} memories/s x {1000 * per_vector:.1f} ms = {needed:.2f}"
+            f" (and this load generator's {cores.get('load generator', 0.0):.2f})")
+
+
+def stored_counts(database_url: str, record_ids: list[str]) -> Counter[str]:
+    import psycopg
+
+    counts: Counter[str] = Counter()
+    with psycopg.connect(database_url) as conn:
+        for start in range(0, len(record_ids), 10_000):
+            chunk = record_ids[start:start + 10_000]
+            # A join with the ids, not `record_id = ANY(%s)`: record_id is indexed only behind
+            # stack_id, and ANY over a chunk of ids compared every row with every id (far too slow
+            # after a long soak); the join hashes the ids once.
+            counts.update(rid for (rid,) in conn.execute(
+                "SELECT m.record_id FROM memories_memory m"
+                " JOIN (SELECT DISTINCT id FROM unnest(%s::text[]) AS ids(id)) acked ON m.record_id = acked.id",
+                [chunk]))
+    return counts
+
+
+def report_soak(args: argparse.Namespace, recorder: Recorder, baseline: Recorder, pages: list[LivePage],
+                elapsed: float, rss: dict[str, dict[str, float]], backlogs: dict[str, int],
+                metrics: dict[str, dict[str, float]], stored: Counter[str], after: Recorder) -> bool:
+    loaded, quiet, quiet_after = recorder.by_op(), baseline.by_op(), after.by_op()
+
+    def ok_ms(samples: list[Any]) -> list[float]:
+        return [s.ms for s in samples if 200 <= s.status < 300]
+
+    rows, goals = [], []
+    for op in MIX.weights:
+        samples = loaded.get(op, [])
+        ok = ok_ms(samples)
+        figures, start, end = percentiles(ok), percentiles(ok_ms(quiet.get(op, []))), percentiles(
+            ok_ms(quiet_after.get(op, [])))
+        rows.append({"operation": op, "requests": len(samples), "per s": len(samples) / elapsed,
+                     "2xx": len(ok), "p50 ms": figures["p50"], "p95 ms": figures["p95"], "p99 ms": figures["p99"],
+                     "unloaded p50": start["p50"], "unloaded p95": start["p95"],
+                     "p95 / unloaded": figures["p95"] / start["p95"] if start["n"] else float("nan"),
+                     "unloaded p95, grown stacks": end["p95"] if end["n"] else float("nan"),
+                     # the same answers timed from when this process actually sent them
+                     "p95 from send": percentiles([s.ms - s.late_ms for s in samples if 200 <= s.status < 300])["p95"]})
+        goals.append((f"{op}: p95 {figures['p95']:.0f} ms <= 3x unloaded p95 {start['p95']:.0f} ms",
+                      figures["p95"] <= 3 * start["p95"]))
+    total = len(recorder.samples)
+    print_table(f"soak: {args.agents} agents, {elapsed:.0f} s, open loop (an operation every 1-2 s each); "
+                f"{total:,} requests = {total / elapsed:.1f}/s", rows)
+    # Latency over the run, in tenths: a slow start (the seed's embedding backlog) or a worsening
+    # (the stacks grow) shows here, not in the run's one p95.
+    started = min((s.started for s in recorder.samples), default=0.0)
+    tenths: dict[int, list[float]] = defaultdict(list)
+    for sample in recorder.samples:
+        if 200 <= sample.status < 300:
+            tenths[min(9, int(10 * (sample.started - started) / elapsed))].append(sample.ms)
+    print("\np95 of all operations by tenth of the run (ms): "
+          + ", ".join(f"{percentiles(tenths[n])['p95']:.0f}" for n in range(10)))
+    lag, late = percentiles(recorder.loop_lag_ms), percentiles([s.late_ms for s in recorder.samples])
+    print(f"\nload generator (one process on the same cores): event-loop lag p50 {lag['p50']:.1f} / p95 "
+          f"{lag['p95']:.1f} / p99 {lag['p99']:.1f} ms; operations started late by p50 {late['p50']:.1f} / p95 "
+          f"{late['p95']:.1f} ms (counted in the figures above: latency runs from the scheduled start)")
+    statuses = Counter(s.status for s in recorder.samples if not 200 <= s.status < 300)
+    print("\nnon-2xx by status (0 = no answer): "
+          + (", ".join(f"{status}: {n}" for status, n in sorted(statuses.items())) or "none"))
+    for status in sorted(statuses):
+        example = next(s for s in recorder.samples if s.status == status)
+        print(f"  e.g. {status} on {example.op}: {example.error}")
+    print_table("RSS per process (MB)", [{"process": name, "start": rss["start"].get(name, float("nan")),
+                                          "middle": rss["middle"].get(name, float("nan")),
+                                          "end": rss["end"].get(name, float("nan"))} for name in rss["end"]])
+    print(f"\nembedding backlog: start {backlogs['start']:,}, middle {backlogs['middle']:,}, end {backlogs['end']:,}; "
+          f"lag at the end (/metrics: the oldest change still awaiting a vector) "
+          f"{metrics['end'].get('memoryhub_embedding_lag_seconds', 0.0):,.0f} s")
+    print(f"live pages: {sum(p.events for p in pages):,} change events received by {len(pages)} pages; "
+          f"closed early: {sum(bool(p.closed_early) for p in pages)} "
+          f"{next((p.closed_early for p in pages if p.closed_early), '')}")
+    moved = {name: metrics["end"].get(name, 0.0) - metrics["start"].get(name, 0.0) for name in sorted(metrics["end"])}
+    print("/metrics counters moved during the soak: "
+          + ", ".join(f"{name.removeprefix('memoryhub_')} +{value:,.0f}" for name, value in moved.items() if value))
+
+    acknowledged = recorder.acknowledged
+    lost = sum(1 for rid in acknowledged if stored[rid] == 0)
+    duplicated = sum(1 for rid in acknowledged if stored[rid] > 1) + (len(acknowledged) - len(set(acknowledged)))
+    server_errors = sum(1 for s in recorder.samples if s.status >= 500)
+    grown = {name: rss["end"][name] / rss["middle"][name] - 1 for name in rss["end"]
+             if name in rss["middle"] and not name.startswith("postgres backends") and rss["middle"][name] > 0}
+    worst = max(grown.items(), key=lambda item: item[1]) if grown else ("-", 0.0)
+    goals = [(f"responses >= 500: {server_errors}", server_errors == 0),
+             (f"acknowledged writes {len(acknowledged):,}: lost {lost}, duplicated {duplicated}",
+              lost == 0 and duplicated == 0),
+             *goals,
+             (f"RSS growth over the second half: worst {worst[0]} {worst[1]:+.1%}", worst[1] <= 0.20),
+             (f"embedding backlog not growing over the second half ({backlogs['middle']:,} -> {backlogs['end']:,})",
+              backlogs["end"] <= max(backlogs["middle"], 100))]
+    print("\nGoals (issue 19):")
+    for text, passed in goals:
+        print(f"  {'PASS' if passed else 'FAIL'}  {text}")
+    return all(passed for _, passed in goals)
