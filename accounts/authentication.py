@@ -41,7 +41,7 @@ LAST_USED_RESOLUTION_SECONDS = 60  # write last_used_at at most once a minute pe
 
 
 def principal_for_key(key: ApiKey, *, credential_id: str | None = None) -> Principal:
-    # `role`: the current role of the person the key acts as (memories.grants reads it for a key
+    # `role`: the current role of the person the key acts as (memories.privacy.grants reads it for a key
     # that is not its stack's own agent key). A key is only found while that person still reaches
     # what it is bound to, so they hold a role here; the fallback is the least of them.
     return Principal(

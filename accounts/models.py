@@ -92,7 +92,7 @@ class Organization(models.Model):
     # longer ago (memories.lifecycle.ttl). Empty (the default): keep until expiry or erasure.
     # Validated by memories.lifecycle.ttl.retention_validated (kinds are the memories app's).
     retention_days = models.JSONField(default=dict, blank=True)
-    # The PII categories this school redacts at ingest (memories.redaction names them; secrets are
+    # The PII categories this school redacts at ingest (memories.privacy.redaction names them; secrets are
     # always redacted whatever this says). None: every PII category (the default).
     redaction_categories = models.JSONField(null=True, blank=True, default=None)
     # What an empty `access_grants` list means for school staff and school keys (docs/privacy.md

@@ -19,7 +19,7 @@ class Principal:
 
     For a key, `role` is the current role of the person it acts as (its issuer), which is what a
     stack-bound key that is not the stack's own agent key answers to in the privacy grants
-    (memories.grants, docs/privacy.md "Keys and the grants").
+    (memories.privacy.grants, docs/privacy.md "Keys and the grants").
     """
 
     user: User

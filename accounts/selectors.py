@@ -67,7 +67,7 @@ def _issuer_reaches() -> RawSQL:
 
 # The current role of the person a key acts as, in the key's school ((user, organization) is unique:
 # one probe of the same index as above). A stack-bound key that is not the stack's own agent key
-# answers to it in the privacy grants (`role:<role>`, memories.grants), so a lowered role narrows
+# answers to it in the privacy grants (`role:<role>`, memories.privacy.grants), so a lowered role narrows
 # what the key reads at once.
 _ISSUER_ROLE_SQL = (
     '(SELECT m.role FROM "accounts_membership" m'

@@ -3,7 +3,7 @@ returns JSON (docs/architecture.md §12).
 
 Thin on purpose, like the REST views: the stack comes from `stacks.selectors.stack_for_principal`
 (`write=True` for a write, which refuses read-only keys with 403 `read_only_key` and archived stacks
-with 409), the privacy-grants audience from `memories.grants.audience_for`, the arguments are read
+with 409), the privacy-grants audience from `memories.privacy.grants.audience_for`, the arguments are read
 with the REST routes' own request serializers (the same field rules and messages), and a refusal is
 the REST error contract's `code`, `message` and `fields` (memoryhub.errors), carried in an MCP tool
 error. Everything here is synchronous and runs on a worker thread (agents/mcp_server.py).
@@ -25,9 +25,9 @@ from accounts.principal import Principal
 from agents.selectors import stack_stats
 from memories import selectors, services
 from memories.export import stack_memory_md
-from memories.grants import Audience, audience_for
 from memories.load import MAX_ITEM_CHARS, stack_load
 from memories.models import MemoryKind
+from memories.privacy.grants import Audience, audience_for
 from memories.records.cleaning import clean_json
 from memories.records.fields import kind_fields
 from memories.search.hybrid import search_memories

@@ -11,7 +11,7 @@ from typing import Any
 
 from django.db.models import Count, Q, Sum
 
-from memories.grants import Audience
+from memories.privacy.grants import Audience
 from memories.selectors import memories_live
 from stacks.models import Stack
 

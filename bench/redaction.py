@@ -6,7 +6,7 @@
 One run against real embedded Postgres+pgvector and Redis and the real ASGI app under uvicorn:
 
 * **cost per memory** (in this process, median of `--micro-repeats` timings of a whole set):
-  `memories.redaction.redact_memory` on a normalised clean kernle note / episode (the pre-check
+  `memories.privacy.redaction.redact_memory` on a normalised clean kernle note / episode (the pre-check
   lets it through) and on a canary note (an e-mail, a phone number, an AWS key, a `knl_sk_` key and
   a card number: every rule walks it), in µs per memory — next to the schema's own normalisation of
   the same records, the step it follows. Also the tombstone lookup a push makes per batch in a
@@ -57,8 +57,8 @@ def _median_us(fn: Any, items: int, repeats: int) -> float:
 
 def micro_costs(repeats: int) -> list[dict[str, Any]]:
     """µs per memory of the schema and of redaction, on clean and canary records."""
+    from memories.privacy.redaction import ALL_CATEGORIES, redact_memory
     from memories.records.normalize import normalize_memory
-    from memories.redaction import ALL_CATEGORIES, redact_memory
 
     rng = random.Random(5)
     clean: list[tuple[str, dict[str, Any]]] = []

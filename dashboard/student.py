@@ -2,7 +2,7 @@
 
 Every function takes a stack the caller already resolved through `stacks.selectors.stack_for_principal`
 (the one access decision); nothing here decides who may see what. The reads of memories also take the
-viewer's privacy-grants `audience` (memories.grants.audience_for: a signed-in admin or teacher is
+viewer's privacy-grants `audience` (memories.privacy.grants.audience_for: a signed-in admin or teacher is
 never the stack's own credentials), and pass it to the memories selectors, search and decay reads,
 which filter in SQL: the list, the kind tabs' counts, search, the forgetting candidates, one memory
 and the JSON export show only what the viewer's grants admit. The stack's header figures (memories
@@ -36,7 +36,6 @@ from django.utils import timezone
 from accounts.principal import Principal
 from accounts.services import audit_record
 from memories.archive import MEMORY_FIELDS, ROW_CHUNK
-from memories.grants import Audience
 from memories.lifecycle.decay import (
     NEVER_FADE_KINDS,
     DecayState,
@@ -46,8 +45,8 @@ from memories.lifecycle.decay import (
 )
 from memories.lifecycle.decay_pass import forgetting_candidates, forgotten_by
 from memories.models import Memory, MemoryKind, MemoryRevision
-from memories.search.hybrid import search_memories
-from memories.search.query import MAX_QUERY_CHARS, SearchQuery, SearchResult
+from memories.privacy.grants import Audience
+from memories.search.hybrid import MAX_QUERY_CHARS, SearchQuery, SearchResult, search_memories
 from memories.selectors import ForgottenFilter, memories_list
 from memories.services import FORGET_REASON_MAX, memory_forget, memory_recover, memory_set_protected
 from memories.writes.rows import memory_snapshot
@@ -364,7 +363,7 @@ def memories_json_chunks(*, stack: Stack, now: datetime, audience: Audience | No
     (memories.archive.MEMORY_FIELDS: no embedding vector). Forgotten memories are left out, as from
     every export (memories.services.memory_forget); the ZIP archive of the API keeps everything.
     Rows come through a server-side cursor, so a large stack never sits in memory. Only memories the
-    viewer's privacy grants admit (`audience`, memories.grants) are exported."""
+    viewer's privacy grants admit (`audience`, memories.privacy.grants) are exported."""
     head = {"format": EXPORT_FORMAT, "stack": {"slug": stack.slug, "display_name": stack.display_name},
             "exported_at": now}
     yield json.dumps(head, cls=DjangoJSONEncoder, ensure_ascii=False)[:-1].encode() + b', "memories": ['

@@ -5,7 +5,7 @@ feed, counters, redaction, embedding), so no row here can be added, changed or d
 admin — an admin save would bypass all of that. Vectors (`embedding`) and the generated full-text
 column (`search_vector`) are never shown; memory text and data are shown read-only. Erasure
 certificates are signed proofs: read-only like everything else here. Kept raw originals
-(memories.originals) show which key sealed them and when — never their ciphertext, never their text.
+(memories.privacy.originals) show which key sealed them and when — never their ciphertext, never their text.
 """
 
 from __future__ import annotations

@@ -28,8 +28,8 @@ from django.utils import timezone
 
 from accounts.models import Organization
 from memories.export import stack_memory_md
-from memories.grants import Audience, grants_filter
 from memories.models import BootConfigEntry, Checkpoint, Memory, MemoryKind, MemoryRevision
+from memories.privacy.grants import Audience, grants_filter
 from memories.services import CheckpointInput, boot_config_set, checkpoint_save, memory_forget
 from memories.sync.engine import apply_native_operations, with_retry_per_record
 from memories.sync.protocol import CLIENT_FORGET_REASON, OpResult, db_now
@@ -118,7 +118,7 @@ def archive_filename(stack: Stack, now: datetime) -> str:
 
 def archive_chunks(*, stack: Stack, now: datetime | None = None, audience: Audience | None = None) -> Iterator[bytes]:
     """The stack's archive as a stream of ZIP bytes (format: ARCHIVE_README). Caller checked access.
-    `audience`: a requester other than the stack's own credentials (memories.grants) gets only the
+    `audience`: a requester other than the stack's own credentials (memories.privacy.grants) gets only the
     memories its grants admit, their revisions and a MEMORY.md of them (the counts say so)."""
     now = now or timezone.now()
     sink = _Sink()

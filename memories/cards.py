@@ -6,7 +6,7 @@ the privacy gate's — **redact first, then derive**:
 1. `session_allowlisted` keeps only the allowlisted fields (`SESSION_FIELDS`; `session_id` and
    `summary` required) — nothing else reaches a derivation, so no dropped field can leak into the
    card the way `error_message` and `output` did in the system this follows;
-2. `session_redacted` runs the school's redaction over every value (`memories.redaction`): a
+2. `session_redacted` runs the school's redaction over every value (`memories.privacy.redaction`): a
    CRITICAL secret refuses the session (422 `redaction_refused`), everything else becomes a
    `<REDACTED:RULE>` placeholder, and the report counts rules, never values;
 3. `memory_card` derives the card only from that redacted text: title, 3-7 bullets, decisions,
@@ -31,9 +31,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from memories.grants import Audience, grants_filter
 from memories.models import Memory
-from memories.redaction import RedactionPolicy, redact_value, report_of
+from memories.privacy.grants import Audience, grants_filter
+from memories.privacy.redaction import RedactionPolicy, redact_value, report_of
 from memories.services import memory_batch_create
 from memoryhub.errors import InvalidInput
 from stacks.models import Stack

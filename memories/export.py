@@ -4,7 +4,7 @@ Sections, in order: header, boot config, values (≤ 20 by priority), active goa
 priority), beliefs with confidence ≥ 0.4 (≤ 50 by confidence), key relationships (top 10 by
 interactions, notes cut at 80 characters), the last checkpoint. Forgotten, deleted and expired
 memories never appear, nor, for a requester other than the stack's own credentials, memories its
-privacy grants do not admit (memories.grants; the boot config and checkpoint carry no grants).
+privacy grants do not admit (memories.privacy.grants; the boot config and checkpoint carry no grants).
 Every memory line is flattened to one line, so no stored text can inject markdown structure
 (headings, lists) into the file.
 """
@@ -20,7 +20,7 @@ from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Cast, Coalesce
 from django.utils import timezone
 
-from memories.grants import Audience
+from memories.privacy.grants import Audience
 from memories.records.schemas import goal_priority_rank
 from memories.selectors import boot_config_entries, checkpoint_latest, checkpoint_warnings, memories_list
 from stacks.models import Stack

@@ -47,7 +47,7 @@ from typing import Any
 from django.db import connection, transaction
 from django.utils import timezone
 
-from memories.grants import Audience, grants_sql
+from memories.privacy.grants import Audience, grants_sql
 from memories.selectors import checkpoint_latest, checkpoint_warnings
 from stacks.models import Stack
 
@@ -162,7 +162,7 @@ def _kind_candidates_sql(rank: int, kind: str, grants: str) -> str:
     # A literal kind per branch lets each branch walk the (stack, kind, -created_at) index and stop
     # after CANDIDATES_PER_KIND rows: no sort of the stack's rows, no scan of the other kinds.
     # `grants`: the privacy-grants predicate for a requester other than the stack's own credentials
-    # (memories.grants), inside each branch and before its LIMIT; empty for the stack's own.
+    # (memories.privacy.grants), inside each branch and before its LIMIT; empty for the stack's own.
     return f"""(SELECT id, created_at, {rank} AS kind_rank, '{kind}'::text AS kind, {_score_sql(kind)} AS score,
             ceil(floor(LEAST(length(text), %(cap)s) / 4) * 1.3)::int AS bound,
             LEAST(length(text), %(cap)s) AS chars
@@ -305,7 +305,7 @@ def stack_load(*, stack: Stack, budget: int | None = None, item_chars: int | Non
                now: datetime | None = None, track_access: bool = True,
                audience: Audience | None = None) -> LoadResult:
     """Assemble the load for `stack` (see module docstring). `audience`: the requester when it is not
-    the stack's own credentials (memories.grants): only memories its grants admit are candidates, and
+    the stack's own credentials (memories.privacy.grants): only memories its grants admit are candidates, and
     echoes come from those too. The checkpoint and boot config are the stack's working state, not
     memories, and carry no grants: whoever may read the stack gets them."""
     now = now or timezone.now()

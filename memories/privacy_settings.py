@@ -4,7 +4,7 @@ Four settings of `accounts.Organization`, each with its own validator:
 
 * `retention_days` — {kind: days} kept after a memory's creation (`memories.lifecycle.ttl`, enforced
   by the TTL job); a kind left out has no limit;
-* `redaction_categories` — the PII categories redacted at ingest (`memories.redaction`); secrets are
+* `redaction_categories` — the PII categories redacted at ingest (`memories.privacy.redaction`); secrets are
   redacted whatever this says. Stored None means "every PII category, including any added later";
   choosing all of them stores None too, so the two cannot drift apart;
 * `empty_grants_policy` — what an empty `access_grants` list means for school staff ("school":
@@ -33,7 +33,7 @@ from accounts.services import audit_record
 from memories.erasure import ASYNC_THRESHOLD
 from memories.lifecycle.ttl import DEFAULT_RETENTION_DAYS, retention_validated
 from memories.models import MemoryKind
-from memories.redaction import PII_CATEGORIES, redaction_categories_validated
+from memories.privacy.redaction import PII_CATEGORIES, redaction_categories_validated
 from memoryhub.errors import InvalidInput
 
 FIELDS = ("retention_days", "redaction_categories", "empty_grants_policy", "keep_raw_originals")
@@ -46,7 +46,7 @@ KIND_LABELS: dict[str, str] = {
     MemoryKind.DRIVE: "Drives", MemoryKind.RELATIONSHIP: "Relationships", MemoryKind.PLAYBOOK: "Playbooks",
 }
 
-# How the dashboard and the policy name each PII category (memories.redaction.PII_CATEGORIES).
+# How the dashboard and the policy name each PII category (memories.privacy.redaction.PII_CATEGORIES).
 CATEGORY_LABELS: dict[str, str] = {"EMAIL": "e-mail addresses", "PHONE": "phone numbers",
                                    "IP_ADDRESS": "IP addresses"}
 

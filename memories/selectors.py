@@ -5,7 +5,7 @@ Callers pass a stack already resolved through `stacks.selectors.stack_for_princi
 Rules: soft-deleted rows (sync deletes) are never returned; expired rows (`expires_at <= now`)
 are invisible to every read from that instant, before the purge job removes them; forgotten rows
 are only returned when asked for (`forgotten="include"|"only"`). A requester other than the stack's
-own credentials passes its `audience` (memories.grants.audience_for): it sees only the memories whose
+own credentials passes its `audience` (memories.privacy.grants.audience_for): it sees only the memories whose
 privacy grants admit it, and a hidden memory is a 404 like one that does not exist.
 """
 
@@ -20,8 +20,8 @@ from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from accounts.principal import Principal
-from memories.grants import Audience, grants_filter
 from memories.models import BootConfigEntry, Checkpoint, ErasureCertificate, Memory
+from memories.privacy.grants import Audience, grants_filter
 from memoryhub.errors import Forbidden, InvalidInput, NotFound
 from stacks.models import Stack
 from stacks.selectors import ensure_writable, stack_for_principal, stacks_visible_to

@@ -37,8 +37,7 @@ from accounts.principal import Principal
 from billing.entitlements import ensure_can_store
 from memories.events import BOOT_CONFIG, CHECKPOINT, record_change
 from memories.models import BootConfigEntry, Checkpoint, Memory
-from memories.records.cleaning import clean_json, clean_text
-from memories.redaction import (
+from memories.privacy.redaction import (
     RedactionPolicy,
     RedactionRefused,
     SensitiveIdentifier,
@@ -47,6 +46,7 @@ from memories.redaction import (
     refuse_sensitive_identifier,
     stack_policy,
 )
+from memories.records.cleaning import clean_json, clean_text
 from memories.writes.columns import CONTENT_COLUMNS
 from memories.writes.hooks import prepare_memory
 from memories.writes.rows import (

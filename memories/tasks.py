@@ -15,8 +15,7 @@ from celery import shared_task
 
 from memories.erasure import erasure_run
 from memories.events import events_prune, events_relay
-from memories.search.embedding_backlog import embedding_sweep_run
-from memories.search.embedding_jobs import memories_embed
+from memories.search.embedding_jobs import embedding_sweep_run, memories_embed
 from memories.search.vector_indexes import stack_vector_indexes_run
 from memories.writes.hooks import embedding_message_taken, queue_stack_embedding
 

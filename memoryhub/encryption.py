@@ -1,6 +1,6 @@
 """Encryption at rest: an AES-256-GCM envelope under keys with ids, for rotation.
 
-Used for raw entries' original text (memories.originals; docs/privacy.md, "Encryption at rest").
+Used for raw entries' original text (memories.privacy.originals; docs/privacy.md, "Encryption at rest").
 Generic on purpose: it knows bytes, keys and associated data, nothing about memories, and imports
 nothing of the project, so settings can build the keyring at startup.
 

@@ -32,9 +32,10 @@ from memories.erasure import (
     memory_erase_request,
     stack_erase_request,
 )
-from memories.grants import audience_for
 from memories.lifecycle.ttl import RETENTION_MAX_DAYS
 from memories.models import ErasureCertificate
+from memories.privacy.grants import audience_for
+from memories.privacy.redaction import PII_CATEGORIES, RULES
 from memories.privacy_settings import (
     CATEGORY_LABELS,
     DEFAULTS,
@@ -45,7 +46,6 @@ from memories.privacy_settings import (
     privacy_settings_update,
     retention_rows,
 )
-from memories.redaction import PII_CATEGORIES, RULES
 from memories.selectors import erasure_certificate_get, erasure_certificates_of, memory_get, stack_for_erasure
 from memoryhub.errors import InvalidInput
 from stacks.models import Stack

@@ -24,7 +24,7 @@ from dashboard.access import ADMIN, STAFF, dashboard_page, request_ip
 from memories.archive import archive_chunks, archive_filename
 from memories.cards import session_cards
 from memories.export import stack_memory_md
-from memories.grants import audience_for
+from memories.privacy.grants import audience_for
 from memories.selectors import boot_config_entries, checkpoint_latest, checkpoint_warnings, memory_get
 from memories.usage import growth_chart, stack_usage
 from memoryhub.errors import NotFound
@@ -141,7 +141,7 @@ def export_archive(request: HttpRequest, principal: Principal, slug: str) -> Htt
     stack = stack_for_principal(principal, slug)
     now = timezone.now()
     reads.audit_export(principal=principal, stack=stack, ip=request_ip(request), export_format="zip")
-    # As the API's: only what this viewer's privacy grants admit (memories.grants).
+    # As the API's: only what this viewer's privacy grants admit (memories.privacy.grants).
     chunks = archive_chunks(stack=stack, now=now, audience=audience_for(principal, stack_id=stack.pk))
     response = StreamingHttpResponse(streamed_content(request, chunks), content_type="application/zip")
     response["Content-Disposition"] = f'attachment; filename="{archive_filename(stack, now)}"'

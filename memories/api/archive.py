@@ -18,9 +18,9 @@ from accounts.principal import principal_of
 from accounts.selectors import ensure_may_manage_organization
 from accounts.services import audit_record
 from memories.archive import ARCHIVE_FORMAT_VERSION, archive_chunks, archive_filename
-from memories.grants import audience_for
 from memories.lifecycle.ttl import retention_of, retention_set
 from memories.models import MemoryKind
+from memories.privacy.grants import audience_for
 from memoryhub.streaming import streamed_content
 from stacks.selectors import stack_for_principal
 

@@ -21,12 +21,12 @@ from rest_framework.views import APIView
 
 from accounts.principal import principal_of
 from memories import selectors
-from memories.grants import Audience, audience_for
 from memories.lifecycle.decay import Grade
 from memories.lifecycle.decay_pass import forgetting_candidates
 from memories.lifecycle.jobs import JOB_NAMES, job_run_share, job_runs_recent
 from memories.lifecycle.reviews import memory_decay_view, record_review
 from memories.models import JobRun, Memory
+from memories.privacy.grants import Audience, audience_for
 from memories.serializers import validated
 from stacks.models import Stack
 from stacks.selectors import stack_for_principal

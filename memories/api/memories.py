@@ -21,12 +21,13 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from accounts.principal import principal_of
-from memories import originals, selectors, services
+from memories import selectors, services
 from memories.export import stack_memory_md
-from memories.grants import Audience, audience_for
 from memories.lifecycle.promotion import promote_lessons
 from memories.load import MAX_ITEM_CHARS, stack_load
 from memories.models import Memory
+from memories.privacy import originals
+from memories.privacy.grants import Audience, audience_for
 from memories.records.cleaning import clean_json
 from memories.serializers import (
     BootConfigEntrySerializer,

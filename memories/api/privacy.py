@@ -21,6 +21,7 @@ from accounts.network import client_ip
 from accounts.principal import principal_of
 from memories.lifecycle.ttl import RETENTION_MAX_DAYS
 from memories.models import MemoryKind
+from memories.privacy.redaction import PII_CATEGORIES
 from memories.privacy_settings import (
     DEFAULTS,
     PrivacySettings,
@@ -28,7 +29,6 @@ from memories.privacy_settings import (
     privacy_settings_get,
     privacy_settings_update,
 )
-from memories.redaction import PII_CATEGORIES
 from memories.serializer_fields import StrictBooleanField
 
 TAG = "privacy"

@@ -23,10 +23,9 @@ from rest_framework.views import APIView
 
 from accounts.principal import principal_of
 from memories import selectors
-from memories.grants import audience_for
 from memories.models import Memory
-from memories.search.hybrid import search_memories
-from memories.search.query import SearchHit, SearchQuery, SearchResult
+from memories.privacy.grants import audience_for
+from memories.search.hybrid import SearchHit, SearchQuery, SearchResult, search_memories
 from memories.search.retrieval_feedback import memory_feedback
 from memories.search.smart_ingest import smart_ingest
 from memories.serializer_fields import KERNLE_TYPES

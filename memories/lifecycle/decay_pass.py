@@ -31,7 +31,6 @@ from django.db.models import FloatField
 from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
-from memories.grants import Audience, grants_filter
 from memories.lifecycle.decay import (
     FORGOTTEN_REASON_DECAY,
     NEVER_FADE_KINDS,
@@ -40,6 +39,7 @@ from memories.lifecycle.decay import (
 )
 from memories.lifecycle.jobs import DEADLOCK_RETRIES, JOB_DECAY, Progress, is_retryable_conflict, run_job
 from memories.models import JobRun, Memory
+from memories.privacy.grants import Audience, grants_filter
 from memories.writes.columns import DECAY_STATE, LIFECYCLE
 from memories.writes.hooks import after_commit
 from memories.writes.rows import lock_stack_changes
@@ -404,7 +404,7 @@ def forgetting_candidates(*, stack: Stack, now: datetime | None = None, limit: i
 
     Each memory carries `current_salience` (at `now`). The caller resolved `stack` through
     `stacks.selectors`. Archived stacks are not decayed, so they have no candidates. A requester
-    other than the stack's own credentials passes its `audience` (memories.grants): only memories
+    other than the stack's own credentials passes its `audience` (memories.privacy.grants): only memories
     its grants admit are listed.
     """
     at = now or timezone.now()

@@ -32,9 +32,9 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from memories.grants import Audience
 from memories.lifecycle.jobs import JOB_PROMOTION, Progress, run_job
 from memories.models import JobRun, Memory
+from memories.privacy.grants import Audience
 from memories.selectors import memories_list
 from memories.services import memory_create
 from memoryhub.errors import DomainError

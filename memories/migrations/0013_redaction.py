@@ -1,5 +1,5 @@
 """Redaction at ingest (issue 16): each memory keeps what redaction replaced, `[{"rule", "count"}]`
-(memories.redaction, docs/algorithms.md §11). A JSON column with a constant database default
+(memories.privacy.redaction, docs/algorithms.md §11). A JSON column with a constant database default
 ('[]'): PostgreSQL stores it in the catalogue, so the large memory table is not rewritten, and SQL
 that does not name the column (a previous release's process during the deploy) still inserts.
 """

@@ -54,11 +54,11 @@ class NormalizedMemory:
     # again (the sync COPY): one encoding per record instead of two.
     data_json: str | None = None
     extra_json: str | None = None
-    # What redaction replaced, as [{"rule", "count"}] — never the values (memories.redaction;
+    # What redaction replaced, as [{"rule", "count"}] — never the values (memories.privacy.redaction;
     # docs/algorithms.md §11). Stored on the memory as `redaction_report`.
     redaction_report: list[dict[str, Any]] = field(default_factory=list)
     # A raw entry's canonical text as submitted, set by the write kernel (`prepare_memory`) only when
-    # redaction changed it; never a column: the kernel seals it (memories.originals) when the school
+    # redaction changed it; never a column: the kernel seals it (memories.privacy.originals) when the school
     # opted in, and drops it otherwise.
     original_text: str | None = None
 

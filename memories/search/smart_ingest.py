@@ -22,7 +22,7 @@ docs/algorithms.md §6 (the rules MemoryHub adopts), in the order they are appli
 
 Privacy grants (docs/privacy.md "Privacy grants"): a requester other than the stack's own
 credentials (a school key, a signed-in admin or teacher) passes its `audience`, and the neighbour
-query carries the grants predicate (memories.grants.grants_sql) before its LIMIT. A memory the
+query carries the grants predicate (memories.privacy.grants.grants_sql) before its LIMIT. A memory the
 requester may not see is therefore absent from the gate, as if it did not exist: it is never
 reinforced, merged into, linked, superseded or listed in `considered`, and when it is the only close
 neighbour the new memory is simply created. The answer (`memory`, `target_id`, `reason`,
@@ -52,12 +52,12 @@ from typing import Any
 from django.db import connection, transaction
 from django.utils import timezone
 
-from memories.grants import Audience, grants_filter, grants_sql
 from memories.lifecycle.decay import DecayState, Grade, base_stability, review
 from memories.models import Memory
-from memories.redaction import stack_policy
+from memories.privacy.grants import Audience, grants_filter, grants_sql
+from memories.privacy.redaction import stack_policy
+from memories.search.embedding_jobs import store_vectors
 from memories.search.embedding_model import deployment_model_mismatch
-from memories.search.embedding_store import store_vectors
 from memories.search.embeddings import get_embedder, vector_literal
 from memories.search.retrieval_feedback import DEMOTE, PROMOTE, latest_feedback
 from memories.services import memory_create, memory_forget, memory_update
@@ -169,7 +169,7 @@ def _neighbours(stack: Stack, kind: str, vector: list[float],
                AND {grants}
              ORDER BY (m.embedding <=> %(v)s::vector) + 0
              LIMIT %(limit)s
-            """,  # noqa: S608 (the predicate is memories.grants' own SQL; its values are parameters)
+            """,  # noqa: S608 (the predicate is memories.privacy.grants' own SQL; its values are parameters)
             {"v": vector_literal(vector), "stack": stack.pk, "kind": kind, "model": embedder.model_id,
              "limit": CANDIDATES, **grant_params},
         )
@@ -198,7 +198,7 @@ def smart_ingest(*, stack: Stack, kind: str, payload: dict[str, Any], force_crea
     """Store `payload` as a `kind` memory of `stack`, or fold it into an existing one (module docstring).
 
     Precondition: the caller resolved `stack` with write access (stacks.selectors). `audience`: the
-    requester's privacy grants (memories.grants.audience_for; None for the stack's own credentials):
+    requester's privacy grants (memories.privacy.grants.audience_for; None for the stack's own credentials):
     memories it may not see are left out of the gate and `supersedes` (a hidden one is a 404).
     """
     thresholds = thresholds or Thresholds()

@@ -33,8 +33,8 @@ from django.db import DatabaseError, transaction
 from billing import entitlements
 from memories.erasure import erased_keys
 from memories.models import Memory
+from memories.privacy.redaction import RedactionPolicy, stack_policy
 from memories.records.normalize import NormalizedMemory, memory_payload_view
-from memories.redaction import RedactionPolicy, stack_policy
 from memories.sync.lookup import _lookup_existing
 from memories.sync.protocol import (
     ARRAY_CAP,
@@ -156,7 +156,7 @@ def _apply_upsert(state: _State, op: SyncOp, now: datetime, redaction: Redaction
             normalized = op.normalized
         changed, text_changed = _assign(row, normalized)
         if text_changed:
-            state.normalized = normalized  # its original text, for the write kernel (memories.originals)
+            state.normalized = normalized  # its original text, for the write kernel (memories.privacy.originals)
         if row.client_updated_at != op.client_updated_at or row.client_version != op.client_version:
             row.client_updated_at = op.client_updated_at
             row.client_version = op.client_version

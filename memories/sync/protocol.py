@@ -25,10 +25,10 @@ from django.db import connection
 
 from accounts.principal import Principal
 from memories.models import MemoryKind
+from memories.privacy.redaction import RedactionPolicy, SensitiveIdentifier, refuse_sensitive_identifier
 from memories.records.cleaning import NOT_UNICODE, has_lone_surrogate, parse_timestamp
 from memories.records.normalize import NormalizedMemory
 from memories.records.vocabulary import KIND_FOR_TABLE, LIST_ITEMS
-from memories.redaction import RedactionPolicy, SensitiveIdentifier, refuse_sensitive_identifier
 from memories.writes.hooks import prepare_memory
 from memoryhub.errors import DomainError, InvalidInput, NotFound, PayloadTooLarge, Unprocessable, utf8_encodable
 from memoryhub.pagination import invalid_cursor

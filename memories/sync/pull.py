@@ -5,7 +5,7 @@ JSON without decoding records (see `_record_json`): a complete kernle change set
 is one query and string joins.
 
 A credential other than the stack's own (a school key pulling a student's stack) gets only the
-memories its privacy grants admit (memories.grants), filtered inside the query; its cursor still
+memories its privacy grants admit (memories.privacy.grants), filtered inside the query; its cursor still
 advances past the hidden ones (kernle: the watermark; native: see `native_pull`). The stack's own
 credentials run the same SQL as before, with no predicate.
 """
@@ -22,8 +22,8 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from accounts.principal import Principal
-from memories.grants import audience_for, grants_sql
 from memories.models import SyncWatermark
+from memories.privacy.grants import audience_for, grants_sql
 from memories.records.cleaning import parse_timestamp
 from memories.sync.protocol import (
     NATIVE_PAGE_DEFAULT,

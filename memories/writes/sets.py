@@ -24,7 +24,7 @@ from typing import Any
 from django.db import connection
 
 from memories.models import Memory, MemoryKind, MemoryRevision, NextChangeSeq
-from memories.originals import keep_originals
+from memories.privacy.originals import keep_originals
 from memories.records.normalize import NormalizedMemory
 from memories.writes.columns import ARRAY_COLUMNS, COPY_COLUMNS, COPY_TYPES, JSON_COLUMNS, SET_UPDATE_COLUMNS
 from memories.writes.hooks import after_commit
@@ -81,7 +81,7 @@ class RecordWrite:
     action: str = "update"  # the revision's action: update | forget | recover | delete
     # The normalised record the row was last filled from: COPY reuses a new row's pre-rendered JSON
     # while the row still holds that very `data` / `extra` (checked by identity), and `finish_set`
-    # takes a raw row's original text from it (memories.originals) while the row holds its text.
+    # takes a raw row's original text from it (memories.privacy.originals) while the row holds its text.
     normalized: NormalizedMemory | None = None
 
 

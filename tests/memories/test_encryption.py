@@ -21,7 +21,7 @@ from pytest_django.fixtures import SettingsWrapper
 from accounts.models import AuditEvent, Organization
 from accounts.throttles import throttle_state_clear
 from memories.models import Memory, RawOriginal
-from memories.originals import Rotation, reseal_batch
+from memories.privacy.originals import Rotation, reseal_batch
 from memoryhub.encryption import (
     DEV_KEY_ID,
     DecryptionFailed,

@@ -26,8 +26,8 @@ from memories import events
 from memories.lifecycle.decay_pass import decay_pass
 from memories.lifecycle.ttl import ttl_purge
 from memories.models import ChangeEvent, Memory
+from memories.search.embedding_jobs import EMBEDDING_SOURCE, store_vectors
 from memories.search.embedding_model import deployment_model_claim
-from memories.search.embedding_store import EMBEDDING_SOURCE, store_vectors
 from memories.search.embeddings import get_embedder
 from memories.services import CheckpointInput, boot_config_set, checkpoint_save, memory_create
 from memories.writes import hooks

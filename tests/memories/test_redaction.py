@@ -28,8 +28,8 @@ from accounts.models import Organization
 from accounts.throttles import throttle_state_clear
 from memories.changes.feed import event_dict
 from memories.models import BootConfigEntry, ChangeEvent, Checkpoint, Memory, MemoryRevision, RawOriginal
-from memories.originals import associated_data
-from memories.redaction import (
+from memories.privacy.originals import associated_data
+from memories.privacy.redaction import (
     PII_CATEGORIES,
     RedactionRefused,
     redact_secrets,
@@ -235,7 +235,7 @@ def test_critical_variants_are_refused_and_kept_originals_lose_them(rule: str, s
     with pytest.raises(RedactionRefused) as refused:
         redact_text(f"note: {secret}")
     assert refused.value.rule == rule
-    # What an original may keep (memories.originals) never holds them either: replaced, not refused.
+    # What an original may keep (memories.privacy.originals) never holds them either: replaced, not refused.
     cleared = redact_secrets(f"note: {secret} end")
     assert "REDACTED" in cleared and "b3BlbnNz" not in cleared
     assert not any(line in cleared for line in _pem_body(secret).splitlines() if len(line) >= 40)

@@ -14,7 +14,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from memories.originals import Rotation, reseal_batch, rows_to_reseal
+from memories.privacy.originals import Rotation, reseal_batch, rows_to_reseal
 from memoryhub.encryption import VARIABLE, current_keyring
 
 

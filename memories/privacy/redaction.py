@@ -30,7 +30,7 @@ revisions or its change events exist. Checkpoints, boot-config values and forget
 * **Identifiers cannot be rewritten** (a record id is how the client syncs; a boot-config key name
   is how it reads its setting back): `refuse_sensitive_identifier` refuses one holding a secret or
   an e-mail address with 400 `sensitive_identifier`, naming the rule, never the value.
-* **Kept originals** (memories.originals) never hold a secret: `redact_secrets` is the secret rules
+* **Kept originals** (memories.privacy.originals) never hold a secret: `redact_secrets` is the secret rules
   alone (the PII a school redacts is what an original is kept for), replacing CRITICAL matches
   instead of refusing them.
 * Phone numbers: a pattern for the North-American and `+<country>` shapes, and for national
@@ -663,7 +663,7 @@ def _apply_rules(text: str, folded: _Folded, rules: tuple[Rule, ...], counts: Co
 
 def redact_secrets(text: str) -> str:
     """`text` without any secret, whatever a school chose, and never refused: CRITICAL matches are
-    replaced too (a private key's whole block). For kept originals (memories.originals): they keep
+    replaced too (a private key's whole block). For kept originals (memories.privacy.originals): they keep
     the PII a school redacts, never a secret."""
     folded = _folded(text)
     if not _suspicious(folded.text):
