@@ -11,14 +11,14 @@ functions they call off the event loop.
   same calls the pages make (dashboard.access, dashboard/views/student.py); nothing here restates a
   rule. Access is checked at the handshake, again for every event a socket renders, every
   RECHECK_SECONDS, and at once when a signal below says it may have changed.
-* What: a change event (memories.events, EVENT_DICT) names memory ids; the student page gets each
+* What: a change event (memories.changes, EVENT_DICT) names memory ids; the student page gets each
   memory rendered with the page's own row partial (templates/dashboard/student/_memory_row.html),
   whether it still matches the page's filters (the page's own filter rule, dashboard.student), the
   kind tabs' counts and the header figures — so the page inserts, replaces or removes rows by id
   and never needs to know a rule. One render serves every socket showing the same stack with the
   same filters and the same privacy-grants audience (`_shared`): fifty open pages cost one render
   per event, not fifty.
-* Grants: the event's memory ids are narrowed to those the viewer's grants admit (memories.privacy.grants)
+* Grants: the event's memory ids are narrowed to those the viewer's grants admit (memories.grants)
   in one SQL query before anything is rendered, so a socket never receives the id or text of a
   memory the viewer cannot see, not even as "removed". A change whose memories are ALL hidden from
   the viewer (and that touched no checkpoint or boot config) is not sent to that viewer at all —
@@ -66,10 +66,11 @@ from accounts.selectors import principal_for_session
 from accounts.signals import sessions_ended
 from dashboard import student as reads
 from dashboard.access import STAFF
-from memories import events as change_events
+from memories.changes.feed import events_after, latest_seq
+from memories.grants import Audience, audience_for, grants_filter
 from memories.models import ChangeEvent, Memory, StackDailyActivity
-from memories.privacy.grants import Audience, audience_for, grants_filter
 from memories.selectors import boot_config_entries, checkpoint_latest, checkpoint_warnings, memories_live
+from memories.writes.outbox import BOOT_CONFIG, CHECKPOINT
 from memoryhub.errors import NotFound
 from stacks.models import Stack, TeacherAssignment
 from stacks.selectors import stack_for_principal, stacks_visible_to
@@ -91,12 +92,12 @@ RESOLVE_IDS_MAX = 1000
 # --- groups and who is asking ---------------------------------------------------------------------
 
 def stack_group(stack_id: int) -> str:
-    """Where memories.events publishes a stack's changes (issue 15 design)."""
+    """Where memories.changes.publish publishes a stack's changes (issue 15 design)."""
     return f"stack.{stack_id}"
 
 
 def school_group(organization_id: int) -> str:
-    """Where memories.events publishes every change of a school's stacks."""
+    """Where memories.changes.publish publishes every change of a school's stacks."""
     return f"school.{organization_id}"
 
 
@@ -187,7 +188,7 @@ def stack_seq(stack: Stack) -> int:
     """The stack's newest change sequence number: a page reads it BEFORE its memories, and its
     socket resumes from it, so a change committed between the two is sent (again) and nothing is
     missed; applying a change twice is harmless (rows are replaced by id)."""
-    return change_events.latest_seq(stack)
+    return latest_seq(stack)
 
 
 @dataclass(frozen=True)
@@ -217,7 +218,7 @@ def change_of(event: dict[str, Any]) -> Change:
 def catch_up(stack: Stack, since: int) -> tuple[Change | None, bool]:
     """Every change after `since`, merged into one (each memory rendered once, as it is now), and
     whether the page is too far behind to catch up (more than CATCH_UP_EVENTS): reload instead."""
-    events = change_events.events_after(stack, since, limit=CATCH_UP_EVENTS + 1)
+    events = events_after(stack, since, limit=CATCH_UP_EVENTS + 1)
     if len(events) > CATCH_UP_EVENTS:
         return None, True
     return _merged(events), False
@@ -228,12 +229,12 @@ def changes_through(stack_id: int, sent: int, published: int) -> Change | None:
     sent everything up to seq `sent`: every committed event between, merged (at most
     CATCH_UP_EVENTS; the socket asks again from the seq reached). None: no such event is stored.
 
-    Events of a stack COMMIT in seq order (memories.events) but are not always PUBLISHED in it: an
+    Events of a stack COMMIT in seq order (memories.writes.outbox) but are not always PUBLISHED in it: an
     event whose publisher died is published later by the relay, after newer ones. Sending what lies
     between, not just the event that arrived, keeps what a page has seen gap-free up to its seq, so
     its resume point (`?since=<seq>`) misses nothing; the late event itself then arrives at or
     below the socket's seq and is skipped (StackConsumer.stack_change)."""
-    return _merged(change_events.events_after(stack_id, sent, limit=CATCH_UP_EVENTS, through=published))
+    return _merged(events_after(stack_id, sent, limit=CATCH_UP_EVENTS, through=published))
 
 
 def _merged(events: Sequence[ChangeEvent]) -> Change | None:
@@ -275,7 +276,7 @@ def _student_message(stack_id: int, filters: reads.MemoryFilters, change: Change
                                "rows": [], "removed": [], "unresolved": 0}
     named = memory_ids(change.memory_ids)
     ids = _admitted(stack, named, audience)
-    working_state = bool(change.topics & {change_events.CHECKPOINT, change_events.BOOT_CONFIG})
+    working_state = bool(change.topics & {CHECKPOINT, BOOT_CONFIG})
     if named and not ids and not working_state:
         return None  # only memories this viewer may not see: even the fact of the change stays hidden
     if change.actions and change.actions <= UNSEEN_ACTIONS:
@@ -286,11 +287,11 @@ def _student_message(stack_id: int, filters: reads.MemoryFilters, change: Change
         message.update(_rows(stack, filters, ids, audience))
     counts = reads.kind_counts(stack, filters, audience=audience)
     message.update(counts=counts, total=sum(counts.values()), figures=_stack_figures(stack))
-    if change_events.CHECKPOINT in change.topics:
+    if CHECKPOINT in change.topics:
         checkpoint = checkpoint_latest(stack=stack)
         message["checkpoint"] = render_to_string("dashboard/student/_checkpoint.html", {
             "checkpoint": checkpoint, "checkpoint_warnings": checkpoint_warnings(checkpoint) if checkpoint else []})
-    if change_events.BOOT_CONFIG in change.topics:
+    if BOOT_CONFIG in change.topics:
         message["boot_config"] = render_to_string("dashboard/student/_boot_config.html",
                                                   {"boot_config": list(boot_config_entries(stack=stack))})
     return message

@@ -4,3 +4,9 @@ from django.apps import AppConfig
 class MemoriesConfig(AppConfig):
     name = "memories"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        # Change events are published by an effect of the after-commit registry, which its module
+        # registers when imported (memories.writes.effects, docs/architecture.md §5.3): in every
+        # process, before its first write commits.
+        import memories.changes.publish  # noqa: F401

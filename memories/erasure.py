@@ -1,7 +1,7 @@
 """Erasure with a certificate (issue 16; docs/architecture.md §9).
 
 A school admin erases a student's stack, or one memory, irreversibly: memories with their revisions,
-salience rows, kept raw originals (memories.privacy.originals) and embeddings (columns of the memory row),
+salience rows, kept raw originals (memories.originals) and embeddings (columns of the memory row),
 checkpoints, boot config and sync watermarks. What stays: the Stack row (archived, zero usage, so
 its slug is not reused by a new push), an audit event with counts only, the certificate, and one
 tombstone per erased memory that is an id only (SHA-256 of "<kind>:<record_id>"), which the sync
@@ -36,7 +36,6 @@ from django.utils.crypto import salted_hmac
 
 from accounts.principal import Principal
 from accounts.services import audit_record
-from memories.events import BOOT_CONFIG, CHECKPOINT, MEMORY, record_change
 from memories.models import (
     BootConfigEntry,
     ChangeEvent,
@@ -47,6 +46,7 @@ from memories.models import (
     SyncWatermark,
 )
 from memories.search.embeddings import query_cache
+from memories.writes.outbox import BOOT_CONFIG, CHECKPOINT, MEMORY, record_change
 from memoryhub.errors import Conflict, InvalidInput
 from stacks.models import Stack
 from teleport.services import snapshots_erase
@@ -247,7 +247,7 @@ def _erase_batch(stack_id: int, memory_id: Any, counts: dict[str, int]) -> tuple
     erased = counted = counted_bytes = 0
     with transaction.atomic(), connection.cursor() as cursor:
         # Lock order of every writer: the stack row before its memory rows; holding it also makes
-        # this batch's "erase" event commit in seq order with the stack's other writes (memories.events).
+        # this batch's "erase" event commit in seq order with the stack's other writes (memories.writes.outbox).
         Stack.objects.select_for_update().filter(pk=stack_id).first()
         # The stack now has tombstones, so the sync engine must look them up (Stack.has_erasures):
         # set under the lock, so a push holding it finishes first and every later push sees it.
@@ -263,7 +263,7 @@ def _erase_batch(stack_id: int, memory_id: Any, counts: dict[str, int]) -> tuple
                 counted += live
                 counted_bytes += size
                 ids.extend(memory_ids or ())
-        # One "erase" event per batch: ids only (memories.events), in the batch's transaction.
+        # One "erase" event per batch: ids only (memories.writes.outbox), in the batch's transaction.
         if ids:
             record_change(stack_id=stack_id, topic=MEMORY, source=ERASURE_SOURCE, changes=[("erase", ids)])
         if counted or counted_bytes:
@@ -298,7 +298,7 @@ def erasure_run(cert_id: Any) -> ErasureCertificate:
             with transaction.atomic():
                 # The stack's change history goes too (when its agents wrote: activity, like the
                 # daily rollup below); the erasure's own "erase" events stay, for consumers to hear
-                # of it, until pruned (memories.events.RETENTION): ids only.
+                # of it, until pruned (memories.changes.publish.RETENTION): ids only.
                 history, _ = ChangeEvent.objects.filter(stack_id=cert.stack_ref).exclude(action="erase").delete()
                 if history:
                     counts["change_events"] = history

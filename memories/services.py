@@ -35,9 +35,9 @@ from django.utils import timezone
 
 from accounts.principal import Principal
 from billing.entitlements import ensure_can_store
-from memories.events import BOOT_CONFIG, CHECKPOINT, record_change
 from memories.models import BootConfigEntry, Checkpoint, Memory
-from memories.privacy.redaction import (
+from memories.records.cleaning import clean_json, clean_text
+from memories.redaction import (
     RedactionPolicy,
     RedactionRefused,
     SensitiveIdentifier,
@@ -46,9 +46,9 @@ from memories.privacy.redaction import (
     refuse_sensitive_identifier,
     stack_policy,
 )
-from memories.records.cleaning import clean_json, clean_text
 from memories.writes.columns import CONTENT_COLUMNS
 from memories.writes.hooks import prepare_memory
+from memories.writes.outbox import BOOT_CONFIG, CHECKPOINT, record_change
 from memories.writes.rows import (
     insert_memories,
     lock_stack_changes,
@@ -315,7 +315,7 @@ def checkpoint_save(*, stack: Stack, checkpoint: CheckpointInput, source: str = 
     task = redact_value(task, field="task", policy=policy)
     texts = {name: redact_value(value, field=name, policy=policy) for name, value in texts.items()}
     context = redact_value(context, field="context", policy=policy)
-    # The stack lock orders this write's event among the stack's others (memories.events: seq).
+    # The stack lock orders this write's event among the stack's others (memories.writes.outbox: seq).
     lock_stack_changes(stack.pk)
     saved = Checkpoint.objects.create(stack=stack, task=task, context=context, **texts)
     record_change(stack_id=stack.pk, topic=CHECKPOINT, source=source, changes=[("save", ())])
@@ -350,7 +350,7 @@ def boot_config_set(*, stack: Stack, key: str, value: Any, source: str = "api") 
         raise InvalidInput("Invalid boot config value.", fields={"value": [f"At most {BOOT_VALUE_MAX} characters."]})
     # docs/algorithms.md §11; RedactionRefused (422) for a CRITICAL secret
     text = redact_value(text, field="value", policy=stack_policy(stack))
-    lock_stack_changes(stack.pk)  # orders the event (memories.events: seq) and the BOOT_MAX_ENTRIES count
+    lock_stack_changes(stack.pk)  # orders the event (memories.writes.outbox: seq) and the BOOT_MAX_ENTRIES count
     exists = BootConfigEntry.objects.filter(stack=stack, key=key).exists()
     if not exists and BootConfigEntry.objects.filter(stack=stack).count() >= BOOT_MAX_ENTRIES:
         raise InvalidInput("Too many boot config keys.",

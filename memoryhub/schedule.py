@@ -58,7 +58,7 @@ BEAT_SCHEDULE["memories-stack-vector-indexes"] = {
     "options": {"expires": 9 * 60},
 }
 
-# Change events (memories.events): a writer publishes its own after commit; the relay publishes
+# Change events (memories.changes.publish): a writer publishes its own after commit; the relay publishes
 # what it could not (Redis down, a consumer failing), so live pages and webhooks catch up within
 # seconds. A queued run older than its period is dropped: the next one does the same work.
 BEAT_SCHEDULE["memories-events-relay"] = {

@@ -150,8 +150,8 @@ _flush_retrying_deadlocks()
 def pytest_runtest_teardown() -> Iterator[None]:
     """Before a test's fixtures are torn down (a transactional test's flush TRUNCATEs every table),
     this process's change-event publisher thread finishes what the test's writes handed it
-    (memories.events): its claim must not race the flush."""
-    from memories.events import wait_published
+    (memories.changes.publish): its claim must not race the flush."""
+    from memories.changes.publish import wait_published
 
     wait_published()
     yield

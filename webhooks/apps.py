@@ -3,7 +3,7 @@ from django.apps import AppConfig
 
 class WebhooksConfig(AppConfig):
     """Signed webhooks for the schools' own backends: one more consumer of the change-event path
-    (memories.events). The fan-out only records deliveries; Celery tasks send them (dispatch.py)."""
+    (memories.changes.publish). The fan-out only records deliveries; Celery tasks send them (dispatch.py)."""
 
     name = "webhooks"
     default_auto_field = "django.db.models.BigAutoField"
@@ -12,7 +12,7 @@ class WebhooksConfig(AppConfig):
         # Every committed ChangeEvent (and every relay of an unpublished one) reaches the fan-out,
         # which is idempotent: a delivery is unique per (endpoint, event).
         from memories.erasure import register_stack_eraser
-        from memories.events import register_event_consumer
+        from memories.writes.effects import register_event_consumer
         from webhooks.dispatch import consume_event
         from webhooks.services import deliveries_erase_for_stack
 

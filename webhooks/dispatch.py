@@ -20,7 +20,7 @@
   a younger one is most likely still in the broker's queue, and re-queuing it would only pile up
   duplicate tasks behind a backlog).
 * `payload(delivery, endpoint)` builds the body at send time. An endpoint is never a stack's own
-  credentials, so its privacy grants apply (memories.privacy.grants: `webhook:<endpoint id>`,
+  credentials, so its privacy grants apply (memories.grants: `webhook:<endpoint id>`,
   `role:webhook`, `org:<school>`, `*`): the event's memory ids are narrowed in one SQL query to
   the memories whose current grants admit the endpoint, before the body lists any id or text.
 * An event whose memories are all hidden from an endpoint is never announced to it: `fan_out`
@@ -52,9 +52,9 @@ from django.utils import timezone
 
 from accounts.models import Membership, Organization
 from accounts.services import audit_record
-from memories.events import event_dict
+from memories.changes.feed import event_dict
+from memories.grants import audience_for_webhook, grants_filter
 from memories.models import ChangeEvent, Memory
-from memories.privacy.grants import audience_for_webhook, grants_filter
 from memoryhub.metrics import WEBHOOK_DELIVERIES
 from stacks.models import Stack
 from webhooks import event_types
@@ -104,7 +104,7 @@ def fan_out(event: ChangeEvent) -> int:
     """Record a pending delivery of `event` for each subscribed, enabled endpoint of the event's
     stack's school; return how many endpoints it matched. Idempotent (the relay may call it again)."""
     name = event_types.event_type(event.topic, event.action)
-    # The publisher hands over the stack's school and slug with the event (memories.events._event_of);
+    # The publisher hands over the stack's school and slug with the event (memories.changes.publish._event_of);
     # otherwise (a relay of an older shape, a test's row) they are looked up. Only this school's endpoints.
     organization_id = getattr(event, "organization_id", None)
     slug = getattr(event, "stack_slug", None)
@@ -148,7 +148,7 @@ def _admitting(endpoints: list[WebhookEndpoint], stack_id: int, named: list[str]
 
 
 def consume_event(event: ChangeEvent) -> None:
-    """The consumer memories.events calls (registered in apps.py)."""
+    """The change-event consumer memories.changes.publish calls (registered in apps.py)."""
     fan_out(event)
 
 

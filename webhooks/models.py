@@ -73,7 +73,7 @@ class WebhookDelivery(models.Model):
     event_id = models.BigIntegerField(null=True, blank=True)
     seq = models.BigIntegerField(null=True, blank=True)
     event_type = models.CharField(max_length=64)
-    data = models.JSONField(default=dict)  # memories.events.event_dict: ids and kinds, never memory text
+    data = models.JSONField(default=dict)  # memories.changes.feed.event_dict: ids and kinds, never memory text
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
     attempts = models.IntegerField(default=0)
     last_status_code = models.IntegerField(null=True, blank=True)

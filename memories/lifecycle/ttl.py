@@ -59,7 +59,7 @@ def _purge_batches(selection: QuerySet[Memory], *, batch_size: int, counts: dict
         with transaction.atomic():
             # Every writer's lock order: the stack rows, then memory rows (memories.writes.rows).
             # Holding the stack lock makes this batch's "purge" events commit in seq order with the
-            # stack's other writes (memories.events). SKIP LOCKED: a stack or row a push is changing
+            # stack's other writes (memories.writes.outbox). SKIP LOCKED: a stack or row a push is changing
             # right now waits for the next run, not the push.
             candidates = set(selection.values_list("stack_id", flat=True)[:batch_size])
             stacks = list(Stack.objects.select_for_update(no_key=True, skip_locked=True)

@@ -18,7 +18,7 @@ from pgvector import Vector
 from pgvector.psycopg.vector import VectorBinaryDumper
 from psycopg.types import TypeInfo
 
-from memories.events import MEMORY, record_change
+from memories.writes.outbox import MEMORY, record_change
 from memories.writes.rows import lock_stack_changes
 
 EMBEDDING_SOURCE = "embedding"  # the change events' source for stored vectors

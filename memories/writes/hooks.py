@@ -1,28 +1,32 @@
-"""The write kernel's extension points and its after-commit side effects. A leaf: of memories it
-imports only the model, the schema, redaction and the change-event outbox, so every writer can use it.
+"""The write kernel's extension points and its own after-commit effects. Of memories it imports
+only the model, the schema, redaction and the kernel's outbox and effect registry, so every writer
+can use it.
 
 * **Transforms** (`register_transform`) run on every payload after the schema has validated it and
   before anything is stored or derived from it (`prepare_memory`, used by the single-row and the
-  set-based form alike). Redaction (memories.privacy.redaction) runs first, called by `prepare_memory`
+  set-based form alike). Redaction (memories.redaction) runs first, called by `prepare_memory`
   itself. A transform returns a self-consistent `NormalizedMemory` (`text` the canonical text of
   its `data`, `size_bytes` recomputed, `data_json` / `extra_json` None or matching) and must be
   idempotent: sync normalises a stored, already transformed record again when it merges list
   fields into it.
-* **Listeners** (`register_listener`) hear about every committed write: one `MemoryChange` (stack,
-  action, memory ids, source) per write and action, after commit, never for a rolled-back write.
-  A listener that raises is logged; the write has already committed. (Live pages and webhooks
-  use the change events below instead: they must not miss a write when this process dies.)
-* **Change events** (`memories.events`): `after_commit` records the write's outbox row in the
-  writing transaction; live pages and webhooks consume it after commit.
-* **The embedding enqueuer**: ids of memories whose text changed go to the `memories.embed_memories`
-  task after commit, up to 500 ids per broker message (one message per push of 500: each publish
-  costs a few milliseconds on the request path). A small write (at most one batch of ids) whose
-  stack already has a message waiting sends none: that message's task tops its batch up from the
-  stack's backlog (memories.search.embedding_jobs, `fill`), which holds this write's rows, and
-  sends the stack's next message if rows remain (`queue_stack_embedding`). So the queue holds at
-  most one small message per stack; under the soak one message per write made it grow without
-  bound (2,400 messages in 3 minutes, most of them finding their rows already embedded) while
-  the backlog itself shrank. A broker that cannot be reached is logged, never
+* **`after_commit`**, called by every kernel writer inside its transaction, once per write: records
+  the write's change event (memories.writes.outbox) with its counter UPDATE in one round trip, and
+  queues the write's unit in the after-commit registry (memories.writes.effects), where this module
+  registers the two effects below.
+* **Listeners** (`register_listener`, the `NOTIFY` effect) hear about every committed write: one
+  `MemoryChange` (stack, action, memory ids, source) per write and action, after commit, never for
+  a rolled-back write. A listener that raises is logged; the write has already committed. (Live
+  pages and webhooks use the change events instead: they must not miss a write when this process
+  dies.)
+* **The embedding enqueuer** (the `EMBED` effect): ids of memories whose text changed go to the
+  `memories.embed_memories` task after commit, up to 500 ids per broker message (one message per
+  push of 500: each publish costs a few milliseconds on the request path). A small write (at most
+  one batch of ids) whose stack already has a message waiting sends none: that message's task tops
+  its batch up from the stack's backlog (memories.search.embedding_jobs, `fill`), which holds this
+  write's rows, and sends the stack's next message if rows remain (`queue_stack_embedding`). So the
+  queue holds at most one small message per stack; under the soak one message per write made it
+  grow without bound (2,400 messages in 3 minutes, most of them finding their rows already
+  embedded) while the backlog itself shrank. A broker that cannot be reached is logged, never
   raised into a committed write: the rows keep `embedded_version IS NULL` and the periodic
   embedding sweep embeds them. The task is sent by name, so this module does not import
   `memories.tasks` (and through it the search and lifecycle rooms).
@@ -41,14 +45,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from celery import current_app
-from django.db import transaction
 from redis.exceptions import RedisError
 
 from accounts.throttles import redis_client
-from memories.events import MEMORY, Statement, record_change
 from memories.models import Memory, MemoryKind
-from memories.privacy.redaction import RedactionPolicy, redact_memory, redact_secrets
 from memories.records.normalize import NormalizedMemory, normalize_memory
+from memories.redaction import RedactionPolicy, redact_memory, redact_secrets
+from memories.writes.effects import EMBED, NOTIFY, Committed, Write, queue, register_effect
+from memories.writes.outbox import MEMORY, Statement, record_change
 
 logger = logging.getLogger(__name__)
 
@@ -108,11 +112,11 @@ def unregister_listener(listener: Listener) -> None:
 def prepare_memory(kind: str, payload: Any, *, redaction: RedactionPolicy, partial: bool = False,
                    existing: Memory | None = None, natural_key_optional: bool = False) -> NormalizedMemory:
     """THE way a payload becomes storable: `memories.records.normalize.normalize_memory` (its contract, its
-    errors), then redaction under the stack's school's policy (`memories.privacy.redaction.redact_memory`:
+    errors), then redaction under the stack's school's policy (`memories.redaction.redact_memory`:
     `RedactionRefused`, 422, for a CRITICAL secret), then every registered transform.
 
     `redaction` is required, not defaulted: every writer resolves its school's choice
-    (`memories.privacy.redaction.stack_policy`, once per request or batch) instead of silently getting
+    (`memories.redaction.stack_policy`, once per request or batch) instead of silently getting
     another one.
 
     Redaction is called here, not registered: it must hold for every process and every path
@@ -126,7 +130,7 @@ def prepare_memory(kind: str, payload: Any, *, redaction: RedactionPolicy, parti
     if normalized is not submitted and submitted.kind == MemoryKind.RAW and normalized.text != submitted.text:
         # A raw entry redaction changed: its text as submitted, less every secret (an original keeps
         # the PII the school redacts, never a key, token or card number), goes along — never stored
-        # as is; the writer seals it when the school opted in (memories.privacy.originals). When that is the
+        # as is; the writer seals it when the school opted in (memories.originals). When that is the
         # stored text (only secrets were redacted), no copy: what is stored IS the original.
         original = redact_secrets(submitted.text)
         if original != normalized.text:
@@ -137,30 +141,39 @@ def prepare_memory(kind: str, payload: Any, *, redaction: RedactionPolicy, parti
 def after_commit(*, stack_id: int, source: str, changes: Iterable[tuple[str, Sequence[Any]]] = (),
                  embed_ids: Sequence[Any] = (), embed_message_ids: int = EMBED_MESSAGE_IDS,
                  along: Statement | None = None) -> None:
-    """Register one write's after-commit effects: embedding of `embed_ids`, then one `MemoryChange`
-    per (action, memory ids) for the listeners. Nothing happens if the transaction rolls back;
-    outside a transaction it happens at once.
-
-    Called inside the writing transaction, where the write is known: so this is also where its
-    change event is recorded (`memories.events.record_change`: one outbox row per transaction and
-    stack, in this transaction; published after commit). `along`: the write's counter UPDATE
-    (`rows.counters_statement`), run now, in the same round trip as the event's INSERT."""
+    """Note one write, inside its transaction: record its change event (`outbox.record_change`:
+    one outbox row per transaction and stack, published after commit), run its counter UPDATE
+    (`along`, `rows.counters_statement`: in the same round trip as the event's INSERT), and queue
+    its after-commit unit (`effects.queue`): embedding of `embed_ids`, then one `MemoryChange` per
+    (action, memory ids) for the listeners. Nothing happens after commit if the transaction (or the
+    savepoint the write ran in) rolls back; outside a transaction it happens at once."""
     changed = [(action, ids) for action, ids in changes if ids]
     if changed or along is not None:
         record_change(stack_id=stack_id, topic=MEMORY, source=source, changes=changed, along=along)
     if not embed_ids and not changed:
         return
-    embed = list(embed_ids)
+    queue(Committed(writes=(Write(
+        stack_id=stack_id, source=source,
+        changes=tuple((action, tuple(str(i) for i in ids)) for action, ids in changed),
+        embed_ids=tuple(str(i) for i in embed_ids), embed_message_ids=embed_message_ids),)))
 
-    def run() -> None:
-        if embed:
-            _send_embedding([str(i) for i in embed], embed_message_ids, stack_id=stack_id)
-        if _listeners:
-            for action, ids in changed:
-                _notify(MemoryChange(stack_id=stack_id, action=action, memory_ids=tuple(str(i) for i in ids),
-                                     source=source))
 
-    transaction.on_commit(run)
+def _embed_effect(unit: Committed) -> None:
+    for write in unit.writes:
+        if write.embed_ids:
+            _send_embedding(list(write.embed_ids), write.embed_message_ids, stack_id=write.stack_id)
+
+
+def _notify_effect(unit: Committed) -> None:
+    if not _listeners:
+        return
+    for write in unit.writes:
+        for action, ids in write.changes:
+            _notify(MemoryChange(stack_id=write.stack_id, action=action, memory_ids=ids, source=write.source))
+
+
+register_effect(_embed_effect, stage=EMBED)
+register_effect(_notify_effect, stage=NOTIFY)
 
 
 def queue_stack_embedding(stack_id: int, ids: Sequence[str]) -> None:

@@ -16,17 +16,17 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from memories.events import Statement
 from memories.models import Memory, MemoryKind, MemoryRevision, NextChangeSeq, StackDailyActivity
-from memories.privacy.originals import keep_originals
+from memories.originals import keep_originals
 from memories.records.normalize import NormalizedMemory
 from memories.writes.columns import SNAPSHOT_COLUMNS
 from memories.writes.hooks import SMALL_EMBED_MESSAGE_IDS, after_commit
+from memories.writes.outbox import Statement
 from stacks.models import Stack
 
 _STACK_TABLE = Stack._meta.db_table
 # A new raw memory's text as submitted when redaction changed it (`NormalizedMemory.original_text`):
-# set on the unsaved Memory by `new_memory`, sealed by `insert_memories` (memories.privacy.originals).
+# set on the unsaved Memory by `new_memory`, sealed by `insert_memories` (memories.originals).
 _ORIGINAL_TEXT = "_original_text"
 _COUNTERS_SQL = (f"UPDATE {_STACK_TABLE} SET memory_count = memory_count + %(c_count)s, "  # noqa: S608 - constants only
                  "bytes_used = bytes_used + %(c_bytes)s WHERE id = %(c_stack)s")
@@ -37,7 +37,7 @@ _SYNC_COUNTERS_SQL = (f"UPDATE {_STACK_TABLE} SET memory_count = memory_count + 
 # counters, so a write (or a whole push) still costs one round trip for its bookkeeping. The rollup
 # row is the stack's own, and every writer holds the stack's lock here: nobody waits on it.
 # (Named parameters, prefixed `c_`: the statement travels with the change event's in one round trip,
-# memories.events.record_change.)
+# memories.writes.outbox.record_change.)
 _ACTIVITY_TABLE = StackDailyActivity._meta.db_table
 _WRITTEN_COUNTERS_SQL = (
     f"WITH stack AS (UPDATE {_STACK_TABLE} SET memory_count = memory_count + %(c_count)s, "  # noqa: S608 - constants

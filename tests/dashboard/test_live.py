@@ -24,7 +24,7 @@ from django.test import AsyncClient, Client
 
 from accounts.models import Membership, User
 from dashboard import live
-from memories import events as change_events
+from memories.changes import publish as change_events
 from memories.models import ChangeEvent, Memory
 from memories.search.embedding_jobs import memories_embed
 from memories.services import CheckpointInput, checkpoint_save, memory_create, memory_forget

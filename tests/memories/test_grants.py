@@ -33,8 +33,8 @@ from accounts.principal import Principal
 from accounts.selectors import principal_for_session
 from dashboard import live
 from dashboard import student as reads
+from memories.grants import audience_for, audience_for_webhook, grants_q, grants_sql
 from memories.models import Memory, MemoryRevision
-from memories.privacy.grants import audience_for, audience_for_webhook, grants_q, grants_sql
 from memories.services import memory_create, memory_forget
 from tests.accounts.clients import csrf_session_client
 from tests.actors import School
@@ -577,7 +577,7 @@ async def test_a_teachers_socket_is_not_told_of_a_hidden_change(school: School,
 @override_settings(WEBHOOKS_ALLOW_LOOPBACK_HTTP=True)  # the endpoints below are never called
 def test_a_webhook_is_not_told_of_a_change_of_hidden_memories(
         school: School, django_capture_on_commit_callbacks: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    from memories import events
+    from memories.changes import publish
 
     queued: list[Any] = []
     monkeypatch.setattr(dispatch, "enqueue", lambda *args, **kwargs: queued.append(args))
@@ -586,14 +586,14 @@ def test_a_webhook_is_not_told_of_a_change_of_hidden_memories(
     with django_capture_on_commit_callbacks(execute=True):
         hidden = memory_create(stack=school.stack, kind="note", source="api", payload={
             "content": "for one endpoint", "access_grants": [f"webhook:{named.public_id}"]})
-    assert events.wait_published()
+    assert publish.wait_published()
     # The endpoint the grants hide it from records no delivery; the one they name does.
     assert not WebhookDelivery.objects.filter(endpoint=plain).exists()
     assert list(WebhookDelivery.objects.filter(endpoint=named).values_list("data__memory_ids", flat=True)) == [
         [str(hidden.pk)]]
     with django_capture_on_commit_callbacks(execute=True):
         memory_create(stack=school.stack, kind="note", source="api", payload={"content": "for everyone"})
-    assert events.wait_published()
+    assert publish.wait_published()
     assert WebhookDelivery.objects.filter(endpoint=plain).count() == 1
 
     # The grants change before the pending delivery is sent: it is dropped, never sent, and the queue moves on.

@@ -130,7 +130,7 @@ def queued(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int | None, float
 
 def change_event(stack: Stack, seq: int, *, topic: str = "memory", action: str = "create",
                  memory_ids: list[str] | None = None, source: str = "api") -> ChangeEvent:
-    """A committed write's outbox row, as memories.events hands it to consumers (here made
+    """A committed write's outbox row, as memories.changes.publish hands it to consumers (here made
     directly, so a test chooses seq and order; the real path is tested in test_events_path)."""
     return ChangeEvent.objects.create(stack=stack, seq=seq, topic=topic, action=action, source=source,
                                       memory_ids=memory_ids or [])

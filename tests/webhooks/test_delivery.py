@@ -13,7 +13,7 @@ from django.core import mail
 from django.db import connection
 
 from accounts.models import AuditEvent
-from memories.events import event_dict
+from memories.changes.feed import event_dict
 from memories.services import memory_create, memory_forget
 from tests.actors import School
 from tests.webhooks.conftest import Clock, Receiver, change_event, make_endpoint, run
@@ -183,7 +183,7 @@ def test_a_receiver_of_school_a_never_receives_school_b_events(
     [leak_check] = receiver.bodies()
     assert leak_check["school"] == school.org.public_id and leak_check["data"]["stack"] == "alice"
     assert "Carol" not in receiver.requests[0].body.decode()
-    # Not even the id: the endpoint's grants are checked against this stack's rows only (memories.privacy.grants).
+    # Not even the id: the endpoint's grants are checked against this stack's rows only (memories.grants).
     assert leak_check["memories"] == [] and leak_check["data"]["memory_ids"] == []
 
 

@@ -39,13 +39,13 @@ def test_a_rolled_back_write_records_no_delivery(school: School, receiver: Recei
 def test_erasing_a_student_deletes_the_deliveries_about_them_and_announces_the_erasure(
         school: School, receiver: Receiver, clock: Clock, queued: list[Any],
         django_capture_on_commit_callbacks: Any) -> None:
-    from memories import events
+    from memories.changes import publish
 
     make_endpoint(school.org, receiver.url)
     with django_capture_on_commit_callbacks(execute=True):
         memory_create(stack=school.stack, kind="note", payload={"content": "Worried about the move"}, source="api")
         memory_create(stack=school.other_stack, kind="note", payload={"content": "Bob's note"}, source="api")
-    assert events.wait_published()
+    assert publish.wait_published()
     assert WebhookDelivery.objects.filter(stack=school.stack).count() == 1  # pending: the receiver was not called
 
     with django_capture_on_commit_callbacks(execute=True):
@@ -53,7 +53,7 @@ def test_erasing_a_student_deletes_the_deliveries_about_them_and_announces_the_e
                                          format="json")
     assert response.status_code == 200, response.content
     assert response.json()["counts"]["webhook_deliveries"] == 1
-    assert events.wait_published()
+    assert publish.wait_published()
     # What is left about the student is the erasure's own notice: memory ids only, no text.
     left = list(WebhookDelivery.objects.filter(stack=school.stack).values_list("event_type", "data"))
     assert {(event_type, data["action"]) for event_type, data in left} == {("memory.deleted", "erase")}

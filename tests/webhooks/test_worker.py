@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from memories import events
+from memories.changes import publish
 from tests.actors import School
 from tests.webhooks.conftest import Receiver, make_endpoint
 from tests.webhooks.test_delivery import readme_verify
@@ -40,7 +40,7 @@ def test_the_worker_delivers_in_order_and_retries_a_failing_receiver(
     endpoint, secret = make_endpoint(school.org, receiver.url, types=["memory.created"])
     receiver.codes = [503]  # the first attempt fails; the retry comes after the back-off (10 s)
     ids = [note(school, f"Practised fractions, day {n}") for n in range(3)]
-    assert events.wait_published()
+    assert publish.wait_published()
 
     assert wait_for(lambda: len(receiver.requests) >= 4, timeout=40), receiver.requests
     bodies = receiver.bodies()
@@ -58,7 +58,7 @@ def test_the_worker_never_sends_one_schools_events_to_anothers_receiver(
     make_endpoint(school.org, receiver.url)
     note(other_school, f"Other school's note {uuid.uuid4()}")
     mine = note(school, "Our note")
-    assert events.wait_published()
+    assert publish.wait_published()
     assert wait_for(lambda: any(b["data"].get("memory_ids") == [mine] for b in receiver.bodies()), timeout=20)
     time.sleep(0.5)
     assert {body["data"]["stack"] for body in receiver.bodies()} == {school.stack.slug}
