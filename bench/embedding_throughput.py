@@ -137,7 +137,7 @@ def compare_runtimes(texts: list[str], queries: list[str]) -> None:
 def measure_pipeline(env: Any, texts: list[str], batch: int, message_sizes: list[int]) -> list[dict[str, Any]]:
     """The drain and live runs per message size (see the module docstring), each on a fresh stack."""
     from accounts.models import Organization
-    from memories.search.embedding_jobs import embedding_backlog_count
+    from memories.search.embedding_backlog import embedding_backlog_count
     from memories.services import memory_batch_create
     from memories.writes import rows as write_rows
     from memoryhub.celery import app

@@ -1,6 +1,6 @@
 """Retrieval quality on LoCoMo (dev): MemoryHub's hybrid search - today's ranking and the previous
-one (`ranking="v1"`, kept selectable for this comparison) - next to plain BM25 and plain vector
-search, all computed in the same run over the same texts.
+one (v1, kept for this comparison in bench/search_rankings.py) - next to plain BM25 and plain
+vector search, all computed in the same run over the same texts.
 
 Each conversation goes into its own stack, one memory per dialogue turn (written through the real
 ingest service, embedded by the real embedding job with all-MiniLM-L6-v2). A turn is stored as a
@@ -143,16 +143,17 @@ def main() -> None:
         from django.utils import timezone
 
         from accounts.models import Organization
+        from bench.search_rankings import ABLATIONS, search_ranked
         from memories.models import Memory
-        from memories.search import hybrid
         from memories.search.embeddings import embed_query, query_cache
-        from memories.search.hybrid import SearchQuery, search_memories
+        from memories.search.hybrid import search_memories
+        from memories.search.query import SearchQuery
 
         org, _ = Organization.objects.get_or_create(slug="locomo", defaults={"name": "LoCoMo", "tier": "unlimited"})
-        rankings = {"MemoryHub hybrid (today)": hybrid.DEFAULT_RANKING, "MemoryHub hybrid v1 (before)": "v1"}
+        # None: the service's own search; a name: a ranking of bench/search_rankings.py.
+        rankings: dict[str, str | None] = {"MemoryHub hybrid (today)": None, "MemoryHub hybrid v1 (before)": "v1"}
         if args.ablation:
-            for name, features in hybrid.ABLATIONS.items():
-                hybrid.RANKINGS[name] = features
+            for name in ABLATIONS:
                 rankings[f"ablation: {name}"] = name
         methods = [*rankings, "BM25", "plain vector"]
         scores: dict[tuple[str, int, str], list[float]] = {}  # (method, category, metric) -> per question
@@ -183,8 +184,11 @@ def main() -> None:
                 for label, ranking in rankings.items():
                     query_cache.clear()  # each search pays for its own query embedding, as a first ask would
                     began = time.perf_counter()
-                    hits = search_memories(stack_ids=[stack.pk],
-                                           query=SearchQuery(text=question, limit=10, ranking=ranking)).hits
+                    query = SearchQuery(text=question, limit=10)
+                    if ranking is None:
+                        hits = search_memories(stack_ids=[stack.pk], query=query).hits
+                    else:
+                        hits = search_ranked(ranking, stack_ids=[stack.pk], query=query).hits
                     latency[label].append((time.perf_counter() - began) * 1000)
                     found[label] = [h.memory.record_id for h in hits]
                 began = time.perf_counter()

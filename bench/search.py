@@ -91,12 +91,13 @@ def explain_vector_leg(stack: Any, queries: list[str], model: Any) -> None:
     pages came from the buffer cache (hit) versus the OS (read)."""
     from django.db import connection, transaction
 
-    from memories.search.hybrid import SearchQuery, _vector_sql, over_fetch, stack_index_ef_search
+    from memories.search.query import SearchQuery, over_fetch
+    from memories.search.vector_leg import stack_index_ef_search, vector_sql
 
     for text in queries:
         query = SearchQuery(text=text, limit=10, min_similarity=0.0)
         fetch = over_fetch(10)
-        sql, params = _vector_sql(query, [stack.pk], model.embed([text])[0], fetch, exact=False, single_stack=True)
+        sql, params = vector_sql(query, [stack.pk], model.embed([text])[0], fetch, exact=False, single_stack=True)
         with transaction.atomic(), connection.cursor() as cursor:
             cursor.execute(f"SET LOCAL hnsw.ef_search = {stack_index_ef_search(fetch)}")
             cursor.execute("EXPLAIN (ANALYZE, BUFFERS) " + sql, params)
@@ -159,17 +160,12 @@ def main() -> None:
         from accounts.models import Membership, User
         from accounts.services import api_key_issue
         from memories.search.embeddings import MiniLMEmbedder
-        from memories.search.hybrid import (
-            SearchQuery,
-            _vector_leg,
-            _vector_sql,
-            over_fetch,
-            pgvector_version,
-        )
+        from memories.search.query import SearchQuery, over_fetch
         from memories.search.vector_indexes import (
             STACK_INDEX_MIN_ROWS,
             stack_vector_index_ensure,
         )
+        from memories.search.vector_leg import pgvector_version, vector_leg, vector_sql
 
         log("embedding the vocabulary with all-MiniLM-L6-v2")
         words, _ = word_space()
@@ -229,10 +225,10 @@ def main() -> None:
                 vector = model.embed([queries[i]])[0]
                 query = SearchQuery(text=queries[i], limit=10, min_similarity=0.0)
                 started = time.perf_counter()
-                got, method = _vector_leg(query, [stack.pk], vector, over_fetch(10), {})
+                got, method = vector_leg(query, [stack.pk], vector, over_fetch(10), {})
                 plan_ms.append((time.perf_counter() - started) * 1000)
                 methods[method] = methods.get(method, 0) + 1
-                sql, params = _vector_sql(query, [stack.pk], vector, 10, exact=True)
+                sql, params = vector_sql(query, [stack.pk], vector, 10, exact=True)
                 started = time.perf_counter()
                 with connection.cursor() as cursor:
                     cursor.execute(sql, params)
@@ -308,22 +304,30 @@ def main() -> None:
                          "plan": "-"})
 
         # --- ranking v2 (docs/algorithms.md §7.5) against v1, in process, same queries, interleaved --
+        from bench.search_rankings import search_ranked
         from memories.search.embeddings import query_cache
         from memories.search.hybrid import search_memories
 
+        def search_with(ranking: str, stack_id: int, text: str) -> None:
+            """v2 is the service's search; v1 the benchmark's baseline (bench/search_rankings.py)."""
+            query = SearchQuery(text=text, limit=10)
+            if ranking == "v2":
+                search_memories(stack_ids=[stack_id], query=query)
+            else:
+                search_ranked(ranking, stack_ids=[stack_id], query=query)
+
         ranking_ms: dict[str, dict[str, list[float]]] = {}
         for label, pick in (("largest stack", lambda i: big), ("typical stacks", lambda i: typical[i % len(typical)])):
-            # One untimed search per stack first: a stack's first search reads its ~500 pages from the
-            # OS page cache (~3 ms here, more from disk), which would land on whichever ranking
-            # happens to go first; the HTTP rows above pay those first touches.
+            # One untimed search per stack first: a stack's first search reads its pages from the
+            # OS page cache (or from disk), which would land on whichever ranking happens to go
+            # first; the HTTP rows above pay those first touches.
             for stack_id in {pick(i).pk for i in range(args.queries)}:
-                search_memories(stack_ids=[stack_id], query=SearchQuery(text=queries[-1], limit=10, ranking="v1"))
+                search_with("v1", stack_id, queries[-1])
             for i in range(args.queries):
                 for ranking in ("v1", "v2") if i % 2 else ("v2", "v1"):
                     query_cache.clear()  # each pays its own query embedding
                     started = time.perf_counter()
-                    search_memories(stack_ids=[pick(i).pk], query=SearchQuery(text=queries[i], limit=10,
-                                                                              ranking=ranking))
+                    search_with(ranking, pick(i).pk, queries[i])
                     ranking_ms.setdefault(label, {}).setdefault(ranking, []).append(
                         (time.perf_counter() - started) * 1000)
         for label, by_ranking in ranking_ms.items():

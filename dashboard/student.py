@@ -46,7 +46,8 @@ from memories.lifecycle.decay import (
 from memories.lifecycle.decay_pass import forgetting_candidates, forgotten_by
 from memories.models import Memory, MemoryKind, MemoryRevision
 from memories.privacy.grants import Audience
-from memories.search.hybrid import MAX_QUERY_CHARS, SearchQuery, SearchResult, search_memories
+from memories.search.hybrid import search_memories
+from memories.search.query import MAX_QUERY_CHARS, SearchQuery, SearchResult
 from memories.selectors import ForgottenFilter, memories_list
 from memories.services import FORGET_REASON_MAX, memory_forget, memory_recover, memory_set_protected
 from memories.writes.rows import memory_snapshot

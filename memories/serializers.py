@@ -32,7 +32,7 @@ from memories.load import DEFAULT_BUDGET, MAX_BUDGET, MIN_BUDGET
 from memories.models import BootConfigEntry, Checkpoint, Memory, MemoryKind
 from memories.records.fields import EXTRA_FIELD, FieldSpec, kind_fields, native_record
 from memories.records.vocabulary import GOAL_STATUSES, KINDS
-from memories.search.hybrid import DEFAULT_MIN_SIMILARITY, MAX_LIMIT, MAX_QUERY_CHARS, SearchQuery
+from memories.search.query import DEFAULT_MIN_SIMILARITY, MAX_LIMIT, MAX_QUERY_CHARS, SearchQuery
 from memories.search.retrieval_feedback import DEMOTE, PROMOTE
 from memories.search.smart_ingest import Thresholds
 from memories.selectors import checkpoint_warnings

@@ -68,7 +68,7 @@ def readiness() -> dict[str, CheckResult]:
     }
 
 
-# What memories.search.embedding_jobs.embedding_backlog_count counts, read here as plain SQL
+# What memories.search.embedding_backlog.embedding_backlog_count counts, read here as plain SQL
 # (memoryhub.worker_priority: why, and the index it reads).
 EMBEDDING_BACKLOG_SQL = f"SELECT count(*) {AWAITING_VECTORS}"
 

@@ -25,7 +25,8 @@ from accounts.principal import principal_of
 from memories import selectors
 from memories.models import Memory
 from memories.privacy.grants import audience_for
-from memories.search.hybrid import SearchHit, SearchQuery, SearchResult, search_memories
+from memories.search.hybrid import search_memories
+from memories.search.query import SearchHit, SearchQuery, SearchResult
 from memories.search.retrieval_feedback import memory_feedback
 from memories.search.smart_ingest import smart_ingest
 from memories.serializer_fields import KERNLE_TYPES

@@ -13,8 +13,8 @@ expiry, privacy grants, filters), in one statement that walks the (stack, kind, 
 B-tree twice per seed (a few entries each way): a hidden or out-of-scope memory can never be lent a score.
 
 The same statement also reads the rows of the search's page (`also`), so context costs the search
-no round trip of its own. This module builds and runs that one statement; memories.search.hybrid decides
-the seeds and the share, so the WHERE clause and the ranking stay that module's.
+no round trip of its own. This module builds and runs that one statement; memories.search.fusion decides
+the seeds and the share, and memories.search.query builds the WHERE clause.
 """
 
 from __future__ import annotations

@@ -56,8 +56,8 @@ from memories.lifecycle.decay import DecayState, Grade, base_stability, review
 from memories.models import Memory
 from memories.privacy.grants import Audience, grants_filter, grants_sql
 from memories.privacy.redaction import stack_policy
-from memories.search.embedding_jobs import store_vectors
 from memories.search.embedding_model import deployment_model_mismatch
+from memories.search.embedding_store import store_vectors
 from memories.search.embeddings import get_embedder, vector_literal
 from memories.search.retrieval_feedback import DEMOTE, PROMOTE, latest_feedback
 from memories.services import memory_create, memory_forget, memory_update

@@ -16,7 +16,7 @@ from playwright.sync_api import FilePayload
 
 from accounts.models import ApiKey, AuditEvent, Membership, Organization, User
 from memories.models import Memory
-from memories.search.embedding_jobs import embedding_sweep_run
+from memories.search.embedding_backlog import embedding_sweep_run
 from memories.search.embedding_model import deployment_model_switch
 from memories.search.embeddings import get_embedder
 from stacks.models import Stack, TeacherAssignment

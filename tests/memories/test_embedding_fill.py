@@ -10,7 +10,8 @@ import pytest
 
 from memories.models import Memory
 from memories.search import embedding_jobs
-from memories.search.embedding_jobs import _claim, _release, memories_embed
+from memories.search.embedding_claims import claim, release
+from memories.search.embedding_jobs import memories_embed
 from memories.services import memory_create
 from memories.tasks import embed_memories
 from memories.writes import hooks
@@ -60,18 +61,18 @@ def test_the_fill_leaves_rows_another_worker_holds_and_frees_what_it_does_not_em
     stack = make_stack(make_org())
     ids = notes(stack, 3 * BATCH)
     held = ids[1:3]
-    assert _claim(held, "other-worker") == held
+    assert claim(held, "other-worker") == held
 
     result = memories_embed(ids=[ids[0]], fill=True)
 
     assert (result.embedded, result.filled) == (BATCH, BATCH - 1)
     assert awaiting(held) == set(held)  # not embedded behind the other worker's back
-    assert _claim(held, "third-worker") == []  # and its claims are still its own
+    assert claim(held, "third-worker") == []  # and its claims are still its own
     # Candidates claimed beyond the batch were released at once: the next worker can take them.
     left = sorted(awaiting(ids) - set(held))
-    assert _claim(left, "next-worker") == left
-    _release(left, "next-worker")
-    _release(held, "other-worker")
+    assert claim(left, "next-worker") == left
+    release(left, "next-worker")
+    release(held, "other-worker")
 
 
 def test_without_fill_only_the_given_memories_are_embedded() -> None:

@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 
 from memories.models import Memory
-from memories.search import embedding_jobs
-from memories.search.embedding_jobs import _claim, memories_embed
+from memories.search import embedding_claims
+from memories.search.embedding_claims import claim
+from memories.search.embedding_jobs import memories_embed
 from memories.search.embeddings import get_embedder
 from memories.services import memory_create
 from memories.writes import hooks
@@ -23,8 +24,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 @pytest.fixture(autouse=True)
 def _short_leases(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(embedding_jobs, "CLAIM_SECONDS", 1)
-    monkeypatch.setattr(embedding_jobs, "RENEW_SECONDS", 0.2)
+    monkeypatch.setattr(embedding_claims, "CLAIM_SECONDS", 1)
+    monkeypatch.setattr(embedding_claims, "RENEW_SECONDS", 0.2)
     # These writes queue no embedding task: the suite's Celery worker (when another module started
     # it) would embed the rows itself while the test holds or waits for their claims.
     monkeypatch.setattr(hooks, "_send_embedding", lambda ids, message_ids, **_: None)
@@ -65,7 +66,7 @@ def test_a_claim_is_renewed_while_its_batch_is_embedded() -> None:
 
 def test_a_dead_workers_claim_lapses_within_seconds() -> None:
     memory = note("claimed by a worker that was killed")
-    assert _claim([str(memory.pk)], "killed-worker") == [str(memory.pk)]  # claimed, never renewed
+    assert claim([str(memory.pk)], "killed-worker") == [str(memory.pk)]  # claimed, never renewed
     assert memories_embed(ids=[memory.pk]).skipped_claimed == 1
     time.sleep(1.3)
     assert memories_embed(ids=[memory.pk]).embedded == 1

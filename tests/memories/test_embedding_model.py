@@ -31,10 +31,13 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from memories.models import DeploymentEmbeddingModel, JobRun, Memory
-from memories.search.embedding_jobs import embedding_sweep, embedding_sweep_run, memories_embed, store_vectors
+from memories.search.embedding_backlog import embedding_sweep, embedding_sweep_run
+from memories.search.embedding_jobs import memories_embed
 from memories.search.embedding_model import deployment_model_id
+from memories.search.embedding_store import store_vectors
 from memories.search.embeddings import _embedder_for, query_cache
-from memories.search.hybrid import SearchQuery, search_memories
+from memories.search.hybrid import search_memories
+from memories.search.query import SearchQuery
 from memories.search.smart_ingest import smart_ingest
 from memories.services import memory_create
 from stacks.models import Stack

@@ -20,8 +20,9 @@ from django.conf import settings as django_settings
 from memories.search.embedding_jobs import memories_embed
 from memories.search.embedding_model import deployment_model_switch
 from memories.search.embeddings import MiniLMEmbedder, _embedder_for, get_embedder, query_cache
-from memories.search.hybrid import SearchQuery, search_memories
+from memories.search.hybrid import search_memories
 from memories.search.onnx_embedder import FP32_FILE, INT8_FILE
+from memories.search.query import SearchQuery
 from memories.services import memory_create
 from tests.factories import bearer_client, make_key, make_org, make_stack
 

@@ -16,15 +16,14 @@ from django.core.management import call_command
 from django.db import connection, transaction
 
 from memories.models import ChangeEvent, Memory
-from memories.search.embedding_jobs import (
-    _claim,
-    _release,
+from memories.search.embedding_backlog import (
     embedding_backlog_count,
     embedding_sweep,
     embeddings_invalidate_stale_model,
-    memories_embed,
-    store_vectors,
 )
+from memories.search.embedding_claims import claim, release
+from memories.search.embedding_jobs import memories_embed
+from memories.search.embedding_store import store_vectors
 from memories.search.embeddings import HashEmbedder, OpenAIEmbedder, embed_query, get_embedder, query_cache
 from memories.services import memory_create, memory_update
 from memoryhub.errors import ServiceUnavailable
@@ -86,11 +85,11 @@ def test_changed_text_goes_back_to_the_backlog_and_a_stale_vector_is_not_recorde
 def test_a_row_claimed_by_another_worker_is_skipped() -> None:
     stack = make_stack(make_org())
     a, b = note(stack, "row a"), note(stack, "row b")
-    assert _claim([str(a.pk)], "other-worker") == [str(a.pk)]
+    assert claim([str(a.pk)], "other-worker") == [str(a.pk)]
     result = memories_embed(ids=[a.pk, b.pk])
     assert (result.embedded, result.skipped_claimed) == (1, 1)
     assert Memory.objects.get(pk=a.pk).embedded_version is None
-    _release([str(a.pk)], "other-worker")
+    release([str(a.pk)], "other-worker")
     assert memories_embed(ids=[a.pk]).embedded == 1
 
 

@@ -15,8 +15,10 @@ from memories.lifecycle.decay_pass import decay_pass
 from memories.models import JobRun, Memory, MemoryRevision, MemorySalience
 from memories.search.embedding_jobs import memories_embed
 from memories.search.embeddings import get_embedder
-from memories.search.hybrid import SearchQuery, _vector_sql, search_memories
+from memories.search.hybrid import search_memories
+from memories.search.query import SearchQuery
 from memories.search.vector_indexes import stack_index_name, stack_vector_index_ensure
+from memories.search.vector_leg import vector_sql
 from memories.services import memory_create, memory_recover
 from stacks.models import Stack
 from tests.factories import index_definitions, make_org, make_stack, other_connection, sql_rows, sql_values
@@ -110,7 +112,7 @@ def test_search_still_walks_the_live_only_vector_index_after_a_tombstone():
     assert Memory.objects.get(pk=faded.pk).forgotten_at is not None
 
     vector = get_embedder().embed(["mitochondria"])[0]
-    sql, params = _vector_sql(SearchQuery(text="mitochondria"), [stack.pk], vector, 10, exact=False,
+    sql, params = vector_sql(SearchQuery(text="mitochondria"), [stack.pk], vector, 10, exact=False,
                                      single_stack=True)
     plan, rows = plan_and_rows(sql, params, without=(), sort=False)
     assert stack_index_name(stack.pk) in plan

@@ -12,7 +12,9 @@ from rest_framework.test import APIClient
 from accounts.models import Membership
 from memories.models import Memory
 from memories.search.embedding_jobs import memories_embed
-from memories.search.hybrid import RRF_K, SearchQuery, ranking_weight, search_memories
+from memories.search.fusion import RRF_K, ranking_weight
+from memories.search.hybrid import search_memories
+from memories.search.query import SearchQuery
 from memories.services import memory_create, memory_forget
 from stacks.models import Stack
 from tests.factories import (
@@ -350,7 +352,7 @@ def test_every_term_matches_survive_when_partial_matches_fill_the_rank_cap(
     stack = school["stack"]
     partials = [add(stack, f"pizza party number {i}", embed=False) for i in range(6)]  # written first
     complete = [add(stack, f"fractions explained with pizza, take {i}", embed=False) for i in range(2)]
-    monkeypatch.setattr("memories.search.hybrid.KEYWORD_RANK_CAP", 4)
+    monkeypatch.setattr("memories.search.keyword_leg.KEYWORD_RANK_CAP", 4)
     result = search_memories(stack_ids=[stack.pk], query=SearchQuery(text="fractions pizza", min_similarity=0.0))
     assert set(ids(result.hits[:2])) == {str(m.pk) for m in complete}
     assert len(result.hits) >= 4
@@ -370,19 +372,19 @@ def test_the_every_term_rescan_runs_only_when_a_query_term_is_rare_in_the_table(
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from memories.search import hybrid
-    from memories.search.hybrid import _query_lexemes, _strict_scan_is_cheap
+    from memories.search import keyword_leg
+    from memories.search.keyword_leg import query_lexemes, strict_scan_is_cheap
 
     stack = school["stack"]
     complete = [add(stack, f"fractions explained with pizza, take {i}", embed=False) for i in range(2)]
     partials = [add(stack, f"pizza party number {i}", embed=False) for i in range(6)]
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE memories_memory")
-    hybrid._TERM_STATS.clear()  # a process rereads the statistics at most once a minute
-    monkeypatch.setattr("memories.search.hybrid.STRICT_SCAN_MAX_POSTINGS", 1)
-    assert not _strict_scan_is_cheap(_query_lexemes("fractions pizza"))  # both words are in the statistics
-    assert _strict_scan_is_cheap(_query_lexemes("pizza zeppelin"))  # a word the table never saw is rare
-    monkeypatch.setattr("memories.search.hybrid.KEYWORD_RANK_CAP", 4)
+    keyword_leg._TERM_STATS.clear()  # a process rereads the statistics at most once a minute
+    monkeypatch.setattr("memories.search.keyword_leg.STRICT_SCAN_MAX_POSTINGS", 1)
+    assert not strict_scan_is_cheap(query_lexemes("fractions pizza"))  # both words are in the statistics
+    assert strict_scan_is_cheap(query_lexemes("pizza zeppelin"))  # a word the table never saw is rare
+    monkeypatch.setattr("memories.search.keyword_leg.KEYWORD_RANK_CAP", 4)
 
     def keyword_scans(text: str) -> tuple[list[str], int]:
         with CaptureQueriesContext(connection) as queries:

@@ -17,16 +17,10 @@ from memories.privacy.grants import Audience
 from memories.search import context
 from memories.search.embedding_jobs import memories_embed
 from memories.search.embeddings import embed_query
-from memories.search.hybrid import (
-    _SCORE,
-    KeywordInputs,
-    SearchQuery,
-    _keyword_leg,
-    _query_lexemes,
-    _vector_leg,
-    _vector_sql,
-    search_memories,
-)
+from memories.search.hybrid import search_memories
+from memories.search.keyword_leg import KeywordInputs, keyword_leg, query_lexemes
+from memories.search.query import SCORE, SearchQuery
+from memories.search.vector_leg import vector_leg, vector_sql
 from memories.services import memory_create
 from stacks.models import Stack
 from tests.factories import make_org, make_stack
@@ -50,10 +44,10 @@ def notes(stack: Stack, texts: list[str], start: datetime) -> list[Memory]:
 def plain_cosines(stack_ids: list[int], vector: Any) -> dict[Any, float]:
     """Every row's cosine in scope, by the plain exact statement (no fold), best first."""
     query = SearchQuery(text="x", limit=1000, min_similarity=0.0)
-    sql, params = _vector_sql(query, stack_ids, vector, 1000, exact=True)
+    sql, params = vector_sql(query, stack_ids, vector, 1000, exact=True)
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
-        return {row[0]: float(row[_SCORE]) for row in cursor.fetchall()}
+        return {row[0]: float(row[SCORE]) for row in cursor.fetchall()}
 
 
 def test_the_exact_leg_reads_the_keyword_candidates_cosine_in_its_own_scan() -> None:
@@ -67,11 +61,11 @@ def test_the_exact_leg_reads_the_keyword_candidates_cosine_in_its_own_scan() -> 
     ranked = sorted(truth, key=lambda memory_id: -truth[memory_id])
     far = ranked[-4:]  # keyword candidates the 3 nearest do not include
     similarities: dict[Any, float] = {}
-    rows, method = _vector_leg(SearchQuery(text="volcano", min_similarity=0.0), [stack.pk], vector, 3, {},
+    rows, method = vector_leg(SearchQuery(text="volcano", min_similarity=0.0), [stack.pk], vector, 3, {},
                                also=[*far, ranked[0]], similarities=similarities)
     assert method == "exact"
     assert [row[0] for row in rows] == ranked[:3]
-    assert [float(row[_SCORE]) for row in rows] == [truth[m] for m in ranked[:3]]
+    assert [float(row[SCORE]) for row in rows] == [truth[m] for m in ranked[:3]]
     assert similarities == {m: truth[m] for m in [*far, ranked[0]]}
     assert len(memories) == len(truth)
 
@@ -87,7 +81,7 @@ def test_a_candidate_outside_the_scope_gets_no_cosine() -> None:
     Memory.objects.filter(pk=own[5].pk).update(forgotten_at=timezone.now())
     vector = embed_query("pizza for dinner")
     similarities: dict[Any, float] = {}
-    rows, _ = _vector_leg(SearchQuery(text="pizza", min_similarity=0.0), [mine.pk], vector, 2, {},
+    rows, _ = vector_leg(SearchQuery(text="pizza", min_similarity=0.0), [mine.pk], vector, 2, {},
                           also=[other[3].pk, other[0].pk, own[5].pk, own[4].pk], similarities=similarities)
     assert set(similarities) == {own[4].pk}
     assert {row[0] for row in rows} <= {m.pk for m in own[:5]}
@@ -170,17 +164,18 @@ def test_a_scope_below_the_rank_cap_skips_the_every_term_match_and_ranks_the_sam
     stack = make_stack(make_org(), "alice")
     texts = [*TOPICS, "pizza and fractions for dinner", "fractions of a pizza"]
     notes(stack, texts, timezone.now() - timedelta(hours=2))
-    query = SearchQuery(text="pizza fractions dinner", ranking="v2")
-    inputs = KeywordInputs(lexemes=_query_lexemes(query.text), scope_rows=len(texts))
+    query = SearchQuery(text="pizza fractions dinner")
+    inputs = KeywordInputs(lexemes=query_lexemes(query.text), scope_rows=len(texts))
 
     def leg() -> tuple[list[tuple[Any, float]], str]:
         with CaptureQueriesContext(connection) as captured:
-            rows = _keyword_leg(query, [stack.pk], 30, None, inputs)
-        return [(row[0], float(row[_SCORE + 1])) for row in rows], captured.captured_queries[-1]["sql"]
+            rows = keyword_leg(query, [stack.pk], 30, None, inputs)
+        return [(row[0], float(row[SCORE + 1])) for row in rows], captured.captured_queries[-1]["sql"]
 
     skipped, sql = leg()
     assert "false AS all_terms" in sql
-    monkeypatch.setattr("memories.search.hybrid.KEYWORD_RANK_CAP", inputs.scope_rows)  # the scope could reach it now
+    # The scope could reach the cap now.
+    monkeypatch.setattr("memories.search.keyword_leg.KEYWORD_RANK_CAP", inputs.scope_rows)
     computed, sql = leg()
     assert "false AS all_terms" not in sql
     assert skipped == computed and len(skipped) >= 3

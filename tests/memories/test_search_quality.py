@@ -1,5 +1,6 @@
-"""Search ranking changes of issue 20 (docs/algorithms.md §7.5): the BM25 keyword leg and the
-neighbouring-turn context, with the previous ranking still selectable for the benchmark.
+"""Search ranking v2 (docs/algorithms.md §7.5): the BM25 keyword leg and the neighbouring-turn
+context, next to the previous ranking, v1, which the benchmark keeps as its baseline
+(bench/search_rankings.py).
 
 Memories are written unembedded where only the keyword leg should answer, so what is asserted is
 the ranking itself, not the hash embedder's accidental similarities."""
@@ -15,19 +16,15 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from bench.search_rankings import search_ranked
 from memories.models import Memory
-from memories.search import hybrid
+from memories.search import keyword_leg
 from memories.search.context import CONTEXT_MAX_GAP
 from memories.search.embedding_jobs import memories_embed
-from memories.search.hybrid import (
-    BM25_B,
-    BM25_K1,
-    CONTEXT_DECAY,
-    CONTEXT_SHARE,
-    SearchQuery,
-    _bm25_params,
-    search_memories,
-)
+from memories.search.fusion import CONTEXT_DECAY, CONTEXT_SHARE
+from memories.search.hybrid import search_memories
+from memories.search.keyword_leg import BM25_B, BM25_K1, _bm25_params
+from memories.search.query import SearchQuery
 from memories.services import memory_create, memory_forget
 from stacks.models import Stack
 from tests.factories import make_org, make_stack
@@ -74,8 +71,10 @@ def test_the_answer_turn_next_to_the_matching_question_is_found_and_says_why(sch
     assert lent.boosts["context"] == pytest.approx(CONTEXT_SHARE * hits[0].combined_score, abs=1e-6)
     assert lent.combined_score == pytest.approx(lent.boosts["context"], abs=1e-6)
     assert hits[0].boosts == {}
-    # The previous ranking (kept for the benchmark) has no context: the answer is not found.
-    assert answer.pk not in ids(search([stack.pk], "What did Mel paint over the summer?", ranking="v1"))
+    # The previous ranking (the benchmark's baseline) has no context: the answer is not found.
+    v1 = search_ranked("v1", stack_ids=[stack.pk],
+                       query=SearchQuery(text="What did Mel paint over the summer?", min_similarity=0.0)).hits
+    assert answer.pk not in ids(v1)
 
 
 def test_a_temporal_question_finds_the_dated_memory(school: dict[str, Any], t0: datetime) -> None:
@@ -163,13 +162,13 @@ def bm25_reference(stack: Stack, query: str) -> dict[Any, float]:
     return scores
 
 
-@pytest.mark.parametrize("inline_max", [hybrid.BM25_INLINE_MAX_LEXEMES, 0], ids=["inline", "long-query"])
+@pytest.mark.parametrize("inline_max", [keyword_leg.BM25_INLINE_MAX_LEXEMES, 0], ids=["inline", "long-query"])
 def test_the_keyword_leg_is_exact_bm25_with_term_frequencies(school: dict[str, Any], t0: datetime,
                                                              monkeypatch: pytest.MonkeyPatch, inline_max: int) -> None:
     """The leg reads tf from each row's query lexemes (no per-row unnest; a query with more lexemes
     than BM25_INLINE_MAX_LEXEMES unnests them) and must score exactly what BM25 over the tsvector's
     positions gives - repeats and lengths included."""
-    monkeypatch.setattr(hybrid, "BM25_INLINE_MAX_LEXEMES", inline_max)
+    monkeypatch.setattr(keyword_leg, "BM25_INLINE_MAX_LEXEMES", inline_max)
     stack = school["stack"]
     texts = ["Pizza, pizza and more pizza for dinner tonight.",
              "Pizza for dinner.",
@@ -198,7 +197,7 @@ def test_the_term_literals_find_quotes_and_backslashes_in_a_tsvector() -> None:
     vector = r"'it''s':1 'a\\b':2,5 's':3 'x':9,10"
     with connection.cursor() as cursor:
         for i, lexeme in enumerate(lexemes):
-            sql = (f"SELECT m.search_vector @@ %(term_{i})s::tsquery, {hybrid._tf_sql(i)}, "  # noqa: S608 - fixed SQL
+            sql = (f"SELECT m.search_vector @@ %(term_{i})s::tsquery, {keyword_leg._tf_sql(i)}, "  # noqa: S608 - fixed SQL
                    f"ts_delete(m.search_vector, %(lexeme)s) @@ %(term_{i})s::tsquery "
                    f"FROM (SELECT %(vector)s::tsvector AS search_vector) m")
             cursor.execute(sql, {**params, "vector": vector, "lexeme": lexeme})
@@ -210,19 +209,19 @@ def test_the_term_literals_find_quotes_and_backslashes_in_a_tsvector() -> None:
 
 
 def test_term_frequency_is_read_exactly_for_every_count_a_tsvector_holds() -> None:
-    """tf from ts_rank (hybrid._tf_sql inverts Σ 1/j²): exact from 1 to 256 positions, the most a
+    """tf from ts_rank (keyword_leg._tf_sql inverts Σ 1/j²): exact from 1 to 256 positions, the most a
     tsvector keeps for one lexeme - float4 rounding included."""
     vectors = [" ".join([f"'pizza':{','.join(str(p) for p in range(1, n + 1))}", "'dinner':300"])
                for n in range(1, 257)]
     with connection.cursor() as cursor:
-        cursor.execute(f"SELECT {hybrid._tf_sql(0)} FROM unnest(%(vectors)s::tsvector[]) AS m(search_vector)",  # noqa: S608
+        cursor.execute(f"SELECT {keyword_leg._tf_sql(0)} FROM unnest(%(vectors)s::tsvector[]) AS m(search_vector)",  # noqa: S608
                        {**_bm25_params(["pizza"]), "vectors": vectors})
         counts = [int(row[0]) for row in cursor.fetchall()]
     assert counts == list(range(1, 257))
 
 
 def test_ranking_v2_costs_no_more_statements_than_v1(school: dict[str, Any], t0: datetime) -> None:
-    """Latency (issue 20): v2's extra reads ride on statements v1 sends anyway - the query's lexemes
+    """Latency (§7.5 "Cost"): v2's extra reads ride on statements v1 sends anyway - the query's lexemes
     and BM25's N (the stacks' counters) on the first statement, the keyword hits' cosine on the
     vector leg, the page's rows on the neighbouring-turn statement - so a v2 search is no more
     round trips than a v1 search."""
@@ -232,9 +231,12 @@ def test_ranking_v2_costs_no_more_statements_than_v1(school: dict[str, Any], t0:
     memories_embed(ids=[turn(stack, text, t0 + timedelta(seconds=30 * i)).pk for i, text in enumerate(texts)])
     counts = {}
     for ranking, text in (("v1", "what did Mel paint at the lake"), ("v2", "what did Mel paint at the lake?")):
+        query = SearchQuery(text=text, min_similarity=0.0)
         with CaptureQueriesContext(connection) as captured:
-            result = search_memories(stack_ids=[stack.pk], query=SearchQuery(text=text, min_similarity=0.0,
-                                                                             ranking=ranking))
+            if ranking == "v1":  # the benchmark's baseline (bench/search_rankings.py)
+                result = search_ranked("v1", stack_ids=[stack.pk], query=query)
+            else:
+                result = search_memories(stack_ids=[stack.pk], query=query)
         assert result.legs == {"keyword": "ran", "semantic": "ran"} and len(result.hits) == 4
         counts[ranking] = len(captured)
     assert counts["v2"] <= counts["v1"], counts

@@ -17,7 +17,8 @@ from memories.models import Memory
 from memories.search.embedding_jobs import memories_embed
 from memories.search.embedding_model import deployment_model_switch
 from memories.search.embeddings import get_embedder
-from memories.search.hybrid import SearchQuery, search_memories
+from memories.search.hybrid import search_memories
+from memories.search.query import SearchQuery
 from memories.services import memory_create
 from tests.factories import bearer_client, make_key, make_org, make_stack, sql_rows
 
@@ -140,17 +141,18 @@ def test_k_hits_whenever_k_exist_from_3_to_50000(minilm: Any, size: int) -> None
 def test_a_school_wide_search_ranks_every_stack_exactly(minilm: Any) -> None:
     """Several stacks of a school (school keys' search) are one scope ranked exactly: the vector
     leg's nearest are exactly the nearest of those stacks' rows, and another school's never appear."""
-    from memories.search.hybrid import _SCORE, _vector_leg, _vector_sql, over_fetch
+    from memories.search.query import SCORE, over_fetch
+    from memories.search.vector_leg import vector_leg, vector_sql
 
     stacks = _populate(make_org(), {"a": 3_000, "b": 3_000, "c": 3_000}, minilm.model_id)
     outsider = _populate(make_org(), {"other": 3_000}, minilm.model_id)["other"]
     scope = [stacks["a"].pk, stacks["b"].pk]
     query = SearchQuery(text=QUESTION, limit=10, min_similarity=0.0)
     vector = minilm.embed([query.text])[0]
-    rows, method = _vector_leg(query, scope, vector, over_fetch(10), {})
+    rows, method = vector_leg(query, scope, vector, over_fetch(10), {})
     assert method == "exact"
-    nearest = {row[0] for row in sorted(rows, key=lambda r: -float(r[_SCORE]))[:10]}
-    sql, params = _vector_sql(query, [*scope, stacks["c"].pk, outsider.pk], vector, 100, exact=True)
+    nearest = {row[0] for row in sorted(rows, key=lambda r: -float(r[SCORE]))[:10]}
+    sql, params = vector_sql(query, [*scope, stacks["c"].pk, outsider.pk], vector, 100, exact=True)
     ranked = [row.id for row in sql_rows(sql, params)]
     in_scope = set(Memory.objects.filter(stack_id__in=scope).values_list("pk", flat=True))
     assert nearest == set([memory_id for memory_id in ranked if memory_id in in_scope][:10])
@@ -179,8 +181,9 @@ def _assert_k_hits(stack: Any, size: int, *, walked: bool) -> None:
 
 def test_large_stack_with_its_own_partial_index_gets_full_recall(minilm: Any) -> None:
     """A stack with its own partial HNSW index is walked alone: k hits, matching an exact ranking."""
-    from memories.search.hybrid import _SCORE, _vector_leg, _vector_sql, over_fetch
+    from memories.search.query import SCORE, over_fetch
     from memories.search.vector_indexes import stack_vector_index_ensure, stacks_with_vector_index
+    from memories.search.vector_leg import vector_leg, vector_sql
 
     stacks = _populate(make_org(), {"crowd": 6_000, "target": 1_500}, minilm.model_id)
     target = stacks["target"]
@@ -190,12 +193,12 @@ def test_large_stack_with_its_own_partial_index_gets_full_recall(minilm: Any) ->
     _assert_k_hits(target, 1_500, walked=True)
     query = SearchQuery(text=QUESTION, limit=10, min_similarity=0.0)
     vector = minilm.embed([query.text])[0]
-    rows, method = _vector_leg(query, [target.pk], vector, over_fetch(10), {})
+    rows, method = vector_leg(query, [target.pk], vector, over_fetch(10), {})
     assert method == "hnsw-stack"
-    sql, params = _vector_sql(query, [target.pk], vector, 10, exact=True)
+    sql, params = vector_sql(query, [target.pk], vector, 10, exact=True)
     truth = {row.id for row in sql_rows(sql, params)}
     # The leg's rows are the search's own tuples: id first, then its columns up to the score.
-    top = {row[0] for row in sorted(rows, key=lambda r: -float(r[_SCORE]))[:10]}
+    top = {row[0] for row in sorted(rows, key=lambda r: -float(r[SCORE]))[:10]}
     # Uniform random 384-d vectors are the hardest case for HNSW; bench/search.py measures realistic ones.
     assert len(top & truth) >= 8
 

@@ -24,14 +24,13 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 from tqdm import tqdm
 
-from memories.search.embedding_jobs import (
-    EMBED_BATCH_SIZE,
+from memories.search.embedding_backlog import (
     embedding_backlog_count,
     embedding_backlog_ids,
     embeddings_invalidate_all,
     embeddings_invalidate_stale_model,
-    memories_embed,
 )
+from memories.search.embedding_jobs import EMBED_BATCH_SIZE, memories_embed
 from memories.search.embedding_model import EmbeddingModelMismatch, deployment_model_claim, deployment_model_switch
 from memories.search.embeddings import get_embedder
 

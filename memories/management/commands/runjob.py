@@ -19,7 +19,7 @@ from memories.lifecycle.decay_pass import decay_pass
 from memories.lifecycle.promotion import promotion_run
 from memories.lifecycle.ttl import expired_count, live_memory_estimate, ttl_purge
 from memories.models import JobRun
-from memories.search.embedding_jobs import embedding_sweep_run
+from memories.search.embedding_backlog import embedding_sweep_run
 from memories.search.vector_indexes import stack_vector_indexes_run
 
 JOBS = ("decay", "ttl", "promotion", "embedding-sweep", "stack-indexes")
