@@ -1,9 +1,15 @@
-"""Embedding tasks: thin wrappers (ids in, service call, counts out) over memories.search.embedding_jobs.
+"""The memories app's Celery tasks, each a thin wrapper (ids in, one service call, counts out); the
+lifecycle jobs' tasks are in memories/lifecycle/tasks.py. Registered names never change: queued
+messages and the beat schedule (memoryhub/schedule.py) find them by name.
 
-Writers never call these directly: the write kernel queues `memories.embed_memories` by name after
-commit (`memories.writes.hooks`, the one enqueuer). Nothing is lost if the broker is down: the rows
-keep `embedded_version IS NULL` and `embedding_sweep` (every minute, see memoryhub/schedule.py)
-picks them up.
+* embedding: `memories.embed_memories` (queued by name after commit by the write kernel's one
+  enqueuer, memories.writes.hooks; writers never call it directly) and `memories.embedding_sweep`
+  (every minute: what the after-commit tasks missed — nothing is lost if the broker is down, the
+  rows keep `embedded_version IS NULL`), over memories.search.embedding_jobs and embedding_backlog;
+* `memories.stack_vector_indexes`: per-stack HNSW indexes (memories.search.vector_indexes);
+* `memories.erase`: a large stack's erasure, batch by batch (memories.erasure);
+* the change feed: `memories.events_relay` (publishes what writers could not) and
+  `memories.events_prune` (memories.changes.publish, docs/architecture.md §11).
 """
 
 from __future__ import annotations
@@ -13,8 +19,8 @@ from typing import Any
 
 from celery import shared_task
 
+from memories.changes.publish import events_prune, events_relay
 from memories.erasure import erasure_run
-from memories.events import events_prune, events_relay
 from memories.search.embedding_backlog import embedding_sweep_run
 from memories.search.embedding_jobs import memories_embed
 from memories.search.vector_indexes import stack_vector_indexes_run
@@ -66,13 +72,13 @@ def erase_task(certificate_id: str) -> dict[str, Any]:
 @shared_task(name="memories.events_relay", ignore_result=True, soft_time_limit=60, time_limit=90)
 def events_relay_task() -> dict[str, int]:
     """Periodic (every few seconds): publish change events their writer could not (Redis down, a
-    consumer failing, a process gone after its commit), oldest first (memories.events)."""
+    consumer failing, a process gone after its commit), oldest first (memories.changes.publish)."""
     return events_relay()
 
 
 @shared_task(name="memories.events_prune", ignore_result=True)
 def events_prune_task() -> dict[str, int]:
-    """Periodic: delete published change events older than 7 days (memories.events.RETENTION)."""
+    """Periodic: delete published change events older than 7 days (memories.changes.publish.RETENTION)."""
     deleted = events_prune()
     if deleted:
         logger.info("change events pruned: %s", deleted)

@@ -1,8 +1,8 @@
-"""The change-event path (memories.events, docs/architecture.md §11): every committed write leaves
-exactly one outbox row per transaction and stack, published after commit to the channel layer and
-the registered consumers; a rolled-back write leaves nothing; with Redis unreachable the write
-still succeeds and the relay publishes the event once Redis answers. Real Postgres and Redis: the
-tests commit (transactional_db) and listen on the real channel layer.
+"""The change-event path (memories.writes.outbox, memories.changes; docs/architecture.md §11):
+every committed write leaves exactly one outbox row per transaction and stack, published after
+commit to the channel layer and the registered consumers; a rolled-back write leaves nothing; with
+Redis unreachable the write still succeeds and the relay publishes the event once Redis answers.
+Real Postgres and Redis: the tests commit (transactional_db) and listen on the real channel layer.
 
 When the suite's Celery worker runs (started by other test modules), it embeds what these tests
 write and its "embedded" events arrive too: the helpers below leave those out."""
@@ -22,7 +22,7 @@ from django.db import transaction
 from django.test import override_settings
 from django.utils import timezone
 
-from memories import events
+from memories.changes import feed, publish
 from memories.lifecycle.decay_pass import decay_pass
 from memories.lifecycle.ttl import ttl_purge
 from memories.models import ChangeEvent, Memory
@@ -30,7 +30,7 @@ from memories.search.embedding_model import deployment_model_claim
 from memories.search.embedding_store import EMBEDDING_SOURCE, store_vectors
 from memories.search.embeddings import get_embedder
 from memories.services import CheckpointInput, boot_config_set, checkpoint_save, memory_create
-from memories.writes import hooks
+from memories.writes import effects, hooks
 from memoryhub.embedded import free_port
 from stacks.models import Stack
 from tests.actors import School
@@ -72,10 +72,10 @@ class Listener:
 @pytest.fixture(autouse=True)
 def _breaker_closed() -> Iterator[None]:
     """Each test starts with the channel layer considered up (a test below makes it fail)."""
-    events._layer_loop.down_until = 0.0
+    publish._layer_loop.down_until = 0.0
     yield
-    events.wait_published()
-    events._layer_loop.down_until = 0.0
+    publish.wait_published()
+    publish._layer_loop.down_until = 0.0
 
 
 @pytest.fixture(autouse=True)
@@ -137,7 +137,7 @@ def test_a_push_of_500_operations_is_one_event_and_one_message_naming_all_500(sc
     response = kernle_push(school, [episode(f"e-{n}", school.stack.slug, n) for n in range(500)])
     assert response.status_code == 200, response.content
     assert response.json()["synced"] == 500
-    assert events.wait_published()  # (published by this process's publisher thread)
+    assert publish.wait_published()  # (published by this process's publisher thread)
 
     [event] = stack_events(school.stack)
     stored = dict(Memory.objects.filter(stack=school.stack).values_list("id", "change_seq"))
@@ -148,7 +148,7 @@ def test_a_push_of_500_operations_is_one_event_and_one_message_naming_all_500(sc
 
     message = stack_listener.receive()
     assert message is not None and message["type"] == "stack.change"
-    assert message["event"] == events.event_dict(event, school.stack.slug)
+    assert message["event"] == feed.event_dict(event, school.stack.slug)
     assert len(message["event"]["memory_ids"]) == 500
     assert stack_listener.receive(timeout=0.5) is None  # one message, not 500
     assert school_listener.receive() == message
@@ -162,7 +162,7 @@ def test_native_api_writes_have_events_with_increasing_seq_matching_the_rows(sch
     updated = school.agent.patch(f"{url}/{created['id']}", {"content": "Loves pizza fractions"}, format="json")
     forgotten = school.agent.post(f"{url}/{created['id']}/forget", {"reason": "outdated"}, format="json")
     assert updated.status_code == 200 and forgotten.status_code == 200
-    assert events.wait_published()
+    assert publish.wait_published()
 
     found = stack_events(school.stack)
     assert [(e.action, e.source) for e in found] == [("create", "api"), ("update", "api"), ("forget", "api")]
@@ -180,7 +180,7 @@ def test_checkpoint_and_boot_config_writes_have_events(school: School, listen: A
     put = school.agent.put(school.stack_url("boot-config/tutor.name"), {"value": "Ada"}, format="json")
     deleted = school.agent.delete(school.stack_url("boot-config/tutor.name"))
     assert saved.status_code == 201 and put.status_code == 200 and deleted.status_code == 204
-    assert events.wait_published()
+    assert publish.wait_published()
 
     found = stack_events(school.stack)
     assert [(e.topic, e.action) for e in found] == [("checkpoint", "save"), ("boot_config", "set"),
@@ -203,7 +203,7 @@ def test_a_decay_pass_sends_one_event_per_stack(school: School, other_school: Sc
         faded[stack.pk] = {str(m.pk) for m in rows}
 
     run = decay_pass(now=now, workers=1)
-    assert events.wait_published()
+    assert publish.wait_published()
 
     assert run.counts["forgotten"] == 90
     for stack in stacks:
@@ -225,18 +225,18 @@ def test_with_redis_unreachable_a_push_succeeds_and_the_relay_publishes_later_ex
         assert response.status_code == 200 and response.json()["synced"] == 1
         again = kernle_push(school, [episode("still-down", school.stack.slug, 1)])
         assert again.status_code == 200
-        assert events.wait_published()  # tried (and failed) while the layer was unreachable
-    assert elapsed < events.PUBLISH_TIMEOUT_SECONDS + 1.5
+        assert publish.wait_published()  # tried (and failed) while the layer was unreachable
+    assert elapsed < publish.PUBLISH_TIMEOUT_SECONDS + 1.5
     first, second = stack_events(school.stack)
     assert first.published_at is None and second.published_at is None  # left to the relay
 
     listener = listen(f"stack.{school.stack.pk}")
-    relayed = events.events_relay()
+    relayed = publish.events_relay()
     assert relayed["published"] >= 2 and relayed["left"] == 0  # (and the worker's events it held back)
     messages = [listener.receive(), listener.receive()]
     assert [m["event"]["id"] for m in messages if m] == [first.pk, second.pk]  # in order
     assert all(e.published_at is not None for e in stack_events(school.stack))
-    assert events.events_relay() == {"published": 0, "left": 0}
+    assert publish.events_relay() == {"published": 0, "left": 0}
     assert listener.receive(timeout=0.5) is None  # exactly once
 
 
@@ -250,16 +250,16 @@ def test_a_failing_consumer_leaves_the_event_to_the_relay_and_never_fails_the_wr
         if len(calls) == 1:
             raise RuntimeError("the consumer's backend is down")
 
-    events.register_event_consumer(flaky)
+    effects.register_event_consumer(flaky)
     try:
         memory = memory_create(stack=school.stack, kind="note", payload={"content": "hello"}, source="api")
-        assert events.wait_published()
+        assert publish.wait_published()
         [event] = stack_events(school.stack)
         assert event.published_at is None and calls == [event.pk]
-        relayed = events.events_relay()
+        relayed = publish.events_relay()
         assert relayed["published"] >= 1 and relayed["left"] == 0
     finally:
-        events.unregister_event_consumer(flaky)
+        effects.unregister_event_consumer(flaky)
     assert calls == [event.pk, event.pk]
     assert stack_events(school.stack)[0].published_at is not None
     assert event.memory_ids == [str(memory.pk)]
@@ -283,21 +283,21 @@ def test_events_after_returns_exactly_the_later_events(school: School) -> None:
     boot_config_set(stack=school.other_stack, key="tone", value="warm")
     found = stack_events(school.stack)
     assert [e.seq for e in found] == sorted({e.seq for e in found})
-    assert [e.pk for e in events.events_after(school.stack, found[1].seq)] == [e.pk for e in found[2:]]
-    assert [e.pk for e in events.events_after(school.stack, 0, limit=2)] == [e.pk for e in found[:2]]
-    assert events.events_after(school.stack, found[-1].seq) == []
-    assert events.latest_seq(school.stack) == found[-1].seq
+    assert [e.pk for e in feed.events_after(school.stack, found[1].seq)] == [e.pk for e in found[2:]]
+    assert [e.pk for e in feed.events_after(school.stack, 0, limit=2)] == [e.pk for e in found[:2]]
+    assert feed.events_after(school.stack, found[-1].seq) == []
+    assert feed.latest_seq(school.stack) == found[-1].seq
 
 
 def test_prune_deletes_only_old_published_events(school: School) -> None:
     for n in range(3):
         memory_create(stack=school.stack, kind="note", payload={"content": f"note {n}"}, source="api")
-    assert events.wait_published()
+    assert publish.wait_published()
     old, unpublished, recent = stack_events(school.stack)
     week_ago = timezone.now() - timedelta(days=8)
     ChangeEvent.objects.filter(pk__in=[old.pk, unpublished.pk]).update(created_at=week_ago)
     ChangeEvent.objects.filter(pk=unpublished.pk).update(published_at=None)
-    assert events.events_prune() == 1
+    assert publish.events_prune() == 1
     assert {e.pk for e in stack_events(school.stack)} == {unpublished.pk, recent.pk}
 
 
@@ -318,7 +318,7 @@ def test_a_ttl_purge_sends_one_purge_event_per_stack(school: School) -> None:
         expired[stack.pk] = {str(m.pk) for m in rows}
 
     ttl_purge(now=now)
-    assert events.wait_published()
+    assert publish.wait_published()
 
     for stack in (school.stack, school.other_stack):
         [event] = stack_events(stack)
@@ -345,7 +345,7 @@ def test_erasing_a_memory_sends_an_erase_event_naming_its_id_only(school: School
     response = school.admin_api.post(school.stack_url(f"memories/{memory.pk}/erase"),
                                      {"requested_by": "parent of Alice"}, format="json")
     assert response.status_code == 200, response.content
-    assert events.wait_published()
+    assert publish.wait_published()
     erase = stack_events(school.stack)[-1]
     assert (erase.action, erase.source, erase.memory_ids) == ("erase", "erasure", [str(memory.pk)])
     assert erase.published_at is not None
@@ -431,5 +431,5 @@ def test_a_ttl_purge_leaves_a_stack_being_written_to_the_next_run(school: School
 
     ttl_purge(now=now)
     assert not Memory.objects.filter(stack=school.stack).exists()
-    assert events.wait_published()
+    assert publish.wait_published()
     assert [e.action for e in stack_events(school.stack)] == ["purge"]
