@@ -18,7 +18,7 @@ functions they call off the event loop.
   and never needs to know a rule. One render serves every socket showing the same stack with the
   same filters and the same privacy-grants audience (`_shared`): fifty open pages cost one render
   per event, not fifty.
-* Grants: the event's memory ids are narrowed to those the viewer's grants admit (memories.grants)
+* Grants: the event's memory ids are narrowed to those the viewer's grants admit (memories.privacy.grants)
   in one SQL query before anything is rendered, so a socket never receives the id or text of a
   memory the viewer cannot see, not even as "removed". A change whose memories are ALL hidden from
   the viewer (and that touched no checkpoint or boot config) is not sent to that viewer at all —
@@ -67,8 +67,8 @@ from accounts.signals import sessions_ended
 from dashboard import student as reads
 from dashboard.access import STAFF
 from memories.changes.feed import events_after, latest_seq
-from memories.grants import Audience, audience_for, grants_filter
 from memories.models import ChangeEvent, Memory, StackDailyActivity
+from memories.privacy.grants import Audience, audience_for, grants_filter
 from memories.selectors import boot_config_entries, checkpoint_latest, checkpoint_warnings, memories_live
 from memories.writes.outbox import BOOT_CONFIG, CHECKPOINT
 from memoryhub.errors import NotFound

@@ -1,7 +1,7 @@
 """Erasure with a certificate (issue 16; docs/architecture.md §9).
 
 A school admin erases a student's stack, or one memory, irreversibly: memories with their revisions,
-salience rows, kept raw originals (memories.originals) and embeddings (columns of the memory row),
+salience rows, kept raw originals (memories.privacy.originals) and embeddings (columns of the memory row),
 checkpoints, boot config and sync watermarks. What stays: the Stack row (archived, zero usage, so
 its slug is not reused by a new push), an audit event with counts only, the certificate, and one
 tombstone per erased memory that is an id only (SHA-256 of "<kind>:<record_id>"), which the sync

@@ -124,7 +124,7 @@ class Memory(models.Model):
     # What the quota counts: the bytes of the record as the client sent it — `data` and `extra` as
     # JSON plus the tags (memories.records.normalize.normalize_memory); not `text`, derived from `data`.
     size_bytes = models.IntegerField(default=0)
-    # What redaction replaced in this record: [{"rule", "count"}], never a value (memories.redaction,
+    # What redaction replaced in this record: [{"rule", "count"}], never a value (memories.privacy.redaction,
     # docs/algorithms.md §11). Server-owned; not sent on pull.
     # A database default too: rows inserted by SQL that predates the column (a web process of the
     # previous release during a deploy, bulk loaders) get an empty report instead of failing.

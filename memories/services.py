@@ -36,8 +36,7 @@ from django.utils import timezone
 from accounts.principal import Principal
 from billing.entitlements import ensure_can_store
 from memories.models import BootConfigEntry, Checkpoint, Memory
-from memories.records.cleaning import clean_json, clean_text
-from memories.redaction import (
+from memories.privacy.redaction import (
     RedactionPolicy,
     RedactionRefused,
     SensitiveIdentifier,
@@ -46,6 +45,7 @@ from memories.redaction import (
     refuse_sensitive_identifier,
     stack_policy,
 )
+from memories.records.cleaning import clean_json, clean_text
 from memories.writes.columns import CONTENT_COLUMNS
 from memories.writes.hooks import prepare_memory
 from memories.writes.outbox import BOOT_CONFIG, CHECKPOINT, record_change

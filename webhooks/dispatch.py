@@ -20,7 +20,7 @@
   a younger one is most likely still in the broker's queue, and re-queuing it would only pile up
   duplicate tasks behind a backlog).
 * `payload(delivery, endpoint)` builds the body at send time. An endpoint is never a stack's own
-  credentials, so its privacy grants apply (memories.grants: `webhook:<endpoint id>`,
+  credentials, so its privacy grants apply (memories.privacy.grants: `webhook:<endpoint id>`,
   `role:webhook`, `org:<school>`, `*`): the event's memory ids are narrowed in one SQL query to
   the memories whose current grants admit the endpoint, before the body lists any id or text.
 * An event whose memories are all hidden from an endpoint is never announced to it: `fan_out`
@@ -53,8 +53,8 @@ from django.utils import timezone
 from accounts.models import Membership, Organization
 from accounts.services import audit_record
 from memories.changes.feed import event_dict
-from memories.grants import audience_for_webhook, grants_filter
 from memories.models import ChangeEvent, Memory
+from memories.privacy.grants import audience_for_webhook, grants_filter
 from memoryhub.metrics import WEBHOOK_DELIVERIES
 from stacks.models import Stack
 from webhooks import event_types

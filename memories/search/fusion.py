@@ -22,9 +22,9 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from memories.grants import Audience
 from memories.lifecycle.decay import DecayState, memory_retrievability
 from memories.models import Memory
+from memories.privacy.grants import Audience
 from memories.search.context import memories_from_rows, neighbour_rows
 from memories.search.query import LEG_FIELD_INDEXES, SCORE, SearchHit, SearchQuery, scope_filters
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from django.db import connection
 
-from memories.grants import Audience
+from memories.privacy.grants import Audience
 from memories.search.query import LEG_COLUMNS, SCORE, SearchQuery, fetch_rows, is_plain, scope_filters
 from stacks.models import Stack
 

@@ -22,8 +22,8 @@ from typing import Any
 from django.db import connection
 from django.utils import timezone
 
-from memories.grants import Audience, grants_sql
 from memories.models import Memory
+from memories.privacy.grants import Audience, grants_sql
 from memories.search.context import MEMORY_FIELDS
 
 MAX_LIMIT = 100
@@ -100,7 +100,7 @@ def is_plain(text: str) -> bool:
 
 def scope_filters(query: SearchQuery, params: dict[str, Any], audience: Audience | None = None) -> str:
     """The WHERE clause every leg shares; the stack scope is mandatory, never optional. A requester
-    other than the stack's own credentials also gets the privacy-grants predicate (memories.grants),
+    other than the stack's own credentials also gets the privacy-grants predicate (memories.privacy.grants),
     here, inside each leg's SQL and before its LIMIT, so a hidden memory never takes a slot."""
     clauses = [
         "m.stack_id = ANY(%(stack_ids)s)",

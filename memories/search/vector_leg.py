@@ -24,7 +24,7 @@ from typing import Any
 
 from django.db import connection, transaction
 
-from memories.grants import Audience
+from memories.privacy.grants import Audience
 from memories.search.context import uuid_array
 from memories.search.embeddings import Vector, embed_query, get_embedder, vector_literal
 from memories.search.query import (

@@ -30,7 +30,7 @@ leaves the same traces, and they are made here, not re-implemented per writer:
   text as submitted along (`NormalizedMemory.original_text`, never a column), and the writer — the
   single-row insert / change, or `sets.finish_set` once per batch — seals it into `RawOriginal` in the
   writing transaction if the school opted in, and drops an original its text change made stale
-  (memories.originals; docs/privacy.md "Encryption at rest").
+  (memories.privacy.originals; docs/privacy.md "Encryption at rest").
 
 The package, by data flow:
 

@@ -4,7 +4,7 @@ can use it.
 
 * **Transforms** (`register_transform`) run on every payload after the schema has validated it and
   before anything is stored or derived from it (`prepare_memory`, used by the single-row and the
-  set-based form alike). Redaction (memories.redaction) runs first, called by `prepare_memory`
+  set-based form alike). Redaction (memories.privacy.redaction) runs first, called by `prepare_memory`
   itself. A transform returns a self-consistent `NormalizedMemory` (`text` the canonical text of
   its `data`, `size_bytes` recomputed, `data_json` / `extra_json` None or matching) and must be
   idempotent: sync normalises a stored, already transformed record again when it merges list
@@ -49,8 +49,8 @@ from redis.exceptions import RedisError
 
 from accounts.throttles import redis_client
 from memories.models import Memory, MemoryKind
+from memories.privacy.redaction import RedactionPolicy, redact_memory, redact_secrets
 from memories.records.normalize import NormalizedMemory, normalize_memory
-from memories.redaction import RedactionPolicy, redact_memory, redact_secrets
 from memories.writes.effects import EMBED, NOTIFY, Committed, Write, queue, register_effect
 from memories.writes.outbox import MEMORY, Statement, record_change
 
@@ -112,11 +112,11 @@ def unregister_listener(listener: Listener) -> None:
 def prepare_memory(kind: str, payload: Any, *, redaction: RedactionPolicy, partial: bool = False,
                    existing: Memory | None = None, natural_key_optional: bool = False) -> NormalizedMemory:
     """THE way a payload becomes storable: `memories.records.normalize.normalize_memory` (its contract, its
-    errors), then redaction under the stack's school's policy (`memories.redaction.redact_memory`:
+    errors), then redaction under the stack's school's policy (`memories.privacy.redaction.redact_memory`:
     `RedactionRefused`, 422, for a CRITICAL secret), then every registered transform.
 
     `redaction` is required, not defaulted: every writer resolves its school's choice
-    (`memories.redaction.stack_policy`, once per request or batch) instead of silently getting
+    (`memories.privacy.redaction.stack_policy`, once per request or batch) instead of silently getting
     another one.
 
     Redaction is called here, not registered: it must hold for every process and every path
@@ -130,7 +130,7 @@ def prepare_memory(kind: str, payload: Any, *, redaction: RedactionPolicy, parti
     if normalized is not submitted and submitted.kind == MemoryKind.RAW and normalized.text != submitted.text:
         # A raw entry redaction changed: its text as submitted, less every secret (an original keeps
         # the PII the school redacts, never a key, token or card number), goes along — never stored
-        # as is; the writer seals it when the school opted in (memories.originals). When that is the
+        # as is; the writer seals it when the school opted in (memories.privacy.originals). When that is the
         # stored text (only secrets were redacted), no copy: what is stored IS the original.
         original = redact_secrets(submitted.text)
         if original != normalized.text:

@@ -17,7 +17,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from memories.models import Memory, MemoryKind, MemoryRevision, NextChangeSeq, StackDailyActivity
-from memories.originals import keep_originals
+from memories.privacy.originals import keep_originals
 from memories.records.normalize import NormalizedMemory
 from memories.writes.columns import SNAPSHOT_COLUMNS
 from memories.writes.hooks import SMALL_EMBED_MESSAGE_IDS, after_commit
@@ -26,7 +26,7 @@ from stacks.models import Stack
 
 _STACK_TABLE = Stack._meta.db_table
 # A new raw memory's text as submitted when redaction changed it (`NormalizedMemory.original_text`):
-# set on the unsaved Memory by `new_memory`, sealed by `insert_memories` (memories.originals).
+# set on the unsaved Memory by `new_memory`, sealed by `insert_memories` (memories.privacy.originals).
 _ORIGINAL_TEXT = "_original_text"
 _COUNTERS_SQL = (f"UPDATE {_STACK_TABLE} SET memory_count = memory_count + %(c_count)s, "  # noqa: S608 - constants only
                  "bytes_used = bytes_used + %(c_bytes)s WHERE id = %(c_stack)s")

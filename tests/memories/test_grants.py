@@ -33,8 +33,8 @@ from accounts.principal import Principal
 from accounts.selectors import principal_for_session
 from dashboard import live
 from dashboard import student as reads
-from memories.grants import audience_for, audience_for_webhook, grants_q, grants_sql
 from memories.models import Memory, MemoryRevision
+from memories.privacy.grants import audience_for, audience_for_webhook, grants_q, grants_sql
 from memories.services import memory_create, memory_forget
 from tests.accounts.clients import csrf_session_client
 from tests.actors import School

@@ -183,7 +183,7 @@ def test_a_receiver_of_school_a_never_receives_school_b_events(
     [leak_check] = receiver.bodies()
     assert leak_check["school"] == school.org.public_id and leak_check["data"]["stack"] == "alice"
     assert "Carol" not in receiver.requests[0].body.decode()
-    # Not even the id: the endpoint's grants are checked against this stack's rows only (memories.grants).
+    # Not even the id: the endpoint's grants are checked against this stack's rows only (memories.privacy.grants).
     assert leak_check["memories"] == [] and leak_check["data"]["memory_ids"] == []
 
 
