@@ -7,7 +7,7 @@ class DashboardConfig(AppConfig):
     name = "dashboard"
 
     def ready(self) -> None:
-        # Close live sockets when a session ends or access is removed (issue 15).
+        # Close live sockets when a session ends or access is removed.
         from dashboard import live
 
         live.connect_signals()

@@ -1,5 +1,5 @@
-"""The dashboard's live sockets (issue 15): `ws/stacks/<slug>/` for a student's page and `ws/school/`
-for the school overview.
+"""The dashboard's live sockets: `ws/stacks/<slug>/` for a student's page and `ws/school/` for the
+school overview (docs/architecture.md §10, "Live pages").
 
 Thin, like the views: who may connect and what is sent are dashboard/live.py's. Every socket has
 already passed memoryhub.limits.WebsocketGuard (message rate and size), the Origin check against

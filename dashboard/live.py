@@ -1,5 +1,5 @@
-"""What the dashboard's live sockets send, and who may keep one open (issue 15, "Live student page",
-"School overview live counters").
+"""What the dashboard's live sockets send, and who may keep one open (docs/architecture.md §10,
+"Live pages").
 
 The sockets (dashboard/consumers.py) are thin: every decision and every read is here, in plain sync
 functions they call off the event loop.
@@ -92,7 +92,7 @@ RESOLVE_IDS_MAX = 1000
 # --- groups and who is asking ---------------------------------------------------------------------
 
 def stack_group(stack_id: int) -> str:
-    """Where memories.changes.publish publishes a stack's changes (issue 15 design)."""
+    """Where memories.changes.publish publishes a stack's changes."""
     return f"stack.{stack_id}"
 
 

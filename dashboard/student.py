@@ -1,4 +1,4 @@
-"""A student's page: the reads it shows and the few writes it makes (issue 14, "A student's page").
+"""A student's page: the reads it shows and the few writes it makes (docs/dashboard.md "Pages").
 
 Every function takes a stack the caller already resolved through `stacks.selectors.stack_for_principal`
 (the one access decision); nothing here decides who may see what. The reads of memories also take the

@@ -1,5 +1,5 @@
-"""Dashboard: privacy (issue 16) — the school's privacy settings with its written retention policy,
-the erasure certificates, and erasing a student or one memory.
+"""Dashboard: privacy — the school's privacy settings with its written retention policy, the erasure
+certificates, and erasing a student or one memory (docs/privacy.md "The Privacy page").
 
 School admins only (any other role gets a 404). Who may change the settings and what is valid is
 memories.privacy_settings (one audited call); which student or memory may be erased is

@@ -1,5 +1,5 @@
 """A student's page: memories by kind, search, one memory's detail and history, forget/recover/protect,
-the checkpoint and boot config, forgetting candidates, exports (issue 14).
+the checkpoint and boot config, forgetting candidates, exports (docs/dashboard.md "Pages").
 
 Thin views: the stack comes from `stacks.selectors.stack_for_principal` (write=True for changes, so
 an archived stack answers 409), the reads and the audited writes from dashboard/student.py.
@@ -13,7 +13,7 @@ from django.contrib import messages
 from django.core.handlers.asgi import ASGIRequest
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, StreamingHttpResponse
 from django.shortcuts import redirect, render
-from django.urls import NoReverseMatch, reverse
+from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
@@ -36,24 +36,16 @@ _ACTION_DONE = {"forget": "Memory forgotten. It can be recovered from the “Onl
                 "unprotect": "Memory unprotected."}
 
 
-def _manage_url(slug: str) -> str:
-    # The roster area owns the manage page; link it by name once its route exists.
-    try:
-        return reverse("dashboard:student-manage", args=[slug])
-    except NoReverseMatch:
-        return "manage"
-
-
 @require_GET
 @dashboard_page(roles=STAFF)
 def student_page(request: HttpRequest, principal: Principal, slug: str) -> HttpResponse:
     stack = stack_for_principal(principal, slug)
     # Before any read below: the page's live socket resumes from here, so nothing committed in
-    # between is missed (issue 15). Only a page served over ASGI can open its socket there.
+    # between is missed. Only a page served over ASGI can open its socket there.
     live_seq = live.stack_seq(stack) if isinstance(request, ASGIRequest) else None
     form = reads.MemoryFilterForm(request.GET)
     context: dict[str, Any] = {"stack": stack, "form": form, "is_admin": principal.role == ADMIN,
-                               "manage_url": _manage_url(stack.slug), "page": None}
+                               "manage_url": reverse("dashboard:student-manage", args=[stack.slug]), "page": None}
     if not form.is_valid():
         return render(request, "dashboard/student/page.html", context, status=400)
     filters = reads.MemoryFilters.of(form.cleaned_data)
