@@ -1,8 +1,8 @@
 """A brief, per-process memory of verified API keys, so a busy agent is not looked up on every request.
 
-WHY (issue 19, bench/soak.py --saturate profile): finding a key by its secret is a four-table
-query (key, user, organization, stack, plus the issuer-reach EXISTS) that Django compiles and
-PostgreSQL plans anew on every request; it was ~19 % of the web process's CPU under the soak's mix.
+WHY: finding a key by its secret is a four-table query (key, user, organization, stack, plus the
+issuer-reach EXISTS) that Django compiles and PostgreSQL plans anew on every request, a large share
+of the web process's CPU under bench/soak.py's mix (docs/configuration.md, `AUTH_KEY_CACHE_SECONDS`).
 A key that verified a moment ago is remembered here for `settings.AUTH_KEY_CACHE_SECONDS`.
 
 Why this stays safe (access dies with its grant, accounts/selectors.py):

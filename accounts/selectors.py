@@ -46,8 +46,8 @@ def with_issuer_reach(keys: QuerySet[ApiKey]) -> QuerySet[ApiKey]:
     return keys.annotate(issuer_reaches=_issuer_reaches())
 
 
-# Raw SQL on purpose: the same condition as nested ORM Exists() took ~1 ms of Python to compile on
-# every authenticated request. Tables: accounts.ApiKey ("accounts_apikey", the outer query's),
+# Raw SQL on purpose: the same condition as nested ORM Exists() is costly to compile in Python, and
+# it is compiled on every authenticated request. Tables: accounts.ApiKey ("accounts_apikey", the outer query's),
 # accounts.Membership, and stacks.TeacherAssignment named by its table (accounts sits below stacks
 # and imports none of its models); tests/accounts/test_security.py and the isolation matrix
 # exercise every branch, so a renamed table fails them.

@@ -50,7 +50,7 @@ def parse_rate(rate: str) -> tuple[int, int]:
 def redis_client(*, write: bool = False) -> Any:
     """The Django cache's Redis connection as a redis-py client, made once per cache connection pool.
 
-    WHY (issue 19 profile): Django's RedisCacheClient.get_client builds a new `redis.Redis` on every
+    WHY: Django's RedisCacheClient.get_client builds a new `redis.Redis` on every
     call, and each one copies redis-py's table of ~90 response callbacks into a fresh case-folding
     dict — two or three times per API request here (the back-off read, the rate window), for
     nothing: a redis-py client is thread-safe and only borrows connections from the pool. Kept on
@@ -66,8 +66,8 @@ def redis_client(*, write: bool = False) -> Any:
 
 
 # INCR, and give the window its expiry when this hit created it: atomic in Redis, one command.
-# WHY a script (issue 19): the same as a MULTI of SET-NX-EX + INCR, for half the client's CPU and
-# half the round trip's time (four commands and replies to pack and parse become one).
+# WHY a script: the same as a MULTI of SET-NX-EX + INCR, for less of the client's CPU and a shorter
+# round trip (four commands and replies to pack and parse become one).
 _WINDOW_HIT_LUA = ("local n = redis.call('INCR', KEYS[1]) "
                    "if n == 1 then redis.call('EXPIRE', KEYS[1], ARGV[1]) end return n")
 _window_hit_script: Any = None
