@@ -1,4 +1,4 @@
-"""MCP over streamable HTTP at `/mcp` (issue 18; docs/architecture.md §12).
+"""MCP over streamable HTTP at `/mcp` (docs/architecture.md §12).
 
 * The official `mcp` package's session manager serves the protocol, in STATELESS mode with JSON
   responses: every POST is answered on its own (no session id, no server-held stream), so any web

@@ -1,4 +1,5 @@
-"""From change events to deliveries, and from deliveries to receivers.
+"""From change events to deliveries, and from deliveries to receivers (docs/webhooks.md "A delivery",
+"Retries, ordering and disabling").
 
 * `fan_out(event)` is the change-event consumer (registered in apps.py): it only INSERTs one
   pending delivery per subscribed endpoint of the event's own school (unique per endpoint and
@@ -71,7 +72,7 @@ BACKOFF_FACTOR = 3
 MAX_RETRY_SECONDS = 3600
 # A sender's lease on the delivery it is sending, renewed every RENEW_SECONDS while the request is
 # in flight (a request has no overall bound: delivery.TIMEOUT_SECONDS is per connect/read/write).
-# Short, so a killed worker's delivery is retaken by the next sweep within seconds (issue 19); two
+# Short, so a killed worker's delivery is retaken by the next sweep within seconds; two
 # missed renewals still leave it held.
 CLAIM = timedelta(seconds=15)
 RENEW_SECONDS = 5.0
