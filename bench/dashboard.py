@@ -6,7 +6,7 @@
 One school (tier "unlimited") with `2000 x scale` students and `1,000,000 x scale` memories in real
 embedded Postgres+pgvector and Redis (bench/harness.py). What is loaded, and how:
 
-* memories by COPY (`bench.harness.bulk_load_memories`), unevenly spread over the students (a
+* memories by COPY (`bench.synthetic.bulk_load_memories`), unevenly spread over the students (a
   log-normal share each: a few heavy users, many light ones), `created_at` spread over 60 days;
   all embedded but a ~0.3 % backlog; 5 % of the students archived; one teacher per 25 students;
 * the stacks' counters (`memory_count`, `bytes_used`, `last_sync_at`) set from the loaded rows, and
@@ -47,15 +47,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.harness import (
-    _memory_indexes,
-    bench_environment,
-    bulk_load_memories,
-    create_bench_stacks,
-    log,
-    percentiles,
-    print_table,
-)
+from bench.harness import bench_environment, log, percentiles, print_table
+from bench.synthetic import _memory_indexes, bulk_load_memories, create_bench_stacks
 
 STUDENTS = 2000
 MEMORIES = 1_000_000
@@ -128,7 +121,7 @@ def load_school(n_students: int, n_memories: int, seed: int) -> BenchSchool:
         for name, definition in dropped:
             cursor.execute(definition)
             log(f"  {name}")
-        # The usage counters are the loader's (bench.harness.sync_stack_counters); the last sync for
+        # The usage counters are the loader's (bench.synthetic.sync_stack_counters); the last sync for
         # 90 % of the students (the others never synced).
         cursor.execute("""
             UPDATE stacks_stack s SET last_sync_at = CASE WHEN random() < 0.9 THEN m.latest END

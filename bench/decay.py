@@ -62,7 +62,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.harness import bench_environment, bulk_load_memories, create_bench_stacks, log, print_table
+from bench.harness import bench_environment, log, print_table
+from bench.synthetic import bulk_load_memories, create_bench_stacks
 
 COLUMNS = ("what", "rows", "seconds", "rows_per_s", "x_bare", "written", "forgotten", "extrapolated_s")
 

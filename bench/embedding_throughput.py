@@ -49,7 +49,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.harness import BASE_DIR, bench_environment, log, print_table, synthetic_sentence
+from bench.harness import BASE_DIR, bench_environment, log, print_table
+from bench.synthetic import synthetic_sentence
 
 
 def main() -> None:

@@ -33,7 +33,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.harness import bench_environment, bulk_load_memories, log, web_server
+from bench.harness import bench_environment, log, web_server
+from bench.synthetic import bulk_load_memories
 
 
 def _complete(path: str, body: bytes) -> str:

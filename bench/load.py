@@ -30,15 +30,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.harness import (
-    bench_environment,
-    bulk_load_memories,
-    create_bench_stacks,
-    log,
-    percentiles,
-    print_table,
-    web_server,
-)
+from bench.harness import bench_environment, log, percentiles, print_table, web_server
+from bench.synthetic import bulk_load_memories, create_bench_stacks
 
 
 def _timed(samples: list[float], fn: Any) -> Any:

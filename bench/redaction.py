@@ -6,7 +6,7 @@
 One run against real embedded Postgres+pgvector and Redis and the real ASGI app under uvicorn:
 
 * **cost per memory** (in this process, median of `--micro-repeats` timings of a whole set):
-  `memories.privacy.redaction.redact_memory` on a normalised clean kernle note / episode (the pre-check
+  `memories.privacy.redaction.engine.redact_memory` on a normalised clean kernle note / episode (the pre-check
   lets it through) and on a canary note (an e-mail, a phone number, an AWS key, a `knl_sk_` key and
   a card number: every rule walks it), in µs per memory — next to the schema's own normalisation of
   the same records, the step it follows. Also the tombstone lookup a push makes per batch in a
@@ -39,8 +39,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.harness import bench_environment, log, print_table, synthetic_memory, web_server
+from bench.harness import bench_environment, log, print_table, web_server
 from bench.sync import http_push, make_operations
+from bench.synthetic import synthetic_memory
 
 CANARY = ("Call Ada's mum at 555-867-5309 or ada.mum@example.org; AWS key AKIAIOSFODNN7EXAMPLE, "
           "our key knl_sk_abcdefghijklmnop1234, card 4111 1111 1111 1111.")
@@ -57,7 +58,8 @@ def _median_us(fn: Any, items: int, repeats: int) -> float:
 
 def micro_costs(repeats: int) -> list[dict[str, Any]]:
     """µs per memory of the schema and of redaction, on clean and canary records."""
-    from memories.privacy.redaction import ALL_CATEGORIES, redact_memory
+    from memories.privacy.redaction.engine import redact_memory
+    from memories.privacy.redaction.policy import ALL_CATEGORIES
     from memories.records.normalize import normalize_memory
 
     rng = random.Random(5)

@@ -45,18 +45,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.harness import (
-    _WORDS,
-    bench_environment,
-    bulk_load_memories,
-    create_bench_stacks,
-    log,
-    percentiles,
-    print_table,
-    sync_stack_counters,
-    synthetic_sentence,
-    web_server,
-)
+from bench.harness import bench_environment, log, percentiles, print_table, web_server
+from bench.synthetic import _WORDS, bulk_load_memories, create_bench_stacks, sync_stack_counters, synthetic_sentence
 
 
 def word_space() -> tuple[dict[str, np.ndarray], float]:

@@ -7,7 +7,7 @@ What it measures, in one run against real embedded Postgres+pgvector and Redis a
 app under uvicorn (one worker, one client, sequential requests — what one agent does):
 
 * **push**: `POST /sync/push` with kernle-shaped operations of every kind (the mix of
-  bench/harness.py), `--batch` per request — validation, per-stack lock, idempotent upsert,
+  bench/synthetic.py), `--batch` per request — validation, per-stack lock, idempotent upsert,
   revision and counter bookkeeping, embedding jobs queued after commit. Reported as ops/s and
   per-batch latency.
 * **baseline**: the same rows inserted straight into `memories_memory` with psycopg
@@ -21,7 +21,7 @@ app under uvicorn (one worker, one client, sequential requests — what one agen
 
 Goals (issue 5): push ≥ 5,000 ops/s; a pull of 10,000 changes < 1 s.
 
-`--events-compare` adds **push with change events on vs off** (issue 15, memories.events): a second
+`--events-compare` adds **push with change events on vs off** (issue 15, memories.writes.outbox): a second
 server with MEMORYHUB_EVENTS=off runs next to the first, and the same number of operations go to
 each in alternating rounds (so both see the same load on a shared box). Goal: on ≥ 0.95x off.
 """
@@ -43,16 +43,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.harness import (
-    _KIND_WEIGHTS,
-    KINDS,
-    bench_environment,
-    log,
-    percentiles,
-    print_table,
-    synthetic_memory,
-    web_server,
-)
+from bench.harness import bench_environment, log, percentiles, print_table, web_server
+from bench.synthetic import _KIND_WEIGHTS, KINDS, synthetic_memory
 
 TABLE_FOR_KIND = {"episode": "episodes", "note": "notes", "belief": "beliefs", "value": "agent_values",
                   "goal": "goals", "drive": "drives", "relationship": "relationships", "playbook": "playbooks"}
