@@ -28,7 +28,7 @@ class ProbeConsumer(AsyncJsonWebsocketConsumer):
 
     Only for a signed-in session (an anonymous handshake is refused), and one ping in flight per
     connection: a client sending pings faster than the worker answers gets `ping_pending` back
-    instead of a Celery task per message (issue 13, F7)."""
+    instead of a Celery task per message."""
 
     async def connect(self) -> None:
         user = self.scope.get("user")

@@ -220,9 +220,9 @@ class EmbeddedPostgres(EmbeddedServer):
                 "-p", str(port),
                 "-c", "unix_socket_directories=",
                 "-c", "max_connections=200",
-                # Big enough to keep a large stack's HNSW graph (~250 MB at 100k memories) and its
-                # hot rows resident: one search walk of a 100k-row stack's graph took 9 ms with its
-                # pages in the buffer cache and 452 ms reading them in.
+                # Big enough to keep a large stack's HNSW graph and its hot rows resident: a search
+                # that must read the graph's pages in is far slower than one that finds them cached
+                # (docs/configuration.md, EMBEDDED_PG_SHARED_BUFFERS_MB).
                 # Postgres touches the pages only as it uses them.
                 "-c", f"shared_buffers={env_int('EMBEDDED_PG_SHARED_BUFFERS_MB', 2048, minimum=16)}MB",
                 "-c", "fsync=on",

@@ -1,9 +1,9 @@
 """Replace a PostgreSQL index with a new definition without blocking writes.
 
 A plain CREATE INDEX holds a SHARE lock for the whole build, and every INSERT/UPDATE of the table
-waits on it: the table-wide HNSW graph of a million memories takes ~11 minutes to build on two
-cores. Here the new index is built CONCURRENTLY under a temporary name next to the old one (which
-keeps serving reads), then the old one is dropped CONCURRENTLY and the new one takes its name.
+waits on it: the table-wide HNSW graph of a million memories takes many minutes to build. Here
+the new index is built CONCURRENTLY under a temporary name next to the old one (which keeps serving
+reads), then the old one is dropped CONCURRENTLY and the new one takes its name.
 
 Only outside a transaction (autocommit), like any concurrent index build. Re-runnable after an
 interruption at any step: whatever is left under the temporary name (an invalid half-built index,

@@ -1,17 +1,16 @@
 """How CPython runs in our long-lived processes: what they load at start is frozen out of the cyclic
 garbage collector (web and worker processes), and a web process hands the GIL over sooner.
 
-Garbage collection (docs/operations.md §7 "Garbage collection pauses"): a web process holds ~300,000 objects
-from its imports (Django, DRF, web3, the MCP SDK, the URL conf and every view), all alive
-for its whole life. CPython's collector walks every one of them on each full (oldest-generation)
-collection, with the GIL held: measured under bench/soak.py's load on a 2-core box, such a
-collection stopped a web process for 0.35-0.58 s (every request in that process, and its event
-loop, waited), two to three times a minute.
+Garbage collection (docs/operations.md §7 "Garbage collection pauses", which has the figures): a
+web process holds hundreds of thousands of objects from its imports (Django, DRF, web3, the MCP SDK,
+the URL conf and every view), all alive for its whole life. CPython's collector walks every one of
+them on each full (oldest-generation) collection, with the GIL held: under bench/soak.py's load such
+a collection stopped a web process for a noticeable part of a second (every request in that process,
+and its event loop, waited), several times a minute.
 `gc.freeze()` (the standard library's own tool for this) moves everything alive at that moment
 into a permanent generation the collector no longer walks, so a full collection only looks at
 what the process made since. The thresholds stay CPython's: a larger first-generation threshold
-(20,000) was tried and not kept — young collections ran ~20x less often but paused ~30 ms each (up
-to 95 ms), for about the same total.
+was tried and not kept — fewer young collections, each pausing longer, for about the same total.
 
 Nothing is leaked: reference counting still frees every frozen object that is dropped; only a
 reference cycle among frozen objects would stay (they were loaded for the process's life).
@@ -24,7 +23,7 @@ meanwhile, CPython makes it wait until that thread has run for the switch interv
 default. A request makes several such round trips (authentication, the stack lookup, its
 statements, the commit), and the event loop that reads requests and writes answers needs the GIL
 too, so under load each could wait up to 5 ms. At 1 ms the waits are a fifth as long, for no
-measurable CPU (bench/soak.py, docs/benchmarks.md). `PYTHON_GIL_SWITCH_MS` sets it (1 by default;
+measurable CPU (docs/operations.md §8). `PYTHON_GIL_SWITCH_MS` sets it (1 by default;
 5 is CPython's own).
 """
 

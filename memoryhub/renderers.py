@@ -1,9 +1,9 @@
-"""The API's JSON renderer: DRF's JSONRenderer, with the encoding done by orjson (issue 19).
+"""The API's JSON renderer: DRF's JSONRenderer, with the encoding done by orjson.
 
 WHY: DRF encodes with the standard library's `json` and a Python `default()` hook for every
 datetime, UUID and decimal in a response. On the soak's mix (bench/soak.py) that was the largest
-single piece of Python work in a response after the database: ~0.3 ms for a search of 10 results
-and ~2 ms for a load of 60 memories, where orjson takes ~0.04 and ~0.08 ms.
+single piece of Python work in a response after the database, and orjson does the same work in a
+small fraction of the time.
 
 The bytes are the same as DRF's for everything the API sends: compact separators, UTF-8 (not
 \\u-escaped), datetimes as ISO 8601 with `Z` for UTC, UUIDs as strings, U+2028 / U+2029 escaped (as

@@ -1,4 +1,5 @@
-"""A request id on every log line of a request, and of the Celery tasks it queued (issue 19).
+"""A request id on every log line of a request, and of the Celery tasks it queued (docs/configuration.md,
+`LOG_FORMAT`).
 
 The id comes from the client's `X-Request-ID` when it is a plain token (8 to 64 of [A-Za-z0-9._-]),
 so a load balancer's id carries through; otherwise it is made here. It is sent back in the

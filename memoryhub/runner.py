@@ -34,14 +34,14 @@ from memoryhub.worker_priority import WorkerPriority
 BASE_DIR = Path(__file__).resolve().parent.parent
 MAX_BACKOFF_SECONDS = 30.0
 # A child that ran this long before it died was healthy: its next restart starts again at 1 s
-# (without this, kills twenty minutes apart waited 1, 2, 4, 8, 16 s and every API call was a 503).
+# (without this, rare kills far apart still climbed the back-off, and the API answered 503 meanwhile).
 HEALTHY_RUN_SECONDS = 60.0
 # Graceful shutdown (SIGTERM / Ctrl-C): how long the web server drains requests in flight and the
 # worker finishes its running tasks before they are killed.
 GRACEFUL_WEB_SECONDS = 20.0
 GRACEFUL_WORKER_SECONDS = 60.0
 # From "web, worker and beat started" to /readyz 200. A first start imports torch and Django in
-# three processes at once; ~20 s on a busy 2-core machine.
+# three processes at once, which is slow on a busy small machine: a wide margin.
 READY_TIMEOUT_SECONDS = 180.0
 # The worker's CPU niceness while embedding keeps up (`WORKER_CPU_NICE`), and how far behind it may
 # fall before it competes for the cores as an equal again (`EMBEDDING_CATCH_UP_SECONDS`, 0: never;
@@ -70,9 +70,8 @@ def default_web_workers(cores: int, *, database_here: bool) -> int:
     this machine, half the cores, but never fewer than two when there are two: a Python process
     runs one request's Python at a time, so in a single process one long request (a 500-operation
     push, a school-wide search) makes every request behind it wait, while two processes let the OS
-    share the cores. On 2 cores, 3-minute `bench/soak.py` runs at the agents' pace: p95 213-334 ms
-    with two against 305-594 ms with one (pairs run in turn; docs/production.md §2), for 0.89x the peak
-    requests/s under closed-loop load (`bench/soak.py --compare WEB_WORKERS=2`)."""
+    share the cores. On 2 cores two processes give a lower p95 at the agents' pace for a slightly
+    lower peak under closed-loop load (the soak figures: docs/production.md §2)."""
     if not database_here:
         return cores
     return min(cores, max(2, cores // 2))

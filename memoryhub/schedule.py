@@ -76,7 +76,7 @@ BEAT_SCHEDULE["memories-events-prune"] = {
 # Webhooks: deliveries are sent by after-commit tasks and their retries by countdown tasks; this
 # sweep re-queues whatever is due and was missed (a lost broker message, a dead worker)
 # (webhooks/dispatch.py). Every 10 s: a dead worker's delivery is free once its 15 s lease lapses,
-# and is sent again within seconds of that (issue 19).
+# and is sent again within seconds of that.
 BEAT_SCHEDULE["webhooks-sweep"] = {
     "task": "webhooks.sweep",
     "schedule": 10.0,

@@ -86,7 +86,7 @@ REDIS_URL = env_url(
 )
 
 # Under ASGI every request may run on another thread, so Django's persistent connections do not
-# carry over and each request would open a new connection (~10 ms+). A psycopg connection pool
+# carry over and each request would open a new connection. A psycopg connection pool
 # per process does: DB_POOL_MAX_SIZE=0 turns it off (then DB_CONN_MAX_AGE applies).
 DB_POOL_MAX_SIZE = env_int("DB_POOL_MAX_SIZE", 10, minimum=0)
 

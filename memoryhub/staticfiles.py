@@ -25,9 +25,8 @@ from whitenoise.storage import CompressedManifestStaticFilesStorage
 class _Compressor(Compressor):
     """WhiteNoise's compressor with brotli at quality 9 instead of 11.
 
-    collectstatic runs at every `make run` start. At quality 11 brotli took 3 s for Swagger UI's
-    1.6 MB bundle alone (~35 s for every file); quality 9 takes 0.09 s for a file 9 % larger,
-    still 11 % smaller than gzip -9.
+    collectstatic runs at every `make run` start. At quality 11 brotli is many times slower for a
+    file only slightly smaller; quality 9 is still smaller than gzip -9.
     """
 
     @staticmethod
@@ -48,11 +47,11 @@ class ManifestOrSourceStorage(CompressedManifestStaticFilesStorage):
     def compress_files(self, paths: Iterable[str]) -> Iterator[tuple[str, str]]:
         """WhiteNoise's compression, minus the files an earlier collectstatic compressed already.
 
-        Compression was 7.8 s of a 10 s collectstatic over an unchanged tree (67 MB, 2,082 files),
-        at every `make run` start. WhiteNoise gives each compressed copy its source's mtime, and
-        collectstatic rewrites a collected file (new mtime) only when its source changed, so a
-        `.br` beside a file with the same mtime is that file's. Files compression did not shrink
-        enough have no copy and are tried again (cheap: they are few and small)."""
+        Compression was most of a collectstatic over an unchanged tree, at every `make run` start
+        (docs/configuration.md, MEMORYHUB_STATIC_ROOT). WhiteNoise gives each compressed copy its
+        source's mtime, and collectstatic rewrites a collected file (new mtime) only when its source
+        changed, so a `.br` beside a file with the same mtime is that file's. Files compression did
+        not shrink enough have no copy and are tried again (cheap: they are few and small)."""
         return super().compress_files([path for path in paths if not self._compressed_already(path)])
 
     def _compressed_already(self, path: str) -> bool:
@@ -86,8 +85,8 @@ class StaticFilesMiddleware(WhiteNoiseMiddleware):
         """WhiteNoise's index of the source files, built once per process instead of once per
         middleware instance. Only a process serving from source uses it (the test session, a bare
         runserver; `make run` serves what it collected), and there every Django test client builds
-        the middleware anew: 90 ms of indexing 2,000 files, 5 of the 5.7 s a hostile-input test of
-        one route took. The index is of the files as they were at the first build, as it was per
+        the middleware anew, and indexing the source files was most of what a hostile-input test
+        of one route took. The index is of the files as they were at the first build, as it was per
         instance (WhiteNoise does not look again until restarted, unless WHITENOISE_AUTOREFRESH)."""
         key = (self.static_prefix, self.max_age, self.charset, self.allow_all_origins,
                repr(settings.STATICFILES_DIRS))

@@ -1,5 +1,5 @@
 """The worker yields the cores to requests while embedding keeps up, and takes its equal share once
-it falls behind (issue 19; docs/operations.md §8).
+it falls behind (docs/operations.md §8).
 
 Requests and embedding share the machine's cores. While the worker keeps up, every millisecond it
 takes from a request is latency an agent waits for and a memory gains nothing from: the worker's
