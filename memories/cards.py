@@ -33,7 +33,8 @@ from typing import Any
 
 from memories.models import Memory
 from memories.privacy.grants import Audience, grants_filter
-from memories.privacy.redaction import RedactionPolicy, redact_value, report_of
+from memories.privacy.redaction.engine import redact_value, report_of
+from memories.privacy.redaction.policy import RedactionPolicy
 from memories.services import memory_batch_create
 from memoryhub.errors import InvalidInput
 from stacks.models import Stack

@@ -33,7 +33,8 @@ from accounts.services import audit_record
 from memories.erasure import ASYNC_THRESHOLD
 from memories.lifecycle.ttl import DEFAULT_RETENTION_DAYS, retention_validated
 from memories.models import MemoryKind
-from memories.privacy.redaction import PII_CATEGORIES, redaction_categories_validated
+from memories.privacy.redaction.policy import redaction_categories_validated
+from memories.privacy.redaction.rules import PII_CATEGORIES
 from memoryhub.errors import InvalidInput
 
 FIELDS = ("retention_days", "redaction_categories", "empty_grants_policy", "keep_raw_originals")
@@ -46,7 +47,7 @@ KIND_LABELS: dict[str, str] = {
     MemoryKind.DRIVE: "Drives", MemoryKind.RELATIONSHIP: "Relationships", MemoryKind.PLAYBOOK: "Playbooks",
 }
 
-# How the dashboard and the policy name each PII category (memories.privacy.redaction.PII_CATEGORIES).
+# How the dashboard and the policy name each PII category (memories.privacy.redaction.rules.PII_CATEGORIES).
 CATEGORY_LABELS: dict[str, str] = {"EMAIL": "e-mail addresses", "PHONE": "phone numbers",
                                    "IP_ADDRESS": "IP addresses"}
 

@@ -36,15 +36,14 @@ from django.utils import timezone
 from accounts.principal import Principal
 from billing.entitlements import ensure_can_store
 from memories.models import BootConfigEntry, Checkpoint, Memory
-from memories.privacy.redaction import (
-    RedactionPolicy,
+from memories.privacy.redaction.engine import (
     RedactionRefused,
     SensitiveIdentifier,
     redact_text,
     redact_value,
     refuse_sensitive_identifier,
-    stack_policy,
 )
+from memories.privacy.redaction.policy import RedactionPolicy, stack_policy
 from memories.records.cleaning import clean_json, clean_text
 from memories.writes.columns import CONTENT_COLUMNS
 from memories.writes.hooks import prepare_memory

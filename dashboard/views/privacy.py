@@ -35,7 +35,7 @@ from memories.erasure import (
 from memories.lifecycle.ttl import RETENTION_MAX_DAYS
 from memories.models import ErasureCertificate
 from memories.privacy.grants import audience_for
-from memories.privacy.redaction import PII_CATEGORIES, RULES
+from memories.privacy.redaction.rules import PII_CATEGORIES, RULES
 from memories.privacy_settings import (
     CATEGORY_LABELS,
     DEFAULTS,

@@ -21,7 +21,7 @@ from accounts.network import client_ip
 from accounts.principal import principal_of
 from memories.lifecycle.ttl import RETENTION_MAX_DAYS
 from memories.models import MemoryKind
-from memories.privacy.redaction import PII_CATEGORIES
+from memories.privacy.redaction.rules import PII_CATEGORIES
 from memories.privacy_settings import (
     DEFAULTS,
     PrivacySettings,

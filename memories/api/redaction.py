@@ -17,7 +17,8 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from accounts.principal import principal_of
-from memories.privacy.redaction import redaction_preview, stack_policy
+from memories.privacy.redaction.engine import redaction_preview
+from memories.privacy.redaction.policy import stack_policy
 from memories.serializers import MemoryWriteSerializer, validated
 from stacks.selectors import stack_for_principal
 

@@ -17,7 +17,7 @@ from rest_framework.views import APIView
 
 from accounts.principal import principal_of
 from memories.cards import SESSION_FIELDS, SUMMARY_MAX, session_prepare, session_store
-from memories.privacy.redaction import stack_policy
+from memories.privacy.redaction.policy import stack_policy
 from memories.serializers import MemorySerializer, validated
 from memoryhub.errors import InvalidInput
 from stacks.selectors import stack_for_principal

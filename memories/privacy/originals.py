@@ -9,7 +9,7 @@ stack id as associated data, the key id on the row) into `RawOriginal`, in the w
 
 * **Never a secret.** An original keeps what the school's PII categories redacted (e-mail
   addresses, phone numbers, IP addresses), never a secret: keys, tokens, JWTs and card numbers are
-  redacted in it as in the stored text (`memories.privacy.redaction.redact_secrets`), when the kernel
+  redacted in it as in the stored text (`memories.privacy.redaction.engine.redact_secrets`), when the kernel
   builds it, again when it is sealed, and when one sealed before that rule is read or re-sealed.
 * **Only when redaction changed more than secrets.** Otherwise the stored text *is* the original,
   and a second, encrypted copy would add risk and storage for nothing.
@@ -41,7 +41,7 @@ from accounts.models import Membership, Organization
 from accounts.principal import Principal
 from accounts.services import audit_record
 from memories.models import Memory, RawOriginal
-from memories.privacy.redaction import redact_secrets
+from memories.privacy.redaction.engine import redact_secrets
 from memoryhub.encryption import (
     DecryptionFailed,
     EncryptionUnavailable,

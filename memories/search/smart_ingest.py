@@ -55,7 +55,7 @@ from django.utils import timezone
 from memories.lifecycle.decay import DecayState, Grade, base_stability, review
 from memories.models import Memory
 from memories.privacy.grants import Audience, grants_filter, grants_sql
-from memories.privacy.redaction import stack_policy
+from memories.privacy.redaction.policy import stack_policy
 from memories.search.embedding_model import deployment_model_mismatch
 from memories.search.embedding_store import store_vectors
 from memories.search.embeddings import get_embedder, vector_literal

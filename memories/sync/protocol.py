@@ -25,7 +25,8 @@ from django.db import connection
 
 from accounts.principal import Principal
 from memories.models import MemoryKind
-from memories.privacy.redaction import RedactionPolicy, SensitiveIdentifier, refuse_sensitive_identifier
+from memories.privacy.redaction.engine import SensitiveIdentifier, refuse_sensitive_identifier
+from memories.privacy.redaction.policy import RedactionPolicy
 from memories.records.cleaning import NOT_UNICODE, has_lone_surrogate, parse_timestamp
 from memories.records.normalize import NormalizedMemory
 from memories.records.vocabulary import KIND_FOR_TABLE, LIST_ITEMS

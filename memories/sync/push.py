@@ -18,7 +18,7 @@ from django.db import transaction
 from accounts.models import Organization
 from accounts.principal import Principal
 from billing import entitlements
-from memories.privacy.redaction import ALL_CATEGORIES, stack_policy
+from memories.privacy.redaction.policy import ALL_CATEGORIES, stack_policy
 from memories.sync.engine import apply_batch, apply_native_operations, with_retry_per_record
 from memories.sync.protocol import (
     OpRejected,

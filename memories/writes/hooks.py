@@ -49,7 +49,8 @@ from redis.exceptions import RedisError
 
 from accounts.throttles import redis_client
 from memories.models import Memory, MemoryKind
-from memories.privacy.redaction import RedactionPolicy, redact_memory, redact_secrets
+from memories.privacy.redaction.engine import redact_memory, redact_secrets
+from memories.privacy.redaction.policy import RedactionPolicy
 from memories.records.normalize import NormalizedMemory, normalize_memory
 from memories.writes.effects import EMBED, NOTIFY, Committed, Write, queue, register_effect
 from memories.writes.outbox import MEMORY, Statement, record_change
@@ -112,11 +113,11 @@ def unregister_listener(listener: Listener) -> None:
 def prepare_memory(kind: str, payload: Any, *, redaction: RedactionPolicy, partial: bool = False,
                    existing: Memory | None = None, natural_key_optional: bool = False) -> NormalizedMemory:
     """THE way a payload becomes storable: `memories.records.normalize.normalize_memory` (its contract, its
-    errors), then redaction under the stack's school's policy (`memories.privacy.redaction.redact_memory`:
+    errors), then redaction under the stack's school's policy (`memories.privacy.redaction.engine.redact_memory`:
     `RedactionRefused`, 422, for a CRITICAL secret), then every registered transform.
 
     `redaction` is required, not defaulted: every writer resolves its school's choice
-    (`memories.privacy.redaction.stack_policy`, once per request or batch) instead of silently getting
+    (`memories.privacy.redaction.policy.stack_policy`, once per request or batch) instead of silently getting
     another one.
 
     Redaction is called here, not registered: it must hold for every process and every path

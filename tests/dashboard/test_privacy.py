@@ -20,7 +20,7 @@ from accounts.models import AuditEvent, Membership, Organization
 from memories import erasure
 from memories.erasure import erasure_run
 from memories.models import ErasureCertificate, Memory
-from memories.privacy.redaction import PII_CATEGORIES
+from memories.privacy.redaction.rules import PII_CATEGORIES
 from memories.services import CheckpointInput, checkpoint_save, memory_create
 from stacks.models import Stack
 from tests.actors import School

@@ -13,7 +13,7 @@ import pytest
 
 from memories.cards import memory_card, session_allowlisted, session_cards, session_redacted
 from memories.models import ChangeEvent, Memory, MemoryRevision
-from memories.privacy.redaction import ALL_CATEGORIES
+from memories.privacy.redaction.policy import ALL_CATEGORIES
 from stacks.models import Stack
 from tests.actors import School
 from tests.factories import bearer_client, make_key, session_client

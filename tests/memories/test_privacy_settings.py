@@ -10,7 +10,7 @@ import pytest
 
 from accounts.models import AuditEvent, Membership, Organization
 from memories.models import MemoryKind
-from memories.privacy.redaction import PII_CATEGORIES
+from memories.privacy.redaction.rules import PII_CATEGORIES
 from memories.privacy_settings import DEFAULTS, policy_sections, privacy_settings_get
 from memories.services import memory_create
 from stacks.models import Stack

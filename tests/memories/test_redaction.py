@@ -29,14 +29,9 @@ from accounts.throttles import throttle_state_clear
 from memories.changes.feed import event_dict
 from memories.models import BootConfigEntry, ChangeEvent, Checkpoint, Memory, MemoryRevision, RawOriginal
 from memories.privacy.originals import associated_data
-from memories.privacy.redaction import (
-    PII_CATEGORIES,
-    RedactionRefused,
-    redact_secrets,
-    redact_text,
-    redact_value,
-    redaction_categories_validated,
-)
+from memories.privacy.redaction.engine import RedactionRefused, redact_secrets, redact_text, redact_value
+from memories.privacy.redaction.policy import redaction_categories_validated
+from memories.privacy.redaction.rules import PII_CATEGORIES
 from memories.search.embedding_jobs import memories_embed
 from memories.search.embeddings import HashEmbedder, Vector
 from memoryhub.encryption import parse_keys, seal
