@@ -67,7 +67,7 @@ def run_manage(*args: str, env: dict[str, str] | None = None, timeout: float = 1
 
 def shared_static_root() -> str:
     """MEMORYHUB_STATIC_ROOT for the runners tests start, each with its own data dir: one directory
-    for the whole session, so only the first start compresses every static file (~10 s here) and
+    for the whole session, so only the first start compresses every static file (slow) and
     the others find them compressed. Not the session's own STATIC_ROOT: this process serves static
     files from source (settings) and must not see a manifest appear."""
     return str(data_dir() / "runner-static")
@@ -89,11 +89,11 @@ QUICK_FLUSH_KEPT = frozenset({"django_content_type", "auth_permission", "django_
 def _quick_flush(database: str) -> None:
     """Empty every table, as Django's flush does, in a fraction of its time.
 
-    Django's flush is one TRUNCATE of every table (0.45 s here, whatever they hold: new files for
-    every table and index) and then post_migrate re-creating content types and permissions
-    (0.16 s); the ~330 transactional tests each end with one. Here the tables an earlier test
+    Django's flush is one TRUNCATE of every table (slow whatever they hold: new files for every
+    table and index) and then post_migrate re-creating content types and permissions; every
+    transactional test ends with one. Here the tables an earlier test
     filled are TRUNCATEd (so no dead rows are left for later scans) and the rest, nearly always
-    empty or nearly so, DELETEd in the same transaction (10 ms for all of them); content types and
+    empty or nearly so, DELETEd in the same transaction (cheap for all of them); content types and
     permissions are kept, so nothing needs re-creating. Django's foreign keys are deferred, so the
     order does not matter."""
     from django.db import connections, transaction

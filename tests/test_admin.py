@@ -185,7 +185,7 @@ def _signed_in(response: Any) -> bool:
 
 @pytest.mark.usefixtures("throttle_clock")
 def test_wrong_admin_passwords_lock_the_account_and_the_right_one_then_gets_no_session() -> None:
-    """The probe's attack: 40 wrong passwords, then the right one, gave a superuser session."""
+    """Wrong passwords past the limit lock the account: the right one then gets no superuser session."""
     staff = _staff()
     statuses = [_admin_sign_in(staff.username, f"wrong-{n}").status_code for n in range(40)]
     limit = settings.AUTH_FAILURE_LIMITS["login_account"][0]

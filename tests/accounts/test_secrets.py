@@ -1,4 +1,4 @@
-"""F1: the service's secrets. Outside the test suite no committed value is accepted: a fresh data
+"""The service's secrets (docs/operations.md §4). Outside the test suite no committed value is accepted: a fresh data
 dir gets random secrets (kept 0600, reused), and a token signed with the repository's development
 key is refused by a real service process. JWT signing key and API-key pepper are separate and
 rotate separately (memoryhub/secrets.py, docs/operations.md §4)."""
@@ -168,7 +168,7 @@ def test_rotate_secret_command_rotates_the_file_and_guards_the_end_of_a_pepper_w
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_a_service_outside_the_test_suite_refuses_tokens_signed_with_the_development_key(tmp_path: Path) -> None:
-    """The probe's F1, end to end: a uvicorn process on a fresh data dir with no secret in its
+    """End to end: a uvicorn process on a fresh data dir with no secret in its
     environment (as `make run` starts it) refuses a correctly-claimed token signed with either
     committed development key, and accepts one signed with the key it generated and kept."""
     org = make_org()

@@ -1,12 +1,12 @@
-"""What the security probe got through (issue 13), each reproduced and now refused:
+"""Attacks on credentials and access, each reproduced and refused (docs/security.md §1-§2):
 
-* F1 — a token is bound to its key and that key's person, school, stack and scope: a correctly
+* a token is bound to its key and that key's person, school, stack and scope: a correctly
   signed token naming another key, school, stack or scope is a 401;
-* F2 — access dies with its grant: a teacher's key stops working when the assignment ends,
+* access dies with its grant: a teacher's key stops working when the assignment ends,
   teachers issue and cycle keys only when their school allows it, and never receive the secret
   of a key issued to someone else;
-* F4 — `X-Forwarded-For` from an address that is not a configured proxy changes nothing;
-* F9 — guessing costs: bad keys from one IP hit 429, guesses at a key's prefix hit 429 while the
+* `X-Forwarded-For` from an address that is not a configured proxy changes nothing;
+* guessing costs: bad keys from one IP hit 429, guesses at a key's prefix hit 429 while the
   real key keeps working, and wrong dashboard passwords lock the account (and the IP);
 * a blocked address still has its valid credentials served: the back-off refuses only failing
   ones (one broken client behind a school's NAT must not lock out every agent there).
@@ -49,7 +49,7 @@ def allow_teacher_keys(org: Organization) -> None:
     Organization.objects.filter(pk=org.pk).update(teachers_may_manage_keys=True)
 
 
-# --- F1: a token is bound to its key, school, stack and scope -----------------------------------
+# --- a token is bound to its key, school, stack and scope ---------------------------------------
 
 
 def test_a_token_acts_only_as_the_key_it_was_issued_from(school: School, other_school: School) -> None:
@@ -57,7 +57,7 @@ def test_a_token_acts_only_as_the_key_it_was_issued_from(school: School, other_s
     assert bearer_client(signed(claims)).get(school.stack_url()).status_code == 200  # unchanged: accepted
     read_only_key, _ = make_key(school.org, stack=school.stack, user=school.admin, read_only=True)
     forgeries = {
-        # The probe's attack: a read-only key's holder names the stack's read-write key id.
+        # The attack: a read-only key's holder names the stack's read-write key id.
         "another key of the stack": {**dict(access_token_for_key(read_only_key).payload),
                                      "key_id": school.agent_key.public_id},
         "another school's key": {**claims, "key_id": other_school.admin_key.public_id},
@@ -78,7 +78,7 @@ def test_a_token_acts_only_as_the_key_it_was_issued_from(school: School, other_s
     assert not school.stack.memories.exists()
 
 
-# --- F2: access dies with its grant ---------------------------------------------------------------
+# --- access dies with its grant -------------------------------------------------------------------
 
 
 def _teacher_key(school: School) -> tuple[str, str]:
@@ -178,7 +178,7 @@ def test_a_key_is_never_issued_beyond_its_owners_access(school: School) -> None:
         assert refused.value.code == "owner_lacks_access"
 
 
-# --- F4: the client IP ---------------------------------------------------------------------------
+# --- the client IP -------------------------------------------------------------------------------
 
 
 def test_no_proxy_is_trusted_by_default() -> None:
@@ -200,7 +200,7 @@ def test_rotating_forwarded_for_from_an_untrusted_address_does_not_escape_the_li
     assert statuses[:30] == [401] * 30 and set(statuses[30:]) == {429}
 
 
-# --- F9: what guessing costs ----------------------------------------------------------------------
+# --- what guessing costs --------------------------------------------------------------------------
 
 
 def test_100_bad_keys_from_one_ip_hit_429_while_good_credentials_from_there_are_served(

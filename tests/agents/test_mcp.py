@@ -1,4 +1,4 @@
-"""MCP over streamable HTTP at /mcp (issue 18): the official `mcp` client against the real server.
+"""MCP over streamable HTTP at /mcp (docs/architecture.md §12): the official `mcp` client against the real server.
 
 The server is the real ASGI app under uvicorn with lifespan events on (as `make run` starts it), on
 the test database and Redis; the client is `mcp.client.streamable_http.streamable_http_client` +

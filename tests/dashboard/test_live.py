@@ -1,4 +1,4 @@
-"""The live sockets of the dashboard (issue 15, "Live student page", "School overview live counters").
+"""The live sockets of the dashboard (docs/architecture.md §10, "Live pages").
 
 Against the real ASGI application (memoryhub.asgi: the websocket guard, the Origin check, the
 session middleware) and the real Redis channel layer, with committed data (transaction=True): who

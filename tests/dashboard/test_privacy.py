@@ -1,4 +1,4 @@
-"""The dashboard's privacy pages (issue 16): the school's privacy settings with their written
+"""The dashboard's privacy pages (docs/privacy.md "The Privacy page"): the school's privacy settings with their written
 retention policy, the erasure certificates, erasing a student or one memory from the student's
 pages, the archive export button, and the redaction report shown without values.
 

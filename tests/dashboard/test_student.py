@@ -1,4 +1,4 @@
-"""A student's page (issue 14): who reaches it, the list/tabs/filters, search through the API's search
+"""A student's page (docs/dashboard.md "Pages"): who reaches it, the list/tabs/filters, search through the API's search
 service, a memory's detail and history, audited forget/recover/protect, forgetting candidates,
 exports, and query counts that do not grow with the stack."""
 

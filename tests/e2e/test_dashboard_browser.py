@@ -1,4 +1,4 @@
-"""The school dashboard in real Chromium (issue 14, "What it must show"), one flow per role.
+"""The school dashboard in real Chromium (docs/dashboard.md "Pages"), one flow per role.
 
 Every page visited is checked by tests/e2e/browser.py's `check_page`: its HTTP status, a
 screenshot under the run's artifacts, axe-core with 0 serious/critical violations, and no console

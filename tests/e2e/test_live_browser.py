@@ -1,5 +1,5 @@
-"""A student's page updates live in real Chromium while the real kernle CLI writes (issue 15, "What it
-must show").
+"""A student's page updates live in real Chromium while the real kernle CLI writes (docs/architecture.md
+§10, "Live pages").
 
 pytest-django's `live_server` speaks WSGI only, so the page here is served by the real ASGI app
 under uvicorn (as `make run` serves it) on the test database and Redis: HTTP and the page's

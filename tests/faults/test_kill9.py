@@ -1,4 +1,4 @@
-"""kill -9 under load (issue 19): an acknowledged write is never lost, and the service comes back.
+"""kill -9 under load (docs/production.md §5): an acknowledged write is never lost, and the service comes back.
 
 The real runner (`python -m memoryhub.runner`, what `make run` starts; bench/service.py starts and
 stops it, as for the soak) runs in a throw-away data dir on free ports with the fast `hash`
@@ -54,8 +54,9 @@ OPS_PER_PUSH = 5
 REQUEST_TIMEOUT = 15.0  # a request still open after this counts as hung
 RECOVERY_TIMEOUT = 45.0  # per part: the postmaster's restart includes crash recovery
 BACKLOG_TIMEOUT = 75.0  # the embedding sweep runs every 60 s; queued tasks drain much sooner
-# A delivery whose worker was killed mid-send waits for its 60 s lease, then the 30 s sweep
-# (webhooks/dispatch.py); a delivery that failed is retried 10 s, then 30 s later.
+# A delivery whose worker was killed mid-send waits for its lease to lapse, then the sweep
+# (webhooks/dispatch.py CLAIM and SWEEP_GRACE); a delivery that failed is retried after
+# dispatch.retry_delay.
 DELIVERY_TIMEOUT = 120.0
 PARTS = ("redis", "postgres backend", "postmaster", "worker", "web")
 

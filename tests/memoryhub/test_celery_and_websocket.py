@@ -1,6 +1,6 @@
 """A task round-trips through a real worker, and a worker's event reaches a real websocket; the
 websocket is only for a signed-in session, sends at most one task at a time, and every websocket
-has a message rate and size limit (issue 13, F7)."""
+has a message rate and size limit."""
 
 from __future__ import annotations
 

@@ -96,7 +96,8 @@ def _settings_keyring(data_dir: Path, **extra: str) -> subprocess.CompletedProce
 
 
 def test_make_run_settings_on_a_fresh_data_dir_seal_with_the_kept_key(tmp_path: Path) -> None:
-    """The probe's N11: on these settings every teleport upload answered 503 encryption_unavailable."""
+    """`make run`'s settings on a fresh data dir generate and keep a sealing key (so teleport uploads
+    are sealed, not refused with 503 encryption_unavailable); production settings generate none."""
     data_dir = tmp_path / "var"
     first = _settings_keyring(data_dir)
     assert first.returncode == 0, first.stderr

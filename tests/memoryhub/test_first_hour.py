@@ -1,5 +1,5 @@
 """A newcomer's first hour: `make run`'s printed URLs, static files, offline API docs, and
-`manage.py` beside the running service (issue 12).
+`manage.py` beside the running service (docs/operations.md §9).
 
 The first test starts the runner exactly as `make run` does (a fresh data dir, free ports, the fast
 `hash` embedder) and checks what it prints against the real uvicorn process. The others check the

@@ -1,6 +1,6 @@
 """How CPython runs in our long-lived processes (memoryhub/interpreter.py): a web process and each
 worker process freeze what they load for life out of the garbage collector's walks (a full collection
-then walks what the process made since, not the ~300,000 objects of its imports), and a web process
+then walks what the process made since, not every object of its imports), and a web process
 hands the GIL to a thread whose database answer came back within 1 ms, not CPython's 5.
 `PYTHON_GC_TUNING=false` and `PYTHON_GIL_SWITCH_MS` change them."""
 

@@ -1,4 +1,4 @@
-"""Limits at the edge (memoryhub/limits.py; issue 13, F3 and issue 12's websocket finding).
+"""Limits at the edge (memoryhub/limits.py; docs/operations.md §6), and a websocket to an unknown path.
 
 The body limit is an ASGI concern, so it is tested against the real app under a real uvicorn
 process, measuring that process's memory: a 20 MB body — declared with Content-Length or streamed
@@ -257,7 +257,7 @@ def test_bogus_credentials_with_big_bodies_count_as_failed_authentications() -> 
 
 @pytest.mark.django_db(transaction=True)
 def test_a_websocket_to_an_unknown_path_is_refused_cleanly(web: dict[str, Any]) -> None:
-    """Issue 12: a websocket to a path no route serves was an HTTP 500 with a traceback in the log."""
+    """A websocket to a path no route serves is refused, not an HTTP 500 with a traceback in the log."""
     log_before = web["log"].read_text()
     for path in ("/ws/nope/", "/", "/ws/probe/extra"):
         with pytest.raises(InvalidStatus) as refused:

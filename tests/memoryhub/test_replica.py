@@ -1,4 +1,4 @@
-"""The read replica (issue 19, "Scaling out"): which reads go to it, and which never do.
+"""The read replica (docs/production.md §4): which reads go to it, and which never do.
 
 A real streaming standby of the session's embedded PostgreSQL (`pg_basebackup -R` from the
 pgserver binaries, started as a hot standby) is the `replica` alias for these tests. With its WAL

@@ -36,8 +36,8 @@ def test_a_file_compressed_before_is_skipped_and_a_changed_one_is_compressed_aga
 
 
 def test_a_process_serving_from_source_indexes_the_source_files_once() -> None:
-    """Every Django test client builds the middleware anew; the index of ~2,000 source files is
-    built by the first (90 ms) and shared by the next, which serves the same files."""
+    """Every Django test client builds the middleware anew; the index of the source files is
+    built by the first and shared by the next, which serves the same files."""
     first = StaticFilesMiddleware(get_response=lambda request: None)
     second = StaticFilesMiddleware(get_response=lambda request: None)
     assert first.use_finders, "this test session serves static files from source"

@@ -268,7 +268,7 @@ def test_zip_bomb_is_stopped_at_the_limit(school: School, settings: SettingsWrap
     assert not Snapshot.objects.exists()
 
 
-SPARSE_REALSIZE = 48 * 1024 * 1024  # what the probe's 110-byte archive expanded to
+SPARSE_REALSIZE = 48 * 1024 * 1024  # what a sparse member of a tiny archive claims to expand to
 
 
 def _gnu_sparse(realsize: int = SPARSE_REALSIZE) -> bytes:
@@ -326,13 +326,13 @@ def _peak_bytes(work: Callable[[], object]) -> int:
 @pytest.mark.parametrize("case", sorted(SPARSE))
 def test_sparse_bomb_is_refused_without_expanding_it(school: School, store: Path, case: str) -> None:
     """A sparse member's holes are expanded by the reader to `realsize`, which the header states:
-    ~100 bytes of upload were stored as a 48 MiB file (and held in memory whole) against a 16 MiB
-    limit. Sparse members are refused outright, before any of them is read."""
+    a tiny upload would be stored as a SPARSE_REALSIZE file (and held in memory whole) against a
+    16 MiB limit. Sparse members are refused outright, before any of them is read."""
     upload = SPARSE[case]()
     assert len(upload) < 250
     before = Stack.objects.get(pk=school.stack.pk).bytes_used
 
-    assert _peak_bytes(lambda: clean_archive(upload, limit=16 * 1024 * 1024)) < 4 * 1024 * 1024  # was 48 MiB
+    assert _peak_bytes(lambda: clean_archive(upload, limit=16 * 1024 * 1024)) < 4 * 1024 * 1024  # not SPARSE_REALSIZE
 
     answer = _upload(school.agent, school, upload)
     assert answer.status_code == 400, answer.json()

@@ -20,7 +20,7 @@ PASSWORD = "correct horse battery staple"  # tests/factories.make_user's default
 
 def checked(watched: WatchedPage, name: str, *, status: int = 200) -> None:
     """check_page, minus the live socket's handshake error: pytest-django's live server speaks
-    plain WSGI, so the school-wide live socket (issue 15, dashboard/live) cannot connect there."""
+    plain WSGI, so the school-wide live socket (dashboard/live.py) cannot connect there."""
     watched.page.wait_for_load_state("load")
     watched.problems[:] = [p for p in watched.problems if "WebSocket connection" not in p]
     check_page(watched, name, status=status)

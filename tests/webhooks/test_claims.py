@@ -1,4 +1,4 @@
-"""A delivery's claim is a short lease (issue 19): a worker killed with SIGKILL mid-send leaves a
+"""A delivery's claim is a short lease (webhooks/dispatch.py): a worker killed with SIGKILL mid-send leaves a
 claim that frees itself within seconds, while a live sender waiting on a slow receiver renews its
 lease and is never taken over — and a sender that lost its lease records nothing over the worker
 that took the delivery on. The receivers are real HTTP servers on 127.0.0.1; the dead worker is a
@@ -111,7 +111,7 @@ def test_a_killed_workers_delivery_is_retaken_after_its_short_lease_and_not_befo
 
     left = delivery_of(endpoint)
     assert left.status == "pending" and left.attempts == 0 and left.claimed_until is not None
-    # The claim it left ends within seconds of when it was taken (it was 60 s).
+    # The claim it left ends within seconds of when it was taken.
     assert left.claimed_until - sent <= LEASE_BOUND, left.claimed_until - sent
 
     # Before the lease ends: nobody sends it again, and the sweep leaves it alone.
@@ -143,7 +143,7 @@ def test_a_live_slow_delivery_renews_its_lease_and_is_not_taken_over(
     taken = delivery_of(endpoint).claimed_until
     assert taken is not None
 
-    # Well past the lease A first took (past the old 60 s claim too): A is still waiting, and renews.
+    # Well past the lease A first took: A is still waiting, and renews.
     clock.advance(seconds=90)
     assert wait_for(lambda: (until := delivery_of(endpoint).claimed_until) is not None and until > clock.now,
                     timeout=10), "the sender did not renew its lease"
