@@ -248,6 +248,7 @@ def _backlog(database_url: str) -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 def test_acknowledged_writes_survive_kill_9_of_every_part(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # Not under tmp_path: run as root, PostgreSQL runs as its own account and must reach its data
     # dir, and every new pytest session makes pytest's temp root 0700 again (a restarted
