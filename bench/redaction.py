@@ -10,7 +10,7 @@ One run against real embedded Postgres+pgvector and Redis and the real ASGI app 
   lets it through) and on a canary note (an e-mail, a phone number, an AWS key, a `knl_sk_` key and
   a card number: every rule walks it), in µs per memory — next to the schema's own normalisation of
   the same records, the step it follows. Also the tombstone lookup a push makes per batch in a
-  stack that has had an erasure (`memories.erasure.erased_keys`, `--batch` keys, ms per batch).
+  stack that has had an erasure (`memories.privacy.tombstones.erased_keys`, `--batch` keys, ms per batch).
 * **push throughput**: `POST /sync/push` of bench/sync.py's kernle-shaped operations in batches of
   `--batch`, to three sides in turn, one batch each, so all see the same moment's load on a shared
   box: redaction ON (this server), ON into a stack that has had an erasure (`Stack.has_erasures`:
@@ -84,8 +84,8 @@ def micro_costs(repeats: int) -> list[dict[str, Any]]:
 
 def tombstone_lookup_ms(stack: Any, batch: int, repeats: int) -> float:
     """ms per batch of `batch` keys new to a stack that has tombstones (one indexed query)."""
-    from memories.erasure import erased_keys, record_key_hash
     from memories.models import ErasedRecord
+    from memories.privacy.tombstones import erased_keys, record_key_hash
 
     ErasedRecord.objects.bulk_create([ErasedRecord(stack=stack, key_hash=record_key_hash("note", f"gone-{i}"))
                                       for i in range(10_000)])

@@ -4,10 +4,10 @@ A school admin erases a student's stack, or one memory, irreversibly: memories w
 salience rows, kept raw originals (memories.privacy.originals) and embeddings (columns of the memory row),
 checkpoints, boot config and sync watermarks. What stays: the Stack row (archived, zero usage, so
 its slug is not reused by a new push), an audit event with counts only, the certificate, and one
-tombstone per erased memory that is an id only (SHA-256 of "<kind>:<record_id>"), which the sync
-engine checks so that a device holding an old copy cannot push the memories back into existence;
-and the erasure's own change events
-("erase", memory ids only: live pages and webhooks hear of it), pruned with all events after 7 days.
+tombstone per erased memory that is an id only (SHA-256 of "<kind>:<record_id>":
+memories.privacy.tombstones), which the sync engine checks so that a device holding an old copy
+cannot push the memories back into existence; and the erasure's own change events ("erase", memory
+ids only: live pages and webhooks hear of it), pruned with all events after 7 days.
 
 Deletes are set-based, in batches of ERASE_BATCH memories, each batch one statement (a
 data-modifying CTE) in its own transaction, after which the certificate's `counts` show the progress.
@@ -22,11 +22,10 @@ certificates verifiable.
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import json
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
@@ -100,23 +99,6 @@ UNION ALL SELECT 'revisions', (SELECT count(*) FROM rev), 0, 0, NULL
 UNION ALL SELECT 'salience_rows', (SELECT count(*) FROM sal), 0, 0, NULL
 UNION ALL SELECT 'raw_originals', (SELECT count(*) FROM orig), 0, 0, NULL
 """
-
-
-def record_key_hash(kind: str, record_id: str) -> str:
-    """The tombstone of (kind, record_id): the same expression as `_BATCH_SQL`'s."""
-    return hashlib.sha256(f"{kind}:{record_id}".encode()).hexdigest()
-
-
-def erased_keys(stack: Stack, keys: Iterable[tuple[str, str]]) -> set[tuple[str, str]]:
-    """Which of these (kind, record_id) keys were erased from `stack` (one indexed query)."""
-    by_hash = {record_key_hash(kind, record_id): (kind, record_id) for kind, record_id in keys}
-    if not by_hash:
-        return set()
-    # `= ANY(array)`: one parameter instead of a batch's 500 (`__in`), measured ~25% faster per batch.
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT key_hash FROM memories_erasedrecord WHERE stack_id = %s AND key_hash = ANY(%s)",
-                       [stack.pk, list(by_hash)])
-        return {by_hash[key_hash] for (key_hash,) in cursor.fetchall()}
 
 
 # --- the certificate ------------------------------------------------------------------------------

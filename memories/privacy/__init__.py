@@ -5,6 +5,8 @@
 * `originals` — a raw entry's text as submitted, kept only when the school opted in, sealed at rest.
 * `grants` — the one predicate builder for what a requester other than the stack's own
   credentials may read (docs/privacy.md "Privacy grants").
+* `tombstones` — what an erasure leaves of each erased memory (an id hash only) and the check sync
+  makes against it, so an erased record is never pushed back into existence.
 
 The room sits low, under the write kernel, sync and search, which all call it: of `memories` it
 imports only the model and the record schema (`memories.records`), never an engine or an entry

@@ -31,9 +31,9 @@ import psycopg
 from django.db import DatabaseError, transaction
 
 from billing import entitlements
-from memories.erasure import erased_keys
 from memories.models import Memory
 from memories.privacy.redaction.policy import RedactionPolicy, stack_policy
+from memories.privacy.tombstones import erased_keys
 from memories.records.normalize import NormalizedMemory, memory_payload_view
 from memories.sync.lookup import _lookup_existing
 from memories.sync.protocol import (
