@@ -35,7 +35,7 @@ from django.utils import timezone
 
 from accounts.principal import Principal
 from accounts.services import audit_record
-from memories.archive import MEMORY_FIELDS, ROW_CHUNK
+from memories.governance.archive import MEMORY_FIELDS, ROW_CHUNK
 from memories.lifecycle.decay import (
     NEVER_FADE_KINDS,
     DecayState,
@@ -361,7 +361,7 @@ def export_filename(stack: Stack, now: datetime, suffix: str) -> str:
 def memories_json_chunks(*, stack: Stack, now: datetime, audience: Audience | None) -> Iterator[bytes]:
     """The stack's live memories as one JSON document, streamed: `{"format", "stack", "exported_at",
     "memories": [...]}`, each memory with the columns of the archive's memory lines
-    (memories.archive.MEMORY_FIELDS: no embedding vector). Forgotten memories are left out, as from
+    (memories.governance.archive.MEMORY_FIELDS: no embedding vector). Forgotten memories are left out, as from
     every export (memories.services.memory_forget); the ZIP archive of the API keeps everything.
     Rows come through a server-side cursor, so a large stack never sits in memory. Only memories the
     viewer's privacy grants admit (`audience`, memories.privacy.grants) are exported."""

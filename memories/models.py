@@ -317,7 +317,7 @@ class ErasureCertificate(models.Model):
     """The written proof of one erasure (a whole stack, or one memory) — docs/architecture.md §9.
     It names what was erased by counts and ids only: never memory text.
 
-    `digest` is an HMAC over the canonical JSON of the certificate's fields (memories.erasure), so
+    `digest` is an HMAC over the canonical JSON of the certificate's fields (memories.governance.erasure), so
     anyone holding the certificate can have it checked later; a changed field no longer verifies.
     """
 

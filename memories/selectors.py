@@ -188,7 +188,7 @@ def job_runs_scope(principal: Principal) -> int | None:
 
 
 def stack_for_erasure(principal: Principal, slug: str) -> Stack:
-    """The stack a caller may erase (memories.erasure): one they can see (else 404, by the one access
+    """The stack a caller may erase (memories.governance.erasure): one they can see (else 404, by the one access
     decision), and they must be a school admin or a writable school-wide key (else 403) — never a
     teacher or a student's agent key. An archived stack may be erased."""
     stack = stack_for_principal(principal, slug)

@@ -7,7 +7,7 @@ messages and the beat schedule (memoryhub/schedule.py) find them by name.
   (every minute: what the after-commit tasks missed — nothing is lost if the broker is down, the
   rows keep `embedded_version IS NULL`), over memories.search.embedding_jobs and embedding_backlog;
 * `memories.stack_vector_indexes`: per-stack HNSW indexes (memories.search.vector_indexes);
-* `memories.erase`: a large stack's erasure, batch by batch (memories.erasure);
+* `memories.erase`: a large stack's erasure, batch by batch (memories.governance.erasure);
 * the change feed: `memories.events_relay` (publishes what writers could not) and
   `memories.events_prune` (memories.changes.publish, docs/architecture.md §11).
 """
@@ -20,7 +20,7 @@ from typing import Any
 from celery import shared_task
 
 from memories.changes.publish import events_prune, events_relay
-from memories.erasure import erasure_run
+from memories.governance.erasure import erasure_run
 from memories.search.embedding_backlog import embedding_sweep_run
 from memories.search.embedding_jobs import memories_embed
 from memories.search.vector_indexes import stack_vector_indexes_run
@@ -64,7 +64,7 @@ def stack_vector_indexes_task() -> dict[str, Any]:
 @shared_task(name="memories.erase", acks_late=True, ignore_result=True)
 def erase_task(certificate_id: str) -> dict[str, Any]:
     """Erase what the certificate describes (a large stack), batch by batch with progress on the
-    certificate; safe to repeat (memories.erasure.erasure_run)."""
+    certificate; safe to repeat (memories.governance.erasure.erasure_run)."""
     cert = erasure_run(certificate_id)
     return {"certificate": str(cert.pk), "status": cert.status, **cert.counts}
 

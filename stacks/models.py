@@ -34,7 +34,7 @@ class Stack(models.Model):
     # When a memory was last created or its content changed (not forget/recover/protect, not the
     # jobs' tombstones): set by the write kernel in the same counters UPDATE (memories.writes.rows).
     last_write_at = models.DateTimeField(null=True, blank=True)
-    # Set (never cleared) by the first erasure in the stack (memories.erasure), in the erasure's
+    # Set (never cleared) by the first erasure in the stack (memories.governance.erasure), in the erasure's
     # transaction under the stack row lock: until then the sync engine skips the tombstone lookup a
     # push would otherwise make per batch (memories.sync.engine), read from the row it locked anyway.
     has_erasures = models.BooleanField(default=False)

@@ -134,7 +134,7 @@ def snapshot_delete(*, snapshot: Snapshot, principal: Principal, ip: str | None 
 
 
 def snapshots_erase(*, stack_id: int) -> int:
-    """Part of a stack's erasure (memories.erasure, inside its transaction): every snapshot of the
+    """Part of a stack's erasure (memories.governance.erasure, inside its transaction): every snapshot of the
     stack and its codes go, the blobs after commit. The erasure zeroes the stack's usage itself."""
     snapshots = list(Snapshot.objects.filter(stack_id=stack_id).only("pk", "blob_sha256"))
     Snapshot.objects.filter(pk__in=[s.pk for s in snapshots]).delete()

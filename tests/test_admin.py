@@ -20,7 +20,7 @@ from accounts.invitations import invitation_create
 from accounts.models import ApiKey, AuditEvent, Invitation, Organization, User
 from accounts.principal import Principal
 from billing.models import ChainCursor, Payment, SiweNonce, Subscription, Wallet
-from memories.erasure import memory_erase_request
+from memories.governance.erasure import memory_erase_request
 from memories.models import (
     DeploymentEmbeddingModel,
     JobRun,

@@ -11,7 +11,7 @@ class WebhooksConfig(AppConfig):
     def ready(self) -> None:
         # Every committed ChangeEvent (and every relay of an unpublished one) reaches the fan-out,
         # which is idempotent: a delivery is unique per (endpoint, event).
-        from memories.erasure import register_stack_eraser
+        from memories.governance.erasure import register_stack_eraser
         from memories.writes.effects import register_event_consumer
         from webhooks.dispatch import consume_event
         from webhooks.services import deliveries_erase_for_stack

@@ -152,7 +152,7 @@ def deliveries_prune(*, now: datetime | None = None) -> int:
 
 
 def deliveries_erase_for_stack(stack_id: int) -> dict[str, int]:
-    """A student's stack is erased (memories.erasure): every delivery about it goes, sent or not —
+    """A student's stack is erased (memories.governance.erasure): every delivery about it goes, sent or not —
     payloads name its memories — but the erasure's own notices ("erase" events, memory ids only),
     so integrators hear of it and can delete their copies."""
     deleted, _ = WebhookDelivery.objects.filter(stack_id=stack_id).exclude(data__action="erase").delete()

@@ -2,9 +2,9 @@
 certificates, and erasing a student or one memory (docs/privacy.md "The Privacy page").
 
 School admins only (any other role gets a 404). Who may change the settings and what is valid is
-memories.privacy_settings (one audited call); which student or memory may be erased is
+memories.governance.privacy_settings (one audited call); which student or memory may be erased is
 memories.selectors.stack_for_erasure after the one access decision (another school's student is a
-404); the erasure itself, its audit entries and its certificate are memories.erasure; which
+404); the erasure itself, its audit entries and its certificate are memories.governance.erasure; which
 certificates an admin sees is memories.selectors. Nothing here restates a rule.
 """
 
@@ -24,7 +24,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 from accounts.models import Organization
 from accounts.principal import Principal
 from dashboard.access import ADMINS, dashboard_page, request_ip
-from memories.erasure import (
+from memories.governance.erasure import (
     ASYNC_THRESHOLD,
     REQUESTED_BY_MAX,
     certificate_document,
@@ -32,11 +32,7 @@ from memories.erasure import (
     memory_erase_request,
     stack_erase_request,
 )
-from memories.lifecycle.ttl import RETENTION_MAX_DAYS
-from memories.models import ErasureCertificate
-from memories.privacy.grants import audience_for
-from memories.privacy.redaction.rules import PII_CATEGORIES, RULES
-from memories.privacy_settings import (
+from memories.governance.privacy_settings import (
     CATEGORY_LABELS,
     DEFAULTS,
     KIND_LABELS,
@@ -46,6 +42,10 @@ from memories.privacy_settings import (
     privacy_settings_update,
     retention_rows,
 )
+from memories.lifecycle.ttl import RETENTION_MAX_DAYS
+from memories.models import ErasureCertificate
+from memories.privacy.grants import audience_for
+from memories.privacy.redaction.rules import PII_CATEGORIES, RULES
 from memories.selectors import erasure_certificate_get, erasure_certificates_of, memory_get, stack_for_erasure
 from memoryhub.errors import InvalidInput
 from stacks.models import Stack
@@ -237,7 +237,7 @@ class EraseStudentForm(forms.Form):
         typed = self.cleaned_data["confirm"]
         name = (self.stack.display_name or "").strip()
         if typed == self.stack.slug or (name and typed.casefold() == name.casefold()):
-            return self.stack.slug  # what memories.erasure checks
+            return self.stack.slug  # what memories.governance.erasure checks
         raise forms.ValidationError("That is not this student's name or ID: nothing was erased.")
 
     def clean_requested_by(self) -> str:

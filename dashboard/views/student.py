@@ -21,9 +21,9 @@ from accounts.principal import Principal
 from dashboard import live
 from dashboard import student as reads
 from dashboard.access import ADMIN, STAFF, dashboard_page, request_ip
-from memories.archive import archive_chunks, archive_filename
 from memories.cards import session_cards
 from memories.export import stack_memory_md
+from memories.governance.archive import archive_chunks, archive_filename
 from memories.privacy.grants import audience_for
 from memories.selectors import boot_config_entries, checkpoint_latest, checkpoint_warnings, memory_get
 from memories.usage import growth_chart, stack_usage
@@ -129,7 +129,7 @@ def export_json(request: HttpRequest, principal: Principal, slug: str) -> HttpRe
 @require_GET
 @dashboard_page(roles=STAFF)
 def export_archive(request: HttpRequest, principal: Principal, slug: str) -> HttpResponseBase:
-    """The same ZIP as `GET /api/v1/stacks/{stack}/export/archive` (memories.archive), streamed, audited."""
+    """The same ZIP as `GET /api/v1/stacks/{stack}/export/archive` (memories.governance.archive), streamed, audited."""
     stack = stack_for_principal(principal, slug)
     now = timezone.now()
     reads.audit_export(principal=principal, stack=stack, ip=request_ip(request), export_format="zip")

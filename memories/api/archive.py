@@ -17,7 +17,7 @@ from accounts.network import client_ip
 from accounts.principal import principal_of
 from accounts.selectors import ensure_may_manage_organization
 from accounts.services import audit_record
-from memories.archive import ARCHIVE_FORMAT_VERSION, archive_chunks, archive_filename
+from memories.governance.archive import ARCHIVE_FORMAT_VERSION, archive_chunks, archive_filename
 from memories.lifecycle.ttl import retention_of, retention_set
 from memories.models import MemoryKind
 from memories.privacy.grants import audience_for

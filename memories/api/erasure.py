@@ -1,7 +1,7 @@
 """Erasure API: erase a stack or one memory, read the certificate (JSON or a printable page), verify it.
 
 Thin views: who may erase is `memories.selectors.stack_for_erasure` (a stack the caller cannot see is
-a 404; a teacher or an agent key is a 403); the work and the digest are memories.erasure.
+a 404; a teacher or an agent key is a 403); the work and the digest are memories.governance.erasure.
 Verification is public on purpose: whoever holds a certificate (a parent, an auditor) can check it.
 """
 
@@ -24,7 +24,7 @@ from rest_framework.views import APIView
 from accounts.network import client_ip
 from accounts.principal import principal_of
 from memories import selectors
-from memories.erasure import (
+from memories.governance.erasure import (
     REQUESTED_BY_MAX,
     certificate_document,
     certificate_verify,

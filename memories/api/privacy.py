@@ -1,6 +1,6 @@
 """GET/PUT /api/v1/privacy: a school's privacy settings, their defaults and the written policy (issue 16).
 
-Thin view: who may read or change them and what is valid are memories.privacy_settings (school
+Thin view: who may read or change them and what is valid are memories.governance.privacy_settings (school
 admins and writable school keys; anyone else 403). The request serializer documents the body and
 refuses what is not a setting (400 `unknown_field`); the service's validators decide the values.
 """
@@ -19,16 +19,16 @@ from rest_framework.views import APIView
 from accounts.models import Organization
 from accounts.network import client_ip
 from accounts.principal import principal_of
-from memories.lifecycle.ttl import RETENTION_MAX_DAYS
-from memories.models import MemoryKind
-from memories.privacy.redaction.rules import PII_CATEGORIES
-from memories.privacy_settings import (
+from memories.governance.privacy_settings import (
     DEFAULTS,
     PrivacySettings,
     policy_sections,
     privacy_settings_get,
     privacy_settings_update,
 )
+from memories.lifecycle.ttl import RETENTION_MAX_DAYS
+from memories.models import MemoryKind
+from memories.privacy.redaction.rules import PII_CATEGORIES
 from memories.serializer_fields import StrictBooleanField
 
 TAG = "privacy"

@@ -1,5 +1,5 @@
 """Erasure with a certificate (issue 16): the certificate table and the id-only tombstones of erased
-memories that the sync engine checks (memories.erasure). Two new tables; nothing existing is rewritten.
+memories that the sync engine checks (memories.governance.erasure). Two new tables; nothing existing is rewritten.
 """
 
 import uuid

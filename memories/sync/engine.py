@@ -221,7 +221,7 @@ def apply_batch(*, stack: Stack, ops: list[SyncOp], results: list[OpResult], now
                 row=row, is_new=False, original_size=row.size_bytes if live else 0, original_live=live,
                 snapshot=None, snapshot_version=row.version)
 
-    # Erased records stay erased: an old device re-pushing their ids is refused (memories.erasure).
+    # Erased records stay erased: an old device re-pushing their ids is refused (memories.privacy.tombstones).
     # A stack never erased from has no tombstones: its flag, read with the locked row, spares the query.
     erased = erased_keys(stack, keys - states.keys()) if keys and stack.has_erasures else set()
     remaining = entitlements.storage_remaining(organization=stack.organization) if storage_limited else None

@@ -17,8 +17,8 @@ from django.test import Client
 from django.urls import reverse
 
 from accounts.models import AuditEvent, Membership, Organization
-from memories import erasure
-from memories.erasure import erasure_run
+from memories.governance import erasure
+from memories.governance.erasure import erasure_run
 from memories.models import ErasureCertificate, Memory
 from memories.privacy.redaction.rules import PII_CATEGORIES
 from memories.services import CheckpointInput, checkpoint_save, memory_create

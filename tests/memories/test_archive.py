@@ -19,7 +19,7 @@ from django.http import StreamingHttpResponse
 from django.utils import timezone
 
 from accounts.models import AuditEvent
-from memories.archive import ARCHIVE_FORMAT_VERSION, MEMORY_FIELDS, archive_chunks
+from memories.governance.archive import ARCHIVE_FORMAT_VERSION, MEMORY_FIELDS, archive_chunks
 from memories.models import Memory, MemoryKind
 from memories.services import CheckpointInput, boot_config_set, checkpoint_save, memory_forget, memory_update
 from stacks.models import Stack

@@ -11,7 +11,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from memories import erasure
+from memories.governance import erasure
 from memories.models import ChangeEvent, ErasureCertificate, Memory, SyncWatermark
 from memories.services import CheckpointInput, boot_config_set, checkpoint_save
 from stacks.models import Stack

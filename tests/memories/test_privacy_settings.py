@@ -1,4 +1,4 @@
-"""A school's privacy settings (issue 16): `GET/PUT /api/v1/privacy` and memories.privacy_settings —
+"""A school's privacy settings (issue 16): `GET/PUT /api/v1/privacy` and memories.governance.privacy_settings —
 one audited change of retention, PII categories, empty-grants policy and the raw-originals opt-in;
 school admins only; invalid input is a 400 that changes nothing; one school never sees another's."""
 
@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from accounts.models import AuditEvent, Membership, Organization
+from memories.governance.privacy_settings import DEFAULTS, policy_sections, privacy_settings_get
 from memories.models import MemoryKind
 from memories.privacy.redaction.rules import PII_CATEGORIES
-from memories.privacy_settings import DEFAULTS, policy_sections, privacy_settings_get
 from memories.services import memory_create
 from stacks.models import Stack
 from tests.actors import School

@@ -23,7 +23,7 @@ from django.conf import settings
 from django.db import connection, connections
 from django.test import Client
 
-import memories.archive
+import memories.governance.archive
 from memoryhub.asgi import application
 from tests.actors import School
 
@@ -42,7 +42,7 @@ def stack_with_memories(school: School, monkeypatch: pytest.MonkeyPatch) -> Scho
                   for n in range(120)]
     response = school.agent.post(school.stack_url("sync/push"), {"operations": operations}, format="json")
     assert response.status_code == 200 and response.json()["rejected"] == 0
-    monkeypatch.setattr(memories.archive, "FLUSH_BYTES", 1)
+    monkeypatch.setattr(memories.governance.archive, "FLUSH_BYTES", 1)
     return school
 
 
@@ -129,7 +129,7 @@ def test_a_client_leaving_mid_download_stops_the_reading_and_gives_the_connectio
     """The client goes away after the first body chunk: the handler returns promptly, reads no
     more of the archive, and the connection the body read with is back in the pool."""
     school = stack_with_memories
-    assert len(list(memories.archive.archive_chunks(stack=school.stack))) >= 4
+    assert len(list(memories.governance.archive.archive_chunks(stack=school.stack))) >= 4
     connections.close_all()
     before = _checked_out()
     scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET", "scheme": "http",

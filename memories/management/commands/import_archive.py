@@ -2,7 +2,7 @@
 
     manage.py import_archive memoryhub-ada-20261124T150000Z.zip --school hill-school --stack ada-restored
 
-Everything goes through the sync engine and the memory services (memories.archive.archive_import),
+Everything goes through the sync engine and the memory services (memories.governance.archive.archive_import),
 so the storage quota, the stack quota and the write kernel's transforms apply as to any write.
 """
 
@@ -14,7 +14,7 @@ from django.core.management.base import BaseCommand, CommandError
 from tqdm import tqdm
 
 from accounts.models import Organization
-from memories.archive import archive_import
+from memories.governance.archive import archive_import
 from memoryhub.errors import DomainError
 
 

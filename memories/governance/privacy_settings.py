@@ -30,7 +30,7 @@ from accounts.models import Organization
 from accounts.principal import Principal
 from accounts.selectors import ensure_may_manage_organization
 from accounts.services import audit_record
-from memories.erasure import ASYNC_THRESHOLD
+from memories.governance.erasure import ASYNC_THRESHOLD
 from memories.lifecycle.ttl import DEFAULT_RETENTION_DAYS, retention_validated
 from memories.models import MemoryKind
 from memories.privacy.redaction.policy import redaction_categories_validated
