@@ -24,10 +24,10 @@ from rest_framework.utils.encoders import JSONEncoder
 from accounts.principal import Principal
 from agents.selectors import stack_stats
 from memories import selectors, services
-from memories.export import stack_memory_md
-from memories.load import MAX_ITEM_CHARS, stack_load
 from memories.models import MemoryKind
 from memories.privacy.grants import Audience, audience_for
+from memories.reads.export import stack_memory_md
+from memories.reads.load import MAX_ITEM_CHARS, stack_load
 from memories.records.cleaning import clean_json
 from memories.records.fields import kind_fields
 from memories.search.hybrid import search_memories

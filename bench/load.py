@@ -9,7 +9,7 @@ app under uvicorn (one worker, one client, sequential requests — what one agen
 * **load over HTTP**: `GET …/load?budget=8000` on a stack of `--stack-size` mixed memories (the
   harness mix of every kind) inside a table of `--total` rows: auth, stack access, candidate
   ranking, text fetch, truncation, the access-count UPDATE and JSON rendering.
-* **load in-process**: `memories.load.stack_load` called directly (no HTTP, no auth).
+* **load in-process**: `memories.reads.load.stack_load` called directly (no HTTP, no auth).
 * **baselines** (same run, same rows):
   - `bare SELECT by id`: the rows the load returned, selected by primary key with psycopg;
   - `bare SELECT newest`: the same number of the stack's newest rows through the
@@ -57,7 +57,7 @@ def main() -> None:
 
         from accounts.models import Membership, User
         from accounts.services import api_key_issue
-        from memories.load import stack_load
+        from memories.reads.load import stack_load
 
         n_stacks = max(1, args.total // args.stack_size)
         stacks = create_bench_stacks(n_stacks)

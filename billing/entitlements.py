@@ -85,7 +85,7 @@ def ensure_can_create_stack(*, organization: Organization) -> None:
     ensure_may_activate_stack(organization=organization)
 
 
-# --- cost estimates (memories.usage; docs/kernle-protocol.md §12.7) -----------------------------------
+# --- cost estimates (memories.reads.usage; docs/kernle-protocol.md §12.7) -----------------------------------
 
 
 def cost_visible_to(principal: Principal) -> bool:

@@ -28,8 +28,8 @@ from drf_spectacular.extensions import OpenApiSerializerExtension
 from drf_spectacular.plumbing import ResolvedComponent
 from rest_framework import serializers
 
-from memories.load import DEFAULT_BUDGET, MAX_BUDGET, MIN_BUDGET
 from memories.models import BootConfigEntry, Checkpoint, Memory, MemoryKind
+from memories.reads.load import DEFAULT_BUDGET, MAX_BUDGET, MIN_BUDGET
 from memories.records.fields import EXTRA_FIELD, FieldSpec, kind_fields, native_record
 from memories.records.vocabulary import GOAL_STATUSES, KINDS
 from memories.search.query import DEFAULT_MIN_SIMILARITY, MAX_LIMIT, MAX_QUERY_CHARS, SearchQuery

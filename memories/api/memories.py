@@ -22,12 +22,12 @@ from rest_framework.views import APIView
 
 from accounts.principal import principal_of
 from memories import selectors, services
-from memories.export import stack_memory_md
 from memories.lifecycle.promotion import promote_lessons
-from memories.load import MAX_ITEM_CHARS, stack_load
 from memories.models import Memory
 from memories.privacy import originals
 from memories.privacy.grants import Audience, audience_for
+from memories.reads.export import stack_memory_md
+from memories.reads.load import MAX_ITEM_CHARS, stack_load
 from memories.records.cleaning import clean_json
 from memories.serializers import (
     BootConfigEntrySerializer,

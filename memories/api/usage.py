@@ -1,5 +1,5 @@
 """GET /api/v1/stacks/<stack>/usage: the stack's bytes by kind, growth per month and the projected
-monthly cost on the organization's tier (memories/usage.py). Whoever may read the stack may ask;
+monthly cost on the organization's tier (memories/reads/usage.py). Whoever may read the stack may ask;
 the organization's totals and prices come only to whom billing shows them (else `organization`
 is null)."""
 
@@ -13,7 +13,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from accounts.principal import principal_of
-from memories.usage import stack_usage
+from memories.reads.usage import stack_usage
 from stacks.selectors import stack_for_principal
 
 _USAGE = inline_serializer("StackUsage", fields={

@@ -27,9 +27,9 @@ from django.db import transaction
 from django.utils import timezone
 
 from accounts.models import Organization
-from memories.export import stack_memory_md
 from memories.models import BootConfigEntry, Checkpoint, Memory, MemoryKind, MemoryRevision
 from memories.privacy.grants import Audience, grants_filter
+from memories.reads.export import stack_memory_md
 from memories.services import CheckpointInput, boot_config_set, checkpoint_save, memory_forget
 from memories.sync.engine import apply_native_operations, with_retry_per_record
 from memories.sync.protocol import CLIENT_FORGET_REASON, OpResult, db_now

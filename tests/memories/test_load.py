@@ -13,8 +13,8 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from accounts.throttles import throttle_state_clear
-from memories import load
 from memories.models import Memory
+from memories.reads import load
 from memories.services import CheckpointInput, boot_config_set, checkpoint_save, memory_create, memory_forget
 from tests.actors import School
 from tests.factories import make_org, make_stack, sql_value

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from memories import load
 from memories.models import Memory
+from memories.reads import load
 from memories.services import memory_create
 from tests.factories import make_org, make_stack, other_connection
 

@@ -1,4 +1,4 @@
-"""GET /api/v1/stacks/<stack>/usage (memories/usage.py): bytes by kind add up to what the quota
+"""GET /api/v1/stacks/<stack>/usage (memories/reads/usage.py): bytes by kind add up to what the quota
 counts (memories and teleport snapshots), growth per calendar month, and the projected monthly cost
 on the organization's tier with §12.7's overflow prices (docs/kernle-protocol.md); the
 organization's totals only for whom billing shows them; other schools and stacks get 404."""
@@ -19,8 +19,8 @@ from accounts.models import Organization
 from accounts.principal import Principal
 from accounts.tiers import GB, MB
 from memories.models import Memory
+from memories.reads.usage import MONTHS, growth_chart
 from memories.services import memory_create
-from memories.usage import MONTHS, growth_chart
 from stacks.models import Stack
 from teleport.services import snapshot_create
 from tests.actors import School

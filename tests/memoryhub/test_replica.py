@@ -41,8 +41,8 @@ from billing.selectors import overflow_charge, payments_of, usage_of
 from dashboard.overview import embedding_backlog_total, summary, written_per_day
 from memories.lifecycle.jobs import JOB_DECAY, job_runs_recent
 from memories.models import JobRun
+from memories.reads.usage import stack_usage
 from memories.services import memory_create
-from memories.usage import stack_usage
 from memoryhub.embedded import EmbeddedPostgres, free_port, pgserver_bin
 from memoryhub.replica import read_alias
 from stacks.selectors import stacks_visible_to
@@ -180,7 +180,7 @@ def test_stale_tolerant_reads_use_the_replica_and_the_rest_the_primary(replica: 
     with CaptureQueriesContext(connections["replica"]) as on_replica:
         page = browser.get(f"/dashboard/students/{school.stack.slug}/")
     assert page.status_code == 200 and str(memory.pk) in page.content.decode()
-    # The student page's usage chart is its only replica read (memories/usage.py, with its cost
+    # The student page's usage chart is its only replica read (memories/reads/usage.py, with its cost
     # estimate's usage figures from billing.selectors.usage_of: the stacks' counters).
     assert on_replica.captured_queries
     assert all(("memories_memory" in q["sql"] or "teleport_snapshot" in q["sql"]
