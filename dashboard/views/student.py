@@ -21,12 +21,12 @@ from accounts.principal import Principal
 from dashboard import live
 from dashboard import student as reads
 from dashboard.access import ADMIN, STAFF, dashboard_page, request_ip
-from memories.cards import session_cards
 from memories.governance.archive import archive_chunks, archive_filename
 from memories.privacy.grants import audience_for
 from memories.reads.export import stack_memory_md
 from memories.reads.usage import growth_chart, stack_usage
 from memories.selectors import boot_config_entries, checkpoint_latest, checkpoint_warnings, memory_get
+from memories.sessions.cards import session_cards
 from memoryhub.errors import NotFound
 from memoryhub.streaming import streamed_content
 from stacks.selectors import stack_for_principal

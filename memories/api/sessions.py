@@ -1,5 +1,5 @@
 """POST /api/v1/stacks/<stack>/sessions: a session becomes an episode and its memory card
-(memories/cards.py; docs/algorithms.md §12). `dry_run` returns the card and the redaction report
+(memories/sessions/cards.py; docs/algorithms.md §12). `dry_run` returns the card and the redaction report
 and stores nothing. Write access to the stack is needed either way (as for the redaction preview:
 a dry run must not probe a stack the caller could not write to)."""
 
@@ -16,9 +16,9 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from accounts.principal import principal_of
-from memories.cards import SESSION_FIELDS, SUMMARY_MAX, session_prepare, session_store
 from memories.privacy.redaction.policy import stack_policy
 from memories.serializers import MemorySerializer, validated
+from memories.sessions.cards import SESSION_FIELDS, SUMMARY_MAX, session_prepare, session_store
 from memoryhub.errors import InvalidInput
 from stacks.selectors import stack_for_principal
 

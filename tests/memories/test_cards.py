@@ -1,4 +1,4 @@
-"""Session memory cards (memories/cards.py; docs/algorithms.md §12): redact first, then derive.
+"""Session memory cards (memories/sessions/cards.py; docs/algorithms.md §12): redact first, then derive.
 The §10.4-style fixture with an e-mail address: every card field, the stored episode and card, their
 revisions and change events are free of the raw address; the card is stable; a dry run stores
 nothing; the decision heuristics keep "v2.3.1" whole; tags match exactly; other schools and
@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from memories.cards import memory_card, session_allowlisted, session_cards, session_redacted
 from memories.models import ChangeEvent, Memory, MemoryRevision
 from memories.privacy.redaction.policy import ALL_CATEGORIES
+from memories.sessions.cards import memory_card, session_allowlisted, session_cards, session_redacted
 from stacks.models import Stack
 from tests.actors import School
 from tests.factories import bearer_client, make_key, session_client
