@@ -32,7 +32,8 @@ from memories.records.cleaning import clean_json
 from memories.records.fields import kind_fields
 from memories.search.hybrid import search_memories
 from memories.search.smart_ingest import smart_ingest
-from memories.serializers import (
+from memories.serializers import validated
+from memories.serializers.memories import (
     BootConfigEntrySerializer,
     BootConfigValueSerializer,
     CheckpointInSerializer,
@@ -40,10 +41,8 @@ from memories.serializers import (
     ForgetSerializer,
     LoadQuerySerializer,
     MemorySerializer,
-    SearchInSerializer,
-    SmartIngestInSerializer,
-    validated,
 )
+from memories.serializers.search import SearchInSerializer, SmartIngestInSerializer
 from memoryhub.errors import InvalidInput, NotFound, api_exception_handler
 from stacks.models import Stack
 from stacks.selectors import stack_for_principal

@@ -29,7 +29,8 @@ from memories.privacy.grants import Audience, audience_for
 from memories.reads.export import stack_memory_md
 from memories.reads.load import MAX_ITEM_CHARS, stack_load
 from memories.records.cleaning import clean_json
-from memories.serializers import (
+from memories.serializers import validated
+from memories.serializers.memories import (
     BootConfigEntrySerializer,
     BootConfigValueSerializer,
     CheckpointInSerializer,
@@ -38,15 +39,12 @@ from memories.serializers import (
     LoadQuerySerializer,
     LoadResultSerializer,
     MemoryBatchResultSerializer,
-    MemoryBatchSerializer,
     MemoryListQuerySerializer,
     MemorySerializer,
-    MemoryUpdateSerializer,
-    MemoryWriteSerializer,
     PromoteInSerializer,
     PromotionResultSerializer,
-    validated,
 )
+from memories.serializers.records import MemoryBatchSerializer, MemoryUpdateSerializer, MemoryWriteSerializer
 from memoryhub.errors import NotFound
 from memoryhub.pagination import StableCursorPagination
 from memoryhub.renderers import FastJSONRenderer

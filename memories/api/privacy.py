@@ -29,7 +29,7 @@ from memories.governance.privacy_settings import (
 from memories.lifecycle.ttl import RETENTION_MAX_DAYS
 from memories.models import MemoryKind
 from memories.privacy.redaction.rules import PII_CATEGORIES
-from memories.serializer_fields import StrictBooleanField
+from memories.serializers.fields import StrictBooleanField
 
 TAG = "privacy"
 

@@ -19,7 +19,8 @@ from rest_framework.views import APIView
 from accounts.principal import principal_of
 from memories.privacy.redaction.engine import redaction_preview
 from memories.privacy.redaction.policy import stack_policy
-from memories.serializers import MemoryWriteSerializer, validated
+from memories.serializers import validated
+from memories.serializers.records import MemoryWriteSerializer
 from stacks.selectors import stack_for_principal
 
 _PREVIEW = inline_serializer("RedactionPreview", fields={

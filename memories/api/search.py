@@ -29,14 +29,14 @@ from memories.search.hybrid import search_memories
 from memories.search.query import SearchHit, SearchQuery, SearchResult
 from memories.search.retrieval_feedback import memory_feedback
 from memories.search.smart_ingest import smart_ingest
-from memories.serializer_fields import KERNLE_TYPES
-from memories.serializers import (
+from memories.serializers import validated
+from memories.serializers.fields import KERNLE_TYPES
+from memories.serializers.search import (
     KernleSearchInSerializer,
     RetrievalFeedbackInSerializer,
     SchoolSearchInSerializer,
     SearchInSerializer,
     SmartIngestInSerializer,
-    validated,
 )
 from stacks.models import Stack
 from stacks.selectors import stack_for_principal

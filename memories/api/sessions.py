@@ -17,7 +17,8 @@ from rest_framework.views import APIView
 
 from accounts.principal import principal_of
 from memories.privacy.redaction.policy import stack_policy
-from memories.serializers import MemorySerializer, validated
+from memories.serializers import validated
+from memories.serializers.memories import MemorySerializer
 from memories.sessions.cards import SESSION_FIELDS, SUMMARY_MAX, session_prepare, session_store
 from memoryhub.errors import InvalidInput
 from stacks.selectors import stack_for_principal

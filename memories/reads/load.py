@@ -3,7 +3,7 @@
 Pinned algorithm (docs/algorithms.md §8, Kernle's original 60/40 formula plus the 0.15 strength
 tiers — chosen because its test vectors are published and it needs no clock):
 
-* budget: default 8000 tokens, 100-50000 (the API refuses others: memories.serializers.LoadQuerySerializer);
+* budget: default 8000 tokens, 100-50000 (the API refuses others: memories.serializers.memories.LoadQuerySerializer);
 * tokens(text) = ceil(floor(len(text) / 4) x 1.3) — the same estimate for everything;
 * order of reservation: the latest checkpoint (always first, truncated to fit the budget), then
   boot config (key order), then memories by priority;

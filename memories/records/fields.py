@@ -20,7 +20,7 @@ from memoryhub.errors import InvalidInput
 # The field list of a kind is not written down a second time: `_Recorder` runs the kind's schema
 # function (and the common fields) on an empty payload and writes down every field it reads, with
 # its type and limits. The native API refuses keys outside that list (`native_record`) and its
-# OpenAPI document describes exactly that list (memories.serializers), so neither can drift from the
+# OpenAPI document describes exactly that list (memories.serializers.openapi), so neither can drift from the
 # validation in memories.records.schemas. Kernle sync never asks: it keeps unknown fields in `extra`
 # (docs/kernle-protocol.md §3.7).
 

@@ -21,13 +21,9 @@ from accounts.authentication import principal_for_key
 from accounts.models import Membership, User
 from memories import selectors
 from memories.models import Memory, MemoryRevision
-from memories.serializers import (
-    KernleSearchInSerializer,
-    MemoryListQuerySerializer,
-    MemoryWriteSerializer,
-    SearchInSerializer,
-    SmartIngestInSerializer,
-)
+from memories.serializers.memories import MemoryListQuerySerializer
+from memories.serializers.records import MemoryWriteSerializer
+from memories.serializers.search import KernleSearchInSerializer, SearchInSerializer, SmartIngestInSerializer
 from memories.services import memory_create
 from memoryhub.errors import Forbidden, InvalidInput, NotFound
 from stacks.models import Stack

@@ -1,0 +1,184 @@
+"""Serializers of the memories routes (memories.api.memories, docs/architecture.md §3): a memory as
+the API returns it, the list's query string, a batch's result, forget, checkpoints, boot config,
+budget-aware load and promotion. The bodies that carry a memory record are
+memories.serializers.records.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.utils import timezone
+from rest_framework import serializers
+
+from memories.models import BootConfigEntry, Checkpoint, Memory, MemoryKind
+from memories.reads.load import DEFAULT_BUDGET, MAX_BUDGET, MIN_BUDGET
+from memories.selectors import checkpoint_warnings
+from memories.serializers.fields import (
+    CommaSeparatedListField,
+    TimestampField,
+)
+
+
+class MemorySerializer(serializers.ModelSerializer):
+    forgotten = serializers.SerializerMethodField()
+    updated_at = serializers.DateTimeField(source="server_updated_at", read_only=True)
+    awaiting_embedding = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Memory
+        fields = [
+            "id", "kind", "record_id", "text", "data", "extra", "tags", "confidence", "source_type",
+            "source_entity", "derived_from", "source_episodes", "emotional_valence", "emotional_arousal",
+            "emotional_tags", "subject_ids", "access_grants", "consent_grants", "strength", "times_accessed",
+            "last_accessed", "is_protected", "forgotten", "forgotten_at", "forgotten_reason", "expires_at",
+            "version", "created_at", "updated_at", "size_bytes", "awaiting_embedding", "redaction_report",
+        ]
+        read_only_fields = fields
+
+    def get_forgotten(self, obj: Memory) -> bool:
+        return obj.forgotten_at is not None
+
+    def get_awaiting_embedding(self, obj: Memory) -> bool:
+        return obj.embedded_version is None  # the embedding jobs' own definition of the backlog
+
+
+class MemoryListQuerySerializer(serializers.Serializer):
+    kind = CommaSeparatedListField(child=serializers.ChoiceField(choices=MemoryKind.choices), required=False,
+                                   help_text="Kinds, comma-separated or repeated")
+    tags = CommaSeparatedListField(child=serializers.CharField(), required=False,
+                                   help_text="Tags, comma-separated or repeated; a memory must carry all of them")
+    created_after = TimestampField(required=False)
+    created_before = TimestampField(required=False)
+    forgotten = serializers.ChoiceField(choices=["exclude", "include", "only"], required=False, default="exclude")
+
+class MemoryBatchResultSerializer(serializers.Serializer):
+    created = serializers.IntegerField()
+    memories = MemorySerializer(many=True)
+
+
+class ForgetSerializer(serializers.Serializer):
+    reason = serializers.CharField(required=False, allow_blank=True, max_length=64, default="manual")
+
+
+class CheckpointInSerializer(serializers.Serializer):
+    task = serializers.CharField(max_length=500)
+    progress = serializers.CharField(required=False, allow_blank=True, allow_null=True, default="")
+    next_step = serializers.CharField(required=False, allow_blank=True, allow_null=True, default="")
+    blocker = serializers.CharField(required=False, allow_blank=True, allow_null=True, default="")
+    context = serializers.DictField(required=False, allow_null=True, default=dict)  # type: ignore[assignment]
+
+
+class CheckpointWarningSerializer(serializers.Serializer):
+    code = serializers.CharField()
+    message = serializers.CharField()
+
+
+class CheckpointSerializer(serializers.ModelSerializer):
+    age_seconds = serializers.SerializerMethodField()
+    warnings = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Checkpoint
+        fields = ["id", "task", "progress", "next_step", "blocker", "context", "created_at", "age_seconds",
+                  "warnings"]
+        read_only_fields = fields
+
+    def get_age_seconds(self, obj: Checkpoint) -> int:
+        return int((timezone.now() - obj.created_at).total_seconds())
+
+    @staticmethod
+    def _warnings(obj: Checkpoint) -> list[dict[str, str]]:
+        return [{"code": w.code, "message": w.message} for w in checkpoint_warnings(obj)]
+
+    def get_warnings(self, obj: Checkpoint) -> list[dict[str, Any]]:
+        return self._warnings(obj)
+
+
+class BootConfigValueSerializer(serializers.Serializer):
+    value = serializers.CharField(allow_blank=True, trim_whitespace=False)
+
+
+class BootConfigEntrySerializer(serializers.ModelSerializer):
+    class Meta:
+        model = BootConfigEntry
+        fields = ["key", "value", "updated_at"]
+        read_only_fields = fields
+
+
+class LoadQuerySerializer(serializers.Serializer):
+    # Refused outside its range (400 naming `budget`), not clamped: a load of 10 tokens cannot be
+    # served as one of 100, nor -5 as anything (docs/algorithms.md §8.1).
+    budget = serializers.IntegerField(required=False, min_value=MIN_BUDGET, max_value=MAX_BUDGET,
+                                      help_text=f"Token budget, {MIN_BUDGET}-{MAX_BUDGET}; default {DEFAULT_BUDGET}.")
+    item_chars = serializers.IntegerField(required=False, min_value=-(2**31), max_value=2**31,
+                                          help_text="Per-item character cap; default 500, clamped to 10-10000.")
+    no_truncate = serializers.BooleanField(required=False, default=False,
+                                           help_text="Lift the per-item cap to its maximum (10000).")
+
+
+class LoadedMemorySerializer(serializers.Serializer):
+    id = serializers.CharField()
+    kind = serializers.CharField()
+    record_id = serializers.CharField()
+    text = serializers.CharField()
+    score = serializers.FloatField()
+    tokens = serializers.IntegerField()
+    truncated = serializers.BooleanField()
+    created_at = serializers.DateTimeField()
+    details = serializers.DictField()
+
+
+class LoadCheckpointSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    task = serializers.CharField()
+    created_at = serializers.DateTimeField()
+    text = serializers.CharField()
+    tokens = serializers.IntegerField()
+    truncated = serializers.BooleanField()
+    warnings = CheckpointWarningSerializer(many=True)
+
+
+class LoadEchoSerializer(serializers.Serializer):
+    id = serializers.CharField()
+    kind = serializers.CharField()
+    hint = serializers.CharField()
+    score = serializers.FloatField()
+
+
+class LoadMetaSerializer(serializers.Serializer):
+    budget_total = serializers.IntegerField()
+    budget_used = serializers.IntegerField()
+    excluded_count = serializers.IntegerField()
+    item_chars = serializers.IntegerField()
+
+
+class LoadResultSerializer(serializers.Serializer):
+    checkpoint = LoadCheckpointSerializer(allow_null=True)
+    boot_config = serializers.DictField(child=serializers.CharField())
+    memories = LoadedMemorySerializer(many=True)
+    echoes = LoadEchoSerializer(many=True)
+    meta = LoadMetaSerializer()
+    generated_at = serializers.DateTimeField()
+
+
+class PromoteInSerializer(serializers.Serializer):
+    auto = serializers.BooleanField(required=False, default=False,
+                                    help_text="Create the beliefs (default: only suggest).")
+    limit = serializers.IntegerField(required=False, default=50, min_value=1, max_value=200)
+
+
+class PromotionSuggestionSerializer(serializers.Serializer):
+    lesson = serializers.CharField()
+    normalized = serializers.CharField()
+    occurrences = serializers.IntegerField()
+    episode_ids = serializers.ListField(child=serializers.CharField())
+    belief_id = serializers.CharField(allow_null=True)
+
+
+class PromotionResultSerializer(serializers.Serializer):
+    episodes_scanned = serializers.IntegerField()
+    created = serializers.IntegerField()
+    skipped_existing = serializers.IntegerField()
+    reason = serializers.CharField()
+    suggestions = PromotionSuggestionSerializer(many=True)
