@@ -287,7 +287,7 @@ class SyncWatermark(models.Model):
 
 
 class MemorySalience(models.Model):
-    """What the decay pass computed for one memory: its salience at `computed_at` (issue 7).
+    """What the decay pass computed for one memory: its salience at `computed_at` (docs/algorithms.md §2.6).
 
     A narrow side table on purpose: writing salience into the wide `Memory` row rewrote the whole
     tuple (text, JSON, arrays, the generated tsvector) and added an entry to every one of its

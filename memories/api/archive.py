@@ -1,4 +1,4 @@
-"""Routes for access requests and retention (issue 16): a stack's portable archive, streamed, and a
+"""Routes for access requests and retention: a stack's portable archive, streamed, and a
 school's retention policy per memory kind."""
 
 from __future__ import annotations

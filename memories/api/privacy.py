@@ -1,4 +1,4 @@
-"""GET/PUT /api/v1/privacy: a school's privacy settings, their defaults and the written policy (issue 16).
+"""GET/PUT /api/v1/privacy: a school's privacy settings, their defaults and the written policy.
 
 Thin view: who may read or change them and what is valid are memories.governance.privacy_settings (school
 admins and writable school keys; anyone else 403). The request serializer documents the body and

@@ -9,8 +9,8 @@ Views only check that the body is an object, call one service in memories.sync a
 result. Unlike the rest of the API (memories.serializers), the serializers below document the wire
 shapes but do not read them: memories.sync reads each operation itself, with
 memories.records.normalize.normalize_memory for the record. A push carries up to 1,000 operations and
-validation is already its largest per-operation cost (~25 µs a record); a DRF serializer costs
-over ten times that (~365 µs, see memories.records.reader), a third of a second more for a push of 1,000.
+validation is already its largest per-operation cost; a DRF serializer costs over ten times that
+(see memories.records.reader), noticeably more for a push of 1,000.
 The whole-request checks (a list, at most 1,000 operations, a readable `since`) are the services'.
 """
 
@@ -171,8 +171,8 @@ def _cyclic_gc_paused() -> Iterator[None]:
     WHY: a push of 500-1,000 operations allocates ~100,000 short-lived objects (the parsed body,
     normalised records, rows) that live for the whole request. They survive young collections,
     get promoted, and every few requests trigger a FULL collection that walks the whole process
-    heap (Django, DRF, Celery...). bench/sync.py, same box and load, only this changed: push time
-    1.91x -> 1.40x the psycopg baseline. These objects form no cycles (reference counting frees
+    heap (Django, DRF, Celery...); bench/sync.py's push time falls markedly with this pause alone
+    (docs/benchmarks.md "Figures behind code choices"). These objects form no cycles (reference counting frees
     them when the request ends), so the collector has nothing to find here. Process-wide: with two
     pushes in flight, the one that paused collection turns it back on when it ends and the other
     finishes with it; a pause lasts one push (tens of milliseconds), so nothing accumulates.

@@ -55,7 +55,7 @@ RETENTION = timedelta(days=7)
 PRUNE_BATCH = 10_000
 # pg advisory lock (namespace, key) held by the relay per batch: one relay at a time keeps a
 # stack's events in order on the channel layer.
-_RELAY_LOCK = (0x4D48, 15)  # "MH", issue 15
+_RELAY_LOCK = (0x4D48, 15)  # "MH", and a key of our own (fixed: every relay must use the same)
 _EVENT_TABLE = ChangeEvent._meta.db_table
 
 _CLAIM_SQL = f"""

@@ -1,4 +1,4 @@
-"""The portable archive of one stack (issue 16: access requests), and its import for the round trip.
+"""The portable archive of one stack (for access requests), and its import for the round trip.
 
 Writer: `archive_chunks` yields a ZIP (format version 1, described by `ARCHIVE_README`, which is
 also the archive's own README.md) as byte chunks. Rows are read with server-side cursors

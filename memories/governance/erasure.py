@@ -1,4 +1,4 @@
-"""Erasure with a certificate (issue 16; docs/architecture.md §9).
+"""Erasure with a certificate (docs/architecture.md §9).
 
 A school admin erases a student's stack, or one memory, irreversibly: memories with their revisions,
 salience rows, kept raw originals (memories.privacy.originals) and embeddings (columns of the memory row),

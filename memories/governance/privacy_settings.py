@@ -1,4 +1,4 @@
-"""A school's privacy settings, read and changed in one audited call (issue 16).
+"""A school's privacy settings, read and changed in one audited call (docs/privacy.md "The Privacy page").
 
 Four settings of `accounts.Organization`, each with its own validator:
 

@@ -85,7 +85,7 @@ def _purge_batches(selection: QuerySet[Memory], *, batch_size: int, counts: dict
             return
 
 
-# --- retention per kind (issue 16) -----------------------------------------------------------------
+# --- retention per kind ----------------------------------------------------------------------------
 
 # What a school that set nothing keeps: everything, until a memory's own `expires_at` or an erasure.
 DEFAULT_RETENTION_DAYS: dict[str, int] = {}

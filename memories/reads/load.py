@@ -69,7 +69,7 @@ CANDIDATE_RANDOM_PAGE_COST = 1.1
 # counted access rewrites the row (a new row version; when it cannot stay on its page, an entry in
 # every index, the HNSW graph included). Under bench/soak.py, where every stack is loaded about
 # every 10 s, counting every load made these UPDATEs as much of PostgreSQL's time as storing the
-# embeddings (issue 19). Like an API key's `last_used_at` (accounts.authentication), so
+# embeddings. Like an API key's `last_used_at` (accounts.authentication), so
 # `last_accessed` is exact to within this.
 ACCESS_RESOLUTION_SECONDS = 600
 
@@ -264,7 +264,7 @@ def _details_sql() -> str:
 # SKIP LOCKED: a row a writer holds right now (the embedder storing its vector, a push) is not
 # counted this time rather than waited for. Waiting deadlocked: the embedder locks a batch's rows in
 # its order, this UPDATE in another, and PostgreSQL cancelled one of them (a 503 for the agent, a
-# failed embedding task) several times per `bench/soak.py --minutes 2` run (issue 19).
+# failed embedding task) several times per `bench/soak.py --minutes 2` run.
 # A row counted within ACCESS_RESOLUTION_SECONDS is neither locked nor rewritten.
 _TOUCH_SQL = ("UPDATE memories_memory m SET times_accessed = m.times_accessed + 1, last_accessed = %(now)s "
               "FROM (SELECT id FROM memories_memory WHERE id = ANY(%(chosen)s::uuid[]) "
@@ -343,7 +343,7 @@ def stack_load(*, stack: Stack, budget: int | None = None, item_chars: int | Non
     with scope, connection.cursor() as cursor:
         # A stack's rows are hot in cache, so random heap access is cheap; at the default cost (4.0)
         # the planner prefers scanning the whole stack through the heap-ordered stack_id index and
-        # sorting it (3x slower on a 10,000-memory stack measured in bench/load.py).
+        # sorting it, much slower on a large stack (docs/benchmarks.md "Figures behind code choices").
         # The only write here is the access bookkeeping, so the commit need not wait for the WAL
         # flush (the UPDATE's query string says so): a crash can lose at most the last few access
         # counts, never an edit. Both settings are scoped to their transaction (or query string).

@@ -3,9 +3,9 @@ error collected instead of stopping at the first.
 
 Why a hand-written reader (`Reader`) and not DRF serializers, which read every other input of
 the API (memories.serializers): this runs once per record of every sync push, up to 1,000 per
-request, and is already the largest per-operation cost of a push. Measured on the development
-box for one kernle note: normalize_memory, text and sizes included, ~25 µs; a DRF serializer
-checking the same fields alone, ~365 µs (instantiating one copies all its fields). The HTTP
+request, and is already the largest per-operation cost of a push; a DRF serializer checking the
+same fields costs over ten times this reader (instantiating one copies all its fields;
+docs/benchmarks.md "Figures behind code choices"). The HTTP
 endpoints that carry a record check their envelope with a serializer and the record here, so a
 memory is validated by one schema whichever way it arrives.
 """

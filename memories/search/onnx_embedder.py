@@ -7,8 +7,8 @@ sentence-transformers sets it for this model (truncation at 256 word pieces, pad
 text of a batch), so the word pieces are the ones torch sees.
 
 One intra-op thread, like the torch path: on a shared 2-core box a second thread per process
-fights the other processes for the same cores (measured: two threads 1.6x the wall-clock rate of
-one but 0.8x its texts per CPU second; docs/algorithms.md §10.2.1). More cores are used by more
+fights the other processes for the same cores (faster in wall-clock time alone, fewer texts per CPU
+second: docs/algorithms.md §10.2.1). More cores are used by more
 worker processes instead. Each text runs on its own (see `embed`), so nothing is ever padded.
 
 No Django here: the export script and the benchmark load it without settings.
@@ -61,9 +61,9 @@ class OnnxMiniLM:
     def embed(self, texts: Sequence[str]) -> list[list[float]]:
         """One session run per text. The int8 graph quantises its activations per run, with a scale
         taken from the whole input, so in a batch a text's vector would depend on its batch mates
-        (cosine down to ~0.97 between the same text alone and in a batch of 64). Alone, a memory's
-        vector is the one its query would get, on every re-embed. It costs nothing on this runtime:
-        without padding, runs of one text measured as fast per text as batches of 64 (fp32 and int8)."""
+        (docs/configuration.md "The embedding model"). Alone, a memory's vector is the one its query
+        would get, on every re-embed. It costs nothing on this runtime: without padding, runs of one
+        text are as fast per text as batches (fp32 and int8)."""
         import numpy as np
 
         vectors: list[list[float]] = []

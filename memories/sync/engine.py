@@ -323,8 +323,8 @@ def with_retry_per_record(apply: Callable[[bool], _Result]) -> _Result:
     """Run `apply(per_record)` in its own transaction: first set-based with no savepoint, and only
     if the database refuses that write (a rejection we could not foresee), once more from the start
     with each record in its own savepoint, so one failing record never rolls back the others.
-    WHY not a savepoint around the set-based write: it costs two round trips on every push (~5 ms
-    each on a busy box), for a case that almost never happens."""
+    WHY not a savepoint around the set-based write: it costs two round trips on every push, for a
+    case that almost never happens."""
     try:
         with transaction.atomic():
             return apply(False)

@@ -27,14 +27,14 @@ logger = logging.getLogger(__name__)
 # One probe of the unique (stack, kind, record_id) index per key is what we want: O(batch), whatever
 # the stack's size. LATERAL ... LIMIT 1 (the key is unique, so LIMIT changes nothing) keeps the
 # planner from flattening it into a join, which it plans as a hash join over the WHOLE stack as soon
-# as it believes the stack is small (measured: 20 ms per batch at 20,000 rows, linear in the stack).
+# as it believes the stack is small (linear in the stack).
 # But when the statistics are stale — a fresh table, or a stack that grew faster than autovacuum
 # re-analyses it — the planner believes (stack, kind) holds about one row and probes the smaller
-# (stack, kind, created_at) index instead, filtering every row of that kind per key (measured:
-# 0.85 ms per key at 10,000 rows, 0.4 s per batch). So the plan is checked before it is run
-# (`_lookup_existing`): a wrong plan on a large stack refreshes the statistics of the two columns
-# that decide it (at most once a minute, ~0.15 s), and if that is not possible the plain join is
-# used, which is linear in the stack but never per key.
+# (stack, kind, created_at) index instead, filtering every row of that kind per key. So the plan
+# is checked before it is run (`_lookup_existing`): a wrong plan on a large stack refreshes the
+# statistics of the two columns that decide it (at most once a minute), and if that is not possible
+# the plain join is used, which is linear in the stack but never per key. What each plan costs:
+# docs/benchmarks.md "Figures behind code choices".
 # The embedding (1.5 kB) and the tsvector are never needed here; raw() leaves them deferred.
 _EXISTING_COLUMNS = ", ".join(
     f"m.{f.column}" for f in Memory._meta.concrete_fields if f.column not in ("embedding", "search_vector"))
@@ -107,7 +107,7 @@ def _has_statistics() -> bool:
 def _probe_is_safe(stack: Stack, params: list[Any]) -> bool:
     """Will the probe query use the unique index for this stack? Checked with EXPLAIN; a plan seen
     with real statistics is trusted for a while (a growing stack only makes it more certain), one
-    seen without them is not (it flips as the table grows: measured at ~2,000 rows)."""
+    seen without them is not (it flips as the table grows)."""
     if _probe_trusted_until.get(stack.pk, 0.0) > time.monotonic():
         return True
     with_statistics = _has_statistics() or (_refresh_statistics() and _has_statistics())
@@ -126,7 +126,7 @@ def _lookup_existing(stack: Stack, keys: set[tuple[str, str]]) -> Iterable[Memor
     """The stored rows (any state: live, forgotten, deleted) of `keys` = {(kind, record_id)} in
     `stack`, in no particular order; keys with no row are simply absent. The sync engine's one read."""
     kinds, record_ids = zip(*keys, strict=True)
-    # Arrays passed as one literal each: adapting 1,000 separate strings costs ~2 ms per batch.
+    # Arrays passed as one literal each: psycopg adapts a list of strings element by element.
     params = [array_literal(kinds), array_literal(record_ids), stack.pk]
     # Over a small stack a join costs no more than probes, whatever its plan.
     probe = stack.memory_count >= _PROBE_CHECK_MIN_ROWS and _probe_is_safe(stack, params)

@@ -25,8 +25,8 @@ can use it.
   its batch up from the stack's backlog (memories.search.embedding_jobs, `fill`), which holds this
   write's rows, and sends the stack's next message if rows remain (`queue_stack_embedding`). So the
   queue holds at most one small message per stack; under the soak one message per write made it
-  grow without bound (2,400 messages in 3 minutes, most of them finding their rows already
-  embedded) while the backlog itself shrank. A broker that cannot be reached is logged, never
+  grow without bound, most messages finding their rows already embedded, while the backlog itself
+  shrank (docs/algorithms.md §10.2.1). A broker that cannot be reached is logged, never
   raised into a committed write: the rows keep `embedded_version IS NULL` and the periodic
   embedding sweep embeds them. The task is sent by name, so this module does not import
   `memories.tasks` (and through it the search and lifecycle rooms).

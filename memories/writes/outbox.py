@@ -45,7 +45,7 @@ BATCH = "batch"
 # Kernel actions that stamp `change_seq` on the rows they name (memories.writes); every other
 # action (review, reinforce, purge, erase, embedded, …) draws a fresh seq for its event.
 STAMPING_ACTIONS = frozenset({"create", "update", "forget", "recover", "protect", "unprotect", "delete"})
-# A kernel action named differently for event consumers (the issue 15 design's vocabulary).
+# A kernel action named differently for event consumers (the change events' vocabulary).
 EVENT_ACTIONS = {"expire": "purge"}
 # In an event that also names another action, "embedded" does not make it a "batch" (smart ingest
 # stores the new memory's vector in the same transaction as the create).
@@ -91,7 +91,7 @@ def _run(cursor: Any, sql: str, params: dict[str, Any], along: Statement | None)
 
 def _array_literal(items: Sequence[str]) -> str:
     """A Postgres text[] literal, every element quoted. Sent as one text parameter: psycopg's list
-    adapter inspects each element first (~0.5 ms for a push's 500 ids, on the write's path)."""
+    adapter inspects each element first, a cost on the write's path for a push's 500 ids."""
     quoted = ('"' + item.replace("\\", "\\\\").replace('"', '\\"') + '"' for item in items)
     return "{" + ",".join(quoted) + "}"
 

@@ -167,8 +167,9 @@ def _original_of(record: RecordWrite, live: bool, originals: dict[Any, str], sta
 
 
 # --- COPY of new rows ----------------------------------------------------------------------------
-# Django's bulk_create spends ~1 ms per row building one giant parameterised INSERT, several times
-# what Postgres needs to store it. Columns and their types come from the model (`columns`).
+# Django's bulk_create spends several times what Postgres needs to store a row on building one
+# giant parameterised INSERT (docs/benchmarks.md "Figures behind code choices"). Columns and their
+# types come from the model (`columns`).
 
 _COPY_OK = None not in COPY_TYPES  # a column psycopg cannot dump: the ORM writes new rows instead
 _copy_values = operator.itemgetter(*COPY_COLUMNS)

@@ -211,8 +211,8 @@ PII_CATEGORIES: tuple[str, ...] = tuple(rule.category for rule in RULES if rule.
 # The cheap pre-check (`suspicious`, on folded text): substring tests and two searches that find
 # nothing in clean prose. Together a superset of every rule's necessary part (and of an existing
 # placeholder, so a redacted record keeps its report), run over the record's JSON renderings — hence
-# the slack for escapes such as `\n` between digits. One combined regex was measured 5x slower: an
-# alternation without a common literal prefix is tried at every position.
+# the slack for escapes such as `\n` between digits. Not one combined regex, which is much slower
+# (docs/algorithms.md §11.5): an alternation without a common literal prefix is tried at every position.
 _LITERALS = ("@", "<REDACTED:", "--", "AKIA", "ASIA", "ghp_", "gho_", "ghu_", "ghs_", "ghr_",
              "github_pat_", "knl_sk_", "sk-", "sk_", "xox", "AIza", *_JWT_STARTS, "PuTTY", "Proc-Type",
              "DEK-Info")
