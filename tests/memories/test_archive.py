@@ -1,5 +1,6 @@
-"""The stack archive (issue 16, access requests): every kind and every field, streamed with bounded
-memory, audited, isolated per school, and re-importable into an empty stack with equal content."""
+"""The stack archive (for access requests; docs/privacy.md "Export (access requests)"): every kind and
+every field, streamed with bounded memory, audited, isolated per school, and re-importable into an
+empty stack with equal content."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The after-commit embedding task fills a short batch with its stacks' backlog (issue 19;
-docs/algorithms.md §10.2.1): a write of one memory no longer costs a whole store round of its own,
+"""The after-commit embedding task fills a short batch with its stacks' backlog
+(docs/algorithms.md §10.2.1): a write of one memory no longer costs a whole store round of its own,
 and the fill never reaches another stack, let alone another school's."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""One embedding model per deployment (issue 12, docs/algorithms.md §10.3).
+"""One embedding model per deployment (docs/algorithms.md §10.3).
 
 * a `manage.py reembed` from a shell set for another model refuses in one line and changes nothing;
   `--switch-model` is the deliberate switch, and then the service's own model is the one refused;
@@ -133,7 +133,7 @@ def test_reembed_from_a_shell_set_for_another_model_refuses_and_changes_nothing(
     assert deployment_model_id() == HASH
     before = vector_state()
 
-    # The shell of issue 12, the other way round: no EMBEDDING_PROVIDER set, so the settings'
+    # The mismatched shell, the other way round: no EMBEDDING_PROVIDER set, so the settings'
     # default (MiniLM, as for the service under `make run`) against a deployment of hash vectors.
     for args, env in ((("reembed",), {}), (("reembed", "--all"), {}), (("reembed", "--queue"), remote_embedder)):
         result = manage(*args, **env)
@@ -197,7 +197,7 @@ def test_the_sweep_reembeds_vectors_of_another_model_then_stops_looking() -> Non
     stack = make_stack(make_org())
     memories = [note(stack, f"the museum trip, part {i}") for i in range(6)]
     memories_embed(ids=[m.pk for m in memories])
-    # The state issue 12 left behind: some vectors of another model, no record of the deployment's
+    # The state a mismatched shell used to leave behind: some vectors of another model, no record of the deployment's
     # (written before it existed, as by a `reembed` from a second shell).
     stray = [m.pk for m in memories[:3]]
     Memory.objects.filter(pk__in=stray).update(embedding_model=MINILM)

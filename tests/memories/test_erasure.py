@@ -1,4 +1,4 @@
-"""Erasure with a certificate (issue 16): a school admin erases a student's stack or one memory; nothing
+"""Erasure with a certificate (docs/architecture.md §9): a school admin erases a student's stack or one memory; nothing
 of it is left in any table that references a stack or a memory, the certificate verifies (a tampered one
 does not), old record ids cannot be pushed back, and nobody but a school admin may erase."""
 

@@ -1,4 +1,4 @@
-"""Privacy grants (issue 16, "Privacy fields enforced"; docs/privacy.md "Privacy grants").
+"""Privacy grants enforced (docs/privacy.md "Privacy grants").
 
 A grants matrix: six memories whose `access_grants` differ, crossed with the requesters (the stack's own agent
 key, the school key, a signed-in admin, the assigned teacher, another school) and every read path

@@ -1,4 +1,4 @@
-"""A load never waits for (or deadlocks with) a writer holding one of its memories (issue 19)."""
+"""A load never waits for (or deadlocks with) a writer holding one of its memories."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A school's privacy settings (issue 16): `GET/PUT /api/v1/privacy` and memories.governance.privacy_settings —
+"""A school's privacy settings: `GET/PUT /api/v1/privacy` and memories.governance.privacy_settings —
 one audited change of retention, PII categories, empty-grants policy and the raw-originals opt-in;
 school admins only; invalid input is a 400 that changes nothing; one school never sees another's."""
 

@@ -79,7 +79,7 @@ _OPENSSH = ed25519.Ed25519PrivateKey.generate().private_bytes(
 CRITICAL = [
     ("ssh_private_key", PRIVATE_KEY),
     ("auth_header", AUTH_HEADER),
-    # Variants (issue: the refusal must not depend on the exact header): lower case, a zero-width
+    # Variants (the refusal must not depend on the exact header): lower case, a zero-width
     # space inside BEGIN, and a bare body with no header at all (PKCS#8, PKCS#1, OpenSSH).
     ("ssh_private_key", f"my key:\n{_ED25519.lower()}"),
     ("ssh_private_key", _RSA.replace("BEGIN", f"BE{ZW}GIN")),
@@ -93,7 +93,7 @@ CRITICAL = [
 # the same in every pytest-xdist worker.
 CRITICAL_IDS = [f"{rule}-{n}" for n, (rule, _) in enumerate(CRITICAL)]
 
-# The N9 variants: what got through the rules before. Each is redacted; the raw value (or the part
+# Variants that once got through the rules. Each is redacted; the raw value (or the part
 # of it named in VARIANT_RAW) must be found nowhere.
 VARIANTS = {
     "aws glued to a word": "keyAKIAJ7Q2EXAMPLEKEY42",
@@ -326,7 +326,7 @@ def test_canary_through_every_write_path_leaves_no_raw_value(school: School) -> 
 
 
 def test_variants_and_the_forget_reason_through_every_write_path_leave_no_raw_value(school: School) -> None:
-    """The N9 variants through the write paths, and the forget reason (stored on the memory and its
+    """The VARIANTS through the write paths, and the forget reason (stored on the memory and its
     revision): found nowhere — rows, vectors, revisions, boot config, MEMORY.md, events, API, pull."""
     client, base = school.agent, f"/api/v1/stacks/{school.stack.slug}"
     created = client.post(f"{base}/memories", {"kind": "note", "content": VARIANT_CANARY,

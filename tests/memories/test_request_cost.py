@@ -1,4 +1,4 @@
-"""What one agent request costs the database: round trips per operation of the soak's mix (issue 19).
+"""What one agent request costs the database: round trips per operation of the soak's mix.
 
 Budgets, measured on a warm request (the key verified once before): the key lookup is remembered
 (accounts/key_cache.py). A new query on these paths should be a decision, not an accident: raise a
@@ -15,7 +15,7 @@ pass through Django's cursor and is not counted):
 * write: BEGIN, the stack (access decision and the write kernel's lock in one statement), the
   storage use (capped tier), the INSERT, counters + event, COMMIT — no savepoint.
 
-Before issue 19's second pass: push of 10 took 8, pull 8, load 7, write 10.
+The counts before these budgets were cut: docs/benchmarks.md "Figures behind code choices".
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""Retention per kind (issue 16): each school keeps each memory kind for the days it chose; the TTL
-job purges older rows of that kind in that school only; school admins read and set the policy."""
+"""Retention per kind (docs/privacy.md "Retention policy"): each school keeps each memory kind for the
+days it chose; the TTL job purges older rows of that kind in that school only; school admins read
+and set the policy."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Ranking v2's cost work (issue 20, docs/algorithms.md §7.5 "Cost"): the keyword candidates'
+"""Ranking v2's cost work (docs/algorithms.md §7.5 "Cost"): the keyword candidates'
 cosine read by the exact vector statement itself, and the neighbouring turns read by their own
 index scans. Each must give exactly what the plain statements give - same rows, same scores - and
 must never reach outside the search's scope."""

@@ -1,5 +1,5 @@
 """One operation with text that is not valid Unicode is that operation's conflict; the rest of the
-push is stored (issue 13, F8).
+push is stored.
 
 JSON may spell a lone UTF-16 surrogate (`"\\ud800"`): it parses to a Python str that UTF-8 (and so
 Postgres) cannot carry. A client that sends one must not have its whole batch refused — it would

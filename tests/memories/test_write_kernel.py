@@ -291,7 +291,7 @@ def _sent_bytes(ops: list[dict[str, Any]]) -> int:
 
 
 def test_a_push_of_n_mb_fits_a_limit_slightly_above_n_mb() -> None:
-    """The 5.7 MB batch that was refused against the free tier's 10 MB: its text was counted twice."""
+    """A 5.7 MB batch fits a free-tier stack just under its 10 MB: its text is counted once, not twice."""
     stack, client = _agent(tier="free")
     ops = _big_notes(600, 10_000)
     sent = _sent_bytes(ops)
