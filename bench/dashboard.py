@@ -27,7 +27,7 @@ sees the same noise, each `--requests` times after `--warmup`:
 * `GET /dashboard/students/<slug>/` for the student of median size and for the largest;
 * baseline: `GET /health` through the same client.
 
-Goals (issue 14): overview p95 <= 150 ms, student page p95 <= 100 ms.
+Goals: overview p95 <= 150 ms, student page p95 <= 100 ms.
 """
 
 from __future__ import annotations

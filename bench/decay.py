@@ -44,7 +44,7 @@ crossed the threshold since the previous run, like the next-day figure. Figures 
   table, which also had a salience column there) costs at the least. Measured last, so its dead
   tuples do not slow the other figures.
 
-Goals (issue 7): a full pass under 60 s, and within 3x of a bare set-based UPDATE of the same rows.
+Goals: a full pass under 60 s, and within 3x of a bare set-based UPDATE of the same rows.
 Checked for the first pass (vs both bare UPDATEs above), the pass rewriting every side row and the
 next day's pass (vs the side-table UPDATE, which rewrites all the side rows the first pass wrote,
 while the later passes only visit the memories still live; and vs the one-statement UPDATE).

@@ -29,7 +29,7 @@ model, in the same run.
   its stack's backlog (now, the task's `fill=True`), interleaved for `--rounds` on fresh stacks:
   stores, memories per CPU second of this process against the bare model, Postgres CPU per memory.
 
-Goal (issue 19): pipeline >= 0.7x the bare model per core.
+Goal: pipeline >= 0.7x the bare model per core.
 
     .venv/bin/python bench/embedding_throughput.py --memories 2000 [--queries 200] [--skip-runtimes] \
         [--skip-pipeline] [--message-ids 64,500]
@@ -214,7 +214,7 @@ SOAK_WRITE_SIZES = ((80, 1, 5), (17, 6, 50), (3, 51, 500))  # bench/soak.py's pu
 def measure_small_tasks(env: Any, texts: list[str], bare_s: float, bare_cpu: float, rounds: int) -> None:
     """The after-commit tasks of a soak-like ingest (writes of 1-5 memories mostly, bench/soak.py's
     sizes), worked in order by `memories_embed` in this process, without and with filling a short
-    batch from its stack's backlog (the task's `fill=True`, issue 19), interleaved on fresh stacks.
+    batch from its stack's backlog (the task's `fill=True`), interleaved on fresh stacks.
     In-process, so Celery's own cost per task is left out on both sides."""
     from accounts.models import Organization
     from memories.search.embedding_jobs import memories_embed

@@ -1,4 +1,4 @@
-"""Streamed downloads one after another on one keep-alive connection (issue 37, N1).
+"""Streamed downloads one after another on one keep-alive connection.
 
     .venv/bin/python bench/export_connections.py                  # 50 API archive exports
     .venv/bin/python bench/export_connections.py --exports 20 --what dashboard

@@ -1,4 +1,4 @@
-"""Live dashboard latency and the cost of change events on pushes (issue 15).
+"""Live dashboard latency and the cost of change events on pushes.
 
     .venv/bin/python bench/live.py                                  # 50 pages on 10 stacks, 100 writes
     .venv/bin/python bench/live.py --pages 10 --stacks 5 --writes 40 --push-memories 5000   # small
@@ -18,7 +18,7 @@ One run against real embedded Postgres and Redis and the real ASGI app under uvi
   kernle-shaped operations) alternating between this server — events on, with every page still
   open and watching the pushed stack — and a second server with MEMORYHUB_EVENTS=off.
 
-Goals (issue 15): p95 <= 250 ms to the DOM; push throughput with events >= 0.95x without.
+Goals: p95 <= 250 ms to the DOM; push throughput with events >= 0.95x without.
 """
 
 from __future__ import annotations

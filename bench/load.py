@@ -16,7 +16,7 @@ app under uvicorn (one worker, one client, sequential requests — what one agen
     (stack, kind, created_at) index;
   - `GET /health`: the HTTP floor of this server and client.
 
-Goal (issue 4): p95 of the HTTP load < 50 ms.
+Goal: p95 of the HTTP load < 50 ms.
 """
 
 from __future__ import annotations

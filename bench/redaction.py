@@ -1,4 +1,4 @@
-"""Redaction at ingest: its cost per memory, and kernle push throughput with it on vs off (issue 16).
+"""Redaction at ingest: its cost per memory, and kernle push throughput with it on vs off.
 
     .venv/bin/python bench/redaction.py                  # 20,000 operations per side, 3 rounds
     .venv/bin/python bench/redaction.py --quick          # 5,000 per side, 2 rounds (while developing)
@@ -21,7 +21,7 @@ One run against real embedded Postgres+pgvector and Redis and the real ASGI app 
   load moves within a round). `--dirty` makes that share of the records carry an e-mail and a
   phone number.
 
-Goal (issue 16): push with redaction >= 0.9x without.
+Goal: push with redaction >= 0.9x without.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Search latency over HTTP (query embedding included) and vector recall@10 against exact search.
 
-Full size (the issue's target): 1,000,000 memories across 1,000 stacks, the largest 100,000.
+Full size (the target): 1,000,000 memories across 1,000 stacks, the largest 100,000.
 `--scale 0.2` gives 200,000 across 200 (largest 20,000), and so on; the largest stack's own HNSW
 build takes minutes at full size.
 

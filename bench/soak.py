@@ -1,4 +1,4 @@
-"""Soak and saturation (issue 19): many agents at once against the whole service as `make run` runs it.
+"""Soak and saturation: many agents at once against the whole service as `make run` runs it.
 
     .venv/bin/python bench/soak.py                         # 100 agents for 10 minutes
     .venv/bin/python bench/soak.py --minutes 2 --agents 50 # CI-sized
@@ -25,7 +25,7 @@ one stack-bound API key per agent, seeds every stack with 50 memories, then:
 
 Reported: throughput and p50/p95/p99 per operation next to its unloaded p95 (and, for reading the
 ratio, the unloaded p95 measured again after the soak on the stacks it grew), every non-2xx by
-status, the RSS of each process at the start, the middle and the end, and the issue's goals with
+status, the RSS of each process at the start, the middle and the end, and the goals with
 PASS/FAIL: no response >= 500; nothing lost or duplicated; p95 of every operation <= 3x its unloaded
 p95; no process's RSS growing > 20 % over the second half. Also, to read those figures by: the p95
 of all operations in each tenth of the run, each operation's p95 timed from when it was actually
@@ -40,9 +40,10 @@ by the web server, the worker, PostgreSQL and Redis (CPU seconds per second, fro
 processes and their children, through psutil), next to as many bare psycopg threads running each
 operation's core statement (INSERTs for writes and pushes, a SELECT each for pull, load and search).
 Each step also counts the memories written and the vectors stored a second: a peak the embedding
-does not keep up with borrows from the backlog. `--mix probe` runs the mix of the issue's first
-probe (pushes of 10 operations, pulls and searches 4:2:4), the one its 24.6 requests/s were measured
-on; the default `agents` mix is the soak's, heavier (loads, native writes, pushes of up to 500).
+does not keep up with borrows from the backlog. `--mix probe` runs the mix of the first probe
+(pushes of 10 operations, pulls and searches 4:2:4), the one the peak's goal was set on (its first
+figure on that mix: docs/benchmarks.md "Soak"); the default `agents` mix is the soak's, heavier
+(loads, native writes, pushes of up to 500).
 `--web-workers` / `--concurrency` size the service for an A/B of WEB_WORKERS and CELERY_CONCURRENCY.
 
 `--compare NAME=VALUE[,…]` is that A/B on a busy machine: two services side by side, the second
@@ -247,11 +248,11 @@ def run_saturate(args: argparse.Namespace) -> int:
                     [[agent["stack"] for agent in school["agents"]]])]
             bare = bare_psycopg(service.database_url, stack_ids, int(peak["clients"]), args.step_seconds, mix)
             cores = {k: peak[k] for k in ("web cores", "worker cores", "postgres cores")}
-            # The issue's goal was set on the probe's mix (docs/benchmarks.md); on another mix it is
+            # The goal was set on the probe's mix (docs/benchmarks.md); on another mix it is
             # only indicative.
             same = "on the same mix" if args.mix == "probe" else "measured on --mix probe, not this mix"
             print(f"\npeak: {peak['2xx per s']:.1f} requests/s with {peak['clients']} clients "
-                  f"(issue 19 goal: >= 246, 10x the 24.6 {same}; "
+                  f"(goal: >= 246, 10x the 24.6 {same}; "
                   f"{'PASS' if peak['2xx per s'] >= 246 else 'FAIL'}); CPU split at the peak: "
                   + ", ".join(f"{k} {v:.2f}" for k, v in cores.items())
                   + f"; memories written {peak['memories in per s']:.0f}/s, vectors stored "
@@ -341,7 +342,7 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=0, help="CELERY_CONCURRENCY (default: the runner's own)")
     parser.add_argument("--saturate", action="store_true", help="closed loop, clients added until the peak")
     parser.add_argument("--mix", choices=sorted(MIXES), default="agents",
-                        help="--saturate / --compare: the agents' mix (the soak's) or the issue's probe")
+                        help="--saturate / --compare: the agents' mix (the soak's) or the first probe's")
     parser.add_argument("--step-seconds", type=float, default=20.0, help="--saturate / --compare: seconds per step")
     parser.add_argument("--compare", default="", metavar="NAME=VALUE[,…]",
                         help="A/B: a second service with these settings, loaded in turn with the first")

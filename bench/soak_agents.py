@@ -56,7 +56,7 @@ MIXES = {
     # The agents' pace (the module doc): they read more than they write and sync in between.
     "agents": Mix({"search": 30, "load": 15, "write": 20, "push": 20, "pull": 15},
                   ((80, 1, 5), (17, 6, 50), (3, 51, 500))),
-    # The issue's first probe (its figure: docs/benchmarks.md): pushes of 10 operations, pulls and searches 4:2:4.
+    # The first probe's mix (its figure: docs/benchmarks.md "Soak"): pushes of 10 operations, pulls and searches 4:2:4.
     "probe": Mix({"push": 40, "pull": 20, "search": 40}, ((100, 10, 10),)),
 }
 MIX = MIXES["agents"]

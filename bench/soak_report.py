@@ -209,7 +209,7 @@ def report_soak(args: argparse.Namespace, recorder: Recorder, baseline: Recorder
              (f"RSS growth over the second half: worst {worst[0]} {worst[1]:+.1%}", worst[1] <= 0.20),
              (f"embedding backlog not growing over the second half ({backlogs['middle']:,} -> {backlogs['end']:,})",
               backlogs["end"] <= max(backlogs["middle"], 100))]
-    print("\nGoals (issue 19):")
+    print("\nGoals:")
     for text, passed in goals:
         print(f"  {'PASS' if passed else 'FAIL'}  {text}")
     return all(passed for _, passed in goals)

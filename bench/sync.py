@@ -19,9 +19,9 @@ app under uvicorn (one worker, one client, sequential requests — what one agen
   of 1,000 (parsed); next to the baseline of selecting the same rows with psycopg and
   `json.dumps`-ing them.
 
-Goals (issue 5): push ≥ 5,000 ops/s; a pull of 10,000 changes < 1 s.
+Goals: push ≥ 5,000 ops/s; a pull of 10,000 changes < 1 s.
 
-`--events-compare` adds **push with change events on vs off** (issue 15, memories.writes.outbox): a second
+`--events-compare` adds **push with change events on vs off** (memories.writes.outbox): a second
 server with MEMORYHUB_EVENTS=off runs next to the first, and the same number of operations go to
 each in alternating rounds (so both see the same load on a shared box). Goal: on ≥ 0.95x off.
 """
