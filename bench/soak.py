@@ -118,7 +118,7 @@ async def unloaded_again(base_url: str, database_url: str, agents: list[Agent], 
     """The unloaded baseline once more after the soak, on the stacks as the soak grew them (many
     times the seeded size after a long soak), once the embedding backlog has drained (or `settle_seconds`
     passed): how much of the loaded p95 is the data's growth rather than the load. Informational:
-    the goal compares with the start, as the issue asks."""
+    the goal compares with the start."""
     deadline = time.monotonic() + settle_seconds
     while backlog(database_url) > 0 and time.monotonic() < deadline:
         await asyncio.sleep(2)

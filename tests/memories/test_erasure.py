@@ -20,9 +20,9 @@ from tests.actors import School, school_cast
 from tests.factories import sql_value
 
 SECRET_TEXT = "Ada-confided-the-pizza-story"
-# The scale. The first FILLED go through the real write paths (the sync push, the checkpoint
-# and boot-config services); the rest are set-based copies of them (`_amplify`: an INSERT … SELECT
-# per table, under a second), since pushing 10,000 through the API costs about a minute here.
+# The scale an erasure must handle. The first FILLED go through the real write paths (the sync push,
+# the checkpoint and boot-config services); the rest are set-based copies of them (`_amplify`: an
+# INSERT … SELECT per table, fast), since pushing 10,000 through the API would dominate the suite.
 STACK_SIZE = 10_000
 FILLED = 600
 # Kept on purpose after a stack erasure: credentials and assignments (no content), the certificate and
