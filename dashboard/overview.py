@@ -21,9 +21,9 @@ from datetime import date, datetime, timedelta
 from typing import Any
 
 from django.core.paginator import Page, Paginator
-from django.db.models import BigIntegerField, Count, F, Prefetch, Q, QuerySet, Sum
+from django.db.models import BigIntegerField, Count, F, Prefetch, Q, QuerySet, Sum, Value
 from django.db.models.fields.json import KT
-from django.db.models.functions import Cast, TruncWeek
+from django.db.models.functions import Cast, Coalesce, Lower, NullIf, TruncWeek
 from django.utils import timezone
 
 from accounts.models import ApiKey, Membership
@@ -52,9 +52,9 @@ BACKLOG_COUNT_CAP = 10_000
 
 # Sort keys the table offers (GET ?sort=, "-" first for descending) → the ordering. Stacks that
 # never synced or were never written sort last in either direction; the slug breaks ties so pages
-# never overlap.
+# never overlap. "name" sorts by the name the table shows (the display name, else the slug).
 SORT_FIELDS = {
-    "name": "slug",
+    "name": "shown_name",
     "memories": "memory_count",
     "storage": "bytes_used",
     "sync": "last_sync_at",
@@ -79,8 +79,9 @@ class StackFilters:
 def _ordering(sort: str) -> list[Any]:
     descending = sort.startswith("-")
     column = SORT_FIELDS.get(sort.lstrip("-"), SORT_FIELDS[DEFAULT_SORT])
-    if column == "slug":
-        return ["-slug" if descending else "slug"]
+    if column == "shown_name":
+        shown = Lower(Coalesce(NullIf("display_name", Value("")), "slug"))
+        return [shown.desc(), "-slug"] if descending else [shown.asc(), "slug"]
     expression = F(column).desc(nulls_last=True) if descending else F(column).asc(nulls_last=True)
     return [expression, "slug"]
 

@@ -516,6 +516,11 @@ def test_the_roster_page_lists_students_with_their_teachers(school: School) -> N
     assert 'for="id_upload">Roster CSV file<' in page and "Preview import" in page and "Create student" in page
     everyone = client_for(school.admin).get(ROSTER).content.decode()
     assert re.search(r'data-stack="gone">.*?archived', everyone, re.S)
+    # The name is the link to the student's page; the id stays visible beside it.
+    Stack.objects.filter(slug="alice").update(display_name="Alice Liddell")
+    named = client_for(school.admin).get(ROSTER).content.decode()
+    assert ('<a href="/dashboard/students/alice/">Alice Liddell</a> <code class="muted small nowrap">alice</code>'
+            in named)
 
 
 def test_a_plan_downgraded_between_preview_and_apply_stores_nothing(school: School) -> None:

@@ -69,6 +69,16 @@ def nav_links(watched: WatchedPage) -> list[str]:
             .all_inner_texts()]
 
 
+def name_link(watched: WatchedPage, stack: Stack) -> Any:
+    """The link to `stack`'s page in its row of the table shown: named by the student's name, with
+    the stack id shown beside it."""
+    row = watched.page.locator(f'tr[data-stack="{stack.slug}"]')
+    link = row.get_by_role("link", name=stack.display_name, exact=True)
+    assert link.get_attribute("href") == f"/dashboard/students/{stack.slug}/"
+    assert stack.slug in row.inner_text()
+    return link
+
+
 def test_a_teacher_reaches_assigned_students_only_and_no_key_page(
         open_page: Callable[[], WatchedPage], dashboard_url: str) -> None:
     org = make_org("Hillside Secondary")
@@ -85,8 +95,10 @@ def test_a_teacher_reaches_assigned_students_only_and_no_key_page(
     assert page.locator(f'[data-stack="{unassigned.slug}"]').count() == 0
     assert "Keys" not in nav_links(watched) and "Roster" not in nav_links(watched)
 
-    assert watched.goto(f"{dashboard_url}/dashboard/students/{assigned.slug}/") == 200
+    # The student's name is the link (the id stays visible beside it); clicking it opens the page.
+    name_link(watched, assigned).click()
     check_page(watched, "assigned-student")
+    assert urlsplit(page.url).path == f"/dashboard/students/{assigned.slug}/"
     assert page.get_by_role("heading", level=1).inner_text() == "Chloe Adams"
 
     # The unassigned student of the same school is "no such page", exactly like a made-up one.
@@ -231,6 +243,9 @@ def test_an_admin_imports_a_roster_issues_a_key_the_cli_uses_then_revokes_it(
     assert Stack.objects.filter(organization=org, kind=Stack.Kind.STUDENT).count() == 28
     amara = Stack.objects.get(organization=org, slug="s1001")
     assert TeacherAssignment.objects.filter(stack=amara, user=teacher).exists()
+    watched.goto(f"{dashboard_url}/dashboard/roster/?q=s1001")
+    check_page(watched, "roster-search")
+    name_link(watched, amara)
 
     # 2. A key bound to Amara's stack; the secret is read from the page, shown once.
     watched.goto(f"{dashboard_url}/dashboard/keys/")
@@ -244,6 +259,8 @@ def test_an_admin_imports_a_roster_issues_a_key_the_cli_uses_then_revokes_it(
     assert "kernle auth login" in page.locator("#new-key-usage").inner_text()
     key = ApiKey.objects.get(organization=org, name="Amara's tutor")
     assert key.stack_id == amara.pk and key.revoked_at is None
+    key_row = page.locator(f'[data-key="{key.public_id}"]')
+    assert key_row.get_by_role("link", name="Amara Okafor").get_attribute("href") == "/dashboard/students/s1001/"
 
     # 3. The real kernle CLI logs in with it and pushes what the agent remembered.
     # kernle wants provenance: the notes are derived from a raw capture of the tutoring session.
@@ -260,8 +277,10 @@ def test_an_admin_imports_a_roster_issues_a_key_the_cli_uses_then_revokes_it(
     assert set(Memory.objects.filter(stack=amara).values_list("embedding_model", flat=True)) == {minilm.model_id}
     assert not Memory.objects.filter(stack=amara, embedded_version__isnull=True).exists()
 
-    # 4. A paraphrase finds the pizza note on Amara's page, by meaning.
-    watched.goto(f"{dashboard_url}/dashboard/students/s1001/")
+    # 4. A paraphrase finds the pizza note on Amara's page (reached by her name on the overview), by meaning.
+    watched.goto(f"{dashboard_url}/dashboard/?q=s1001")
+    check_page(watched, "overview-search")
+    name_link(watched, amara).click()
     check_page(watched, "student")
     page.get_by_label("Search memories").fill(PARAPHRASE)
     page.get_by_role("button", name="Search").click()
