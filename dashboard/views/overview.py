@@ -111,7 +111,8 @@ def _summary_context(principal: Principal) -> dict[str, Any]:
             "datasets": [{"label": "Memories written", "data": [n for _, n in per_day]}],
             "y_label": "memories", "stacked": False,
         },
-        "storage_chart": _storage_chart(quota) if quota is not None else None,
+        # A plan without a limit has no bar to fill: the page shows the figure instead.
+        "storage_chart": _storage_chart(quota) if quota is not None and quota.limit is not None else None,
         "forgetting_chart": {
             "type": "bar", "labels": [f"Week of {week.strftime('%d %b')}" for week in forgetting.weeks],
             "datasets": [{"label": "Forgotten by decay", "data": forgetting.forgotten},
@@ -123,14 +124,11 @@ def _summary_context(principal: Principal) -> dict[str, Any]:
 
 
 def _storage_chart(quota: read_model.Quota) -> dict[str, Any]:
-    """One stacked bar: used and still free, in MB, up to the plan's limit (used alone when the plan
-    is unlimited)."""
+    """One stacked bar: used and still free, in MB, up to the plan's limit (a plan with one)."""
+    assert quota.limit is not None
     used = round(quota.used / MB, 2)
-    datasets: list[dict[str, Any]] = [{"label": f"Used ({filesizeformat(quota.used)})", "data": [used]}]
-    spec: dict[str, Any] = {"type": "bar", "labels": [f"{quota.plan} plan"], "datasets": datasets,
-                            "y_label": "MB", "stacked": True}
-    if quota.limit is not None:
-        free = max(0.0, round((quota.limit - quota.used) / MB, 2))
-        datasets.append({"label": f"Free of {quota.label}", "data": [free], "color": "#9aa3b5"})
-        spec["max"] = round(quota.limit / MB, 2)
-    return spec
+    free = max(0.0, round((quota.limit - quota.used) / MB, 2))
+    return {"type": "bar", "labels": [f"{quota.plan} plan"], "y_label": "MB", "stacked": True,
+            "datasets": [{"label": f"Used ({filesizeformat(quota.used)})", "data": [used]},
+                         {"label": f"Free of {quota.label}", "data": [free], "color": "#9aa3b5"}],
+            "max": round(quota.limit / MB, 2)}

@@ -299,6 +299,17 @@ def test_storage_is_shown_against_the_plans_quota(school: School) -> None:
     assert b"256.0\xc2\xa0MB" in response.content
 
 
+def test_an_unlimited_plan_shows_its_storage_as_a_figure_without_a_limit_bar() -> None:
+    org, admin = big_school()  # the unlimited plan
+    make_stack(org, "s-1", bytes_used=30 * 1024)
+    response = signed_in(admin).get("/dashboard/")
+    page = response.content.decode()
+    assert response.context["quota"].limit is None and response.context["storage_chart"] is None
+    assert 'id="storage"' in page and "chart-storage" not in page  # no bar filling its own axis
+    assert re.search(r'<p class="stat" id="storage-used">30\.0\xa0KB</p>', page)
+    assert "which has no storage limit" in page
+
+
 # --- cost -------------------------------------------------------------------------------------------
 
 

@@ -150,3 +150,30 @@ def test_privacy_settings_and_erasing_a_student_read_well(open_page: Callable[[]
     check_page(watched, "erasure-certificate")
     assert "Valid" in page.locator("main").inner_text()
     assert not Memory.objects.filter(stack_id=stack.pk).exists()
+
+
+def test_storage_on_an_unlimited_plan_is_a_figure_and_a_limited_plan_keeps_its_bar(
+        open_page: Callable[[], WatchedPage], dashboard_url: str) -> None:
+    unlimited = make_org("Harbour College", tier="unlimited")
+    admin = staff(unlimited, Membership.Role.ADMIN, "office@harbour.example")
+    make_stack(unlimited, "h-0001", display_name="Hana Ito", bytes_used=30 * 1024)
+    watched = open_page()
+    page = watched.page
+    sign_in(watched, dashboard_url, admin.email, PASSWORD)
+    shot = check_page(watched, "overview-unlimited")
+    card = page.locator("#storage")
+    card.screenshot(path=str(shot.with_name(shot.stem + "-storage-card.png")))
+    # No bar that fills its own axis and reads "full": the figure, and the plan has no limit.
+    assert card.locator("canvas").count() == 0
+    assert card.locator("#storage-used").inner_text() == "30.0\xa0KB"
+    assert "no storage limit" in card.inner_text()
+
+    limited = make_org("Quay School", tier="pro")
+    other_admin = staff(limited, Membership.Role.ADMIN, "office@quay.example")
+    make_stack(limited, "q-0001", bytes_used=256 * 1024 * 1024)
+    watched = open_page()
+    sign_in(watched, dashboard_url, other_admin.email, PASSWORD)
+    shot = check_page(watched, "overview-pro")
+    card = watched.page.locator("#storage")
+    card.screenshot(path=str(shot.with_name(shot.stem + "-storage-card.png")))
+    assert card.locator("canvas").count() == 1 and "(25.0%)" in card.inner_text()
