@@ -13,6 +13,7 @@ urlpatterns = [
     # The address `make run` prints first: the dashboard, which sends a visitor not signed in to
     # the login page. Not permanent: browsers must not cache where "/" leads.
     path("", RedirectView.as_view(url="/dashboard/", permanent=False), name="home"),
+    path("favicon.ico", views.favicon, name="favicon"),
     path("health", views.health, name="health"),
     path("health/", views.health),
     path("readyz", views.readyz, name="readyz"),

@@ -1,11 +1,13 @@
-"""Liveness and readiness probes: the only endpoints that need no authentication."""
+"""Liveness and readiness probes, metrics, and `/favicon.ico`: the only endpoints that need no
+authentication."""
 
 from __future__ import annotations
 
 import logging
 
-from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
-from django.views.decorators.cache import never_cache
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
+from django.templatetags.static import static
+from django.views.decorators.cache import cache_control, never_cache
 from django.views.decorators.http import require_GET
 
 from memoryhub.health import embedding_backlog, readiness
@@ -61,3 +63,12 @@ def metrics(request: HttpRequest) -> HttpResponse:
     if not metrics_allowed(request):
         raise Http404
     return metrics_response()
+
+
+@cache_control(public=True, max_age=86_400)
+@require_GET
+def favicon(request: HttpRequest) -> HttpResponse:
+    """Browsers ask for /favicon.ico whatever the page links: send them to the icon's hashed static
+    URL (WhiteNoise serves it, cached for good), so no page logs a 404 for it. Temporary (302): the
+    hash changes when the icon does."""
+    return HttpResponseRedirect(static("icons/favicon.ico"))

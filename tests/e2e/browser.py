@@ -15,7 +15,8 @@ database): tests need ``@pytest.mark.django_db(transaction=True)`` so it sees wh
 * ``check_page(page, name, status=200)``: the checks every visited page gets — the document's HTTP
   status, a full-page screenshot at ``<artifacts>/screenshots/<test>/<NN>-<name>.png``, axe-core
   with 0 serious or critical violations, and no console error, page error, Content-Security-Policy
-  refusal or off-host request since the previous check.
+  refusal, off-host request, failed request or resource answered with a status of 400 or more
+  (the page's own document aside: its status is the one checked) since the previous check.
 
 Artifacts go to ``$MEMORYHUB_TEST_ARTIFACTS`` (default ``var/test-artifacts``); the screenshot
 folder is printed once in the terminal summary (``pytest_terminal_summary``, collected through
@@ -113,9 +114,20 @@ class WatchedPage:
             where = message.location.get("url", "") if message.location else ""
             self.problems.append(f"console error: {message.text} ({where})")
 
-    def _on_document(self, response: Response) -> None:
+    def _on_response(self, response: Response) -> None:
         if response.request.is_navigation_request() and response.frame == self.page.main_frame:
-            self.document_status = response.status
+            self.document_status = response.status  # the page itself: `check_page` compares it
+        elif response.status >= 400:
+            # A stylesheet, script, icon or fetch the page asked for and did not get (the icon
+            # browsers ask for on their own included): the page is broken even if nothing is logged.
+            self.problems.append(f"{response.request.resource_type} answered {response.status}: {response.url}")
+
+    def _on_request_failed(self, request: Request) -> None:
+        failure = request.failure or ""
+        # ERR_ABORTED: the browser dropped the request itself (the page navigated on, or a download
+        # was refused: contexts accept none); blockedbyclient: `_off_host` has reported it.
+        if "ERR_ABORTED" not in failure and "ERR_BLOCKED_BY_CLIENT" not in failure:
+            self.problems.append(f"{request.resource_type} failed ({failure}): {request.url}")
 
     def _on_dialog(self, dialog: Dialog) -> None:
         # `<form data-confirm="…">` asks before a destructive POST; a person clicks OK.
@@ -189,7 +201,8 @@ def open_page(browser: Browser, request: pytest.FixtureRequest) -> Iterator[Call
         context.route("**/*", watched._off_host)
         page.on("console", watched._on_console)
         page.on("pageerror", lambda error: watched.problems.append(f"page error: {error}"))
-        page.on("response", watched._on_document)
+        page.on("response", watched._on_response)
+        page.on("requestfailed", watched._on_request_failed)
         page.on("dialog", watched._on_dialog)
         return watched
 

@@ -177,3 +177,22 @@ def test_storage_on_an_unlimited_plan_is_a_figure_and_a_limited_plan_keeps_its_b
     card = watched.page.locator("#storage")
     card.screenshot(path=str(shot.with_name(shot.stem + "-storage-card.png")))
     assert card.locator("canvas").count() == 1 and "(25.0%)" in card.inner_text()
+
+
+def test_every_page_has_an_icon_and_favicon_ico_answers(open_page: Callable[[], WatchedPage],
+                                                        dashboard_url: str) -> None:
+    watched = open_page()
+    page = watched.page
+    watched.goto(f"{dashboard_url}/login/")
+    check_page(watched, "sign-in")
+    icons = page.locator('link[rel="icon"]')
+    hrefs = [icons.nth(i).get_attribute("href") or "" for i in range(icons.count())]
+    assert [urlsplit(href).path.rsplit("/", 1)[-1].split(".")[-1] for href in hrefs] == ["ico", "svg"]
+    for href, kind in zip(hrefs, ("image/", "image/svg+xml"), strict=True):
+        icon = page.request.get(f"{dashboard_url}{href}")
+        assert icon.status == 200 and icon.headers["content-type"].startswith(kind), (href, icon.status)
+    # Browsers ask for /favicon.ico on their own, whatever the page links: it leads to the same icon.
+    asked = page.request.get(f"{dashboard_url}/favicon.ico", max_redirects=0)
+    assert asked.status == 302 and asked.headers["location"] == hrefs[0]
+    followed = page.request.get(f"{dashboard_url}/favicon.ico")
+    assert followed.status == 200 and followed.body() == page.request.get(f"{dashboard_url}{hrefs[0]}").body()
