@@ -24,6 +24,20 @@ def new_key_public_id() -> str:
     return f"key_{secrets.token_hex(8)}"
 
 
+# A new school's retention, in days after a memory's creation, per memory kind (the memories app's
+# kinds, spelled out here because accounts sits below it; memories' tests check they match). Finite
+# for every kind, so a school can sign its policy under COPPA, which forbids keeping children's
+# data indefinitely: raw entries (verbatim session text) a school year and a summer, the distilled
+# kinds three years, about a school phase (docs/privacy.md "Retention policy").
+RAW_RETENTION_DAYS = 365
+DISTILLED_RETENTION_DAYS = 3 * 365
+RETENTION_KINDS = ("raw", "episode", "note", "belief", "value", "goal", "drive", "relationship", "playbook")
+
+
+def default_retention_days() -> dict[str, int]:
+    return {kind: RAW_RETENTION_DAYS if kind == "raw" else DISTILLED_RETENTION_DAYS for kind in RETENTION_KINDS}
+
+
 def new_invitation_public_id() -> str:
     return f"inv_{secrets.token_hex(8)}"
 
@@ -89,9 +103,13 @@ class Organization(models.Model):
     # default; such keys act as the teacher and die with the teacher's assignment.
     teachers_may_manage_keys = models.BooleanField(default=False)
     # Retention per memory kind in days, e.g. {"raw": 365}: the TTL job purges memories created
-    # longer ago (memories.lifecycle.ttl). Empty (the default): keep until expiry or erasure.
-    # Validated by memories.lifecycle.ttl.retention_validated (kinds are the memories app's).
-    retention_days = models.JSONField(default=dict, blank=True)
+    # longer ago (memories.lifecycle.ttl). A kind left out is kept until expiry or erasure. New
+    # schools start with a limit for every kind (default_retention_days); schools created before
+    # keep what they had. Validated by memories.lifecycle.ttl.retention_validated.
+    retention_days = models.JSONField(default=default_retention_days, blank=True)
+    # When an admin last saved the retention (even unchanged): a kind left without a limit is then a
+    # deliberate choice, and the overview stops asking the school to review it.
+    retention_reviewed_at = models.DateTimeField(null=True, blank=True)
     # The PII categories this school redacts at ingest (memories.privacy.redaction names them; secrets are
     # always redacted whatever this says). None: every PII category (the default).
     redaction_categories = models.JSONField(null=True, blank=True, default=None)

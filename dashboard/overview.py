@@ -31,6 +31,7 @@ from accounts.principal import Principal
 from accounts.selectors import keys_visible_to, members_visible_to
 from accounts.tiers import tier_for
 from memories.lifecycle.jobs import JOB_DECAY, JOB_RUN_RETENTION, JOB_TTL_PURGE, job_run_share, job_runs_recent
+from memories.lifecycle.ttl import retention_needs_review
 from memories.models import JobRun, Memory, StackDailyActivity
 from memories.selectors import job_runs_scope
 from memoryhub.errors import ServiceUnavailable
@@ -298,6 +299,7 @@ class Attention:
     backlog: int = 0
     backlog_capped: bool = False
     expiring_keys: list[ApiKey] = field(default_factory=list)
+    retention_review: bool = False  # a kind kept without a limit that no admin has chosen
 
     @property
     def backlog_alert(self) -> bool:
@@ -305,12 +307,13 @@ class Attention:
 
     @property
     def empty(self) -> bool:
-        return not (self.failed_runs or self.backlog_alert or self.expiring_keys)
+        return not (self.failed_runs or self.backlog_alert or self.expiring_keys or self.retention_review)
 
 
 def needs_attention(principal: Principal, *, now: datetime | None = None) -> Attention:
-    """Failed job runs of the last week and keys expiring within two weeks (school admins), and an
-    embedding backlog over BACKLOG_ATTENTION in the caller's stacks."""
+    """Failed job runs of the last week, keys expiring within two weeks and a retention left without
+    a limit nobody chose (school admins), and an embedding backlog over BACKLOG_ATTENTION in the
+    caller's stacks."""
     now = now or timezone.now()
     backlog = embedding_backlog_total(principal)
     attention = Attention(backlog=min(backlog, BACKLOG_COUNT_CAP), backlog_capped=backlog > BACKLOG_COUNT_CAP)
@@ -322,4 +325,5 @@ def needs_attention(principal: Principal, *, now: datetime | None = None) -> Att
             keys_visible_to(principal)
             .filter(revoked_at__isnull=True, expires_at__gt=now, expires_at__lte=now + KEY_EXPIRY_WARNING)
             .select_related("user").order_by("expires_at")[:10])
+        attention.retention_review = retention_needs_review(principal.organization)
     return attention

@@ -38,7 +38,8 @@ def _retention_field(**kwargs: Any) -> serializers.DictField:
     return serializers.DictField(
         child=serializers.IntegerField(min_value=1, max_value=RETENTION_MAX_DAYS), allow_empty=True,
         help_text=f"Days to keep each memory kind after its creation, e.g. {{\"raw\": 365}}; kinds: "
-                  f"{', '.join(MemoryKind.values)}. A kind left out has no limit.", **kwargs)
+                  f"{', '.join(MemoryKind.values)}. A kind left out has no limit (a new school starts with one "
+                  f"for every kind).", **kwargs)
 
 
 def _categories_field(**kwargs: Any) -> serializers.ListField:
@@ -86,7 +87,10 @@ class PolicySectionSerializer(serializers.Serializer):
 _OUT = inline_serializer("PrivacySettingsOut", fields={
     "retention_days": _retention_field(), "redaction_categories": _categories_field(),
     "empty_grants_policy": _policy_field(), "keep_raw_originals": _originals_field(),
-    "defaults": PrivacyValuesSerializer(help_text="What a school that never changed anything has."),
+    "retention_reviewed_at": serializers.DateTimeField(
+        allow_null=True, help_text="When an admin last saved the retention (a kind left without a limit is then "
+                                   "their choice); null: never, and any kind without a limit awaits review."),
+    "defaults": PrivacyValuesSerializer(help_text="What a new school starts with (a limit for every kind)."),
     "pii_categories": serializers.ListField(child=serializers.CharField(),
                                             help_text="Every category `redaction_categories` may name."),
     "policy": PolicySectionSerializer(many=True, help_text="The school's retention policy in plain words, as "
@@ -96,7 +100,7 @@ _OUT = inline_serializer("PrivacySettingsOut", fields={
 
 def _document(settings: PrivacySettings, school: str) -> dict[str, Any]:
     return {
-        **settings.as_dict(), "defaults": DEFAULTS.as_dict(), "pii_categories": list(PII_CATEGORIES),
+        **settings.as_dict(), "defaults": DEFAULTS.values(), "pii_categories": list(PII_CATEGORIES),
         "policy": [{"title": s.title, "paragraphs": list(s.paragraphs)} for s in policy_sections(settings,
                                                                                                   school=school)],
     }

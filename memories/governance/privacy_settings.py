@@ -22,9 +22,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
+from datetime import datetime
 from typing import Any
 
 from django.db import models, transaction
+from django.utils import timezone
 
 from accounts.models import Organization
 from accounts.principal import Principal
@@ -58,9 +60,15 @@ class PrivacySettings:
     redaction_categories: list[str]  # what is redacted now (None in the column: all of PII_CATEGORIES)
     empty_grants_policy: str
     keep_raw_originals: bool
+    # When an admin last saved the retention: a kind without a limit is then their choice (read only).
+    retention_reviewed_at: datetime | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def values(self) -> dict[str, Any]:
+        """The four settings alone (what a change may name)."""
+        return {name: getattr(self, name) for name in FIELDS}
 
 
 def _default(name: str) -> Any:
@@ -81,10 +89,11 @@ DEFAULTS = PrivacySettings(
 def _of(organization: Organization) -> PrivacySettings:
     chosen = organization.redaction_categories
     return PrivacySettings(
-        retention_days=dict(organization.retention_days or DEFAULT_RETENTION_DAYS),
+        retention_days=dict(organization.retention_days or {}),
         redaction_categories=list(PII_CATEGORIES) if chosen is None else [c for c in PII_CATEGORIES if c in chosen],
         empty_grants_policy=str(organization.empty_grants_policy),
         keep_raw_originals=organization.keep_raw_originals,
+        retention_reviewed_at=organization.retention_reviewed_at,
     )
 
 
@@ -149,7 +158,9 @@ def privacy_settings_validated(changes: Any) -> dict[str, Any]:
 def privacy_settings_update(*, principal: Principal, changes: Any,
                             ip: str | None = None) -> PrivacySettings:
     """Change any of the four settings (those not named keep their value) in one transaction with
-    one audit event naming what changed. Invalid input changes nothing (400)."""
+    one audit event naming what changed. Invalid input changes nothing (400). Saving the retention,
+    even unchanged, records that an admin chose it (`retention_reviewed_at`): a kind left without a
+    limit is then deliberate, and the first such confirmation is audited too."""
     ensure_may_manage_organization(principal)
     values = privacy_settings_validated(changes)
     with transaction.atomic():
@@ -157,13 +168,21 @@ def privacy_settings_update(*, principal: Principal, changes: Any,
         before = {name: getattr(organization, name) for name in values}
         changed = {name: {"from": before[name], "to": value} for name, value in values.items()
                    if before[name] != value}
-        if changed:
-            for name in changed:
-                setattr(organization, name, values[name])
-            organization.save(update_fields=list(changed))
+        confirmed = "retention_days" in values and organization.retention_reviewed_at is None
+        update_fields = list(changed)
+        if "retention_days" in values:
+            organization.retention_reviewed_at = timezone.now()
+            update_fields.append("retention_reviewed_at")
+        for name in changed:
+            setattr(organization, name, values[name])
+        organization.save(update_fields=update_fields)
+        if changed or confirmed:
+            metadata: dict[str, Any] = {"changed": changed}
+            if confirmed:
+                metadata["retention_confirmed"] = True
             audit_record(organization=organization, action=AUDIT_ACTION, principal=principal,
                          target_type="organization", target_id=organization.slug, ip=ip,
-                         metadata={"changed": changed})
+                         metadata=metadata)
     return _of(organization)
 
 
@@ -206,6 +225,15 @@ def policy_sections(settings: PrivacySettings, *, school: str) -> list[PolicySec
         how_long.append(f"No time limit is set for any kind of memory: {until}")
     elif unlimited:
         how_long.append(f"No time limit is set for {', '.join(unlimited)}: {until}")
+    if unlimited:
+        chosen = (f"{school}'s admins chose this on {settings.retention_reviewed_at:%-d %B %Y}."
+                  if settings.retention_reviewed_at else
+                  f"{school} has not reviewed this yet: its admins are asked to set a limit, or to confirm "
+                  "keeping them without one, on the Privacy page.")
+        how_long.append("Keeping memories without a time limit is meant for deployments that COPPA does not "
+                        "bind: a school serving children under 13 in the United States may keep their personal "
+                        "information only as long as reasonably necessary, never indefinitely, and sets a "
+                        "limit for every kind. " + chosen)
     if limits:
         how_long.append("MemoryHub checks these limits every few minutes and deletes what is older, with its "
                         "history of changes — protected memories included.")

@@ -20,7 +20,7 @@ from django.db import connection, transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from accounts.models import Organization
+from accounts.models import Organization, default_retention_days
 from accounts.principal import Principal
 from accounts.services import audit_record
 from memories.lifecycle.jobs import JOB_RUN_RETENTION, JOB_TTL_PURGE, Progress, run_job
@@ -87,8 +87,10 @@ def _purge_batches(selection: QuerySet[Memory], *, batch_size: int, counts: dict
 
 # --- retention per kind ----------------------------------------------------------------------------
 
-# What a school that set nothing keeps: everything, until a memory's own `expires_at` or an erasure.
-DEFAULT_RETENTION_DAYS: dict[str, int] = {}
+# What a new school keeps: a finite limit for every kind (the model's default; docs/privacy.md
+# "Retention policy"). A stored {} — a school created before these defaults, or an admin's deliberate
+# choice — keeps everything until a memory's own `expires_at` or an erasure.
+DEFAULT_RETENTION_DAYS: dict[str, int] = default_retention_days()
 RETENTION_MAX_DAYS = 36_500  # a hundred years: anything longer is a typo, not a policy
 
 
@@ -112,7 +114,14 @@ def retention_validated(value: Any) -> dict[str, int]:
 
 
 def retention_of(organization: Organization) -> dict[str, int]:
-    return dict(organization.retention_days or DEFAULT_RETENTION_DAYS)
+    return dict(organization.retention_days or {})
+
+
+def retention_needs_review(organization: Organization) -> bool:
+    """A kind without a limit that no admin has chosen yet (a school from before the finite
+    defaults): the overview asks an admin to set retention, or to confirm "no limit"."""
+    unlimited = set(MemoryKind.values) - set(organization.retention_days or {})
+    return bool(unlimited) and organization.retention_reviewed_at is None
 
 
 @transaction.atomic
@@ -122,7 +131,9 @@ def retention_set(*, organization: Organization, policy: Any, principal: Princip
     the next TTL run enforces it."""
     days = retention_validated(policy)
     organization.retention_days = days
-    organization.save(update_fields=["retention_days"])  # post_save: the key cache forgets the old school
+    organization.retention_reviewed_at = timezone.now()  # what it leaves unlimited is now chosen
+    # post_save: the key cache forgets the old school
+    organization.save(update_fields=["retention_days", "retention_reviewed_at"])
     audit_record(organization=organization, action="retention.updated", principal=principal,
                  target_type="organization", target_id=organization.slug, ip=ip, metadata={"retention_days": days})
     return days

@@ -310,6 +310,28 @@ def test_an_unlimited_plan_shows_its_storage_as_a_figure_without_a_limit_bar() -
     assert "which has no storage limit" in page
 
 
+def test_a_school_with_unreviewed_no_limit_retention_is_asked_until_an_admin_sets_it(
+        school: School, other_school: School) -> None:
+    new_school = signed_in(school.admin).get("/dashboard/").content.decode()
+    assert 'data-attention="retention"' not in new_school  # a new school has a limit for every kind
+    # A school from before the finite defaults: one kind (or all) without a limit, never reviewed.
+    Organization.objects.filter(pk=school.org.pk).update(retention_days={"raw": 365})
+    page = signed_in(school.admin).get("/dashboard/").content.decode()
+    assert 'data-attention="retention"' in page and 'href="/dashboard/privacy/"' in page
+    teacher = signed_in(school.teacher).get("/dashboard/").content.decode()
+    assert 'data-attention="retention"' not in teacher  # a school setting: admins are asked
+    assert 'data-attention="retention"' not in signed_in(other_school.admin).get("/dashboard/").content.decode()
+
+    # The admin saves the Privacy page leaving the other kinds blank: "no limit" is now a choice.
+    posted = signed_in(school.admin).post("/dashboard/privacy/", {
+        "retention_raw": "365", "redaction_categories": ["EMAIL", "PHONE", "IP_ADDRESS"],
+        "empty_grants_policy": "school"})
+    assert posted.status_code == 302
+    organization = Organization.objects.get(pk=school.org.pk)
+    assert organization.retention_days == {"raw": 365} and organization.retention_reviewed_at is not None
+    assert 'data-attention="retention"' not in signed_in(school.admin).get("/dashboard/").content.decode()
+
+
 # --- cost -------------------------------------------------------------------------------------------
 
 

@@ -19,6 +19,7 @@ from django.urls import reverse
 from accounts.models import AuditEvent, Membership, Organization
 from memories.governance import erasure
 from memories.governance.erasure import erasure_run
+from memories.lifecycle.ttl import DEFAULT_RETENTION_DAYS
 from memories.models import ErasureCertificate, Memory
 from memories.privacy.redaction.rules import PII_CATEGORIES
 from memories.services import CheckpointInput, checkpoint_save, memory_create
@@ -42,7 +43,8 @@ def stored(org: Organization) -> dict[str, Any]:
     return {name: getattr(row, name) for name in SETTINGS}
 
 
-DEFAULT_STORED: dict[str, Any] = {"retention_days": {}, "redaction_categories": None, "empty_grants_policy": "school",
+DEFAULT_STORED: dict[str, Any] = {"retention_days": DEFAULT_RETENTION_DAYS, "redaction_categories": None,
+                                  "empty_grants_policy": "school",
                   "keep_raw_originals": False}
 
 
@@ -76,7 +78,10 @@ def test_admin_sees_settings_defaults_policy_and_the_nav_entry(school: School) -
     assert f'href="{PRIVACY}" aria-current="page"' in body  # the navigation's Privacy entry
     for heading in ("What is kept", "How long it is kept", "Who can see it", "What erasure does"):
         assert heading in body
-    assert "No time limit is set for any kind of memory" in body
+    # A new school's written policy has a limit for every kind.
+    assert "Raw entries: 365 days (1 year) after they are written." in body
+    assert "Playbooks: 1095 days (3 years) after they are written." in body and "No time limit" not in body
+    assert 'name="retention_raw" id="id_retention_raw" value="365"' in body
     assert 'id="always-secrets" checked disabled' in body  # secrets: always on, not a choice
     for category in PII_CATEGORIES:
         assert f'value="{category}"' in body

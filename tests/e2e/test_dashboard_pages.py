@@ -13,6 +13,7 @@ import pytest
 from django.core import mail
 
 from accounts.models import Membership, Organization, User
+from memories.lifecycle.ttl import DEFAULT_RETENTION_DAYS
 from memories.models import Memory, MemoryKind
 from memories.services import memory_create
 from stacks.models import Stack
@@ -127,14 +128,15 @@ def test_privacy_settings_and_erasing_a_student_read_well(open_page: Callable[[]
     page.get_by_role("button", name="Save privacy settings").click()
     page.wait_for_load_state("load")
     check_page(watched, "privacy-refused", status=400)
-    assert Organization.objects.get(pk=org.pk).retention_days == {}
-    page.get_by_label("Raw entries", exact=True).fill("365")
+    assert Organization.objects.get(pk=org.pk).retention_days == DEFAULT_RETENTION_DAYS
+    page.get_by_label("Raw entries", exact=True).fill("180")
     page.get_by_label("Phone numbers").uncheck()
     page.get_by_role("button", name="Save privacy settings").click()
     page.wait_for_load_state("load")
     check_page(watched, "privacy-saved")
     saved = Organization.objects.get(pk=org.pk)
-    assert saved.retention_days == {"raw": 365} and saved.redaction_categories == ["EMAIL", "IP_ADDRESS"]
+    assert saved.retention_days == {**DEFAULT_RETENTION_DAYS, "raw": 180}
+    assert saved.redaction_categories == ["EMAIL", "IP_ADDRESS"]
 
     # The student's page: the redaction badge, then the erase confirmation and the certificate.
     watched.goto(f"{dashboard_url}/dashboard/students/{stack.slug}/")

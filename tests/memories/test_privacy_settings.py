@@ -10,6 +10,7 @@ import pytest
 
 from accounts.models import AuditEvent, Membership, Organization
 from memories.governance.privacy_settings import DEFAULTS, policy_sections, privacy_settings_get
+from memories.lifecycle.ttl import DEFAULT_RETENTION_DAYS
 from memories.models import MemoryKind
 from memories.privacy.redaction.rules import PII_CATEGORIES
 from memories.services import memory_create
@@ -33,15 +34,36 @@ def test_a_new_school_reads_the_defaults_and_its_written_policy(school: School) 
     assert response.status_code == 200, response.content
     body = response.json()
     assert {name: body[name] for name in STORED} == {
-        "retention_days": {}, "redaction_categories": list(PII_CATEGORIES), "empty_grants_policy": "school",
+        "retention_days": DEFAULT_RETENTION_DAYS, "redaction_categories": list(PII_CATEGORIES),
+        "empty_grants_policy": "school",
         "keep_raw_originals": False}
     assert body["defaults"] == {name: body[name] for name in STORED}
     assert body["pii_categories"] == list(PII_CATEGORIES)
     titles = [section["title"] for section in body["policy"]]
     assert titles == ["What is kept", "How long it is kept", "Who can see it", "What erasure does", "Getting a copy"]
     text = " ".join(p for section in body["policy"] for p in section["paragraphs"])
-    assert "No time limit is set for any kind of memory" in text
+    # Finite for every kind: a policy a school can sign under COPPA.
+    assert "Raw entries: 365 days (1 year) after they are written." in text
+    assert "Notes: 1095 days (3 years) after they are written." in text
+    assert "No time limit" not in text and body["retention_reviewed_at"] is None
     assert "cannot be undone" in text and "certificate" in text
+
+
+def test_an_existing_school_without_limits_is_told_until_an_admin_confirms_no_limit(school: School) -> None:
+    Organization.objects.filter(pk=school.org.pk).update(retention_days={})  # from before the defaults
+    text = " ".join(p for s in school.admin_api.get(URL).json()["policy"] for p in s["paragraphs"])
+    assert "No time limit is set for any kind of memory" in text and "COPPA" in text
+    assert "has not reviewed this yet" in text
+
+    # Saving "no limit" on purpose (the retention unchanged) records the choice, audited.
+    response = school.admin_api.put(URL, {"retention_days": {}}, format="json")
+    assert response.status_code == 200, response.content
+    body = response.json()
+    assert body["retention_days"] == {} and body["retention_reviewed_at"] is not None
+    text = " ".join(p for s in body["policy"] for p in s["paragraphs"])
+    assert "admins chose this on" in text and "not reviewed" not in text and "COPPA does not bind" in text
+    event = AuditEvent.objects.get(organization=school.org, action="privacy.updated")
+    assert event.metadata == {"changed": {}, "retention_confirmed": True}
 
 
 def test_settings_round_trip_in_one_audited_change(school: School, other_school: School) -> None:
@@ -70,7 +92,7 @@ def test_settings_round_trip_in_one_audited_change(school: School, other_school:
     assert events[0].metadata["changed"]["empty_grants_policy"] == {"from": "school", "to": "owner"}
     assert events[0].metadata["changed"]["keep_raw_originals"] == {"from": False, "to": True}
     # The other school is untouched, and so is its audit log.
-    assert stored(other_school.org) == {"retention_days": {}, "redaction_categories": None,
+    assert stored(other_school.org) == {"retention_days": DEFAULT_RETENTION_DAYS, "redaction_categories": None,
                                         "empty_grants_policy": "school", "keep_raw_originals": False}
     assert not AuditEvent.objects.filter(organization=other_school.org, action="privacy.updated").exists()
 
@@ -118,7 +140,7 @@ def test_invalid_settings_are_a_clear_400_and_change_nothing(school: School, bod
     error = response.json()["error"]
     assert error["code"] == "invalid_privacy_settings"
     assert field in error["fields"], error
-    assert stored(school.org) == {"retention_days": {}, "redaction_categories": None,
+    assert stored(school.org) == {"retention_days": DEFAULT_RETENTION_DAYS, "redaction_categories": None,
                                   "empty_grants_policy": "school", "keep_raw_originals": False}
     assert not AuditEvent.objects.filter(organization=school.org, action="privacy.updated").exists()
 
@@ -130,7 +152,7 @@ def test_unknown_settings_and_bodies_that_are_not_objects_are_400(school: School
     assert "retention_day" in response.json()["error"]["fields"]
     response = school.admin_api.put(URL, ["keep_raw_originals"], format="json")
     assert response.status_code == 400
-    assert stored(school.org)["retention_days"] == {}
+    assert stored(school.org)["retention_days"] == DEFAULT_RETENTION_DAYS
 
 
 def test_only_school_admins_and_writable_school_keys(school: School) -> None:
@@ -159,7 +181,7 @@ def test_unauthenticated_is_401() -> None:
 def test_each_school_reads_and_changes_only_its_own(school: School, other_school: School) -> None:
     other_school.admin_api.put(URL, {"retention_days": {"note": 10}, "empty_grants_policy": "owner"}, format="json")
     mine = school.admin_api.get(URL).json()
-    assert mine["retention_days"] == {} and mine["empty_grants_policy"] == "school"
+    assert mine["retention_days"] == DEFAULT_RETENTION_DAYS and mine["empty_grants_policy"] == "school"
     assert privacy_settings_get(_principal(other_school)).retention_days == {"note": 10}
 
 

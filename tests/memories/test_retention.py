@@ -11,9 +11,9 @@ import pytest
 from django.db.models import F
 from django.utils import timezone
 
-from accounts.models import AuditEvent, Organization
-from memories.lifecycle.ttl import retention_set, ttl_purge
-from memories.models import Memory
+from accounts.models import AuditEvent, Organization, default_retention_days
+from memories.lifecycle.ttl import DEFAULT_RETENTION_DAYS, retention_set, ttl_purge
+from memories.models import Memory, MemoryKind
 from stacks.models import Stack
 from tests.actors import School
 from tests.factories import bearer_client, make_key
@@ -33,6 +33,11 @@ def _records(stack: Stack) -> set[str]:
     return set(Memory.objects.filter(stack=stack).values_list("record_id", flat=True))
 
 
+def _without_limits(organization: Organization) -> None:
+    """A school created before the finite defaults: "no limit" for every kind, never reviewed."""
+    Organization.objects.filter(pk=organization.pk).update(retention_days={}, retention_reviewed_at=None)
+
+
 def test_ttl_job_purges_rows_older_than_the_schools_limit_for_that_kind(
         school: School, other_school: School, django_capture_on_commit_callbacks: Any) -> None:
     for stack in (school.stack, school.other_stack, other_school.stack):
@@ -40,6 +45,7 @@ def test_ttl_job_purges_rows_older_than_the_schools_limit_for_that_kind(
         _memory(stack, "raw", f"{stack.slug}-young-raw", 300)
         _memory(stack, "note", f"{stack.slug}-old-note", 400)
     retention_set(organization=school.org, policy={"raw": 365})
+    _without_limits(other_school.org)
 
     with django_capture_on_commit_callbacks(execute=True):  # the counters move after commit
         run = ttl_purge()
@@ -63,20 +69,37 @@ def test_retention_in_small_batches_purges_everything_due(school: School) -> Non
 
 
 def test_no_policy_keeps_everything(school: School) -> None:
+    _without_limits(school.org)
     _memory(school.stack, "raw", "ancient", 10_000)
-    assert Organization.objects.get(pk=school.org.pk).retention_days == {}
     ttl_purge()
     assert _records(school.stack) == {"ancient"}
 
 
+def test_a_new_school_starts_with_a_limit_for_every_kind_and_the_job_enforces_them(
+        school: School, django_capture_on_commit_callbacks: Any) -> None:
+    assert set(default_retention_days()) == set(MemoryKind.values)  # accounts spells out memories' kinds
+    days = Organization.objects.get(pk=school.org.pk).retention_days
+    assert days == DEFAULT_RETENTION_DAYS and days["raw"] == 365
+    assert all(days[kind] == 3 * 365 for kind in MemoryKind.values if kind != "raw")
+    for kind in MemoryKind.values:
+        _memory(school.stack, kind, f"{kind}-due", days[kind] + 1)
+        _memory(school.stack, kind, f"{kind}-kept", days[kind] - 1)
+
+    with django_capture_on_commit_callbacks(execute=True):
+        run = ttl_purge()
+
+    assert run.counts["retention_purged"] == len(MemoryKind.values)
+    assert _records(school.stack) == {f"{kind}-kept" for kind in MemoryKind.values}
+
+
 def test_admin_reads_and_sets_retention_through_the_api(school: School, other_school: School) -> None:
     response = school.admin_api.get("/api/v1/retention")
-    assert response.status_code == 200 and response.json() == {"retention_days": {}}
+    assert response.status_code == 200 and response.json() == {"retention_days": DEFAULT_RETENTION_DAYS}
     response = school.admin_api.put("/api/v1/retention", {"retention_days": {"raw": 365, "episode": 730}},
                                     format="json")
     assert response.status_code == 200, response.content
     assert Organization.objects.get(pk=school.org.pk).retention_days == {"raw": 365, "episode": 730}
-    assert Organization.objects.get(pk=other_school.org.pk).retention_days == {}
+    assert Organization.objects.get(pk=other_school.org.pk).retention_days == DEFAULT_RETENTION_DAYS
     assert AuditEvent.objects.filter(organization=school.org, action="retention.updated").exists()
     assert school.admin_api.get("/api/v1/retention").json() == {"retention_days": {"raw": 365, "episode": 730}}
 
@@ -96,7 +119,7 @@ def test_invalid_policies_are_a_clear_400(school: School, policy: Any, field: st
     assert response.status_code == 400, response.content
     assert response.json()["error"]["code"] == "invalid_retention"
     assert field in response.json()["error"]["fields"]
-    assert Organization.objects.get(pk=school.org.pk).retention_days == {}
+    assert Organization.objects.get(pk=school.org.pk).retention_days == DEFAULT_RETENTION_DAYS
 
 
 def test_agent_and_read_only_keys_may_not_set_retention(school: School) -> None:
@@ -104,4 +127,4 @@ def test_agent_and_read_only_keys_may_not_set_retention(school: School) -> None:
     assert school.agent.put("/api/v1/retention", body, format="json").status_code == 403
     _, secret = make_key(school.org, user=school.admin, read_only=True)
     assert bearer_client(secret).put("/api/v1/retention", body, format="json").status_code == 403
-    assert Organization.objects.get(pk=school.org.pk).retention_days == {}
+    assert Organization.objects.get(pk=school.org.pk).retention_days == DEFAULT_RETENTION_DAYS
