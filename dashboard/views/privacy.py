@@ -136,7 +136,10 @@ def _index(request: HttpRequest, principal: Principal, *, form: PrivacyForm | No
         request.GET.get("page"))
     form = form or PrivacyForm.of(settings)
     return render(request, "dashboard/privacy/index.html", {
-        "form": form, "retention_fields": form.retention_fields(),
+        "form": form,
+        # Each kind's field beside what a new school starts with.
+        "retention_fields": [(field, DEFAULTS.retention_days.get(kind))
+                             for field, kind in zip(form.retention_fields(), KIND_LABELS, strict=True)],
         "always_redacted": ALWAYS_REDACTED, "policy": policy_sections(settings, school=principal.organization.name),
         "page": certificates,
     }, status=status)

@@ -82,6 +82,7 @@ def test_admin_sees_settings_defaults_policy_and_the_nav_entry(school: School) -
     assert "Raw entries: 365 days (1 year) after they are written." in body
     assert "Playbooks: 1095 days (3 years) after they are written." in body and "No time limit" not in body
     assert 'name="retention_raw" id="id_retention_raw" value="365"' in body
+    assert '<td class="muted small">365 days</td>' in body and '<td class="muted small">no limit</td>' not in body
     assert 'id="always-secrets" checked disabled' in body  # secrets: always on, not a choice
     for category in PII_CATEGORIES:
         assert f'value="{category}"' in body
