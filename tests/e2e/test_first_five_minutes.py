@@ -150,7 +150,9 @@ def test_first_five_minutes_as_written(kernle_venv: Path, live_server: Any, tmp_
     row = re.search(r'<tr data-stack="ada">(.*?)</tr>', dashboard.text, re.S)
     assert row is not None, dashboard.text
     cells = [re.sub(r"<[^>]+>", "", cell).strip() for cell in re.findall(r"<td[^>]*>(.*?)</td>", row.group(1), re.S)]
-    assert cells[:2] == ["ada", "Ada"] and cells[4] == "1", cells  # slug, name, teachers, status, memories
+    # The student (the name, linking to the page, with the slug beside it), teachers, status, memories.
+    assert re.split(r"\s+", cells[0]) == ["Ada", "ada"] and cells[3] == "1", cells
+    assert re.search(r'<a href="/dashboard/students/ada/">Ada</a>', row.group(1)), row.group(1)
 
 
 def test_the_kernle_register_lines_as_written(kernle_venv: Path, live_server: Any, tmp_path: Path) -> None:
