@@ -124,6 +124,13 @@ class Organization(models.Model):
     # Opt-in: keep raw entries' original (unredacted) text, encrypted at rest (AES-256-GCM with the
     # keys in MEMORYHUB_ENCRYPTION_KEYS). Off: only the redacted text is ever stored.
     keep_raw_originals = models.BooleanField(default=False)
+    # How long the access log (who was served which memories, memories.MemoryAccess) is kept; the
+    # TTL job purges older rows (docs/privacy.md "Access log").
+    access_log_retention_days = models.PositiveIntegerField(default=365)
+    # Opt-in: a school-wide key's first kernle push to an unknown student id creates that student's
+    # stack, within the plan's limits (docs/kernle-protocol.md §3.4). Off: such a push is a 404
+    # naming this setting.
+    provision_stacks_on_push = models.BooleanField(default=False)
     created_at = models.DateTimeField(auto_now_add=True)
 
     def __str__(self) -> str:

@@ -130,6 +130,11 @@ class Memory(models.Model):
     # previous release during a deploy, bulk loaders) get an empty report instead of failing.
     redaction_report = models.JSONField(default=list, db_default=Value([], output_field=models.JSONField()),
                                         blank=True)
+    # Who wrote the record first: accounts.authors.Author.as_json() — the credential (key id and
+    # name, or the signed-in person), the agent label and the path (docs/privacy.md "Provenance").
+    # Each later change's author is on its MemoryRevision. {} for rows written before provenance.
+    written_by = models.JSONField(default=dict, db_default=Value({}, output_field=models.JSONField()),
+                                  blank=True)
 
     class Meta:
         verbose_name_plural = "memories"
@@ -185,6 +190,8 @@ class MemoryRevision(models.Model):
     action = models.CharField(max_length=32, blank=True, default="")  # e.g. update, reinforce, supersede
     reason = models.TextField(blank=True, default="")
     snapshot = models.JSONField()
+    # Who made the change this revision records (accounts.authors.Author.as_json()); {} before provenance.
+    author = models.JSONField(default=dict, db_default=Value({}, output_field=models.JSONField()), blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -200,10 +207,21 @@ class Checkpoint(models.Model):
     next_step = models.TextField(blank=True, default="")
     blocker = models.TextField(blank=True, default="")
     context = models.JSONField(default=dict, blank=True)
+    # The pending items, a list kept as sent (kernle's `pending`, the seed's checkpoint shape).
+    pending = models.JSONField(default=list, db_default=Value([], output_field=models.JSONField()), blank=True)
+    # When the client saved it (kernle's episode time); None when the server's time is all we have.
+    saved_at = models.DateTimeField(null=True, blank=True)
+    # The kernle checkpoint episode this checkpoint was read from ("" for native saves): one
+    # checkpoint per episode, so a re-push creates no second one (memories.sync.checkpoints).
+    episode_record_id = models.CharField(max_length=200, blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
         indexes = [models.Index(fields=["stack", "-created_at"], name="memories_checkpoint_latest")]
+        constraints = [
+            models.UniqueConstraint(fields=["stack", "episode_record_id"], name="memories_checkpoint_episode_once",
+                                    condition=~Q(episode_record_id="")),
+        ]
 
 
 class BootConfigEntry(models.Model):
@@ -427,3 +445,32 @@ class ChangeEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.topic}.{self.action}@{self.seq}"
+
+
+class MemoryAccess(models.Model):
+    """Who was served which memories of a stack: one row per request that served memory content
+    (search, load, get, list, MEMORY.md, export, pull, MCP, dashboard, live pages, webhooks), with
+    the ids as an array and never any text (docs/privacy.md "Access log"). Written after the
+    response is produced; purged after the school's `access_log_retention_days` by the TTL job.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    stack = models.ForeignKey("stacks.Stack", on_delete=models.CASCADE, related_name="+")
+    at = models.DateTimeField(default=timezone_now)
+    path = models.CharField(max_length=32)  # search | load | get | list | memory_md | export | pull | mcp | …
+    # Who was served (accounts.authors.Author.as_json()); the columns below repeat what filters need.
+    author = models.JSONField(default=dict, blank=True)
+    agent = models.CharField(max_length=100, blank=True, default="")
+    key_id = models.CharField(max_length=64, blank=True, default="")
+    user_id = models.BigIntegerField(null=True, blank=True)
+    memory_ids = ArrayField(models.UUIDField(), default=list, blank=True)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["stack", "-at"], name="memories_access_stack_at"),
+            GinIndex(fields=["memory_ids"], name="memories_access_memory_ids"),
+            models.Index(fields=["at"], name="memories_access_at"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.path}@{self.at:%Y-%m-%d %H:%M}"
