@@ -72,3 +72,9 @@ def author_of(principal: Principal, *, path: str, agent: str = "") -> Author:
 def job_author(job: str) -> Author:
     """The author of a server job's change (decay, TTL, promotion…): no credential, the job's name."""
     return Author(path=Path.JOB, agent=job)
+
+
+def request_author(request: Any, principal: Principal, *, path: str) -> Author:
+    """The author of a REST request: `principal`, the `X-Agent-Id` header's label (validated by
+    `agent_label`: a bad one is a 400), and `path` (Path.KERNLE or Path.API)."""
+    return author_of(principal, path=path, agent=agent_label(request.headers.get(AGENT_HEADER)))
