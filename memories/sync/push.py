@@ -121,9 +121,13 @@ def _kernle_push(principal: Principal, stack_id: Any, operations: list[Any], per
     acknowledged: list[dict[str, Any]] = []
     for index, raw in enumerate(operations):
         table, record_id, operation = wire_key(raw)
-        if results[index].ok:
+        if record_id is not None:
+            # Every operation is acknowledged, refused ones too: kernle 0.15.0 keeps an operation
+            # queued until it is acknowledged and re-sends it on every push, and no refusal of ours
+            # gets better by being re-sent unchanged. A refusal is also listed in `conflicts`,
+            # which the client writes into its conflict log (docs/kernle-protocol.md §3.11).
             acknowledged.append({"table": table, "record_id": str(record_id)})
-        else:
+        if not results[index].ok:
             conflicts.append({"table": table, "record_id": None if record_id is None else str(record_id),
                               "operation": operation, "error": results[index].error or "rejected"})
     PUSH_OPERATIONS.labels("kernle", "applied").inc(len(operations) - len(conflicts))

@@ -131,9 +131,10 @@ def test_one_invalid_operation_among_valid_ones(account: dict[str, Any]) -> None
     assert "objective" in errors[("episodes", "e-bad")]
     assert errors[("notes", "n-nodata")] == "Missing data for insert/update"
     assert (None, None) in errors
-    assert body["acknowledged_operations"] == [{"table": "raw_captures", "record_id": "never-seen"},
-                                               {"table": "episodes", "record_id": "e1"},
-                                               {"table": "agent_values", "record_id": "probe-v1"}]
+    # Refused operations are acknowledged too (the client would re-send them forever otherwise);
+    # only the one without a record id has nothing to acknowledge (docs/kernle-protocol.md §3.11).
+    assert body["acknowledged_operations"] == [{"table": op["table"], "record_id": op["record_id"]}
+                                               for op in ops if isinstance(op, dict)]
     assert sorted(m.record_id for m in memories_of(account["stack"])) == ["e1", "probe-v1"]
 
 
@@ -339,9 +340,10 @@ def test_storage_quota_gives_per_operation_conflicts_and_stores_nothing(account:
     errors = {c["record_id"]: c["error"] for c in body["conflicts"]}
     assert errors == {"e2": "storage quota exceeded (free: 10 MB) — upgrade or delete memories",
                       "e3": "storage quota exceeded (free: 10 MB) — upgrade or delete memories"}
-    assert body["acknowledged_operations"] == [{"table": "episodes", "record_id": "e1"}]  # deletes still work
+    # Refused, but acknowledged: the device stops re-sending them; the refusal is in its conflict log.
+    assert [a["record_id"] for a in body["acknowledged_operations"]] == ["e2", "e3", "e1"]
     assert sorted(m.record_id for m in memories_of(account["stack"])) == ["e1"]
-    # The delete freed room: the same push again now stores what fits (deletes count first).
+    # The delete freed room: the record pushed again (after an edit) now stores what fits.
     assert push(client, [episode("e2")]).json()["synced"] == 1
 
 
