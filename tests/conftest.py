@@ -205,7 +205,7 @@ def anyio_backend() -> str:
 
 
 # Marks that follow from the fixtures a test uses, so the fast tier (`make test-fast`) needs no list.
-MARKS_BY_FIXTURE = {"browser": "browser", "dev_chain_node": "chain"}
+MARKS_BY_FIXTURE = {"browser": "browser", "dev_chain_node": "chain", "celery_worker": "slow"}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

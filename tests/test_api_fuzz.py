@@ -49,7 +49,7 @@ from tests.fuzz.harness import (
     traceback_catcher,
 )
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.slow]  # slow: hundreds of generated requests
 
 # Examples per operation and mode. Small on purpose: the hostile half covers the known-nasty
 # shapes exhaustively; this half explores what nobody thought of. Raise locally to dig deeper.

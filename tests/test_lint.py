@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # mypy and vulture over the tree (`make lint` runs them in the inner loop)
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 PACKAGES = ("memoryhub", "accounts", "stacks", "billing", "teleport", "memories", "webhooks", "dashboard", "agents")

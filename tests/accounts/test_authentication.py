@@ -113,6 +113,7 @@ def test_jwt_is_hs256_signed_with_the_jwt_signing_key_and_names_user_school_stac
     assert claims["exp"] - claims["iat"] == 604800 and claims["jti"]
 
 
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_with_the_database_unreachable_authentication_fails_closed_with_503() -> None:
     """Point the connection at a closed port (a real refused connection): the key cannot be

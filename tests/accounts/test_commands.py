@@ -185,6 +185,7 @@ def test_issue_key_refuses_clearly_and_issues_nothing(args: tuple[str, ...], mes
     assert not ApiKey.objects.exists()
 
 
+@pytest.mark.slow
 def test_a_command_error_is_one_line_and_exit_1_without_a_traceback() -> None:
     import os
 

@@ -221,6 +221,7 @@ def _add_notes(stack: Stack, start: int, count: int) -> None:
     Stack.objects.filter(pk=stack.pk).update(memory_count=F("memory_count") + count)
 
 
+@pytest.mark.slow
 def test_a_5000_memory_export_streams_with_bounded_memory(school: School) -> None:
     _add_notes(school.stack, 0, 1_000)
     peak_1000, _ = _peak_while_exporting(school.stack)

@@ -43,6 +43,8 @@ from memories.services import memory_create
 from stacks.models import Stack
 from tests.factories import bearer_client, make_key, make_org, make_stack
 
+pytestmark = pytest.mark.slow  # the real model and manage.py processes
+
 BASE_DIR = Path(__file__).resolve().parents[2]
 HASH = "hash-v1/384"
 MINILM = "all-MiniLM-L6-v2-int8/384"  # the default minilm runtime, ONNX int8 (docs/algorithms.md §10.1)

@@ -26,6 +26,8 @@ from memories.search.query import SearchQuery
 from memories.services import memory_create
 from tests.factories import bearer_client, make_key, make_org, make_stack
 
+pytestmark = pytest.mark.slow  # exports and runs the real model
+
 TEXTS = [
     "how does this student learn fractions?",
     "Alice understands fractions much better when the teacher cuts a pizza into equal slices.",

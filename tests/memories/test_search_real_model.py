@@ -22,7 +22,7 @@ from memories.search.query import SearchQuery
 from memories.services import memory_create
 from tests.factories import bearer_client, make_key, make_org, make_stack, sql_rows
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.slow]  # slow: the real embedding model
 
 FACTS = [
     "Alice understands fractions much better when the teacher cuts a pizza into equal slices.",

@@ -20,7 +20,7 @@ from memoryhub.database import database_conninfo
 from memoryhub.embedded import EmbeddedPostgres, free_port
 from tests.factories import make_org, make_stack
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]  # slow: pg_dump and a second PostgreSQL
 
 MEMORIES = 50_000
 T0 = datetime(2026, 11, 1, tzinfo=UTC)

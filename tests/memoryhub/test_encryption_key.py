@@ -19,6 +19,8 @@ from django.core.exceptions import ImproperlyConfigured
 from memoryhub.encryption import DEV_KEY_ID, LOCAL_KEY_ID, EncryptionUnavailable, keyring_from_environment, seal
 from memoryhub.secrets import VARIABLES, load_secrets
 
+pytestmark = pytest.mark.slow  # settings processes
+
 BASE_DIR = Path(__file__).resolve().parents[2]
 K1 = "11" * 32
 # What `make run` starts without: no secret, no key, no test-suite marker, no DEBUG.

@@ -28,6 +28,8 @@ from memoryhub import views
 from memoryhub.embedded import free_port
 from tests.conftest import run_manage, shared_static_root
 
+pytestmark = pytest.mark.slow  # each test starts manage.py or the runner
+
 BASE_DIR = Path(__file__).resolve().parents[2]
 ASSET = re.compile(r'(?:src|href)="([^"]+)"')
 ABSOLUTE_URL = re.compile(r"""(?:https?:)?//[\w.-]+""")  # http://x, https://x, protocol-relative //x

@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 
+pytestmark = pytest.mark.slow  # each test starts interpreters
+
 BASE_DIR = Path(__file__).resolve().parents[2]
 
 _ENTRY_POINTS = {

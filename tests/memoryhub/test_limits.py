@@ -49,6 +49,8 @@ from tests.factories import (
     wait_for_health,
 )
 
+pytestmark = pytest.mark.slow  # a real uvicorn process
+
 BASE_DIR = Path(__file__).resolve().parents[2]
 MB = 1024 * 1024
 BIG = 20 * MB

@@ -22,7 +22,8 @@ from psycopg_pool import PoolTimeout
 from memoryhub.asgi import application
 from tests.actors import School
 
-pytestmark = pytest.mark.django_db(transaction=True)  # the handler's threads use their own connections
+# The handler's threads use their own connections; slow: holds the whole pool until its timeout.
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 
 @contextmanager

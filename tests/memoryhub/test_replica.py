@@ -48,6 +48,8 @@ from memoryhub.replica import read_alias
 from stacks.selectors import stacks_visible_to
 from tests.actors import School
 
+pytestmark = pytest.mark.slow  # a second PostgreSQL and settings processes
+
 BASE_DIR = Path(__file__).resolve().parents[2]
 CATCH_UP_TIMEOUT = 30.0
 

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # each test starts manage.py or the runner
+
 BASE_DIR = Path(__file__).resolve().parents[2]
 
 

@@ -27,7 +27,8 @@ import memories.governance.archive
 from memoryhub.asgi import application
 from tests.actors import School
 
-pytestmark = pytest.mark.django_db(transaction=True)  # the handler's threads use their own connections
+# The handler's threads use their own connections; slow: dozens of whole downloads.
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 NORMAL_SECONDS = 2.0  # a plain GET answers well within this; a request waiting for the pool takes 5 s
 
