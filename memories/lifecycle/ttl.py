@@ -2,7 +2,9 @@
 than their school's retention for their kind (`Organization.retention_days`) likewise, and old job
 runs are pruned (docs/algorithms.md §4).
 
-A purge is a write like any other for the write kernel's after-commit effects (one
+Each purged memory leaves the erasure's id-only tombstone (an `ErasedRecord`), so the sync engine
+refuses a device's re-push of it (docs/kernle-protocol.md §4.6). A purge is a write like any other
+for the write kernel's after-commit effects (one
 `MemoryChange("expire", source="ttl")` per stack and batch), but it picks its rows with SKIP LOCKED
 before knowing their stacks, so it cannot take the stack lock first: its usage counters move after
 commit (`memories.writes.rows.stack_usage_adjust`, the kernel's form for exactly this writer).
@@ -71,6 +73,7 @@ def _purge_batches(selection: QuerySet[Memory], *, batch_size: int, counts: dict
             if not rows:
                 return
             ids = [memory_id for memory_id, _, _, _ in rows]
+            _leave_tombstones(ids, stacks)
             # The ORM delete removes dependent rows (revisions, …) in set-based statements too.
             Memory.objects.filter(pk__in=ids).delete()
             for stack_id, purged in _purged_by_stack(rows).items():
@@ -83,6 +86,24 @@ def _purge_batches(selection: QuerySet[Memory], *, batch_size: int, counts: dict
             progress(len(ids))
         if len(ids) < batch_size:
             return
+
+
+# A purged memory stays purged: the erasure's own id-only tombstone (memories.privacy.tombstones, the
+# same expression), so a device re-pushing its old copy is refused instead of bringing it back.
+_TOMBSTONES_SQL = """
+INSERT INTO memories_erasedrecord (stack_id, key_hash)
+SELECT stack_id, encode(sha256(convert_to(kind || ':' || record_id, 'UTF8')), 'hex')
+FROM memories_memory WHERE id = ANY(%s)
+ON CONFLICT DO NOTHING
+"""
+
+
+def _leave_tombstones(ids: list[Any], stacks: list[int]) -> None:
+    """Tombstone the rows about to be purged (caller holds their stacks' and rows' locks). The
+    stacks are flagged under those locks, so every later push looks the tombstones up."""
+    with connection.cursor() as cursor:
+        cursor.execute(_TOMBSTONES_SQL, [ids])
+    Stack.objects.filter(pk__in=stacks, has_erasures=False).update(has_erasures=True)
 
 
 # --- retention per kind ----------------------------------------------------------------------------

@@ -230,7 +230,8 @@ def apply_batch(*, stack: Stack, ops: list[SyncOp], results: list[OpResult], now
         key = (op.kind, op.record_id)
         if key in erased:  # a delete of it is simply true already
             results[op.index] = OpResult(index=op.index, ok=True) if op.delete else OpResult(
-                index=op.index, ok=False, code="erased", error="this record was erased at the school's request")
+                index=op.index, ok=False, code="erased",
+                error="this record was erased or expired on the server and is not stored again")
             continue
         state = states.get(key)
         if op.delete and state is None:
