@@ -42,6 +42,7 @@ from memories.changes.feed import event_dict
 from memories.changes.publisher import Publisher
 from memories.models import ChangeEvent
 from memories.writes.effects import PUBLISH, Committed, event_consumers, register_effect
+from memories.writes.outbox import REMOVAL_ACTIONS
 from stacks.models import Stack
 
 logger = logging.getLogger(__name__)
@@ -244,14 +245,17 @@ def events_relay(*, batch_size: int = RELAY_BATCH, max_batches: int = RELAY_MAX_
 
 def events_prune(*, now: datetime | None = None, older_than: timedelta = RETENTION) -> int:
     """Delete published events older than `older_than` (7 days), in bounded batches. Unpublished
-    events stay until the relay has published them."""
+    events stay until the relay has published them. Removal events (a purge's, an erasure's) stay
+    as long as the stack: they are the native pull's only tombstones of memories removed outright
+    (memories.sync.pull), ids only, like the erasure's own tombstones."""
     cutoff = (now or datetime.now(UTC)) - older_than
     deleted = 0
     while True:
         with connections[DEFAULT_DB_ALIAS].cursor() as cursor:
             cursor.execute(
                 f"DELETE FROM {_EVENT_TABLE} WHERE id IN (SELECT id FROM {_EVENT_TABLE} "  # noqa: S608
-                "WHERE created_at < %s AND published_at IS NOT NULL LIMIT %s)", [cutoff, PRUNE_BATCH])
+                "WHERE created_at < %s AND published_at IS NOT NULL AND action <> ALL(%s) LIMIT %s)",
+                [cutoff, list(REMOVAL_ACTIONS), PRUNE_BATCH])
             batch = cursor.rowcount
         deleted += batch
         if batch < PRUNE_BATCH:

@@ -7,7 +7,8 @@ its slug is not reused by a new push), an audit event with counts only, the cert
 tombstone per erased memory that is an id only (SHA-256 of "<kind>:<record_id>":
 memories.privacy.tombstones), which the sync engine checks so that a device holding an old copy
 cannot push the memories back into existence; and the erasure's own change events ("erase", memory
-ids only: live pages and webhooks hear of it), pruned with all events after 7 days.
+ids only: live pages and webhooks hear of it, and devices get them on a native pull as tombstones),
+kept while the stack is (memories.changes.publish.events_prune).
 
 Deletes are set-based, in batches of ERASE_BATCH memories, each batch one statement (a
 data-modifying CTE) in its own transaction, after which the certificate's `counts` show the progress.
@@ -45,7 +46,7 @@ from memories.models import (
     SyncWatermark,
 )
 from memories.search.embeddings import query_cache
-from memories.writes.outbox import BOOT_CONFIG, CHECKPOINT, MEMORY, record_change
+from memories.writes.outbox import BOOT_CONFIG, CHECKPOINT, MEMORY, REMOVAL_ACTIONS, record_change
 from memoryhub.errors import Conflict, InvalidInput
 from stacks.models import Stack
 from teleport.services import snapshots_erase
@@ -279,9 +280,10 @@ def erasure_run(cert_id: Any) -> ErasureCertificate:
         if cert.scope == ErasureCertificate.Scope.STACK:
             with transaction.atomic():
                 # The stack's change history goes too (when its agents wrote: activity, like the
-                # daily rollup below); the erasure's own "erase" events stay, for consumers to hear
-                # of it, until pruned (memories.changes.publish.RETENTION): ids only.
-                history, _ = ChangeEvent.objects.filter(stack_id=cert.stack_ref).exclude(action="erase").delete()
+                # daily rollup below); the removal events (this erasure's, earlier purges') stay,
+                # ids only: consumers hear of it, and they are the devices' tombstones on pull.
+                history, _ = (ChangeEvent.objects.filter(stack_id=cert.stack_ref)
+                              .exclude(action__in=REMOVAL_ACTIONS).delete())
                 if history:
                     counts["change_events"] = history
                 for label, model in (("checkpoints", Checkpoint), ("boot_config_entries", BootConfigEntry),

@@ -22,7 +22,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from accounts.principal import Principal
-from memories.models import SyncWatermark
+from memories.models import ChangeEvent, SyncWatermark
 from memories.privacy.grants import audience_for, grants_sql
 from memories.records.cleaning import parse_timestamp
 from memories.sync.protocol import (
@@ -36,6 +36,7 @@ from memories.sync.protocol import (
     not_reachable,
 )
 from memories.writes.columns import PAYLOAD_COLUMNS
+from memories.writes.outbox import ERASE, PURGE
 from memoryhub.errors import InvalidInput
 from stacks.models import Stack
 from stacks.selectors import stack_for_principal, visible_stack
@@ -201,17 +202,23 @@ def _since(value: Any) -> datetime | None:
 _NATIVE_PULL_COLUMNS = ", ".join((
     "change_seq", "deleted_at", "id", "kind", "record_id", "version", "client_version", "created_at",
     "client_updated_at", "server_updated_at", "forgotten_at", "extra", "data", *PAYLOAD_COLUMNS))
+# A live memory is an upsert with its record; a deleted or forgotten one is a tombstone with ids
+# only (`delete`, `forget`): a device drops its copy, and forgotten text never leaves the server.
+_LIVE = "m.deleted_at IS NULL AND m.forgotten_at IS NULL"
 _NATIVE_PULL_SQL = f"""
 SELECT m.change_seq,
        json_build_object(
-           'op', CASE WHEN m.deleted_at IS NULL THEN 'upsert' ELSE 'delete' END,
+           'op', CASE WHEN m.deleted_at IS NOT NULL THEN 'delete'
+                      WHEN m.forgotten_at IS NOT NULL THEN 'forget' ELSE 'upsert' END,
            'id', m.id, 'kind', m.kind, 'record_id', m.record_id, 'version', m.version,
            'client_version', m.client_version, 'created_at', m.created_at, 'updated_at', m.client_updated_at,
            'server_updated_at', m.server_updated_at, 'forgotten', m.forgotten_at IS NOT NULL,
-           'forgotten_at', m.forgotten_at)::text,
-       CASE WHEN m.deleted_at IS NULL THEN m.extra::text END,
-       CASE WHEN m.deleted_at IS NULL THEN m.data::text END,
-       CASE WHEN m.deleted_at IS NULL THEN {_COLUMNS_JSON} END
+           'forgotten_at', m.forgotten_at,
+           'reason', CASE WHEN m.deleted_at IS NOT NULL THEN 'deleted'
+                          WHEN m.forgotten_at IS NOT NULL THEN 'forgotten' END)::text,
+       CASE WHEN {_LIVE} THEN m.extra::text END,
+       CASE WHEN {_LIVE} THEN m.data::text END,
+       CASE WHEN {_LIVE} THEN {_COLUMNS_JSON} END
 FROM (SELECT {_NATIVE_PULL_COLUMNS} FROM memories_memory
       WHERE stack_id = %(stack)s AND change_seq > %(after)s {{grants}}
       ORDER BY stack_id, change_seq LIMIT %(limit)s) m
@@ -222,6 +229,52 @@ ORDER BY m.change_seq
 @cache
 def _native_pull_sql(grants: str) -> str:
     return _NATIVE_PULL_SQL.replace("{grants}", grants)
+
+
+# Memories removed outright (TTL and retention purges, erasures) leave no row to page by: their
+# tombstones come from the change events that recorded the removal, ids only, under the event's seq
+# (drawn under the stack lock like every change_seq, so they interleave in commit order).
+# events_prune keeps these events (memories.changes.publish), so a device that pulls rarely still
+# hears of every removal.
+_TOMBSTONE_REASONS = {PURGE: "expired", ERASE: "erased"}
+_NATIVE_TOMBSTONES_SQL = (
+    f"SELECT seq, action, memory_ids, created_at FROM {ChangeEvent._meta.db_table} "  # noqa: S608 - constants
+    "WHERE stack_id = %(stack)s AND seq > %(after)s AND topic = 'memory' AND action = ANY(%(actions)s) "
+    "ORDER BY seq LIMIT %(limit)s")
+
+
+def _tombstone_json(memory_id: str, reason: str, at: datetime) -> str:
+    return json.dumps({"op": "delete", "id": memory_id, "kind": None, "record_id": None, "version": None,
+                       "server_updated_at": at.isoformat(), "reason": reason, "data": {}})
+
+
+@dataclass
+class _Page:
+    changes: list[str]
+    rows: list[tuple[Any, ...]]  # the memory rows delivered
+    last: int | None  # the seq of the last change delivered
+    has_more: bool
+
+
+def _merged_page(rows: list[tuple[Any, ...]], tombstones: list[tuple[Any, ...]], page_size: int) -> _Page:
+    """Memory rows and removal events merged by seq, cut after `page_size` changes. One event's
+    ids are never split across pages (the cursor is a seq), so a page may carry up to one purge or
+    erasure batch more than `page_size`."""
+    items = sorted([(row[0], True, row) for row in rows] + [(event[0], False, event) for event in tombstones],
+                   key=lambda item: item[0])
+    page = _Page(changes=[], rows=[], last=None, has_more=False)
+    for seq, is_row, item in items:
+        if len(page.changes) >= page_size:
+            page.has_more = True
+            break
+        if is_row:
+            page.changes.append(_native_change_json(item))
+            page.rows.append(item)
+        else:
+            _, action, ids, at = item
+            page.changes.extend(_tombstone_json(memory_id, _TOMBSTONE_REASONS[action], at) for memory_id in ids)
+        page.last = seq
+    return page
 
 
 def _grants_clause(principal: Principal, stack: Stack, *, alias: str) -> tuple[str, dict[str, Any]]:
@@ -253,7 +306,9 @@ class NativePullResult:
 
 @transaction.atomic
 def native_pull(*, principal: Principal, stack_slug: str, cursor: str | None, limit: Any) -> NativePullResult:
-    """One page of a stack's changes after `cursor`, oldest first; deletions come as tombstones.
+    """One page of a stack's changes after `cursor`, oldest first (docs/api.md "Native sync"):
+    live memories as upserts; deleted and forgotten ones, and memories purged or erased, as
+    tombstones with ids only (`delete`, `forget`).
 
     Resuming with the returned `next_cursor` continues exactly after the last change delivered:
     the cursor is the `change_seq` of that change, and pushes stamp sequence numbers under the
@@ -271,14 +326,16 @@ def native_pull(*, principal: Principal, stack_slug: str, cursor: str | None, li
         db.execute(_native_pull_sql(grants), {"stack": stack.pk, "after": after, "limit": page_size + 1,
                                               **grant_params})
         rows = db.fetchall()
-        has_more = len(rows) > page_size
-        rows = rows[:page_size]
-        last = rows[-1][0] if rows else after
+        db.execute(_NATIVE_TOMBSTONES_SQL, {"stack": stack.pk, "after": after, "limit": page_size + 1,
+                                            "actions": list(_TOMBSTONE_REASONS)})
+        page = _merged_page(rows, db.fetchall(), page_size)
+        has_more = page.has_more
+        last = after if page.last is None else page.last
         if grants and not has_more:
             db.execute("SELECT max(change_seq) FROM memories_memory WHERE stack_id = %s", [stack.pk])
             newest = db.fetchone()[0]
             last = max(last, newest or 0)
-    return NativePullResult(changes_json="[" + ",".join(_native_change_json(r) for r in rows) + "]", count=len(rows),
+    return NativePullResult(changes_json="[" + ",".join(page.changes) + "]", count=len(page.changes),
                             next_cursor=cursor_encode(last), has_more=has_more)
 
 

@@ -8,7 +8,8 @@ committed write always has one. After the commit the transaction's events go, as
 `PUBLISH` effect of the after-commit registry (memories.writes.effects), which publishes them
 (memories.changes.publish).
 
-One event per writing transaction, stack and topic: a push of 500 operations is ONE event naming
+One event per writing transaction, stack and topic (a purge's or an erasure's own, apart: its ids
+are the native pull's tombstones): a push of 500 operations is ONE event naming
 500 memory ids, a decay batch one event per stack. A transaction that writes one stack several
 times (smart ingest's create and its embedding, a review that recovers) extends its first event,
 while that event's unit is still queued (`effects.Queued.live`; its row may still have gone with a
@@ -47,6 +48,10 @@ BATCH = "batch"
 STAMPING_ACTIONS = frozenset({"create", "update", "forget", "recover", "protect", "unprotect", "delete"})
 # A kernel action named differently for event consumers (the change events' vocabulary).
 EVENT_ACTIONS = {"expire": "purge"}
+# The actions of writes that remove memories outright (TTL and retention purge, erasure): their
+# events are the native pull's tombstones of those memories, so they are kept (memories.sync.pull).
+PURGE, ERASE = "purge", "erase"
+REMOVAL_ACTIONS = frozenset({PURGE, ERASE})
 # In an event that also names another action, "embedded" does not make it a "batch" (smart ingest
 # stores the new memory's vector in the same transaction as the create).
 _MINOR_ACTIONS = frozenset({"embedded"})
@@ -110,7 +115,7 @@ class _Transaction:
     of the savepoint that queued it) drops it, and with it this state."""
 
     connection: Any
-    events: dict[tuple[int, str], _Pending] = field(default_factory=dict)
+    events: dict[tuple[int, str, str], _Pending] = field(default_factory=dict)
     unit: Queued | None = None
 
     def live(self) -> bool:
@@ -142,7 +147,8 @@ def _event_action(actions: set[str]) -> str:
 def record_change(*, stack_id: int, topic: str, source: str, changes: Iterable[tuple[str, Sequence[Any]]],
                   stamped: bool | None = None, along: Statement | None = None) -> None:
     """Record what this write did to one stack, in the caller's (writing) transaction: INSERT its
-    event, or extend this transaction's event of the stack and topic. Publishing follows the
+    event, or extend this transaction's event of the stack and topic (a removal: of the stack, topic
+    and action). Publishing follows the
     commit (nothing if it rolls back). `changes`: (action, memory ids) pairs; `stamped`: the write
     stamped change_seq on the stack's rows (default: inferred from the actions). Checkpoint and
     boot-config writers pass no ids. The caller holds the stack lock when it stamped rows.
@@ -162,7 +168,10 @@ def record_change(*, stack_id: int, topic: str, source: str, changes: Iterable[t
         stamped = bool(actions & STAMPING_ACTIONS)
     conn = connections[DEFAULT_DB_ALIAS]
     state = _transaction_state(conn)
-    key = (stack_id, topic)
+    # A removal (purge, erasure) keeps an event of its own, never merged into a "batch": its ids
+    # are the native pull's tombstones, read by its action (memories.sync.pull).
+    removal = next(iter(actions)) if len(actions) == 1 and actions <= REMOVAL_ACTIONS else ""
+    key = (stack_id, topic, removal)
     pending = state.events.get(key)
     with conn.cursor() as cursor:
         if pending is not None:
