@@ -144,11 +144,22 @@ def _drive(r: Reader) -> dict[str, Any]:
     }
 
 
+# What a relationship that does not say is (docs/kernle-protocol.md §3.7): the kernle client's own
+# defaults, which it applies to a pulled relationship too. Refusing the record instead would be a
+# conflict its device re-sends unchanged, and the seed writes relationships without a type.
+RELATIONSHIP_DEFAULTS = {"entity_type": "unknown", "relationship_type": "interaction"}
+
+
 def _relationship(r: Reader) -> dict[str, Any]:
+    # Missing, null or blank: the default.
+    entity_type = r.string("entity_type", max_length=SHORT, default=RELATIONSHIP_DEFAULTS["entity_type"])
+    relationship_type = r.string("relationship_type", max_length=SHORT,
+                                 default=RELATIONSHIP_DEFAULTS["relationship_type"])
     return {
         "entity_name": r.string("entity_name", max_length=SHORT, required=not r.natural_key_optional),
-        "entity_type": r.string("entity_type", max_length=SHORT, required=True),
-        "relationship_type": r.string("relationship_type", max_length=SHORT, required=True),
+        "entity_type": entity_type if entity_type.strip() else RELATIONSHIP_DEFAULTS["entity_type"],
+        "relationship_type": (relationship_type if relationship_type.strip()
+                              else RELATIONSHIP_DEFAULTS["relationship_type"]),
         "notes": r.string("notes", max_length=LONG, nullable=True),
         "sentiment": r.number("sentiment", default=0.0, low=-1.0, high=1.0),
         "interaction_count": r.integer("interaction_count", default=0, low=0, high=2**31 - 1),

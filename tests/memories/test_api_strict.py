@@ -146,8 +146,7 @@ def test_the_recorded_field_list_is_exactly_what_the_schema_reads(kind: str) -> 
     # Every recorded field is one the schema reads: given them all, nothing is left over for `extra`.
     required = {"raw": {"content": "c"}, "episode": {"objective": "o", "outcome": "x"}, "note": {"content": "c"},
                 "belief": {"statement": "s"}, "value": {"name": "n", "statement": "s"}, "goal": {"title": "t"},
-                "drive": {"drive_type": "d"}, "relationship": {"entity_name": "e", "entity_type": "person",
-                                                             "relationship_type": "friend"},
+                "drive": {"drive_type": "d"}, "relationship": {"entity_name": "e"},
                 "playbook": {"name": "n", "description": "d"}}[kind]
     payload: dict[str, Any] = dict.fromkeys(fields.names)
     payload.update(required)

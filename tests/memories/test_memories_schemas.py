@@ -77,8 +77,18 @@ def test_defaults_per_kind() -> None:
 def test_errors_collect_every_field() -> None:
     with pytest.raises(InvalidInput) as caught:
         normalize_memory("relationship", {"entity_name": "", "sentiment": "x", "interaction_count": -1})
-    assert set(caught.value.fields) == {"entity_name", "entity_type", "relationship_type", "sentiment",
-                                        "interaction_count"}
+    assert set(caught.value.fields) == {"entity_name", "sentiment", "interaction_count"}
+
+
+@pytest.mark.parametrize("given", [{}, {"entity_type": None, "relationship_type": None},
+                                   {"entity_type": " ", "relationship_type": ""}])
+def test_a_relationship_without_its_types_gets_the_documented_defaults(given: dict[str, Any]) -> None:
+    """docs/kernle-protocol.md §3.7: the kernle client's own defaults, not a conflict it re-sends forever."""
+    relationship = normalize_memory("relationship", {"entity_name": "Ms. Rivera", **given})
+    assert relationship.data["entity_type"] == "unknown" and relationship.data["relationship_type"] == "interaction"
+    said = normalize_memory("relationship", {"entity_name": "Ms. Rivera", "entity_type": "person",
+                                             "relationship_type": "teacher"})
+    assert (said.data["entity_type"], said.data["relationship_type"]) == ("person", "teacher")
 
 
 @pytest.mark.parametrize("payload", [None, [], "text", 3])
