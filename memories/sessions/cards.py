@@ -3,9 +3,10 @@
 Deterministic and offline: the same session gives the same card, no model is asked. The order is
 the privacy gate's — **redact first, then derive**:
 
-1. `session_allowlisted` keeps only the allowlisted fields (`SESSION_FIELDS`; `session_id` and
-   `summary` required) — nothing else reaches a derivation, so no dropped field can leak into the
-   card the way `error_message` and `output` did in the system this follows;
+1. `session_allowlisted` keeps only the allowlisted fields (`SESSION_FIELDS`; `session_id`
+   required; Lumera's control flags taken out of `metadata`, §12.4) — nothing else reaches a
+   derivation, so no dropped field can leak into the card the way `error_message` and `output`
+   did in the system this follows;
 2. `session_redacted` runs the school's redaction over every value (`memories.privacy.redaction`): a
    CRITICAL secret refuses the session (422 `redaction_refused`), everything else becomes a
    `<REDACTED:RULE>` placeholder, and the report counts rules, never values;
@@ -41,6 +42,11 @@ from stacks.models import Stack
 
 SESSION_FIELDS = ("session_id", "timestamp", "tool_name", "success", "summary", "tags", "schema_version",
                   "metadata")
+# Lumera's control flags, read from `metadata` and never stored with it: a dry run, and the two-key
+# opt-in to keeping the session itself, not only its card (docs/algorithms.md §12.4).
+DRY_RUN, ALLOW_RAW_EXPORT, RAW_EXPORT_ACK = "dry_run", "allow_raw_export", "raw_export_ack"
+RAW_EXPORT_PHRASE = "I understand the risk"  # exactly: case and spaces count
+SESSION_MODES = frozenset({"mock", "live"})  # Lumera's storage backends; here MemoryHub is the store
 SUMMARY_MAX = 20_000  # the episode's outcome holds it (memories.records.vocabulary.LONG)
 SESSION_ID_MAX = 100
 CARD_NOTE_TYPE = "session_card"
@@ -116,10 +122,11 @@ def session_allowlisted(body: dict[str, Any]) -> dict[str, Any]:
         raise InvalidInput("A session needs a session_id.",
                            fields={"session_id": [f"Required: 1-{SESSION_ID_MAX} printable characters."]})
     session["session_id"] = session_id.strip()
-    summary = session.get("summary")
-    if not isinstance(summary, str) or not summary.strip() or len(summary) > SUMMARY_MAX:
-        raise InvalidInput("A session needs a summary.",
-                           fields={"summary": [f"Required: the transcript or summary, 1-{SUMMARY_MAX} characters."]})
+    summary = session.get("summary", "")
+    # Optional: Lumera sends a session by its id, tags and metadata alone; its card is made from those.
+    if not isinstance(summary, str) or len(summary) > SUMMARY_MAX:
+        raise InvalidInput("Invalid summary.",
+                           fields={"summary": [f"The transcript or summary, at most {SUMMARY_MAX} characters."]})
     session["summary"] = summary.strip()
     session["tags"] = _clean_tags(session.get("tags"))
     for name in ("timestamp", "tool_name", "schema_version"):
@@ -129,7 +136,40 @@ def session_allowlisted(body: dict[str, Any]) -> dict[str, Any]:
         raise InvalidInput("Invalid success.", fields={"success": ["Must be true or false."]})
     if "metadata" in session and not isinstance(session["metadata"], dict):
         raise InvalidInput("Invalid metadata.", fields={"metadata": ["Must be an object."]})
+    if "metadata" in session:
+        session["metadata"] = {key: value for key, value in session["metadata"].items()
+                               if key not in (DRY_RUN, ALLOW_RAW_EXPORT, RAW_EXPORT_ACK)}
+        if not session["metadata"]:
+            del session["metadata"]
     return session
+
+
+@dataclass(frozen=True)
+class SessionOptions:
+    dry_run: bool
+    raw_export: bool  # the two-key opt-in was given (docs/algorithms.md §12.4)
+
+
+def session_options(body: dict[str, Any]) -> SessionOptions:
+    """The control flags of a session body: `dry_run` (top level or in `metadata`) and Lumera's
+    raw-export opt-in, `metadata.allow_raw_export` true with `metadata.raw_export_ack` exactly
+    RAW_EXPORT_PHRASE. An opt-in without the exact acknowledgement is refused (400, nothing stored)
+    rather than quietly downgraded: the caller asked for something it did not get."""
+    given = body.get("metadata")
+    metadata: dict[str, Any] = given if isinstance(given, dict) else {}
+    for name in (DRY_RUN, ALLOW_RAW_EXPORT):
+        if name in metadata and not isinstance(metadata[name], bool):
+            raise InvalidInput(f"Invalid metadata.{name}.", fields={f"metadata.{name}": ["Must be true or false."]})
+    raw_export = metadata.get(ALLOW_RAW_EXPORT) is True
+    if raw_export and metadata.get(RAW_EXPORT_ACK) != RAW_EXPORT_PHRASE:
+        raise InvalidInput(f"A raw export needs metadata.raw_export_ack to be exactly {RAW_EXPORT_PHRASE!r}.",
+                           code="raw_export_not_acknowledged",
+                           fields={f"metadata.{RAW_EXPORT_ACK}": [f"Must be exactly {RAW_EXPORT_PHRASE!r}."]})
+    mode = body.get("mode")
+    if mode is not None and mode not in SESSION_MODES:
+        raise InvalidInput("Invalid mode.", fields={"mode": ["One of: live, mock."]})
+    return SessionOptions(dry_run=body.get(DRY_RUN) is True or metadata.get(DRY_RUN) is True,
+                          raw_export=raw_export)
 
 
 # --- 2. redaction ------------------------------------------------------------------------------------
@@ -281,7 +321,7 @@ def session_store(*, stack: Stack, prepared: PreparedSession, source: str = "api
                if name in session}
     outcome_type = ("success" if session["success"] else "failure") if "success" in session else None
     episode = {"kind": "episode", "record_id": episode_id, "objective": card["title"],
-               "outcome": session["summary"], "outcome_type": outcome_type,
+               "outcome": session["summary"] or card["title"], "outcome_type": outcome_type,
                "tags": _first([SESSION_TAG, *session["tags"]], 50), "session": context}
     note = {"kind": "note", "record_id": f"session-card:{session['session_id']}", "note_type": CARD_NOTE_TYPE,
             "content": card_text(card), "derived_from": [f"episode:{episode_id}"],
