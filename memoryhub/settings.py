@@ -63,6 +63,9 @@ if REDACTION_OFF_FOR_BENCH and (not env_bool("MEMORYHUB_BENCH", False) or env_bo
                                                                           "API_KEY_PEPPER"))):
     raise ImproperlyConfigured("MEMORYHUB_REDACTION=off is for benchmarks only (MEMORYHUB_BENCH=1 on development "
                                "secrets, never with MEMORYHUB_PRODUCTION); unset it.")
+# The access log (docs/privacy.md "Access log") is on unless MEMORYHUB_ACCESS_LOG=false: bench/search.py and
+# bench/load.py serve a second server without it, in the same run, to measure what it costs.
+MEMORYHUB_ACCESS_LOG = env_bool("MEMORYHUB_ACCESS_LOG", True)
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]", "testserver"])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 
@@ -175,6 +178,9 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "csp.middleware.CSPMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # Who was served which memories: collected during the request, written once the response is
+    # sent (memories.reads.access_log; docs/privacy.md "Access log").
+    "memories.reads.access_log.AccessLogMiddleware",
     # Last, so a view's exception reaches it first: a database or Redis failure in a view that is
     # not DRF's (the dashboard, sign-in) is the API's 503 with Retry-After, not a 500 (memoryhub.errors).
     "memoryhub.errors.ServiceUnavailableMiddleware",

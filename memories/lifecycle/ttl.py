@@ -27,6 +27,7 @@ from accounts.principal import Principal
 from accounts.services import audit_record
 from memories.lifecycle.jobs import JOB_RUN_RETENTION, JOB_TTL_PURGE, Progress, run_job
 from memories.models import JobRun, Memory, MemoryKind
+from memories.reads.access_history import access_log_purge
 from memories.writes.hooks import after_commit
 from memories.writes.rows import stack_usage_adjust
 from memoryhub.errors import InvalidInput
@@ -51,6 +52,10 @@ def _ttl_batches(*, now: datetime, batch_size: int, counts: dict[str, Any], prog
     _purge_batches(Memory.objects.filter(expires_at__lte=now).order_by("expires_at", "id"), batch_size=batch_size,
                    counts=counts, progress=progress)
     _retention_batches(now=now, batch_size=batch_size, counts=counts, progress=progress)
+    # The access log is kept for each school's own `access_log_retention_days` (docs/privacy.md "Access log").
+    access_purged = access_log_purge(now=now)
+    if access_purged:
+        counts["access_log_purged"] = access_purged
 
 
 def _purge_batches(selection: QuerySet[Memory], *, batch_size: int, counts: dict[str, Any],
@@ -203,7 +208,8 @@ def ttl_purge(*, now: datetime | None = None, batch_size: int = TTL_BATCH_SIZE,
 
     Bounded batches, one transaction each; after each commits, the stacks' usage counters move
     down and the change listeners hear `MemoryChange("expire")` per stack. Also drops job runs older
-    than `JOB_RUN_RETENTION`. Counts: purged, batches (, retention_purged, job_runs_pruned).
+    than `JOB_RUN_RETENTION`, and access-log rows older than their school's `access_log_retention_days`.
+    Counts: purged, batches (, retention_purged, job_runs_pruned, access_log_purged).
     """
     if batch_size < 1:
         raise InvalidInput("batch_size must be positive.", fields={"batch_size": ["Must be at least 1."]})
