@@ -21,11 +21,13 @@ from django.conf import settings
 from jsonschema import Draft202012Validator
 from rest_framework.utils.encoders import JSONEncoder
 
+from accounts.authors import Path, author_of
 from accounts.principal import Principal
 from agents.selectors import stack_stats
 from memories import selectors, services
 from memories.models import MemoryKind
 from memories.privacy.grants import Audience, audience_for
+from memories.reads.access_log import AccessPath, access_batch, batch_reader, record_access
 from memories.reads.export import stack_memory_md
 from memories.reads.load import MAX_ITEM_CHARS, stack_load
 from memories.records.cleaning import clean_json
@@ -128,12 +130,20 @@ def _memory(principal: Principal, args: Payload, *, write: bool = False) -> Any:
     return selectors.memory_get(stack=target, memory_id=args["memory_id"], audience=audience)
 
 
+def _served(principal: Principal, stack_id: int, memory_ids: list[Any]) -> None:
+    """The access log's row of a tool that returned memory content (written when the call ends), read
+    by the call's author (`call_tool`)."""
+    record_access(stack_id=stack_id, author=batch_reader() or author_of(principal, path=Path.MCP),
+                  path=AccessPath.MCP, memory_ids=memory_ids)
+
+
 # --- the tools ------------------------------------------------------------------------------------
 
 def _search(principal: Principal, args: Payload) -> Payload:
     target, audience = _reach(principal, args)
     query = validated(SearchInSerializer, _body(args))["search"]
     result = search_memories(stack_ids=[target.pk], query=query, audience=audience)
+    _served(principal, target.pk, [hit.memory.pk for hit in result.hits])
     return {
         "stack": target.slug,
         "query": query.text,
@@ -151,6 +161,7 @@ def _load(principal: Principal, args: Payload) -> Payload:
     query = validated(LoadQuerySerializer, _body(args))
     item_chars = MAX_ITEM_CHARS if query.get("no_truncate") else query.get("item_chars")
     result = stack_load(stack=target, budget=query.get("budget"), item_chars=item_chars, audience=audience)
+    _served(principal, target.pk, list(result.served_ids()))
     return {"stack": target.slug, **result.as_json()}
 
 
@@ -166,7 +177,9 @@ def _remember(principal: Principal, args: Payload) -> Payload:
 
 
 def _get(principal: Principal, args: Payload) -> Payload:
-    return dict(MemorySerializer(_memory(principal, args)).data)
+    memory = _memory(principal, args)
+    _served(principal, memory.stack_id, [memory.pk])
+    return dict(MemorySerializer(memory).data)
 
 
 def _forget(principal: Principal, args: Payload) -> Payload:
@@ -214,7 +227,10 @@ def _boot_set(principal: Principal, args: Payload) -> Payload:
 
 def _memory_md(principal: Principal, args: Payload) -> Payload:
     target, audience = _reach(principal, args)
-    return {"stack": target.slug, "markdown": stack_memory_md(stack=target, audience=audience)}
+    served: list[Any] = []
+    markdown = stack_memory_md(stack=target, audience=audience, served=served)
+    _served(principal, target.pk, served)
+    return {"stack": target.slug, "markdown": markdown}
 
 
 def _stack_stats(principal: Principal, args: Payload) -> Payload:
@@ -396,7 +412,8 @@ def call_tool(principal: Principal, name: str, arguments: Payload | None, base_u
         if tool is None:
             raise NotFound(f"No tool named {name!r}.", code="unknown_tool")
         args = _arguments(tool, dict(arguments or {}))
-        payload = tool.run(principal, args, base_url) if tool.links else tool.run(principal, args)
+        with access_batch():  # the access log's rows are written once the answer is built
+            payload = tool.run(principal, args, base_url) if tool.links else tool.run(principal, args)
         return ToolOutcome(json.loads(json.dumps(payload, cls=JSONEncoder)), is_error=False)
     except Exception as exc:  # every failure becomes the contract's error, as on REST
         return ToolOutcome(error_payload(exc), is_error=True)

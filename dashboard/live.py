@@ -60,6 +60,7 @@ from django.utils.crypto import constant_time_compare
 from django.utils.formats import number_format
 from django.utils.timesince import timesince
 
+from accounts.authors import Path
 from accounts.models import Membership, User
 from accounts.principal import Principal
 from accounts.selectors import principal_for_session
@@ -69,6 +70,7 @@ from dashboard.access import STAFF
 from memories.changes.feed import events_after, latest_seq
 from memories.models import ChangeEvent, Memory, StackDailyActivity
 from memories.privacy.grants import Audience, audience_for, grants_filter
+from memories.reads.access_log import AccessPath, record_principal_access
 from memories.selectors import boot_config_entries, checkpoint_latest, checkpoint_warnings, memories_live
 from memories.writes.outbox import BOOT_CONFIG, CHECKPOINT
 from memoryhub.errors import NotFound
@@ -265,8 +267,12 @@ def student_message(principal: Principal, stack_id: int, filters: reads.MemoryFi
     every memory it names is hidden from them: nothing is sent. Shared by every socket on the same
     stack, filters and grants audience: rendered once per change."""
     audience = audience_for(principal, stack_id=stack_id)
-    return _shared((change.event_ids, stack_id, filters, audience),
-                   lambda: _student_message(stack_id, filters, change, audience))
+    message = _shared((change.event_ids, stack_id, filters, audience),
+                      lambda: _student_message(stack_id, filters, change, audience))
+    if message is not None:  # the rows pushed carry memory text: this viewer was served them
+        record_principal_access(principal, via=Path.DASHBOARD, stack_id=stack_id, path=AccessPath.LIVE,
+                                memory_ids=[row["id"] for row in message.get("rows", ())])
+    return message
 
 
 def _student_message(stack_id: int, filters: reads.MemoryFilters, change: Change,

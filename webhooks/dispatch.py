@@ -51,11 +51,13 @@ from django.db import DatabaseError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from accounts.authors import Author
 from accounts.models import Membership, Organization
 from accounts.services import audit_record
 from memories.changes.feed import event_dict
 from memories.models import ChangeEvent, Memory
 from memories.privacy.grants import audience_for_webhook, grants_filter
+from memories.reads.access_log import AccessPath, record_access
 from memoryhub.metrics import WEBHOOK_DELIVERIES
 from stacks.models import Stack
 from webhooks import event_types
@@ -292,6 +294,8 @@ def queue_run(endpoint_id: int, stack_id: int | None) -> int:
                                            claimed_until=lease).delete()
             continue
         outcome, lease = _attempt_leased(endpoint, head, content, lease)  # HTTP: no transaction is open here
+        if outcome.status_code is not None:  # the receiver got the body, whatever it answered
+            _record_served(endpoint, head, content)
         if lease is None:
             return delivered  # lease lost mid-request: the worker that took the delivery over carries on
         if outcome.ok:
@@ -303,6 +307,16 @@ def queue_run(endpoint_id: int, stack_id: int | None) -> int:
             return delivered  # retry queued; later deliveries of the stack wait for it
     enqueue(endpoint_id, stack_id)  # more to send: a fresh task, so one busy queue does not hog a worker
     return delivered
+
+
+def _record_served(endpoint: WebhookEndpoint, delivery: WebhookDelivery, content: dict[str, Any]) -> None:
+    """The access log's row for a body that carried memory text (docs/privacy.md "Access log"): the
+    reader is the endpoint; a body of ids only served no content and records nothing."""
+    served = [entry["id"] for entry in content.get("memories", ()) if "text" in entry]
+    if delivery.stack_id is not None and served:
+        record_access(stack_id=delivery.stack_id, path=AccessPath.WEBHOOK, memory_ids=served,
+                      author=Author(path=AccessPath.WEBHOOK, key_id=endpoint.public_id,
+                                    key_name=endpoint.description))
 
 
 def _held(delivery: WebhookDelivery, lease: datetime) -> Any:

@@ -7,6 +7,7 @@ an archived stack answers 409), the reads and the audited writes from dashboard/
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 from django.contrib import messages
@@ -17,15 +18,18 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
+from accounts.authors import Path
 from accounts.principal import Principal
 from dashboard import live
 from dashboard import student as reads
 from dashboard.access import ADMIN, STAFF, dashboard_page, request_ip
-from memories.governance.archive import archive_chunks, archive_filename
+from memories.governance.archive import archive_chunks, archive_filename, archive_memory_ids
 from memories.privacy.grants import audience_for
+from memories.reads.access_history import may_read_access_log, memory_seen_by
+from memories.reads.access_log import AccessPath, record_principal_access
 from memories.reads.export import stack_memory_md
 from memories.reads.usage import growth_chart, stack_usage
-from memories.selectors import boot_config_entries, checkpoint_latest, checkpoint_warnings, memory_get
+from memories.selectors import boot_config_entries, checkpoint_latest, checkpoint_warnings, memories_list, memory_get
 from memories.sessions.cards import session_cards
 from memoryhub.errors import NotFound
 from memoryhub.streaming import streamed_content
@@ -59,8 +63,12 @@ def student_page(request: HttpRequest, principal: Principal, slug: str) -> HttpR
                    tab_query=tab_query.urlencode(), live_seq=live_seq)
     if filters.q:
         context["search"] = reads.memory_search(stack, filters, audience=audience)
+        shown = [hit.memory.pk for hit in context["search"].hits]
     else:
         context["page"] = reads.memory_page(stack, filters, audience=audience)
+        shown = [memory.pk for memory in context["page"]]
+    record_principal_access(principal, via=Path.DASHBOARD, stack_id=stack.pk, path=AccessPath.DASHBOARD,
+                            memory_ids=shown)
     checkpoint = checkpoint_latest(stack=stack)
     context.update(
         checkpoint=checkpoint, checkpoint_warnings=checkpoint_warnings(checkpoint) if checkpoint else [],
@@ -76,9 +84,14 @@ def _detail(request: HttpRequest, principal: Principal, slug: str, memory_id: st
             forget_form: reads.ForgetForm | None = None, status: int = 200) -> HttpResponse:
     stack = stack_for_principal(principal, slug)
     memory = memory_get(stack=stack, memory_id=memory_id, audience=audience_for(principal, stack_id=stack.pk))
+    record_principal_access(principal, via=Path.DASHBOARD, stack_id=stack.pk, path=AccessPath.DASHBOARD,
+                            memory_ids=[memory.pk])
+    # Who read it is for the school's admins (docs/privacy.md "Access log"), not every viewer.
+    seen_by = memory_seen_by(stack=stack, memory_id=memory.pk) if may_read_access_log(principal, stack) else None
     return render(request, "dashboard/student/memory.html", {
         "stack": stack, "detail": reads.memory_detail(memory), "memory": memory,
         "forget_form": forget_form or reads.ForgetForm(), "is_admin": principal.role == ADMIN,
+        "seen_by": seen_by,
     }, status=status)
 
 
@@ -118,7 +131,10 @@ def export_json(request: HttpRequest, principal: Principal, slug: str) -> HttpRe
     stack = stack_for_principal(principal, slug)
     now = timezone.now()
     reads.audit_export(principal=principal, stack=stack, ip=request_ip(request), export_format="json")
-    chunks = reads.memories_json_chunks(stack=stack, now=now, audience=audience_for(principal, stack_id=stack.pk))
+    audience = audience_for(principal, stack_id=stack.pk)
+    chunks = reads.memories_json_chunks(stack=stack, now=now, audience=audience)
+    record_principal_access(principal, via=Path.DASHBOARD, stack_id=stack.pk, path=AccessPath.EXPORT,
+                            memory_ids=memories_list(stack=stack, audience=audience).values_list("id", flat=True))
     content = streamed_content(request, chunks)
     response = StreamingHttpResponse(content, content_type="application/json; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="{reads.export_filename(stack, now, ".json")}"'
@@ -134,7 +150,11 @@ def export_archive(request: HttpRequest, principal: Principal, slug: str) -> Htt
     now = timezone.now()
     reads.audit_export(principal=principal, stack=stack, ip=request_ip(request), export_format="zip")
     # As the API's: only what this viewer's privacy grants admit (memories.privacy.grants).
-    chunks = archive_chunks(stack=stack, now=now, audience=audience_for(principal, stack_id=stack.pk))
+    audience = audience_for(principal, stack_id=stack.pk)
+    chunks = archive_chunks(stack=stack, now=now, audience=audience,
+                            include_access_log=may_read_access_log(principal, stack))
+    record_principal_access(principal, via=Path.DASHBOARD, stack_id=stack.pk, path=AccessPath.EXPORT,
+                            memory_ids=archive_memory_ids(stack=stack, audience=audience))
     response = StreamingHttpResponse(streamed_content(request, chunks), content_type="application/zip")
     response["Content-Disposition"] = f'attachment; filename="{archive_filename(stack, now)}"'
     response["Cache-Control"] = "private, no-store"
@@ -147,7 +167,10 @@ def export_markdown(request: HttpRequest, principal: Principal, slug: str) -> Ht
     stack = stack_for_principal(principal, slug)
     now = timezone.now()
     reads.audit_export(principal=principal, stack=stack, ip=request_ip(request), export_format="memory.md")
-    body = stack_memory_md(stack=stack, now=now, audience=audience_for(principal, stack_id=stack.pk))
+    served: list[uuid.UUID] = []
+    body = stack_memory_md(stack=stack, now=now, audience=audience_for(principal, stack_id=stack.pk), served=served)
+    record_principal_access(principal, via=Path.DASHBOARD, stack_id=stack.pk, path=AccessPath.MEMORY_MD,
+                            memory_ids=served)
     response = HttpResponse(body, content_type="text/markdown; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="{reads.export_filename(stack, now, "-MEMORY.md")}"'
     response["Cache-Control"] = "private, no-store"

@@ -17,10 +17,17 @@ from accounts.network import client_ip
 from accounts.principal import principal_of
 from accounts.selectors import ensure_may_manage_organization
 from accounts.services import audit_record
-from memories.governance.archive import ARCHIVE_FORMAT_VERSION, archive_chunks, archive_filename
+from memories.governance.archive import (
+    ARCHIVE_FORMAT_VERSION,
+    archive_chunks,
+    archive_filename,
+    archive_memory_ids,
+)
 from memories.lifecycle.ttl import retention_of, retention_set
 from memories.models import MemoryKind
 from memories.privacy.grants import audience_for
+from memories.reads.access_history import may_read_access_log
+from memories.reads.access_log import AccessPath, record_request_access
 from memoryhub.streaming import streamed_content
 from stacks.selectors import stack_for_principal
 
@@ -32,7 +39,8 @@ class StackArchiveView(APIView):
     @extend_schema(
         tags=[TAG], summary="The stack's portable archive (ZIP, streamed)",
         description=(f"Everything stored about one stack (format version {ARCHIVE_FORMAT_VERSION}): JSON Lines per "
-                     "memory kind with every field, the revision history, checkpoints, boot config, MEMORY.md and "
+                     "memory kind with every field, the revision history, checkpoints, boot config, MEMORY.md, "
+                     "the access log (for school admins and the stack's own credentials) and "
                      "a README.md describing the format. Anyone who may read the stack may export it (its own "
                      "agent keys included); every export is recorded in the audit log."),
         responses={(200, "application/zip"): OpenApiTypes.BINARY,
@@ -45,7 +53,11 @@ class StackArchiveView(APIView):
         audit_record(organization=target.organization, action="stack.exported", principal=principal,
                      target_type="stack", target_id=target.slug, ip=client_ip(request),
                      metadata={"format": "zip", "format_version": ARCHIVE_FORMAT_VERSION})
-        chunks = archive_chunks(stack=target, now=now, audience=audience_for(principal, stack_id=target.pk))
+        audience = audience_for(principal, stack_id=target.pk)
+        chunks = archive_chunks(stack=target, now=now, audience=audience,
+                                include_access_log=may_read_access_log(principal, target))
+        record_request_access(request, stack_id=target.pk, path=AccessPath.EXPORT,
+                              memory_ids=archive_memory_ids(stack=target, audience=audience))
         content = streamed_content(request._request, chunks)
         response = StreamingHttpResponse(content, content_type="application/zip")
         response["Content-Disposition"] = f'attachment; filename="{archive_filename(target, now)}"'

@@ -8,6 +8,7 @@ serialize. Every rule lives in memories.records / services / selectors / load / 
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 from django.http import HttpResponse
@@ -26,6 +27,7 @@ from memories.lifecycle.promotion import promote_lessons
 from memories.models import Memory
 from memories.privacy import originals
 from memories.privacy.grants import Audience, audience_for
+from memories.reads.access_log import AccessPath, record_request_access
 from memories.reads.export import stack_memory_md
 from memories.reads.load import MAX_ITEM_CHARS, stack_load
 from memories.records.cleaning import clean_json
@@ -89,6 +91,8 @@ class MemoryListView(APIView):
             forgotten=filters["forgotten"], audience=audience)
         paginator = StableCursorPagination()
         page = paginator.paginate_queryset(queryset, request, view=self)
+        record_request_access(request, stack_id=target.pk, path=AccessPath.LIST,
+                              memory_ids=[memory.pk for memory in page or ()])
         return paginator.get_paginated_response(MemorySerializer(page, many=True).data)
 
     @extend_schema(tags=[TAG], request=MemoryWriteSerializer, responses={201: MemorySerializer},
@@ -134,6 +138,7 @@ class MemoryDetailView(APIView):
     @extend_schema(tags=[TAG], responses=MemorySerializer, summary="Read a memory")
     def get(self, request: Request, stack: str, memory_id: str) -> Response:
         memory = _memory(request, stack, memory_id)
+        record_request_access(request, stack_id=memory.stack_id, path=AccessPath.GET, memory_ids=[memory.pk])
         return Response(MemorySerializer(memory).data)
 
     @extend_schema(tags=[TAG], request=MemoryUpdateSerializer, responses=MemorySerializer,
@@ -163,7 +168,9 @@ class MemoryOriginalView(APIView):
                                          "wrong key or tampered data): `original_unreadable`")},
         summary="A raw entry's original (unredacted) text, if the school keeps it (audited)")
     def get(self, request: Request, stack: str, memory_id: str) -> Response:
-        kept = originals.raw_original_text(principal_of(request), _memory(request, stack, memory_id))
+        memory = _memory(request, stack, memory_id)
+        kept = originals.raw_original_text(principal_of(request), memory)
+        record_request_access(request, stack_id=memory.stack_id, path=AccessPath.GET, memory_ids=[memory.pk])
         response = Response(RawOriginalSerializer(kept).data)
         response["Cache-Control"] = "private, no-store"
         return response
@@ -282,6 +289,7 @@ class LoadView(APIView):
         query = validated(LoadQuerySerializer, request.query_params)
         item_chars = MAX_ITEM_CHARS if query.get("no_truncate") else query.get("item_chars")
         result = stack_load(stack=target, budget=query.get("budget"), item_chars=item_chars, audience=audience)
+        record_request_access(request, stack_id=target.pk, path=AccessPath.LOAD, memory_ids=result.served_ids())
         return Response(result.as_json())
 
 
@@ -305,7 +313,9 @@ class ExportMemoryMdView(APIView):
                    summary="MEMORY.md for the stack (text/markdown)")
     def get(self, request: Request, stack: str) -> HttpResponse:
         target, audience = _reach(request, stack)
-        body = stack_memory_md(stack=target, audience=audience)
+        served: list[uuid.UUID] = []
+        body = stack_memory_md(stack=target, audience=audience, served=served)
+        record_request_access(request, stack_id=target.pk, path=AccessPath.MEMORY_MD, memory_ids=served)
         response = HttpResponse(body, content_type="text/markdown; charset=utf-8")
         response["Content-Disposition"] = 'inline; filename="MEMORY.md"'
         response["Cache-Control"] = "private, no-store"

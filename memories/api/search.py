@@ -21,10 +21,12 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from accounts.authors import Path
 from accounts.principal import principal_of
 from memories import selectors
 from memories.models import Memory
 from memories.privacy.grants import audience_for
+from memories.reads.access_log import AccessPath, record_request_access
 from memories.search.hybrid import search_memories
 from memories.search.query import SearchHit, SearchQuery, SearchResult
 from memories.search.retrieval_feedback import memory_feedback
@@ -135,6 +137,8 @@ class StackSearchView(APIView):
         query = validated(SearchInSerializer, request.data)["search"]
         result = search_memories(stack_ids=[target.pk], query=query,
                                  audience=audience_for(principal, stack_id=target.pk))
+        record_request_access(request, stack_id=target.pk, path=AccessPath.SEARCH,
+                              memory_ids=[hit.memory.pk for hit in result.hits])
         return Response(_result_json(result, query, [target]))
 
 
@@ -150,6 +154,9 @@ class SchoolSearchView(APIView):
         # Only school keys get here (never a stack's own credentials): the grants always apply.
         result = search_memories(stack_ids=[s.pk for s in stacks], query=data["search"],
                                  audience=audience_for(principal))
+        for stack_id in {hit.memory.stack_id for hit in result.hits}:  # one row per stack served
+            record_request_access(request, stack_id=stack_id, path=AccessPath.SEARCH,
+                                  memory_ids=[hit.memory.pk for hit in result.hits if hit.memory.stack_id == stack_id])
         return Response(_result_json(result, data["search"], stacks))
 
 
@@ -203,6 +210,8 @@ class KernleSearchView(APIView):
         stack = selectors.stack_for_kernle_search(principal, stack_id=data.get("stack_id"))
         result = search_memories(stack_ids=[stack.pk], query=query,
                                  audience=audience_for(principal, stack_id=stack.pk))
+        record_request_access(request, stack_id=stack.pk, path=AccessPath.SEARCH, via=Path.KERNLE,
+                              memory_ids=[hit.memory.pk for hit in result.hits])
         results = [
             {
                 "id": hit.memory.record_id,

@@ -30,9 +30,11 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from accounts.authors import Path
 from accounts.principal import principal_of
 from accounts.throttles import SYNC_PULL_THROTTLES, SYNC_PUSH_THROTTLES
 from memories import sync
+from memories.reads.access_log import AccessPath, record_request_access
 from memoryhub.errors import InvalidInput
 
 ERRORS = {
@@ -237,6 +239,9 @@ class KernlePullView(APIView):
         request_body = _object_body(request)
         result = sync.kernle_pull(principal=principal_of(request), stack_id=request_body.get("stack_id"),
                                   since=request_body.get("since"))
+        if result.stack_id is not None:
+            record_request_access(request, stack_id=result.stack_id, path=AccessPath.PULL, via=Path.KERNLE,
+                                  memory_ids=result.memory_ids)
         # The operations arrive as JSON text assembled without decoding any record (a 10,000-record
         # change set would otherwise be decoded and re-encoded); the envelope is added around it.
         body = (f'{{"operations": {result.operations_json}, "has_more": false, '
@@ -289,6 +294,7 @@ class NativePullView(APIView):
         result = sync.native_pull(principal=principal_of(request), stack_slug=stack,
                                   cursor=request.query_params.get("cursor"),
                                   limit=request.query_params.get("limit"))
+        record_request_access(request, stack_id=result.stack_id, path=AccessPath.PULL, memory_ids=result.memory_ids)
         body = (f'{{"changes": {result.changes_json}, "next_cursor": {json.dumps(result.next_cursor)}, '
                 f'"has_more": {json.dumps(result.has_more)}}}')
         return HttpResponse(body, content_type="application/json")

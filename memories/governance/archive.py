@@ -29,6 +29,7 @@ from django.utils import timezone
 from accounts.models import Organization
 from memories.models import BootConfigEntry, Checkpoint, Memory, MemoryKind, MemoryRevision
 from memories.privacy.grants import Audience, grants_filter
+from memories.reads.access_history import access_log_for_archive
 from memories.reads.export import stack_memory_md
 from memories.services import CheckpointInput, boot_config_set, checkpoint_save, memory_forget
 from memories.sync.engine import apply_native_operations, with_retry_per_record
@@ -68,7 +69,11 @@ All text is UTF-8; timestamps are ISO 8601 with a UTC offset; ids are UUIDs or i
   `action`, `reason`, `snapshot`, `created_at`;
 * `checkpoints.jsonl`: the checkpoint history, oldest first;
 * `boot_config.jsonl`: the boot config: `key`, `value`, `updated_at`;
-* `MEMORY.md`: the stack's MEMORY.md as the API serves it.
+* `MEMORY.md`: the stack's MEMORY.md as the API serves it;
+* `access_log.jsonl` (only in an archive exported by a school admin or the stack's own credentials,
+  who may read it): who was served which memories, oldest first: `id`, `at`, `path` (the kind of
+  read), `reader` (`path` — the channel —, `key_id`, `key_name`, `user_id`, `user`, `agent`) and
+  `memory_ids`; never any memory text.
 
 A memory line has every column of the memory: `id`, `kind`, `record_id`, `text` (the searchable
 text derived from `data`), `data` (the kind's fields), `extra` (fields a client sent that MemoryHub
@@ -116,10 +121,17 @@ def archive_filename(stack: Stack, now: datetime) -> str:
     return f"memoryhub-{stack.slug}-{now.strftime('%Y%m%dT%H%M%SZ')}.zip"
 
 
-def archive_chunks(*, stack: Stack, now: datetime | None = None, audience: Audience | None = None) -> Iterator[bytes]:
+def archive_memory_ids(*, stack: Stack, audience: Audience | None = None) -> list[Any]:
+    """The ids of the memories `archive_chunks` writes for `audience` (what the access log records)."""
+    return list(grants_filter(Memory.objects.filter(stack=stack), audience).values_list("id", flat=True))
+
+
+def archive_chunks(*, stack: Stack, now: datetime | None = None, audience: Audience | None = None,
+                   include_access_log: bool = False) -> Iterator[bytes]:
     """The stack's archive as a stream of ZIP bytes (format: ARCHIVE_README). Caller checked access.
     `audience`: a requester other than the stack's own credentials (memories.privacy.grants) gets only the
-    memories its grants admit, their revisions and a MEMORY.md of them (the counts say so)."""
+    memories its grants admit, their revisions and a MEMORY.md of them (the counts say so).
+    `include_access_log`: the caller may read the stack's access log (memories.reads.access_history)."""
     now = now or timezone.now()
     sink = _Sink()
     counts: dict[str, int] = {}
@@ -139,10 +151,15 @@ def archive_chunks(*, stack: Stack, now: datetime | None = None, audience: Audie
              .values(*CHECKPOINT_FIELDS)),
             ("boot_config.jsonl", BootConfigEntry.objects.filter(stack=stack).order_by("key").values(*BOOT_FIELDS)),
         ]
+        if include_access_log:
+            sources.append(("access_log.jsonl", access_log_for_archive(stack=stack)
+                            .values("id", "at", "path", "author", "memory_ids")))
         for name, rows in sources:
             count = 0
             with archive.open(name, "w", force_zip64=True) as entry:
                 for row in rows.iterator(chunk_size=ROW_CHUNK):
+                    if name == "access_log.jsonl":
+                        row["reader"] = row.pop("author")
                     entry.write(_line(row))
                     count += 1
                     if sink.pending >= FLUSH_BYTES:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+import uuid
 from datetime import datetime
 
 from django.db.models import F, FloatField, IntegerField, Value
@@ -47,7 +48,9 @@ def one_line(text: object, limit: int = LINE_MAX) -> str:
 
 
 def stack_memory_md(*, stack: Stack, now: datetime | None = None, include_checkpoint: bool = True,
-                    audience: Audience | None = None) -> str:
+                    audience: Audience | None = None, served: list[uuid.UUID] | None = None) -> str:
+    """The stack's MEMORY.md. `served`, when given, receives the ids of the memories written into it
+    (what the access log records: memories.reads.access_log)."""
     now = now or timezone.now()
     live = memories_list(stack=stack, forgotten="exclude", audience=audience)
     lines = [
@@ -113,6 +116,9 @@ def stack_memory_md(*, stack: Stack, now: datetime | None = None, include_checkp
             lines.append(f"- **{one_line(rel.data.get('entity_name'), 200)}** "
                          f"({one_line(rel.data.get('relationship_type'), 100)}){suffix}")
         lines.append("")
+
+    if served is not None:
+        served.extend(memory.pk for section in (values, goals, beliefs, relationships) for memory in section)
 
     checkpoint = checkpoint_latest(stack=stack) if include_checkpoint else None
     if checkpoint is not None:

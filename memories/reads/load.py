@@ -231,6 +231,10 @@ class LoadResult:
     excluded_count: int
     generated_at: datetime = field(default_factory=timezone.now)
 
+    def served_ids(self) -> list[str]:
+        """The ids of the memories this load shows, in full or as an echo's hint (the access log's)."""
+        return [item.id for item in self.memories] + [echo["id"] for echo in self.echoes]
+
     def as_json(self) -> dict[str, Any]:
         """The wire form, the same on REST (`GET …/load`) and MCP (`memory_load`)."""
         return {

@@ -13,7 +13,8 @@ credentials run the same SQL as before, with no predicate.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import uuid
+from dataclasses import dataclass, field
 from datetime import datetime
 from functools import cache
 from typing import Any
@@ -91,7 +92,7 @@ SELECT {_TABLE_SQL}, to_json(m.record_id)::text,
                          'cloud_synced_at', m.server_updated_at,
                          'version', COALESCE(m.client_version, 1))::text,
        to_json(COALESCE(m.client_updated_at, m.server_updated_at))::text,
-       COALESCE(m.client_version, 1)
+       COALESCE(m.client_version, 1), m.id
 FROM memories_memory m
 WHERE m.stack_id = %(stack)s AND m.deleted_at IS NULL AND m.forgotten_at IS NULL
   AND m.kind IN ({", ".join(f"'{k}'" for k in PULL_TABLE_FOR_KIND)})
@@ -132,7 +133,7 @@ def _record_json(*objects: str | None) -> str:
 
 
 def _kernle_operation_json(row: tuple[Any, ...]) -> str:
-    table, record_id, lessons, extra, data, columns, sync_block, local_updated_at, version = row
+    table, record_id, lessons, extra, data, columns, sync_block, local_updated_at, version, _ = row
     head = '{"lessons_learned": ' + lessons + "}" if lessons is not None else None
     return (f'{{"operation": "update", "table": "{table}", "record_id": {record_id}, '
             f'"local_updated_at": {local_updated_at}, "version": {version}, '
@@ -144,6 +145,8 @@ class KernlePullResult:
     operations_json: str  # a JSON array of pull operations, rendered without decoding records
     count: int
     server_time: datetime
+    stack_id: int | None = None  # None: the stack does not exist (yet)
+    memory_ids: list[uuid.UUID] = field(default_factory=list)  # what the operations carry (the access log)
 
     @property
     def operations(self) -> list[dict[str, Any]]:
@@ -174,8 +177,10 @@ def kernle_pull(*, principal: Principal, stack_id: Any, since: Any) -> KernlePul
     grants, grant_params = _grants_clause(principal, stack, alias="m")
     with connection.cursor() as cursor:
         cursor.execute(_kernle_pull_sql(grants), {**keys, "since": effective, "now": now, **grant_params})
-        rows = [_kernle_operation_json(row) for row in cursor.fetchall()]
-    return KernlePullResult(operations_json="[" + ",".join(rows) + "]", count=len(rows), server_time=now)
+        fetched = cursor.fetchall()
+    rows = [_kernle_operation_json(row) for row in fetched]
+    return KernlePullResult(operations_json="[" + ",".join(rows) + "]", count=len(rows), server_time=now,
+                            stack_id=stack.pk, memory_ids=[row[-1] for row in fetched])
 
 
 def _since(value: Any) -> datetime | None:
@@ -218,7 +223,8 @@ SELECT m.change_seq,
                           WHEN m.forgotten_at IS NOT NULL THEN 'forgotten' END)::text,
        CASE WHEN {_LIVE} THEN m.extra::text END,
        CASE WHEN {_LIVE} THEN m.data::text END,
-       CASE WHEN {_LIVE} THEN {_COLUMNS_JSON} END
+       CASE WHEN {_LIVE} THEN {_COLUMNS_JSON} END,
+       CASE WHEN {_LIVE} THEN m.id END
 FROM (SELECT {_NATIVE_PULL_COLUMNS} FROM memories_memory
       WHERE stack_id = %(stack)s AND change_seq > %(after)s {{grants}}
       ORDER BY stack_id, change_seq LIMIT %(limit)s) m
@@ -287,7 +293,7 @@ def _grants_clause(principal: Principal, stack: Stack, *, alias: str) -> tuple[s
 
 
 def _native_change_json(row: tuple[Any, ...]) -> str:
-    _, envelope, extra, data, columns = row
+    _, envelope, extra, data, columns, _ = row
     return envelope[:-1] + ', "data": ' + _record_json(extra, data, columns) + "}"
 
 
@@ -297,6 +303,8 @@ class NativePullResult:
     count: int
     next_cursor: str
     has_more: bool
+    stack_id: int = 0
+    memory_ids: list[uuid.UUID] = field(default_factory=list)  # the upserts' (the access log); not tombstones
 
     @property
     def changes(self) -> list[dict[str, Any]]:
@@ -336,7 +344,8 @@ def native_pull(*, principal: Principal, stack_slug: str, cursor: str | None, li
             newest = db.fetchone()[0]
             last = max(last, newest or 0)
     return NativePullResult(changes_json="[" + ",".join(page.changes) + "]", count=len(page.changes),
-                            next_cursor=cursor_encode(last), has_more=has_more)
+                            next_cursor=cursor_encode(last), has_more=has_more, stack_id=stack.pk,
+                            memory_ids=[row[-1] for row in page.rows if row[-1] is not None])
 
 
 def _page_size(limit: Any) -> int:
