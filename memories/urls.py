@@ -2,8 +2,20 @@
 
 from __future__ import annotations
 
-from memories.api import archive, erasure, lifecycle, memories, privacy, redaction, search, sessions, sync, usage
+from memories.api import (
+    access_log,
+    archive,
+    erasure,
+    lifecycle,
+    memories,
+    privacy,
+    redaction,
+    search,
+    sessions,
+    sync,
+    usage,
+)
 
 urlpatterns = (memories.urlpatterns + sync.urlpatterns + search.urlpatterns + lifecycle.urlpatterns
                + archive.urlpatterns + erasure.urlpatterns + redaction.urlpatterns + privacy.urlpatterns
-               + sessions.urlpatterns + usage.urlpatterns)
+               + sessions.urlpatterns + usage.urlpatterns + access_log.urlpatterns)
