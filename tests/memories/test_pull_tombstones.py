@@ -67,7 +67,7 @@ def _purge_by_ttl(memory: Memory) -> None:
 
 
 @pytest.fixture
-def cast(transactional_db: None) -> School:
+def cast(db: None) -> School:
     return school_cast()
 
 
