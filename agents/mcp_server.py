@@ -14,6 +14,12 @@
 * The session manager needs a running task group, started by ASGI lifespan events: `running()` is
   entered by the outer router of memoryhub.asgi on `lifespan.startup`. Without lifespan events
   (`uvicorn --lifespan off`) /mcp answers 503 and says so; everything else works as before.
+* The agent label of a call (docs/privacy.md "Provenance") is the MCP client's `clientInfo.name`.
+  A client on protocol 2026-07-28 or later sends it with every request. An older one sends it only
+  with `initialize`, which a stateless server cannot keep; so the answer to `initialize` carries it
+  back as the `Mcp-Session-Id` (signed with the server's secret, holding nothing else), which the
+  client sends with every later request of its session, to whichever process serves it. Without
+  either, the REST API's `X-Agent-Id` header names the agent (or none does).
 * The tools (agents/mcp_tools.py) are synchronous Django code; each call runs on a worker thread
   between `request_started` and `request_finished`, as a REST request does, so its database
   connection goes back to the pool when the call ends.
@@ -30,7 +36,7 @@ import anyio
 import anyio.to_thread
 import mcp_types as types
 from django.conf import settings
-from django.core import signals
+from django.core import signals, signing
 from django.http import HttpRequest
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
@@ -39,6 +45,7 @@ from mcp.server.transport_security import TransportSecuritySettings
 from rest_framework.request import Request
 
 from accounts.authentication import BearerAuthentication
+from accounts.authors import AGENT_HEADER, AGENT_LABEL_MAX
 from accounts.principal import Principal
 from agents.mcp_tools import call_tool, tools_for
 from memoryhub.errors import NotAuthenticated, api_exception_handler, error_body
@@ -51,6 +58,10 @@ T = TypeVar("T")
 
 MCP_PATHS = frozenset({"/mcp", "/mcp/"})
 PRINCIPAL_KEY = "memoryhub.principal"  # where the authenticated Principal rides in the ASGI scope
+CLIENT_NAME_KEY = "memoryhub.client_name"  # the client name the request's session id carries
+SESSION_HEADER = b"mcp-session-id"
+_SESSION_SALT = "memoryhub.mcp.client-name"
+_INITIALIZE_MAX_BYTES = 64 * 1024  # an initialize request is small; a larger body is not one
 INSTRUCTIONS = (
     "MemoryHub: long-term memory for this agent. Start a session with memory_load (checkpoint, boot config and "
     "the most important memories within a token budget); memory_search before answering from memory; "
@@ -97,6 +108,73 @@ def _principal(ctx: ServerRequestContext[Any, Any]) -> Principal:
     return principal
 
 
+def _session_name(name: str) -> str:
+    """The session id that carries a client's name (`initialize` → every later request)."""
+    return signing.dumps(name[:AGENT_LABEL_MAX + 1], salt=_SESSION_SALT, compress=True)
+
+
+def _named_by_session(scope: Scope) -> str | None:
+    """The client name the request's `Mcp-Session-Id` carries, if it is one of ours."""
+    for name, value in scope.get("headers", []):
+        if name.lower() == SESSION_HEADER:
+            try:
+                named = signing.loads(value.decode("latin-1"), salt=_SESSION_SALT)
+            except (signing.BadSignature, UnicodeDecodeError, ValueError):
+                return None
+            return named if isinstance(named, str) else None
+    return None
+
+
+def _initialize_name(body: bytes) -> str | None:
+    """`params.clientInfo.name` of an `initialize` request body, else None."""
+    if len(body) > _INITIALIZE_MAX_BYTES or b'"initialize"' not in body:
+        return None
+    try:
+        message = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(message, dict) or message.get("method") != "initialize":
+        return None
+    info = (message.get("params") or {}).get("clientInfo") if isinstance(message.get("params"), dict) else None
+    name = info.get("name") if isinstance(info, dict) else None
+    return name if isinstance(name, str) and name else None
+
+
+def _naming_session(receive: Receive, send: Send) -> tuple[Receive, Send]:
+    """`receive` and `send` that, for an `initialize` request, answer with the session id carrying
+    the client's name (`_session_name`); any other request passes through unchanged."""
+    body = bytearray()
+
+    async def receiving() -> Message:
+        message = await receive()
+        if message.get("type") == "http.request" and len(body) <= _INITIALIZE_MAX_BYTES:
+            body.extend(message.get("body", b""))
+        return message
+
+    async def sending(message: Message) -> None:
+        if message.get("type") == "http.response.start":
+            name = _initialize_name(bytes(body))
+            if name is not None:
+                message = {**message, "headers": [*message.get("headers", []),
+                                                  (SESSION_HEADER, _session_name(name).encode("ascii"))]}
+        await send(message)
+
+    return receiving, sending
+
+
+def _client_name(ctx: ServerRequestContext[Any, Any]) -> Any:
+    """The calling client's name as it sent it, unchecked (`call_tool` validates it): `clientInfo.name`
+    when this request carries the client's info, else the one its session id carries, else the
+    `X-Agent-Id` header, else None."""
+    params = ctx.session.client_params if ctx.session is not None else None
+    if params is not None and params.client_info is not None:
+        return params.client_info.name
+    if ctx.request is None:
+        return None
+    named = ctx.request.scope.get(CLIENT_NAME_KEY)
+    return named if named is not None else ctx.request.headers.get(AGENT_HEADER)
+
+
 def _tool(tool: Any) -> types.Tool:
     return types.Tool(name=tool.name, description=tool.description, input_schema=tool.input_schema)
 
@@ -119,7 +197,8 @@ class McpEndpoint:
     async def _call_tool(self, ctx: ServerRequestContext[Any, Any],
                          params: types.CallToolRequestParams) -> types.CallToolResult:
         base_url = str(ctx.request.base_url).rstrip("/") if ctx.request is not None else ""
-        outcome = await self._in_thread(call_tool, _principal(ctx), params.name, params.arguments, base_url)
+        outcome = await self._in_thread(call_tool, _principal(ctx), params.name, params.arguments, base_url,
+                                        _client_name(ctx))
         return types.CallToolResult(content=[types.TextContent(text=outcome.text())],
                                     structured_content=outcome.payload, is_error=outcome.is_error)
 
@@ -165,7 +244,9 @@ class McpEndpoint:
                        if name.lower() in ("www-authenticate", "retry-after")]
             await _send_json(send, response.status_code, dict(response.data or {}), headers)
             return
-        await manager.handle_request({**scope, PRINCIPAL_KEY: principal}, receive, send)
+        receive, send = _naming_session(receive, send)
+        await manager.handle_request({**scope, PRINCIPAL_KEY: principal, CLIENT_NAME_KEY: _named_by_session(scope)},
+                                     receive, send)
 
 
 def transport_security() -> TransportSecuritySettings:

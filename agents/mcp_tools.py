@@ -21,7 +21,7 @@ from django.conf import settings
 from jsonschema import Draft202012Validator
 from rest_framework.utils.encoders import JSONEncoder
 
-from accounts.authors import Path, author_of
+from accounts.authors import Author, Path, agent_label, author_of
 from accounts.principal import Principal
 from agents.selectors import stack_stats
 from memories import selectors, services
@@ -63,6 +63,8 @@ class AgentTool:
     run: Callable[..., Payload]  # (principal, arguments), plus the base URL when `links`
     # Tools answering with links (teleport) also get the URL the caller reached MemoryHub at.
     links: bool = False
+    # Tools that write memories also get the call's author (`author=`, docs/privacy.md "Provenance").
+    authored: bool = False
 
 
 # --- arguments ------------------------------------------------------------------------------------
@@ -165,14 +167,14 @@ def _load(principal: Principal, args: Payload) -> Payload:
     return {"stack": target.slug, **result.as_json()}
 
 
-def _remember(principal: Principal, args: Payload) -> Payload:
+def _remember(principal: Principal, args: Payload, *, author: Author) -> Payload:
     target, audience = _reach(principal, args, write=True)
     data = validated(SmartIngestInSerializer, {"kind": MemoryKind.NOTE, **_body(args)})
     supersedes = data.get("supersedes")
     decision = smart_ingest(stack=target, kind=data["kind"], payload=data["record"],
                             force_create=data["force_create"],
                             supersedes=None if supersedes is None else str(supersedes),
-                            thresholds=data.get("thresholds"), audience=audience)
+                            thresholds=data.get("thresholds"), audience=audience, author=author)
     return decision.as_json()
 
 
@@ -182,15 +184,15 @@ def _get(principal: Principal, args: Payload) -> Payload:
     return dict(MemorySerializer(memory).data)
 
 
-def _forget(principal: Principal, args: Payload) -> Payload:
+def _forget(principal: Principal, args: Payload, *, author: Author) -> Payload:
     memory = _memory(principal, args, write=True)
     reason = validated(ForgetSerializer, clean_json({"reason": args.get("reason", "manual")}))["reason"]
-    return dict(MemorySerializer(services.memory_forget(memory=memory, reason=reason)).data)
+    return dict(MemorySerializer(services.memory_forget(memory=memory, reason=reason, author=author)).data)
 
 
-def _recover(principal: Principal, args: Payload) -> Payload:
+def _recover(principal: Principal, args: Payload, *, author: Author) -> Payload:
     memory = _memory(principal, args, write=True)
-    return dict(MemorySerializer(services.memory_recover(memory=memory)).data)
+    return dict(MemorySerializer(services.memory_recover(memory=memory, author=author)).data)
 
 
 def _checkpoint_save(principal: Principal, args: Payload) -> Payload:
@@ -317,7 +319,7 @@ TOOLS: tuple[AgentTool, ...] = (
                                                                            "(it is forgotten)."},
                  "thresholds": {"type": ["object", "null"]}},
                 open_=True),
-        True, _remember),
+        True, _remember, authored=True),
     AgentTool(
         "memory_get",
         "Read one memory by id, with all its fields (forgotten ones too).",
@@ -329,12 +331,12 @@ TOOLS: tuple[AgentTool, ...] = (
         _schema({"memory_id": MEMORY_ID,
                  "reason": {"type": "string", "maxLength": 64, "description": "Why (default `manual`)."}},
                 ("memory_id",)),
-        True, _forget),
+        True, _forget, authored=True),
     AgentTool(
         "memory_recover",
         "Recover a forgotten memory (it comes back weak and strengthens with use).",
         _schema({"memory_id": MEMORY_ID}, ("memory_id",)),
-        True, _recover),
+        True, _recover, authored=True),
     AgentTool(
         "checkpoint_save",
         "Save a checkpoint of the current work (task, progress, next step, blocker) so the next session can resume. "
@@ -403,17 +405,25 @@ class ToolOutcome:
         return json.dumps(self.payload, ensure_ascii=False)
 
 
-def call_tool(principal: Principal, name: str, arguments: Payload | None, base_url: str = "") -> ToolOutcome:
+def call_tool(principal: Principal, name: str, arguments: Payload | None, base_url: str = "",
+              client_name: Any = None) -> ToolOutcome:
     """Run one tool for `principal`. A refusal is the REST error contract's body (`error.code`,
     `error.message`, `error.fields`) — the same mapping as the API's, so a 422 `redaction_refused`
-    there is `redaction_refused` here — never an exception out of this function."""
+    there is `redaction_refused` here — never an exception out of this function.
+
+    `client_name`: the MCP client's `clientInfo.name` (agents/mcp_server.py), the agent label of
+    what the call writes (docs/privacy.md "Provenance"). It is checked like `X-Agent-Id` and a bad
+    one refused, not cut: a tool call from a client named with more than 100 characters or control
+    characters is a 400 `invalid` naming `clientInfo.name`, and nothing is stored."""
     try:
         tool = TOOLS_BY_NAME.get(name)
         if tool is None:
             raise NotFound(f"No tool named {name!r}.", code="unknown_tool")
+        author = author_of(principal, path=Path.MCP, agent=agent_label(client_name, field="clientInfo.name"))
         args = _arguments(tool, dict(arguments or {}))
-        with access_batch():  # the access log's rows are written once the answer is built
-            payload = tool.run(principal, args, base_url) if tool.links else tool.run(principal, args)
+        extra: dict[str, Any] = {"author": author} if tool.authored else {}
+        with access_batch(reader=author):  # the access log's rows are written once the answer is built
+            payload = tool.run(principal, args, base_url) if tool.links else tool.run(principal, args, **extra)
         return ToolOutcome(json.loads(json.dumps(payload, cls=JSONEncoder)), is_error=False)
     except Exception as exc:  # every failure becomes the contract's error, as on REST
         return ToolOutcome(error_payload(exc), is_error=True)

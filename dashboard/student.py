@@ -33,6 +33,7 @@ from django.db import connection, transaction
 from django.db.models import Count
 from django.utils import timezone
 
+from accounts.authors import AGENT_LABEL_MAX, Path, author_of
 from accounts.principal import Principal
 from accounts.services import audit_record
 from memories.governance.archive import MEMORY_FIELDS, ROW_CHUNK
@@ -80,6 +81,9 @@ class MemoryFilterForm(forms.Form):
                                    widget=forms.DateInput(attrs={"type": "date"}))
     created_to = forms.DateField(label="Created to", required=False, widget=forms.DateInput(attrs={"type": "date"}))
     forgotten = forms.ChoiceField(label="Forgotten", required=False, choices=FORGOTTEN_CHOICES)
+    # The agent label the memories were first written under (docs/privacy.md "Provenance"); the page
+    # offers the stack's own (`memories.selectors.memory_agents`).
+    agent = forms.CharField(label="Written by agent", required=False, max_length=AGENT_LABEL_MAX, strip=True)
     page = forms.IntegerField(required=False, min_value=1, max_value=1_000_000, widget=forms.HiddenInput)
 
     def clean(self) -> dict[str, Any]:
@@ -87,7 +91,7 @@ class MemoryFilterForm(forms.Form):
         start, end = data.get("created_from"), data.get("created_to")
         if start and end and start > end:
             self.add_error("created_to", "Must not be before “Created from”.")
-        for name in ("q", "tag"):
+        for name in ("q", "tag", "agent"):
             if "\x00" in (data.get(name) or ""):
                 self.add_error(name, "Contains a character that is not allowed.")
         return data
@@ -101,13 +105,15 @@ class MemoryFilters:
     created_from: date | None = None  # inclusive days, in the school's time zone
     created_to: date | None = None
     forgotten: ForgottenFilter = "exclude"
+    agent: str = ""
     page: int = 1
 
     @classmethod
     def of(cls, data: dict[str, Any]) -> MemoryFilters:
         return cls(q=data.get("q") or "", kind=data.get("kind") or "", tag=data.get("tag") or "",
                    created_from=data.get("created_from"), created_to=data.get("created_to"),
-                   forgotten=data.get("forgotten") or "exclude", page=data.get("page") or 1)
+                   forgotten=data.get("forgotten") or "exclude", agent=data.get("agent") or "",
+                   page=data.get("page") or 1)
 
     @property
     def created_after(self) -> datetime | None:
@@ -125,14 +131,15 @@ class MemoryFilters:
     @property
     def narrowed(self) -> bool:
         """Anything beyond the defaults (so an empty result means "nothing matches", not "nothing yet")."""
-        return bool(self.q or self.kind or self.tag or self.created_from or self.created_to
+        return bool(self.q or self.kind or self.tag or self.created_from or self.created_to or self.agent
                     or self.forgotten != "exclude")
 
 
 def _filtered(stack: Stack, filters: MemoryFilters, *, audience: Audience | None, with_kind: bool = True) -> Any:
     return memories_list(stack=stack, kinds=[filters.kind] if with_kind and filters.kind else None,
                          tags=[filters.tag] if filters.tag else None, created_after=filters.created_after,
-                         created_before=filters.created_before, forgotten=filters.forgotten, audience=audience)
+                         created_before=filters.created_before, forgotten=filters.forgotten,
+                         audience=audience, agent=filters.agent or None)
 
 
 def kind_counts(stack: Stack, filters: MemoryFilters, *, audience: Audience | None) -> dict[str, int]:
@@ -160,12 +167,16 @@ def memory_search(stack: Stack, filters: MemoryFilters, *, audience: Audience | 
     """The native search API's call (memories.api.search.StackSearchView) with the page's filters.
 
     Search covers live memories only, as the API's does; the tag filter is "any of these tags" there,
-    which for one tag is the same as the list's.
+    which for one tag is the same as the list's. The agent filter keeps the best matches written
+    under that agent.
     """
     query = SearchQuery(text=filters.q, limit=SEARCH_LIMIT, kinds=(filters.kind,) if filters.kind else (),
                         tags=(filters.tag,) if filters.tag else (), created_after=filters.created_after,
                         created_before=filters.created_before)
-    return search_memories(stack_ids=[stack.pk], query=query, audience=audience)
+    result = search_memories(stack_ids=[stack.pk], query=query, audience=audience)
+    if filters.agent:
+        result.hits = [hit for hit in result.hits if (hit.memory.written_by or {}).get("agent") == filters.agent]
+    return result
 
 
 # --- decay: candidates and the retention chart ------------------------------------------------------
@@ -326,16 +337,20 @@ def memory_change(*, principal: Principal, stack: Stack, memory: Memory, action:
                   ip: str | None) -> Memory:
     """Forget / recover / protect / unprotect through the memories services, audited in the same
     transaction. The stack was resolved with write=True (archived → 409). Service refusals
-    (already forgotten, protected) are Conflicts (409)."""
+    (already forgotten, protected) are Conflicts (409). The revision and the audit event name the
+    signed-in person and the dashboard as the change's author (docs/privacy.md "Provenance")."""
+    author = author_of(principal, path=Path.DASHBOARD)
     if action == "forget":
-        memory = memory_forget(memory=memory, reason=reason, source=DASHBOARD_SOURCE)
+        memory = memory_forget(memory=memory, reason=reason, source=DASHBOARD_SOURCE, author=author)
     elif action == "recover":
-        memory = memory_recover(memory=memory, source=DASHBOARD_SOURCE)
+        memory = memory_recover(memory=memory, source=DASHBOARD_SOURCE, author=author)
     elif action in ("protect", "unprotect"):
-        memory = memory_set_protected(memory=memory, protected=action == "protect", source=DASHBOARD_SOURCE)
+        memory = memory_set_protected(memory=memory, protected=action == "protect", source=DASHBOARD_SOURCE,
+                                      author=author)
     else:
         raise NotFound("There is no such action.", code="not_found")
-    metadata: dict[str, Any] = {"stack": stack.slug, "kind": memory.kind, "version": memory.version}
+    metadata: dict[str, Any] = {"stack": stack.slug, "kind": memory.kind, "version": memory.version,
+                                "author": author.as_json()}
     if action == "forget":
         metadata["reason"] = memory.forgotten_reason  # the admin's words, never the memory's text
     audit_record(organization=stack.organization, action=_AUDIT_ACTIONS[action], principal=principal,

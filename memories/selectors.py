@@ -20,7 +20,7 @@ from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from accounts.principal import Principal
-from memories.models import BootConfigEntry, Checkpoint, ErasureCertificate, Memory
+from memories.models import BootConfigEntry, Checkpoint, ErasureCertificate, Memory, MemoryRevision
 from memories.privacy.grants import Audience, grants_filter
 from memoryhub.errors import Forbidden, InvalidInput, NotFound
 from stacks.models import Stack
@@ -61,9 +61,13 @@ def memory_get(*, stack: Stack, memory_id: uuid.UUID | str, audience: Audience |
 
 def memories_list(*, stack: Stack, kinds: list[str] | None = None, tags: list[str] | None = None,
                   created_after: datetime | None = None, created_before: datetime | None = None,
-                  forgotten: ForgottenFilter = "exclude", audience: Audience | None = None) -> QuerySet[Memory]:
-    """Filtered memories of a stack that `audience` may see; `tags` matches memories carrying ALL given tags."""
+                  forgotten: ForgottenFilter = "exclude", audience: Audience | None = None,
+                  agent: str | None = None) -> QuerySet[Memory]:
+    """Filtered memories of a stack that `audience` may see; `tags` matches memories carrying ALL given tags;
+    `agent`: only those first written under this agent label (`written_by`, docs/privacy.md "Provenance")."""
     queryset = memories_live(stack=stack, audience=audience)
+    if agent:
+        queryset = queryset.filter(written_by__agent=agent)
     if kinds:
         queryset = queryset.filter(kind__in=kinds)
     if tags:
@@ -79,6 +83,23 @@ def memories_list(*, stack: Stack, kinds: list[str] | None = None, tags: list[st
     elif forgotten != "include":
         raise InvalidInput("Invalid filter.", fields={"forgotten": ["Must be exclude, include or only."]})
     return queryset
+
+
+REVISIONS_SHOWN = 100
+
+
+def memory_revisions(memory: Memory, *, limit: int = REVISIONS_SHOWN) -> list[MemoryRevision]:
+    """The memory's newest `limit` revisions, newest first, each with its author (docs/privacy.md
+    "Provenance"). The caller read `memory` through `memory_get` (access and grants decided)."""
+    return list(MemoryRevision.objects.filter(memory_id=memory.pk).order_by("-created_at", "-id")[:limit])
+
+
+def memory_agents(*, stack: Stack, audience: Audience | None = None) -> list[str]:
+    """The agent labels the stack's memories were written under (`written_by.agent`), sorted: what
+    the student page's agent filter offers. Only from memories `audience` may see."""
+    labels = (memories_live(stack=stack, audience=audience).filter(written_by__has_key="agent")
+              .values_list("written_by__agent", flat=True).distinct())
+    return sorted({label for label in labels if isinstance(label, str) and label})
 
 
 # --- checkpoints -----------------------------------------------------------------------------------

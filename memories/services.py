@@ -18,7 +18,11 @@ service (all keyword-only, `@transaction.atomic`):
 
 The sync engine (`memories.sync`) writes through the kernel's set-based form instead of these
 services, because a kernle push needs per-operation outcomes and set-based speed.
-`source` names the writer ("api", "ingest", "promotion", …) and lands in revisions.
+`source` names the writer ("api", "ingest", "promotion", …) and lands in revisions. `author`
+(accounts.authors.Author) is who wrote: the new memory's `written_by`, the revision's `author`
+(docs/privacy.md "Provenance"); its agent label is redacted like any text (`hooks.prepare_author`).
+Every request path passes its caller's (`request_author`, `author_of`); None is the server's own
+write, named after `source` (`job_author(source)`: promotion, smart ingest's follow-ups, reviews).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from typing import Any
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from accounts.authors import Author, job_author
 from accounts.principal import Principal
 from billing.entitlements import ensure_can_store
 from memories.models import BootConfigEntry, Checkpoint, Memory
@@ -46,7 +51,7 @@ from memories.privacy.redaction.engine import (
 from memories.privacy.redaction.policy import RedactionPolicy, stack_policy
 from memories.records.cleaning import clean_json, clean_text
 from memories.writes.columns import CONTENT_COLUMNS
-from memories.writes.hooks import prepare_memory
+from memories.writes.hooks import prepare_author, prepare_memory
 from memories.writes.outbox import BOOT_CONFIG, CHECKPOINT, record_change
 from memories.writes.rows import (
     insert_memories,
@@ -66,6 +71,11 @@ FORGET_REASON_MAX = 64
 RECOVERED_STRENGTH = 0.2  # kernle's `recover`: back as dormant, not strong (docs/algorithms.md §2.7)
 
 
+def _author(author: Author | None, source: str, policy: RedactionPolicy) -> Author:
+    """The write's author as stored: the caller's, or the server's own named after `source`."""
+    return prepare_author(author if author is not None else job_author(source), redaction=policy)
+
+
 def _clean_record_id(record_id: str | None) -> str | None:
     if record_id is None:
         return None
@@ -81,20 +91,24 @@ def _clean_record_id(record_id: str | None) -> str | None:
 
 @transaction.atomic
 def memory_create(*, stack: Stack, kind: str, payload: dict[str, Any], source: str,
-                  record_id: str | None = None) -> Memory:
+                  record_id: str | None = None, author: Author | None = None) -> Memory:
     """Validate and store one new memory. A record id already used for this kind is a 409."""
-    return _memory_create(stack=stack, kind=kind, payload=payload, source=source, record_id=record_id)
+    return _memory_create(stack=stack, kind=kind, payload=payload, source=source, record_id=record_id,
+                          author=author)
 
 
 def _memory_create(*, stack: Stack, kind: str, payload: dict[str, Any], source: str, record_id: str | None,
-                   stack_locked: bool = False) -> Memory:
+                   author: Author | None, stack_locked: bool = False) -> Memory:
     """`memory_create`'s body, inside the caller's atomic block (no savepoint of its own: the
     IntegrityError of a duplicate leaves that block as a Conflict, which rolls it back).
     `stack_locked`: the caller holds the stack row's lock in this transaction already."""
     record_id = _clean_record_id(record_id)
-    normalized = prepare_memory(kind, payload, redaction=stack_policy(stack))
+    policy = stack_policy(stack)
+    normalized = prepare_memory(kind, payload, redaction=policy)
+    written_by = _author(author, source, policy)
     ensure_can_store(stack=stack, additional_bytes=normalized.size_bytes)
-    memory = new_memory(stack=stack, normalized=normalized, record_id=record_id, now=timezone.now())
+    memory = new_memory(stack=stack, normalized=normalized, record_id=record_id, now=timezone.now(),
+                        author=written_by)
     try:
         insert_memories(stack=stack, memories=[memory], source=source, stack_locked=stack_locked)
     except IntegrityError as exc:
@@ -105,18 +119,19 @@ def _memory_create(*, stack: Stack, kind: str, payload: dict[str, Any], source: 
 
 @transaction.atomic
 def memory_create_for(*, principal: Principal, stack_slug: str, kind: str, payload: dict[str, Any], source: str,
-                      record_id: str | None = None) -> Memory:
+                      record_id: str | None = None, author: Author | None = None) -> Memory:
     """`memory_create` on the stack `stack_slug` as `principal` reaches it (the native API's
     `POST …/memories`): the access decision (`stack_for_principal`, write=True) is taken inside the
     write's transaction with the stack row locked, so deciding and taking the write kernel's stack
     lock are one statement instead of two."""
     stack = stack_for_principal(principal, stack_slug, write=True, lock=True)
     return _memory_create(stack=stack, kind=kind, payload=payload, source=source, record_id=record_id,
-                          stack_locked=True)
+                          author=author, stack_locked=True)
 
 
 @transaction.atomic
-def memory_batch_create(*, stack: Stack, items: Sequence[dict[str, Any]], source: str) -> list[Memory]:
+def memory_batch_create(*, stack: Stack, items: Sequence[dict[str, Any]], source: str,
+                        author: Author | None = None) -> list[Memory]:
     """Create many memories, all or nothing.
 
     Each item is `{"kind": …, "record_id"?: …, <the kind's fields>}`. Every item is validated first;
@@ -131,6 +146,7 @@ def memory_batch_create(*, stack: Stack, items: Sequence[dict[str, Any]], source
                               fields={"items": [f"At most {BATCH_MAX_ITEMS} items (got {len(items)})."]})
     now = timezone.now()
     policy = stack_policy(stack)  # once for the batch
+    written_by = _author(author, source, policy)
     errors: dict[str, Any] = {}
     memories: list[Memory] = []
     seen: set[tuple[str, str]] = set()
@@ -157,7 +173,8 @@ def memory_batch_create(*, stack: Stack, items: Sequence[dict[str, Any]], source
                 errors[f"items.{index}.record_id"] = ["Repeated within the batch."]
                 continue
             seen.add((kind, record_id))
-        memories.append(new_memory(stack=stack, normalized=normalized, record_id=record_id, now=now))
+        memories.append(new_memory(stack=stack, normalized=normalized, record_id=record_id, now=now,
+                                   author=written_by))
     if errors:
         raise InvalidInput("Some items are invalid; nothing was stored.", fields=errors)
     ensure_can_store(stack=stack, additional_bytes=sum(m.size_bytes for m in memories))
@@ -171,12 +188,14 @@ def memory_batch_create(*, stack: Stack, items: Sequence[dict[str, Any]], source
 
 @transaction.atomic
 def memory_update(*, memory: Memory, payload: dict[str, Any], source: str, partial: bool = True,
-                  client_version: int | None = None, client_updated_at: datetime | None = None) -> Memory:
+                  client_version: int | None = None, client_updated_at: datetime | None = None,
+                  author: Author | None = None) -> Memory:
     """Apply a change to a memory (PATCH semantics by default). No-op changes keep the version.
 
     `client_version` / `client_updated_at` are the Kernle echo fields.
     """
     policy = stack_policy(memory.stack)  # from the caller's row: its stack (and school) are usually loaded
+    changed_by = _author(author, source, policy)
     memory = locked_memory(memory)
     normalized = prepare_memory(memory.kind, payload, redaction=policy, partial=partial, existing=memory)
     new_values = normalized.as_model_fields()
@@ -203,18 +222,20 @@ def memory_update(*, memory: Memory, payload: dict[str, Any], source: str, parti
         memory.client_version = client_version
     if client_updated_at is not None:
         memory.client_updated_at = client_updated_at
-    return save_change(memory, before=before, source=source, action="update", fields=[*changed, *echo_changed],
+    return save_change(memory, before=before, source=source, author=changed_by, action="update",
+                       fields=[*changed, *echo_changed],
                        text_changed=text_changed, bytes_delta=bytes_delta, original_text=normalized.original_text)
 
 
 @transaction.atomic
-def memory_forget(*, memory: Memory, reason: str, source: str = "api") -> Memory:
+def memory_forget(*, memory: Memory, reason: str, source: str = "api", author: Author | None = None) -> Memory:
     """Tombstone a memory: kept, recoverable, excluded from load, search, export and pull.
 
     Refuses protected memories and memories already forgotten (409), like kernle's `forget`.
     Sets strength to 0.0 too, which is what a forgotten record looks like to a Kernle client.
     """
     policy = stack_policy(memory.stack)  # from the stack the caller resolved, before the re-read
+    changed_by = _author(author, source, policy)
     memory = locked_memory(memory)
     if memory.deleted_at is not None:
         raise Conflict("The memory was deleted.", code="memory_deleted")
@@ -227,7 +248,7 @@ def memory_forget(*, memory: Memory, reason: str, source: str = "api") -> Memory
     memory.forgotten_at = timezone.now()
     memory.forgotten_reason = reason
     memory.strength = 0.0
-    return save_change(memory, before=before, source=source, action="forget", reason=reason,
+    return save_change(memory, before=before, source=source, author=changed_by, action="forget", reason=reason,
                        fields=["forgotten_at", "forgotten_reason", "strength"])
 
 
@@ -245,8 +266,9 @@ def _forget_reason(reason: str | None, policy: RedactionPolicy) -> str:
 
 
 @transaction.atomic
-def memory_recover(*, memory: Memory, source: str = "api") -> Memory:
+def memory_recover(*, memory: Memory, source: str = "api", author: Author | None = None) -> Memory:
     """Undo a tombstone. The memory comes back dormant (strength 0.2), as kernle's `recover` does."""
+    changed_by = _author(author, source, stack_policy(memory.stack))
     memory = locked_memory(memory)
     if memory.forgotten_at is None:
         raise Conflict("The memory is not forgotten.", code="not_forgotten")
@@ -254,19 +276,22 @@ def memory_recover(*, memory: Memory, source: str = "api") -> Memory:
     memory.forgotten_at = None
     memory.forgotten_reason = ""
     memory.strength = max(memory.strength, RECOVERED_STRENGTH)
-    return save_change(memory, before=before, source=source, action="recover",
+    return save_change(memory, before=before, source=source, author=changed_by, action="recover",
                        fields=["forgotten_at", "forgotten_reason", "strength"])
 
 
 @transaction.atomic
-def memory_set_protected(*, memory: Memory, protected: bool, source: str = "api") -> Memory:
+def memory_set_protected(*, memory: Memory, protected: bool, source: str = "api",
+                         author: Author | None = None) -> Memory:
     """Protect (exempt from decay and forgetting) or unprotect a memory. Idempotent."""
+    changed_by = _author(author, source, stack_policy(memory.stack))
     memory = locked_memory(memory)
     if memory.is_protected == protected:
         return memory
     before = memory_snapshot(memory)
     memory.is_protected = protected
-    return save_change(memory, before=before, source=source, action="protect" if protected else "unprotect",
+    return save_change(memory, before=before, source=source, author=changed_by,
+                       action="protect" if protected else "unprotect",
                        fields=["is_protected"])
 
 

@@ -19,6 +19,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from accounts.authors import Path, request_author
 from accounts.principal import principal_of
 from memories import selectors
 from memories.lifecycle.decay import Grade
@@ -135,11 +136,12 @@ class MemoryRecallView(APIView):
                    responses=RecallOutSerializer,
                    summary="Report that a memory was recalled and used (an explicit FSRS review)")
     def post(self, request: Request, stack: str, memory_id: str) -> Response:
+        author = request_author(request, principal_of(request), path=Path.API)  # a bad X-Agent-Id: 400
         target = _stack(request, stack, write=True)
         body = validated(RecallInSerializer, request.data)
         memory = selectors.memory_get(stack=target, memory_id=memory_id, audience=_audience(request, target))
         grade = _grade(body["grade"])
-        result = record_review(memory=memory, grade=grade, source="recall")
+        result = record_review(memory=memory, grade=grade, source="recall", author=author)
         return Response(RecallOutSerializer({
             "memory_id": memory.pk, "grade": grade.name.lower(), "recovered": result.recovered,
             "stability": result.outcome.stability, "difficulty": result.outcome.difficulty,

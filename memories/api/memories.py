@@ -21,6 +21,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from accounts.authors import Author, Path, request_author
 from accounts.principal import principal_of
 from memories import selectors, services
 from memories.lifecycle.promotion import promote_lessons
@@ -41,6 +42,7 @@ from memories.serializers.memories import (
     LoadQuerySerializer,
     LoadResultSerializer,
     MemoryBatchResultSerializer,
+    MemoryDetailSerializer,
     MemoryListQuerySerializer,
     MemorySerializer,
     PromoteInSerializer,
@@ -65,6 +67,12 @@ def _reach(request: Request, slug: str, *, write: bool = False) -> tuple[Stack, 
     principal = principal_of(request)
     target = stack_for_principal(principal, slug, write=write)
     return target, audience_for(principal, stack_id=target.pk)
+
+
+def _author(request: Request) -> Author:
+    """Who writes (docs/privacy.md "Provenance"): the credential, the `X-Agent-Id` label and the
+    native path. Read before anything else, so a bad label is a 400 and nothing is stored."""
+    return request_author(request, principal_of(request), path=Path.API)
 
 
 def _memory(request: Request, slug: str, memory_id: str, *, write: bool = False) -> Memory:
@@ -113,9 +121,12 @@ class MemoryListView(APIView):
                    ],
                    summary="Create a memory (kind + the kind's fields, flat)")
     def post(self, request: Request, stack: str) -> Response:
+        principal = principal_of(request)
+        author = _author(request)
         data = validated(MemoryWriteSerializer, request.data)
-        memory = services.memory_create_for(principal=principal_of(request), stack_slug=stack, kind=data["kind"],
-                                            payload=data["record"], source="api", record_id=data.get("record_id"))
+        memory = services.memory_create_for(principal=principal, stack_slug=stack, kind=data["kind"],
+                                            payload=data["record"], source="api", record_id=data.get("record_id"),
+                                            author=author)
         return Response(MemorySerializer(memory).data, status=status.HTTP_201_CREATED)
 
 
@@ -127,28 +138,31 @@ class MemoryBatchView(APIView):
                         "lessons": ["Draw the pie first"]}]})],
                    summary="Create many memories, all or nothing")
     def post(self, request: Request, stack: str) -> Response:
+        author = _author(request)
         target = _stack(request, stack, write=True)
         items = validated(MemoryBatchSerializer, request.data)["items"]
-        memories = services.memory_batch_create(stack=target, items=items, source="api")
+        memories = services.memory_batch_create(stack=target, items=items, source="api", author=author)
         return Response({"created": len(memories), "memories": MemorySerializer(memories, many=True).data},
                         status=status.HTTP_201_CREATED)
 
 
 class MemoryDetailView(APIView):
-    @extend_schema(tags=[TAG], responses=MemorySerializer, summary="Read a memory")
+    @extend_schema(tags=[TAG], responses=MemoryDetailSerializer,
+                   summary="Read a memory, with who wrote it and its newest changes and their authors")
     def get(self, request: Request, stack: str, memory_id: str) -> Response:
         memory = _memory(request, stack, memory_id)
         record_request_access(request, stack_id=memory.stack_id, path=AccessPath.GET, memory_ids=[memory.pk])
-        return Response(MemorySerializer(memory).data)
+        return Response(MemoryDetailSerializer(memory).data)
 
     @extend_schema(tags=[TAG], request=MemoryUpdateSerializer, responses=MemorySerializer,
                    examples=[OpenApiExample("New wording and tags", request_only=True, value={
                        "statement": "Pictures help a lot", "tags": ["math", "visual"]})],
                    summary="Update a memory (partial; null resets a field)")
     def patch(self, request: Request, stack: str, memory_id: str) -> Response:
+        author = _author(request)
         memory = _memory(request, stack, memory_id, write=True)
         record = validated(MemoryUpdateSerializer, request.data, context={"kind": memory.kind})["record"]
-        memory = services.memory_update(memory=memory, payload=record, source="api")
+        memory = services.memory_update(memory=memory, payload=record, source="api", author=author)
         return Response(MemorySerializer(memory).data)
 
 
@@ -180,16 +194,18 @@ class MemoryForgetView(APIView):
     @extend_schema(tags=[TAG], request=ForgetSerializer, responses=MemorySerializer,
                    summary="Forget a memory (reversible tombstone)")
     def post(self, request: Request, stack: str, memory_id: str) -> Response:
+        author = _author(request)
         memory = _memory(request, stack, memory_id, write=True)
         reason = validated(ForgetSerializer, clean_json(request.data))["reason"]  # null bytes removed, not refused
-        return Response(MemorySerializer(services.memory_forget(memory=memory, reason=reason)).data)
+        return Response(MemorySerializer(services.memory_forget(memory=memory, reason=reason, author=author)).data)
 
 
 class MemoryRecoverView(APIView):
     @extend_schema(tags=[TAG], request=None, responses=MemorySerializer, summary="Recover a forgotten memory")
     def post(self, request: Request, stack: str, memory_id: str) -> Response:
+        author = _author(request)
         memory = _memory(request, stack, memory_id, write=True)
-        return Response(MemorySerializer(services.memory_recover(memory=memory)).data)
+        return Response(MemorySerializer(services.memory_recover(memory=memory, author=author)).data)
 
 
 class MemoryProtectView(APIView):
@@ -198,8 +214,9 @@ class MemoryProtectView(APIView):
     @extend_schema(tags=[TAG], request=None, responses=MemorySerializer,
                    summary="Protect / unprotect a memory from decay and forgetting")
     def post(self, request: Request, stack: str, memory_id: str) -> Response:
+        author = _author(request)
         memory = _memory(request, stack, memory_id, write=True)
-        memory = services.memory_set_protected(memory=memory, protected=self.protected)
+        memory = services.memory_set_protected(memory=memory, protected=self.protected, author=author)
         return Response(MemorySerializer(memory).data)
 
 
@@ -326,12 +343,13 @@ class PromoteView(APIView):
     @extend_schema(tags=[TAG], request=PromoteInSerializer, responses=PromotionResultSerializer,
                    summary="Promote recurring episode lessons to beliefs (suggest, or create with auto)")
     def post(self, request: Request, stack: str) -> Response:
+        author = _author(request)
         target, audience = _reach(request, stack)
         data = validated(PromoteInSerializer, request.data)
         selectors.ensure_may_promote(principal_of(request), target, auto=data["auto"])
         # Only the episodes (and beliefs) the caller's grants admit are read: no hidden lesson comes back.
         result = promote_lessons(stack=target, auto=data["auto"], limit=data["limit"], source="api",
-                                 audience=audience)
+                                 audience=audience, author=author)
         return Response(result.as_dict())
 
 

@@ -21,7 +21,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from accounts.authors import Path
+from accounts.authors import Path, request_author
 from accounts.principal import principal_of
 from memories import selectors
 from memories.models import Memory
@@ -251,6 +251,7 @@ class SmartIngestView(APIView):
                    summary="Store a memory through prediction-error gating (create/reinforce/update/supersede)")
     def post(self, request: Request, stack: str) -> Response:
         principal = principal_of(request)
+        author = request_author(request, principal, path=Path.API)  # a bad X-Agent-Id: 400, nothing stored
         target = stack_for_principal(principal, stack, write=True)
         data = validated(SmartIngestInSerializer, request.data)
         supersedes = data.get("supersedes")
@@ -258,7 +259,7 @@ class SmartIngestView(APIView):
                                 force_create=data["force_create"],
                                 supersedes=None if supersedes is None else str(supersedes),
                                 thresholds=data.get("thresholds"),
-                                audience=audience_for(principal, stack_id=target.pk))
+                                audience=audience_for(principal, stack_id=target.pk), author=author)
         response = Response(decision.as_json(),
                             status=status.HTTP_201_CREATED if decision.created else status.HTTP_200_OK)
         if data["deprecated_shape"]:  # `{"kind", "data": {…}}`: still served, flagged for the client to move on
@@ -281,12 +282,13 @@ class MemoryFeedbackView(APIView):
                    summary="Promote or demote a memory (explicit retrieval feedback)")
     def post(self, request: Request, stack: str, memory_id: str) -> Response:
         principal = principal_of(request)
+        author = request_author(request, principal, path=Path.API)
         target = stack_for_principal(principal, stack, write=True)
         data = validated(RetrievalFeedbackInSerializer, request.data)
         # Expired or hidden by its grants: 404, like every read.
         memory = selectors.memory_get(stack=target, memory_id=memory_id,
                                       audience=audience_for(principal, stack_id=target.pk))
-        outcome = memory_feedback(memory=memory, action=data["action"], reason=data["reason"])
+        outcome = memory_feedback(memory=memory, action=data["action"], reason=data["reason"], author=author)
         return Response({"memory_id": str(memory.pk), "action": data["action"],
                          "stability_before": outcome.stability_before, "stability_after": outcome.stability_after,
                          "retention_before": outcome.retention_before})

@@ -16,6 +16,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from accounts.authors import Path, request_author
 from accounts.principal import principal_of
 from memories.privacy.redaction.policy import stack_policy
 from memories.serializers import validated
@@ -95,14 +96,16 @@ class SessionsView(APIView):
             "session_id": "s-42", "tool_name": "tutor", "success": True, "tags": ["math"],
             "summary": "Worked on fractions with Ada. We decided to use pizza diagrams. TODO: send a worksheet."})])
     def post(self, request: Request, stack: str) -> Response:
-        target = stack_for_principal(principal_of(request), stack, write=True)
+        principal = principal_of(request)
+        author = request_author(request, principal, path=Path.API)  # a bad X-Agent-Id: 400, nothing stored
+        target = stack_for_principal(principal, stack, write=True)
         data = validated(SessionSerializer, request.data)
         options = session_options(data)
         prepared = session_prepare(data, stack_policy(target))
         if options.dry_run:
             return Response({"session": prepared.session, "card": prepared.card, "redaction": prepared.redaction,
                              "stored": False, "raw_export": options.raw_export})
-        episode, card_memory = session_store(stack=target, prepared=prepared)
+        episode, card_memory = session_store(stack=target, prepared=prepared, author=author)
         return Response({"episode": MemorySerializer(episode).data, "card_memory": MemorySerializer(card_memory).data,
                          "card": prepared.card, "redaction": prepared.redaction, "stored": True,
                          "raw_export": options.raw_export}, status=201)

@@ -30,7 +30,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from accounts.authors import Path
+from accounts.authors import Path, request_author
 from accounts.principal import principal_of
 from accounts.throttles import SYNC_PULL_THROTTLES, SYNC_PUSH_THROTTLES
 from memories import sync
@@ -216,9 +216,11 @@ class KernlePushView(APIView):
     )
     def post(self, request: Request) -> Response:
         with _cyclic_gc_paused():
+            principal = principal_of(request)
+            author = request_author(request, principal, path=Path.KERNLE)  # a bad X-Agent-Id: 400, nothing stored
             body = _object_body(request)
-            result = sync.kernle_push(principal=principal_of(request), stack_id=body.get("stack_id"),
-                                      operations=body.get("operations"))
+            result = sync.kernle_push(principal=principal, stack_id=body.get("stack_id"),
+                                      operations=body.get("operations"), author=author)
         return Response({
             "synced": result.synced,
             "conflicts": result.conflicts,
@@ -268,9 +270,11 @@ class NativePushView(APIView):
     )
     def post(self, request: Request, stack: str) -> Response:
         with _cyclic_gc_paused():
+            principal = principal_of(request)
+            author = request_author(request, principal, path=Path.API)  # a bad X-Agent-Id: 400, nothing stored
             body = _object_body(request)
-            result = sync.native_push(principal=principal_of(request), stack_slug=stack,
-                                      operations=body.get("operations"))
+            result = sync.native_push(principal=principal, stack_slug=stack, operations=body.get("operations"),
+                                      author=author)
         return Response({"results": result.results, "applied": result.applied, "rejected": result.rejected,
                          "server_time": result.server_time.isoformat()})
 

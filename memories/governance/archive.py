@@ -26,6 +26,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.db import transaction
 from django.utils import timezone
 
+from accounts.authors import job_author
 from accounts.models import Organization
 from memories.models import BootConfigEntry, Checkpoint, Memory, MemoryKind, MemoryRevision
 from memories.privacy.grants import Audience, grants_filter
@@ -48,7 +49,7 @@ IMPORT_SOURCE = "import"
 # the embedding vector (re-made from `text` on import) and the generated tsvector.
 MEMORY_FIELDS = tuple(f.attname for f in Memory._meta.concrete_fields
                       if f.attname not in ("embedding", "search_vector", "stack_id"))
-REVISION_FIELDS = ("id", "memory_id", "version", "source", "action", "reason", "snapshot", "created_at")
+REVISION_FIELDS = ("id", "memory_id", "version", "source", "action", "reason", "author", "snapshot", "created_at")
 CHECKPOINT_FIELDS = ("id", "task", "progress", "next_step", "blocker", "context", "created_at")
 BOOT_FIELDS = ("key", "value", "updated_at")
 # The memory block's columns a client sends (memories.records.normalize.memory_payload_view).
@@ -66,7 +67,8 @@ All text is UTF-8; timestamps are ISO 8601 with a UTC offset; ids are UUIDs or i
 * `memories/<kind>.jsonl`: one JSON object per line per memory of that kind (raw, episode, note,
   belief, value, goal, drive, relationship, playbook), forgotten and soft-deleted ones included;
 * `revisions.jsonl`: the state of a memory before each change: `memory_id`, `version`, `source`,
-  `action`, `reason`, `snapshot`, `created_at`;
+  `action`, `reason`, `author` (who made the change: `path`, the key's `key_id` and `key_name` or
+  the person's `user_id` and `user`, the `agent` label), `snapshot`, `created_at`;
 * `checkpoints.jsonl`: the checkpoint history, oldest first;
 * `boot_config.jsonl`: the boot config: `key`, `value`, `updated_at`;
 * `MEMORY.md`: the stack's MEMORY.md as the API serves it;
@@ -83,11 +85,13 @@ does not model), the memory block (`tags`, `confidence`, provenance `source_type
 `times_accessed`, `last_accessed`, `client_version`, `client_updated_at`) and the server's
 (`version`, `created_at`, `server_updated_at`, `change_seq`, `forgotten_at`, `forgotten_reason`,
 `deleted_at`, `stability`, `difficulty`, `last_reviewed_at`, `size_bytes`, `embedding_model`,
-`embedded_version`). The embedding vector itself is left out: it is derived from `text`.
+`embedded_version`), and `written_by`: who wrote it first, in a revision's `author` shape. The
+embedding vector itself is left out: it is derived from `text`.
 
 `manage.py import_archive <file> --school SLUG --stack NEW_SLUG` writes an archive into an empty
 stack. Memories keep their kinds, record ids, fields, provenance, privacy fields and forgotten
-state; they get new ids, versions and change numbers, and the revision history starts afresh.
+state; they get new ids, versions and change numbers, and the revision history starts afresh (written by
+the import job).
 """
 
 
@@ -224,7 +228,8 @@ def _push(stack: Stack, operations: list[dict[str, Any]]) -> list[OpResult]:
     credential: the operator's command has already chosen the stack."""
     def apply(per_record: bool) -> list[OpResult]:
         locked = Stack.objects.select_for_update(of=("self",)).select_related("organization").get(pk=stack.pk)
-        return apply_native_operations(stack=locked, operations=operations, now=db_now(), per_record=per_record)
+        return apply_native_operations(stack=locked, operations=operations, now=db_now(), per_record=per_record,
+                                       author=job_author(IMPORT_SOURCE))
     return with_retry_per_record(apply)
 
 

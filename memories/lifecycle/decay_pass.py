@@ -18,6 +18,7 @@ share one temp table and one lock order; they are checked against each other her
 
 from __future__ import annotations
 
+import json
 import logging
 import queue
 import threading
@@ -31,6 +32,7 @@ from django.db.models import FloatField
 from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
+from accounts.authors import job_author
 from memories.lifecycle.decay import (
     FORGOTTEN_REASON_DECAY,
     NEVER_FADE_KINDS,
@@ -58,6 +60,8 @@ DECAY_WORKERS = 2
 SALIENCE_WRITE_TOLERANCE = 0.005
 # The writer named in a tombstone's revision and in the change listeners' `MemoryChange.source`.
 DECAY_SOURCE = "decay"
+# The author of a decay tombstone's revision (docs/privacy.md "Provenance"): the job, no credential.
+_DECAY_AUTHOR = json.dumps(job_author(DECAY_SOURCE).as_json())
 
 
 # --- decay pass -------------------------------------------------------------------------------
@@ -198,9 +202,9 @@ WITH forgotten AS (
 ),
 revisions AS (
     -- The before-state of every tombstone, like every other forget (`_tombstone_snapshot_sql`).
-    INSERT INTO memories_memoryrevision (memory_id, version, source, action, reason, snapshot, created_at)
+    INSERT INTO memories_memoryrevision (memory_id, version, source, action, reason, snapshot, author, created_at)
     SELECT f.id, f.old_version, '{DECAY_SOURCE}', 'forget', '{FORGOTTEN_REASON_DECAY}',
-           {_tombstone_snapshot_sql()}, %(now)s
+           {_tombstone_snapshot_sql()}, %(author)s::jsonb, %(now)s
     FROM forgotten f
     RETURNING 1
 )
@@ -245,7 +249,7 @@ class DecayBatch:
 
 def _decay_batch(*, low_page: int, high_page: int, now: datetime, tolerance: float) -> DecayBatch:
     params: dict[str, Any] = {"low": f"({low_page},0)", "high": f"({high_page},0)", "low_block": low_page,
-                              "high_block": high_page, "now": now, "tolerance": tolerance}
+                              "high_block": high_page, "now": now, "tolerance": tolerance, "author": _DECAY_AUTHOR}
     for attempt in range(DEADLOCK_RETRIES):
         try:
             with transaction.atomic(), connection.cursor() as cursor:

@@ -32,6 +32,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
+from accounts.authors import Author
 from memories.lifecycle.jobs import JOB_PROMOTION, Progress, run_job
 from memories.models import JobRun, Memory
 from memories.privacy.grants import Audience
@@ -85,8 +86,11 @@ class PromotionResult:
 
 @transaction.atomic
 def promote_lessons(*, stack: Stack, auto: bool = True, limit: int = DEFAULT_LIMIT,
-                    source: str = "promotion", audience: Audience | None = None) -> PromotionResult:
-    """`audience`: the requester's privacy grants (None: the stack's own credentials or the system)."""
+                    source: str = "promotion", audience: Audience | None = None,
+                    author: Author | None = None) -> PromotionResult:
+    """`audience`: the requester's privacy grants (None: the stack's own credentials or the system).
+    `author`: who asked (the beliefs' `written_by`, docs/privacy.md "Provenance"); None: the
+    promotion job (`job_author(source)`)."""
     limit = max(1, min(MAX_LIMIT, int(limit)))
     episodes = list(memories_list(stack=stack, kinds=["episode"], audience=audience)
                     .order_by("-created_at").values_list("record_id", "data")[:limit])
@@ -128,7 +132,7 @@ def promote_lessons(*, stack: Stack, auto: bool = True, limit: int = DEFAULT_LIM
     if auto:
         for suggestion in result.suggestions:
             refs = suggestion.episode_ids[:MAX_REFS]
-            belief = memory_create(stack=stack, kind="belief", source=source, payload={
+            belief = memory_create(stack=stack, kind="belief", source=source, author=author, payload={
                 "statement": suggestion.lesson, "belief_type": "pattern", "confidence": PROMOTED_CONFIDENCE,
                 "source_type": "consolidation", "source_entity": "promotion",
                 "derived_from": [f"episode:{ref}" for ref in refs], "source_episodes": refs,

@@ -11,6 +11,7 @@ from typing import Any
 from django.db import connection, transaction
 from django.utils import timezone
 
+from accounts.authors import Author
 from memories.lifecycle.decay import (
     FORGOTTEN_REASON_DECAY,
     DecayState,
@@ -41,7 +42,7 @@ class ReviewResult:
 
 @transaction.atomic
 def record_review(*, memory: Memory, grade: Grade | int, now: datetime | None = None,
-                  source: str = "feedback") -> ReviewResult:
+                  source: str = "feedback", author: Author | None = None) -> ReviewResult:
     """Record one explicit review of a memory and update its FSRS state (docs/algorithms.md §2-§3).
 
     Call it for explicit signals only — never for a plain read or search hit (§3.1: a read is not a
@@ -54,6 +55,8 @@ def record_review(*, memory: Memory, grade: Grade | int, now: datetime | None = 
     `last_reviewed_at = now` restarts the decay clock; the stored salience (`MemorySalience`) is
     refreshed. Decay state is server-side ranking state, so a review neither bumps `version` nor
     stamps the change feed.
+
+    `author`: who reported it (the recovery's revision names them, docs/privacy.md "Provenance").
 
     A successful recall (grade ≥ HARD) of a memory the decay pass tombstoned brings it back through
     `memories.services.memory_recover` (revision, version, change feed); a memory forgotten on
@@ -80,7 +83,7 @@ def record_review(*, memory: Memory, grade: Grade | int, now: datetime | None = 
     if locked.forgotten_at is not None:
         if locked.forgotten_reason != FORGOTTEN_REASON_DECAY or grade == Grade.AGAIN:
             raise Conflict("The memory is forgotten; recover it first.", code="memory_forgotten")
-        locked = memory_recover(memory=locked, source=source)
+        locked = memory_recover(memory=locked, source=source, author=author)
         recovered = True
     outcome = review(DecayState.of(locked), locked.difficulty, grade, at)
     locked.stability = outcome.stability

@@ -22,8 +22,11 @@ from datetime import datetime
 from django.db import transaction
 from django.utils import timezone
 
+from accounts.authors import Author, job_author
 from memories.lifecycle.decay import DecayState, Grade, base_stability, memory_retrievability, review
 from memories.models import Memory, MemoryRevision
+from memories.privacy.redaction.policy import stack_policy
+from memories.writes.hooks import prepare_author
 from memories.writes.rows import locked_memory, note_revision
 from memoryhub.errors import Conflict
 
@@ -44,9 +47,13 @@ class FeedbackOutcome:
 
 
 @transaction.atomic
-def memory_feedback(*, memory: Memory, action: str, reason: str = "", now: datetime | None = None) -> FeedbackOutcome:
-    """Apply promote or demote to a memory the caller may write (resolved by stacks.selectors)."""
+def memory_feedback(*, memory: Memory, action: str, reason: str = "", now: datetime | None = None,
+                    author: Author | None = None) -> FeedbackOutcome:
+    """Apply promote or demote to a memory the caller may write (resolved by stacks.selectors), as
+    `author` (its revision's, docs/privacy.md "Provenance"; None: the server's own)."""
     now = now or timezone.now()
+    author = prepare_author(author if author is not None else job_author(FEEDBACK_SOURCE),
+                            redaction=stack_policy(memory.stack))
     memory = locked_memory(memory)
     if memory.deleted_at is not None or memory.forgotten_at is not None:
         raise Conflict("Feedback needs a live memory; this one is deleted or forgotten.", code="memory_not_live")
@@ -60,7 +67,7 @@ def memory_feedback(*, memory: Memory, action: str, reason: str = "", now: datet
         outcome = review(state, memory.difficulty, Grade.AGAIN, now)
         stability = min(outcome.stability, prior * DEMOTE_STABILITY_FACTOR)
     note_revision(
-        memory, source=FEEDBACK_SOURCE, action=action, reason=reason[:2000],
+        memory, source=FEEDBACK_SOURCE, author=author, action=action, reason=reason[:2000],
         snapshot={
             "stability": memory.stability, "difficulty": memory.difficulty,
             "last_reviewed_at": memory.last_reviewed_at.isoformat() if memory.last_reviewed_at else None,

@@ -52,6 +52,7 @@ from typing import Any
 from django.db import connection, transaction
 from django.utils import timezone
 
+from accounts.authors import Author, job_author
 from memories.lifecycle.decay import DecayState, Grade, base_stability, review
 from memories.models import Memory
 from memories.privacy.grants import Audience, grants_filter, grants_sql
@@ -61,7 +62,7 @@ from memories.search.embedding_store import store_vectors
 from memories.search.embeddings import get_embedder, vector_literal
 from memories.search.retrieval_feedback import DEMOTE, PROMOTE, latest_feedback
 from memories.services import memory_create, memory_forget, memory_update
-from memories.writes.hooks import prepare_memory
+from memories.writes.hooks import prepare_author, prepare_memory
 from memories.writes.rows import locked_memory, note_revision
 from memoryhub.errors import InvalidInput, NotFound
 from stacks.models import Stack
@@ -187,24 +188,28 @@ def _is_strong(memory: Memory, feedback: str | None) -> bool:
     return memory.is_protected or feedback == PROMOTE or base_stability(DecayState.of(memory)) >= STRONG_STABILITY_DAYS
 
 
-def _note(memory: Memory, action: str, reason: str, snapshot: dict[str, Any]) -> None:
-    note_revision(memory, source=INGEST_SOURCE, action=action, reason=reason, snapshot=snapshot)
+def _note(memory: Memory, action: str, reason: str, snapshot: dict[str, Any], author: Author) -> None:
+    note_revision(memory, source=INGEST_SOURCE, author=author, action=action, reason=reason, snapshot=snapshot)
 
 
 @transaction.atomic
 def smart_ingest(*, stack: Stack, kind: str, payload: dict[str, Any], force_create: bool = False,
                  supersedes: str | None = None, thresholds: Thresholds | None = None,
-                 audience: Audience | None = None) -> IngestDecision:
+                 audience: Audience | None = None, author: Author | None = None) -> IngestDecision:
     """Store `payload` as a `kind` memory of `stack`, or fold it into an existing one (module docstring).
 
     Precondition: the caller resolved `stack` with write access (stacks.selectors). `audience`: the
     requester's privacy grants (memories.privacy.grants.audience_for; None for the stack's own credentials):
     memories it may not see are left out of the gate and `supersedes` (a hidden one is a 404).
+    `author`: the caller (docs/privacy.md "Provenance"), the author of whatever the decision writes —
+    the new memory, the merge, the notes on the neighbour; None: the server's own (`job_author`).
     """
     thresholds = thresholds or Thresholds()
     # The payload as it would be stored (schema + the kernel's transforms), so similarity is computed
     # on the stored text; InvalidInput / PayloadTooLarge before anything else.
-    normalized = prepare_memory(kind, payload, redaction=stack_policy(stack))
+    policy = stack_policy(stack)
+    normalized = prepare_memory(kind, payload, redaction=policy)
+    author = prepare_author(author if author is not None else job_author(INGEST_SOURCE), redaction=policy)
     measure = "none"
 
     if supersedes is not None:
@@ -213,14 +218,14 @@ def smart_ingest(*, stack: Stack, kind: str, payload: dict[str, Any], force_crea
         if old is None:
             raise NotFound("The memory to supersede was not found in this stack.", code="memory_not_found",
                            fields={"supersedes": ["No such memory in this stack."]})
-        new = memory_create(stack=stack, kind=kind, payload=payload, source=INGEST_SOURCE)
+        new = memory_create(stack=stack, kind=kind, payload=payload, source=INGEST_SOURCE, author=author)
         reason = f"explicitly superseded by {new.pk}"
-        memory_forget(memory=old, reason="superseded", source=INGEST_SOURCE)
-        _note(old, "superseded", reason, {"superseded_by": str(new.pk), "text": old.text})
+        memory_forget(memory=old, reason="superseded", source=INGEST_SOURCE, author=author)
+        _note(old, "superseded", reason, {"superseded_by": str(new.pk), "text": old.text}, author)
         return IngestDecision("supersede", new, None, measure, 1.0, str(old.pk), reason)
 
     if force_create:
-        new = memory_create(stack=stack, kind=kind, payload=payload, source=INGEST_SOURCE)
+        new = memory_create(stack=stack, kind=kind, payload=payload, source=INGEST_SOURCE, author=author)
         return IngestDecision("create", new, None, measure, 1.0, None,
                               "force_create: the gate was bypassed on request", forced=True)
 
@@ -231,7 +236,7 @@ def smart_ingest(*, stack: Stack, kind: str, payload: dict[str, Any], force_crea
     candidates, measure = _neighbours(stack, kind, vector, audience) if vector is not None else ([], "none")
 
     def create() -> Memory:
-        memory = memory_create(stack=stack, kind=kind, payload=payload, source=INGEST_SOURCE)
+        memory = memory_create(stack=stack, kind=kind, payload=payload, source=INGEST_SOURCE, author=author)
         if vector is not None:
             # We already hold its vector: store it now, so the next ingest (seconds later) sees it.
             store_vectors([(str(memory.pk), memory.version)], [vector], get_embedder().model_id)
@@ -256,7 +261,7 @@ def smart_ingest(*, stack: Stack, kind: str, payload: dict[str, Any], force_crea
         snapshot: dict[str, Any] = {"linked_memory": str(new.pk), "similarity": similarity, "text": best.text}
         if same_grants:  # the note is read with `best`: the new text only where its own grants admit the same
             snapshot["incoming_text"] = normalized.text
-        _note(best, action, reason, snapshot)
+        _note(best, action, reason, snapshot, author)
         return IngestDecision("create", new, similarity, measure, error, str(best.pk), reason,
                               contradiction=contradiction, considered=considered)
 
@@ -276,7 +281,7 @@ def smart_ingest(*, stack: Stack, kind: str, payload: dict[str, Any], force_crea
         _note(locked, "reinforce", reason, {"stability": locked.stability, "difficulty": locked.difficulty,
                                             "last_reviewed_at": locked.last_reviewed_at.isoformat()
                                             if locked.last_reviewed_at else None,
-                                            "incoming_text": normalized.text})
+                                            "incoming_text": normalized.text}, author)
         Memory.objects.filter(pk=locked.pk).update(stability=outcome.stability, difficulty=outcome.difficulty,
                                                    last_reviewed_at=now)
         locked.refresh_from_db()
@@ -293,7 +298,7 @@ def smart_ingest(*, stack: Stack, kind: str, payload: dict[str, Any], force_crea
         if field_name is None:
             return linked_create(f"similar, but {kind} memories are not merged")
         return _merge(best, field_name, normalized.data[field_name], normalized.text, similarity, measure, error,
-                      considered)
+                      considered, author)
 
     strong_neighbours = sum(1 for _, s in candidates if s >= thresholds.merge_band)
     if strong_neighbours >= 2:
@@ -305,17 +310,17 @@ def smart_ingest(*, stack: Stack, kind: str, payload: dict[str, Any], force_crea
 
 
 def _merge(target: Memory, field_name: str, incoming: str, incoming_text: str, similarity: float, measure: str,
-           error: float, considered: list[dict[str, Any]]) -> IngestDecision:
+           error: float, considered: list[dict[str, Any]], author: Author) -> IngestDecision:
     before_text = target.text
     old_value = str(target.data.get(field_name, ""))
     merged_value = f"{old_value}\n\n[Updated {timezone.now().date().isoformat()}]\n{incoming}"
-    updated = memory_update(memory=target, payload={field_name: merged_value}, source=INGEST_SOURCE)
+    updated = memory_update(memory=target, payload={field_name: merged_value}, source=INGEST_SOURCE, author=author)
     diff = "\n".join(difflib.unified_diff(before_text.splitlines(), updated.text.splitlines(),
                                           "before", "after", lineterm=""))
     reason = f"similar to {target.pk} (similarity {similarity:.3f}): merged the new text into it"
     _note(updated, "merge", reason, {"before_text": before_text, "incoming_text": incoming_text,
                                      "after_text": updated.text, "diff": diff, "field": field_name,
-                                     "version_before": updated.version - 1})
+                                     "version_before": updated.version - 1}, author)
     return IngestDecision("update", updated, similarity, measure, error, str(target.pk), reason,
                           considered=considered)
 

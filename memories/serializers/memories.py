@@ -9,19 +9,34 @@ from __future__ import annotations
 from typing import Any
 
 from django.utils import timezone
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from memories.models import BootConfigEntry, Checkpoint, Memory, MemoryKind
+from memories.models import BootConfigEntry, Checkpoint, Memory, MemoryKind, MemoryRevision
 from memories.reads.load import DEFAULT_BUDGET, MAX_BUDGET, MIN_BUDGET
-from memories.selectors import checkpoint_warnings
+from memories.selectors import checkpoint_warnings, memory_revisions
 from memories.serializers.fields import (
     CommaSeparatedListField,
     TimestampField,
 )
 
 
+class AuthorSerializer(serializers.Serializer):
+    """Who wrote a memory or made a change (docs/privacy.md "Provenance"); members not known are left
+    out, and a memory written before provenance was recorded has none."""
+
+    path = serializers.CharField(required=False, help_text="How the write came: kernle | api | mcp | dashboard | job")
+    key_id = serializers.CharField(required=False, help_text="The API key's public id (`key_…`)")
+    key_name = serializers.CharField(required=False, help_text="The API key's name")
+    user_id = serializers.IntegerField(required=False, help_text="The signed-in person (or the key's issuer)")
+    user = serializers.CharField(required=False, help_text="Their e-mail")
+    agent = serializers.CharField(required=False, help_text=(
+        "The agent label: the `X-Agent-Id` header, the MCP client's `clientInfo.name`, or the job's name"))
+
+
 class MemorySerializer(serializers.ModelSerializer):
     forgotten = serializers.SerializerMethodField()
+    written_by = AuthorSerializer(read_only=True, help_text="Who wrote the memory first")
     updated_at = serializers.DateTimeField(source="server_updated_at", read_only=True)
     awaiting_embedding = serializers.SerializerMethodField()
 
@@ -33,6 +48,7 @@ class MemorySerializer(serializers.ModelSerializer):
             "emotional_tags", "subject_ids", "access_grants", "consent_grants", "strength", "times_accessed",
             "last_accessed", "is_protected", "forgotten", "forgotten_at", "forgotten_reason", "expires_at",
             "version", "created_at", "updated_at", "size_bytes", "awaiting_embedding", "redaction_report",
+            "written_by",
         ]
         read_only_fields = fields
 
@@ -41,6 +57,32 @@ class MemorySerializer(serializers.ModelSerializer):
 
     def get_awaiting_embedding(self, obj: Memory) -> bool:
         return obj.embedded_version is None  # the embedding jobs' own definition of the backlog
+
+
+class RevisionSerializer(serializers.ModelSerializer):
+    """One change of a memory: the version it changed, what it did and who did it (the state before
+    it is in the stack's archive, not here)."""
+
+    author = AuthorSerializer(read_only=True, help_text="Who made the change")
+
+    class Meta:
+        model = MemoryRevision
+        fields = ["version", "action", "source", "reason", "author", "created_at"]
+        read_only_fields = fields
+
+
+class MemoryDetailSerializer(MemorySerializer):
+    """A memory as `GET …/memories/{id}` returns it: with its newest changes (`memory_revisions`)."""
+
+    revisions = serializers.SerializerMethodField()
+
+    class Meta(MemorySerializer.Meta):
+        fields = [*MemorySerializer.Meta.fields, "revisions"]
+        read_only_fields = fields
+
+    @extend_schema_field(RevisionSerializer(many=True))
+    def get_revisions(self, obj: Memory) -> list[dict[str, Any]]:
+        return list(RevisionSerializer(memory_revisions(obj), many=True).data)
 
 
 class MemoryListQuerySerializer(serializers.Serializer):

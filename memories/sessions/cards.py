@@ -32,6 +32,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from accounts.authors import Author
 from memories.models import Memory
 from memories.privacy.grants import Audience, grants_filter
 from memories.privacy.redaction.engine import redact_value, report_of
@@ -312,9 +313,10 @@ def episode_record_id(session_id: str) -> str:
     return f"session:{session_id}"
 
 
-def session_store(*, stack: Stack, prepared: PreparedSession, source: str = "api") -> tuple[Memory, Memory]:
-    """Write the episode and its card note, all or nothing (memory_batch_create). The caller
-    resolved `stack` with write access."""
+def session_store(*, stack: Stack, prepared: PreparedSession, source: str = "api",
+                  author: Author | None = None) -> tuple[Memory, Memory]:
+    """Write the episode and its card note, all or nothing (memory_batch_create), as `author`. The
+    caller resolved `stack` with write access."""
     session, card = prepared.session, prepared.card
     episode_id = episode_record_id(session["session_id"])
     context = {name: session[name] for name in ("session_id", "tool_name", "timestamp", "schema_version", "metadata")
@@ -327,5 +329,5 @@ def session_store(*, stack: Stack, prepared: PreparedSession, source: str = "api
             "content": card_text(card), "derived_from": [f"episode:{episode_id}"],
             "tags": _first([SESSION_TAG, *session["tags"]], 50), "memory_card": card,
             "session": {"session_id": session["session_id"]}}
-    stored = memory_batch_create(stack=stack, items=[episode, note], source=source)
+    stored = memory_batch_create(stack=stack, items=[episode, note], source=source, author=author)
     return stored[0], stored[1]

@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 import psycopg
 from django.db import DatabaseError, transaction
 
+from accounts.authors import Author
 from billing import entitlements
 from memories.models import Memory
 from memories.privacy.redaction.policy import RedactionPolicy, stack_policy
@@ -48,6 +49,7 @@ from memories.sync.protocol import (
     parse_native_op,
 )
 from memories.writes.columns import SYNC_MUTABLE_COLUMNS
+from memories.writes.hooks import prepare_author
 from memories.writes.rows import memory_snapshot
 from memories.writes.sets import RecordWrite, blank_row, finish_set, write_set
 from stacks.models import Stack
@@ -183,10 +185,11 @@ def _apply_delete(state: _State, now: datetime) -> None:
 
 # --- a batch ---------------------------------------------------------------------------------------------
 
-def apply_native_operations(*, stack: Stack, operations: list[Any], now: datetime, per_record: bool) -> list[OpResult]:
+def apply_native_operations(*, stack: Stack, operations: list[Any], now: datetime, per_record: bool,
+                            author: Author) -> list[OpResult]:
     """Parse native-format operations and apply them to `stack` (caller holds its lock, inside a
-    transaction): one result per operation, parse rejections included. The native push and the
-    archive import both write this way."""
+    transaction) as `author`: one result per operation, parse rejections included. The native push
+    and the archive import both write this way."""
     results = [OpResult(index=i, ok=False) for i in range(len(operations))]
     parsed: list[SyncOp] = []
     redaction = stack_policy(stack)  # the school's choice, once for the batch
@@ -197,13 +200,15 @@ def apply_native_operations(*, stack: Stack, operations: list[Any], now: datetim
             results[index] = OpResult(index=index, ok=False, error=rejected.message, code=rejected.code,
                                       fields=rejected.fields)
     apply_batch(stack=stack, ops=parsed, results=results, now=now, storage_limited=True, strict_quota=True,
-                per_record=per_record)
+                per_record=per_record, author=author)
     return results
 
 
 def apply_batch(*, stack: Stack, ops: list[SyncOp], results: list[OpResult], now: datetime,
-                storage_limited: bool, strict_quota: bool, per_record: bool) -> None:
-    """Apply parsed operations (caller holds the stack lock, inside a transaction).
+                storage_limited: bool, strict_quota: bool, per_record: bool, author: Author) -> None:
+    """Apply parsed operations (caller holds the stack lock, inside a transaction) as `author`: the
+    written_by of the records it creates and the author of every revision it keeps (its agent label
+    redacted under the stack's policy first; docs/privacy.md "Provenance").
 
     `results` is indexed by op.index and already holds the parse-time rejections; each applied
     operation's result gets its record's new version. With `strict_quota` (native API) a batch that
@@ -213,6 +218,7 @@ def apply_batch(*, stack: Stack, ops: list[SyncOp], results: list[OpResult], now
     """
     keys = {(op.kind, op.record_id) for op in ops}
     redaction = stack_policy(stack)  # for records re-normalised when list fields merge
+    author = prepare_author(author, redaction=redaction)
     states: dict[tuple[str, str], _State] = {}
     if keys:
         for row in _lookup_existing(stack, keys):
@@ -269,7 +275,7 @@ def apply_batch(*, stack: Stack, ops: list[SyncOp], results: list[OpResult], now
         state.op_indexes.append(op.index)
         results[op.index] = OpResult(index=op.index, ok=True)
 
-    written = _write_states(stack, [s for s in states.values() if s.op_indexes], now, results, per_record)
+    written = _write_states(stack, [s for s in states.values() if s.op_indexes], now, results, per_record, author)
     _log_unappliable(stack, written)
     for state in written:
         for index in state.op_indexes:
@@ -336,13 +342,13 @@ def with_retry_per_record(apply: Callable[[bool], _Result]) -> _Result:
 
 
 def _write_states(stack: Stack, states: list[_State], now: datetime, results: list[OpResult],
-                  per_record: bool) -> list[_State]:
+                  per_record: bool, author: Author) -> list[_State]:
     """Persist the batch through the write kernel's set-based form: in one go, or (`per_record`) one
     savepoint per record; then the counters and after-commit effects, once for what was written."""
     pending = [s for s in states if s.changed or s.touched]
     if not per_record:
         try:
-            write_set(pending, source=SYNC_SOURCE, now=now)
+            write_set(pending, source=SYNC_SOURCE, now=now, author=author)
         except (DatabaseError, psycopg.Error) as exc:
             raise _BatchRefused(stack.pk) from exc
         written = pending
@@ -351,7 +357,7 @@ def _write_states(stack: Stack, states: list[_State], now: datetime, results: li
         for state in pending:
             try:
                 with transaction.atomic():
-                    write_set([state], source=SYNC_SOURCE, now=now)
+                    write_set([state], source=SYNC_SOURCE, now=now, author=author)
                 written.append(state)
             except (DatabaseError, psycopg.Error) as exc:
                 logger.warning("sync record refused by the database: %s", type(exc).__name__)

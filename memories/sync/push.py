@@ -15,6 +15,7 @@ from typing import Any
 
 from django.db import transaction
 
+from accounts.authors import Author
 from accounts.models import Organization
 from accounts.principal import Principal
 from billing import entitlements
@@ -84,15 +85,17 @@ class KernlePushResult:
     server_time: datetime
 
 
-def kernle_push(*, principal: Principal, stack_id: Any, operations: Any) -> KernlePushResult:
-    """Apply a kernle push (docs/kernle-protocol.md §3). Whole-request errors are raised before any write
+def kernle_push(*, principal: Principal, stack_id: Any, operations: Any, author: Author) -> KernlePushResult:
+    """Apply a kernle push (docs/kernle-protocol.md §3) as `author` (the records' and revisions'
+    provenance, docs/privacy.md "Provenance"). Whole-request errors are raised before any write
     (`operations` not a list 400, over PUSH_MAX_OPERATIONS 413, invalid stack id 400, unreachable
     stack 404, read-only key 403, archived stack 409); every other problem is one operation's conflict."""
     checked = push_operations(operations)
-    return with_retry_per_record(lambda per_record: _kernle_push(principal, stack_id, checked, per_record))
+    return with_retry_per_record(lambda per_record: _kernle_push(principal, stack_id, checked, per_record, author))
 
 
-def _kernle_push(principal: Principal, stack_id: Any, operations: list[Any], per_record: bool) -> KernlePushResult:
+def _kernle_push(principal: Principal, stack_id: Any, operations: list[Any], per_record: bool,
+                 author: Author) -> KernlePushResult:
     stack, stack_refusal = kernle_stack_for_push(principal, stack_id)
     now = db_now()
     results: list[OpResult] = [OpResult(index=i, ok=False) for i in range(len(operations))]
@@ -115,7 +118,7 @@ def _kernle_push(principal: Principal, stack_id: Any, operations: list[Any], per
         parsed.append(op)
     if stack is not None:
         apply_batch(stack=stack, ops=parsed, results=results, now=now, storage_limited=True, strict_quota=False,
-                    per_record=per_record)
+                    per_record=per_record, author=author)
 
     conflicts: list[dict[str, Any]] = []
     acknowledged: list[dict[str, Any]] = []
@@ -146,20 +149,22 @@ class NativePushResult:
     server_time: datetime
 
 
-def native_push(*, principal: Principal, stack_slug: str, operations: Any) -> NativePushResult:
-    """Apply up to PUSH_MAX_OPERATIONS operations to one stack, in order, each on its own.
+def native_push(*, principal: Principal, stack_slug: str, operations: Any, author: Author) -> NativePushResult:
+    """Apply up to PUSH_MAX_OPERATIONS operations to one stack, in order, each on its own, as `author`.
 
     Not a list: 400; more operations: 413 `too_many_operations` (the kernle push's rule). Over the
     storage quota the whole batch is refused (402 naming the limit) and nothing is stored.
     """
     checked = push_operations(operations)
-    return with_retry_per_record(lambda per_record: _native_push(principal, stack_slug, checked, per_record))
+    return with_retry_per_record(lambda per_record: _native_push(principal, stack_slug, checked, per_record, author))
 
 
-def _native_push(principal: Principal, stack_slug: str, operations: list[Any], per_record: bool) -> NativePushResult:
+def _native_push(principal: Principal, stack_slug: str, operations: list[Any], per_record: bool,
+                 author: Author) -> NativePushResult:
     stack = stack_for_principal(principal, stack_slug, write=True, lock=True)
     now = db_now()
-    results = apply_native_operations(stack=stack, operations=operations, now=now, per_record=per_record)
+    results = apply_native_operations(stack=stack, operations=operations, now=now, per_record=per_record,
+                                      author=author)
     body = []
     for index, raw in enumerate(operations):
         result = results[index]

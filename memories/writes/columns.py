@@ -33,6 +33,10 @@ EMBEDDING_STATE = frozenset({"embedding", "embedding_model", "embedded_version"}
 LIFECYCLE = frozenset({"forgotten_at", "forgotten_reason", "deleted_at"})
 # Stamped by the kernel on every change.
 STAMPS = frozenset({"version", "server_updated_at", "change_seq"})
+# Who wrote the record first (docs/privacy.md "Provenance"): set once, when the row is created, from
+# the write's author; never compared, changed, snapshotted or sent to a client as payload (each
+# later change's author is on its revision).
+PROVENANCE = frozenset({"written_by"})
 # The kernle client's own bookkeeping, echoed back unchanged, and the creation time (fixed once stored).
 CLIENT_ECHO = frozenset({"client_version", "client_updated_at", "created_at"})
 
@@ -44,11 +48,11 @@ def _without(*groups: frozenset[str]) -> tuple[str, ...]:
 
 # A memory's state as kept in a revision (the before-image of a change).
 SNAPSHOT_COLUMNS = _without(frozenset({"id", "stack_id", "search_vector", "change_seq"}), DECAY_STATE,
-                            EMBEDDING_STATE)
+                            EMBEDDING_STATE, PROVENANCE)
 # What a client payload sets (`NormalizedMemory.as_model_fields()` minus the client echo): the
 # columns an update compares and writes.
 CONTENT_COLUMNS = _without(IDENTITY, DECAY_STATE, EMBEDDING_STATE, LIFECYCLE, STAMPS, CLIENT_ECHO,
-                           DATABASE_FILLED)
+                           DATABASE_FILLED, PROVENANCE)
 # The modelled columns of a client payload as pull renders them: content minus the canonical text
 # (derived from data), data / extra (rendered separately) and size_bytes and redaction_report
 # (server-computed).
@@ -56,7 +60,7 @@ PAYLOAD_COLUMNS = tuple(c for c in CONTENT_COLUMNS
                         if c not in {"text", "data", "extra", "size_bytes", "redaction_report"})
 # Everything a sync operation may change on a record (and must be able to undo when a later check
 # rejects that operation within its batch).
-SYNC_MUTABLE_COLUMNS = _without(IDENTITY, DECAY_STATE, EMBEDDING_STATE, STAMPS, DATABASE_FILLED)
+SYNC_MUTABLE_COLUMNS = _without(IDENTITY, DECAY_STATE, EMBEDDING_STATE, STAMPS, DATABASE_FILLED, PROVENANCE)
 # What the set-based form writes for a changed row: the above plus the kernel's stamps.
 SET_UPDATE_COLUMNS = (*SYNC_MUTABLE_COLUMNS, "version", "server_updated_at", "change_seq", "embedded_version")
 

@@ -47,9 +47,10 @@ from typing import Any
 from celery import current_app
 from redis.exceptions import RedisError
 
+from accounts.authors import AGENT_LABEL_MAX, Author
 from accounts.throttles import redis_client
 from memories.models import Memory, MemoryKind
-from memories.privacy.redaction.engine import redact_memory, redact_secrets
+from memories.privacy.redaction.engine import redact_memory, redact_secrets, redact_text
 from memories.privacy.redaction.policy import RedactionPolicy
 from memories.records.normalize import NormalizedMemory, normalize_memory
 from memories.writes.effects import EMBED, NOTIFY, Committed, Write, queue, register_effect
@@ -137,6 +138,19 @@ def prepare_memory(kind: str, payload: Any, *, redaction: RedactionPolicy, parti
         if original != normalized.text:
             normalized = dataclasses.replace(normalized, original_text=original)
     return normalized
+
+
+def prepare_author(author: Author, *, redaction: RedactionPolicy) -> Author:
+    """THE way a write's author becomes storable (docs/privacy.md "Provenance"): its agent label —
+    sent by the client (`X-Agent-Id`, the MCP client's name), so text like any other — redacted
+    under the stack's school's policy, as `prepare_memory` redacts a memory (`RedactionRefused`, 422,
+    for a CRITICAL secret). The rest is ours (a key's id and name, the person, the path) and holds no
+    secret. Every kernel writer passes the result as the `author` of its rows and revisions."""
+    if not author.agent:
+        return author
+    # A placeholder may be longer than what it replaced: the stored label keeps the label's limit.
+    agent = redact_text(author.agent, field="agent", policy=redaction)[:AGENT_LABEL_MAX]
+    return author if agent == author.agent else dataclasses.replace(author, agent=agent)
 
 
 def after_commit(*, stack_id: int, source: str, changes: Iterable[tuple[str, Sequence[Any]]] = (),

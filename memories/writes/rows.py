@@ -16,6 +16,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
+from accounts.authors import Author
 from memories.models import Memory, MemoryKind, MemoryRevision, NextChangeSeq, StackDailyActivity
 from memories.privacy.originals import keep_originals
 from memories.records.normalize import NormalizedMemory
@@ -119,14 +120,16 @@ def stack_usage_adjust(*, stack_id: int, count_delta: int, bytes_delta: int) -> 
     transaction.on_commit(apply)
 
 
-def new_memory(*, stack: Stack, normalized: NormalizedMemory, record_id: str | None, now: datetime) -> Memory:
-    """An unsaved memory holding `normalized` (its record id: `record_id`, or its own id)."""
+def new_memory(*, stack: Stack, normalized: NormalizedMemory, record_id: str | None, now: datetime,
+               author: Author) -> Memory:
+    """An unsaved memory holding `normalized` (its record id: `record_id`, or its own id), written by
+    `author` (`hooks.prepare_author`'s result; stored as `written_by`, docs/privacy.md "Provenance")."""
     memory_id = uuid.uuid4()
     fields = normalized.as_model_fields()
     fields.setdefault("created_at", now)
     memory = Memory(
         id=memory_id, stack=stack, kind=normalized.kind, record_id=record_id or str(memory_id),
-        server_updated_at=now, embedded_version=None, **fields,
+        server_updated_at=now, embedded_version=None, written_by=author.as_json(), **fields,
     )
     if normalized.original_text is not None:
         setattr(memory, _ORIGINAL_TEXT, normalized.original_text)
@@ -165,15 +168,16 @@ def insert_memories(*, stack: Stack, memories: Sequence[Memory], source: str, st
                  embed_message_ids=SMALL_EMBED_MESSAGE_IDS, along=counters)
 
 
-def save_change(memory: Memory, *, before: dict[str, Any], source: str, action: str, fields: Sequence[str],
-                reason: str = "", text_changed: bool = False, count_delta: int = 0, bytes_delta: int = 0,
-                original_text: str | None = None) -> Memory:
+def save_change(memory: Memory, *, before: dict[str, Any], source: str, author: Author, action: str,
+                fields: Sequence[str], reason: str = "", text_changed: bool = False, count_delta: int = 0,
+                bytes_delta: int = 0, original_text: str | None = None) -> Memory:
     """Write a change already made to `memory` in memory (attributes set by the caller).
 
     `memory` was read with `locked_memory` (stack lock, then row lock); `before` is its
     `memory_snapshot` from before the caller changed it; `fields` are the attributes changed.
-    Keeps the revision, bumps `version`, stamps `change_seq` and `server_updated_at` (and
-    `embedded_version = NULL` when `text_changed`), moves the counters by the deltas and, after
+    Keeps the revision (its `author`: who made this change, `hooks.prepare_author`'s result), bumps
+    `version`, stamps `change_seq` and `server_updated_at` (and `embedded_version = NULL` when
+    `text_changed`), moves the counters by the deltas and, after
     commit, queues embedding (text changed) and tells the listeners (`action`).
     A raw memory whose text changed gets its kept original replaced: by `original_text` (its text as
     submitted, when redaction changed it; sealed if the school opted in) or by none.
@@ -184,7 +188,7 @@ def save_change(memory: Memory, *, before: dict[str, Any], source: str, action: 
                        originals={memory.pk: original_text} if original_text is not None and action != "delete" else {},
                        stale=[memory.pk])
     MemoryRevision.objects.create(memory=memory, version=before["version"], source=source, action=action,
-                                  reason=reason, snapshot=before)
+                                  reason=reason, snapshot=before, author=author.as_json())
     memory.version = F("version") + 1
     memory.change_seq = NextChangeSeq()
     memory.server_updated_at = timezone.now()
@@ -202,11 +206,12 @@ def save_change(memory: Memory, *, before: dict[str, Any], source: str, action: 
     return memory
 
 
-def note_revision(memory: Memory, *, source: str, action: str, snapshot: dict[str, Any], reason: str = "") -> None:
+def note_revision(memory: Memory, *, source: str, author: Author, action: str, snapshot: dict[str, Any],
+                  reason: str = "") -> None:
     """Write a decision about `memory` down without changing it (a feedback review, a smart-ingest
     reinforce / link / supersede note): a revision at its current version — no version bump, no
     change_seq, so clients do not pull anything — and, after commit, `MemoryChange(action)` to the
     listeners. The caller holds the row through `locked_memory` when it also writes decay state."""
     MemoryRevision.objects.create(memory=memory, version=memory.version, source=source, action=action,
-                                  reason=reason, snapshot=snapshot)
+                                  reason=reason, snapshot=snapshot, author=author.as_json())
     after_commit(stack_id=memory.stack_id, source=source, changes=[(action, [memory.pk])])

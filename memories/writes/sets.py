@@ -23,6 +23,7 @@ from typing import Any
 
 from django.db import connection
 
+from accounts.authors import Author
 from memories.models import Memory, MemoryKind, MemoryRevision, NextChangeSeq
 from memories.privacy.originals import keep_originals
 from memories.records.normalize import NormalizedMemory
@@ -85,8 +86,10 @@ class RecordWrite:
     normalized: NormalizedMemory | None = None
 
 
-def write_set(records: Sequence[RecordWrite], *, source: str, now: datetime) -> None:
+def write_set(records: Sequence[RecordWrite], *, source: str, now: datetime, author: Author) -> None:
     """Stamp and store `records` (each changed or touched). The caller holds the stack lock.
+    `author` (`hooks.prepare_author`'s result) is the new rows' `written_by` and the revisions'
+    `author` (docs/privacy.md "Provenance").
 
     Stamps: `version` + 1 for a changed stored row, `embedded_version = NULL` when text changed,
     `server_updated_at = now`, a fresh `change_seq` for stored rows (new rows draw theirs as the
@@ -95,9 +98,11 @@ def write_set(records: Sequence[RecordWrite], *, source: str, now: datetime) -> 
     """
     new_rows: list[RecordWrite] = []
     stored: list[RecordWrite] = []
+    written_by = author.as_json()
     for record in records:
         row = record.row
         if record.is_new:
+            row.written_by = written_by
             new_rows.append(record)
         else:
             if record.changed:
@@ -113,7 +118,7 @@ def write_set(records: Sequence[RecordWrite], *, source: str, now: datetime) -> 
         Memory.objects.bulk_update([r.row for r in stored], SET_UPDATE_COLUMNS)
         revisions = [
             MemoryRevision(memory_id=r.row.pk, version=r.snapshot_version, source=source, action=r.action,
-                           snapshot=r.snapshot or {})
+                           snapshot=r.snapshot or {}, author=written_by)
             for r in stored if r.changed
         ]
         if revisions:
