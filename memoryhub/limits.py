@@ -244,14 +244,16 @@ def _string_too_long() -> InvalidInput:
                         fields={"body": [f"Strings are at most {JSON_MAX_STRING_CHARS:,} characters."]})
 
 
-def json_shape_problem(data: Any, *, body_bytes: int, openers: int) -> InvalidInput | None:
-    """Why a parsed JSON value is refused (too deep, too long a string), or None.
+def json_shape_problem(data: Any, *, body_bytes: int, openers: int,
+                       bound_strings: bool = True) -> InvalidInput | None:
+    """Why a parsed JSON value is refused (too deep, too long a string — unless `bound_strings` is
+    False), or None.
 
     Walks level by level with C-level filters (`compress` over `map(type, …)`), so even the
     largest push stays cheap, and skipped where the body cannot break a limit — fewer opening
     brackets than the depth limit, fewer bytes than the string limit."""
     check_depth = openers > JSON_MAX_DEPTH
-    check_strings = body_bytes > JSON_MAX_STRING_CHARS
+    check_strings = bound_strings and body_bytes > JSON_MAX_STRING_CHARS
     if not (check_depth or check_strings):
         return None
     level: list[Any] = [data] if _IS_CONTAINER(type(data)) else []
@@ -295,6 +297,8 @@ class BoundedJSONParser(JSONParser):
     Lone surrogates (`"\\ud800"`) parse as before: they are one record's defect, refused where the
     record is validated (memories/records/), so one bad operation never sinks a sync push."""
 
+    bound_strings = True  # refuse a string over JSON_MAX_STRING_CHARS (see SyncPushJSONParser)
+
     def parse(self, stream: Any, media_type: str | None = None,
               parser_context: Mapping[str, Any] | None = None) -> Any:
         encoding = (parser_context or {}).get("encoding", settings.DEFAULT_CHARSET)
@@ -309,10 +313,21 @@ class BoundedJSONParser(JSONParser):
             raise _too_deep() from None
         except ValueError as exc:  # bad JSON, bad encoding (UnicodeDecodeError), NaN / Infinity
             raise ParseError(f"JSON parse error - {exc}") from None
-        problem = json_shape_problem(data, body_bytes=len(raw), openers=raw.count(b"{") + raw.count(b"["))
+        problem = json_shape_problem(data, body_bytes=len(raw), openers=raw.count(b"{") + raw.count(b"["),
+                                     bound_strings=self.bound_strings)
         if problem is not None:
             raise problem
         return data
+
+
+class SyncPushJSONParser(BoundedJSONParser):
+    """The sync pushes' parser: the body cap and the depth bound, but no string bound. A string too
+    long for a record is that one operation's refusal (memories/records/ bounds every field), which
+    the push answers and acknowledges; refusing the whole body instead would leave every operation
+    of the batch queued on the device, re-sent unchanged on every push (docs/kernle-protocol.md
+    §3.11). The body cap still bounds what is read."""
+
+    bound_strings = False
 
 
 # --- websockets ------------------------------------------------------------------------------------------

@@ -36,6 +36,7 @@ from accounts.throttles import SYNC_PULL_THROTTLES, SYNC_PUSH_THROTTLES
 from memories import sync
 from memories.reads.access_log import AccessPath, record_request_access
 from memoryhub.errors import InvalidInput
+from memoryhub.limits import SyncPushJSONParser
 
 ERRORS = {
     400: OpenApiResponse(description="Body is not a JSON object, `operations` is not a list, the stack id or "
@@ -200,6 +201,7 @@ def _object_body(request: Request) -> dict[str, Any]:
 
 class KernlePushView(APIView):
     throttle_classes = list(SYNC_PUSH_THROTTLES)
+    parser_classes = [SyncPushJSONParser]  # an over-long string is one operation's refusal, not the push's
 
     @extend_schema(
         operation_id="kernle_sync_push", tags=["kernle sync"], request=KernlePushRequestSerializer,
@@ -255,6 +257,7 @@ class KernlePullView(APIView):
 
 class NativePushView(APIView):
     throttle_classes = list(SYNC_PUSH_THROTTLES)
+    parser_classes = [SyncPushJSONParser]
 
     @extend_schema(
         operation_id="stack_sync_push", tags=["sync"], request=NativePushRequestSerializer,

@@ -118,15 +118,16 @@ def test_every_refusal_drains_the_real_clients_queue(kernle: Any, kernle_server:
         {"table": "beliefs", "record_id": "b-range",
          "payload": {"id": "b-range", "stack_id": SLUG, "statement": "Homework helps", "confidence": 7}},
         _note("n-long", "x" * 25_000),
+        _note("n-huge", "y" * 1_500_000),  # over the JSON string bound of every other route
         _note("n-secret", f"My key is {PRIVATE_KEY}"),
         {"table": "relationships", "record_id": "r-untyped",
          "payload": {"id": "r-untyped", "stack_id": SLUG, "entity_name": "Ms. Rivera"}},
         {"table": "drives", "record_id": "d-nokey", "payload": {"id": "d-nokey", "stack_id": SLUG, "intensity": 0.4}},
     ])
-    assert device.pending() == 6
+    assert device.pending() == 7
     first = device.push_and_drain()
     refused = _refused(first)
-    assert set(refused) == {"b-range", "n-long", "n-secret"}, first
+    assert set(refused) == {"b-range", "n-long", "n-huge", "n-secret"}, first
     assert "confidence" in refused["b-range"] and "content" in refused["n-long"]
     assert PRIVATE_KEY not in json.dumps(first)
     stack = Stack.objects.get(slug=SLUG)

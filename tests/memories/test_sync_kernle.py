@@ -14,6 +14,7 @@ from django.db import DatabaseError
 from accounts.models import Organization
 from accounts.throttles import throttle_state_clear
 from memories.models import Memory, MemoryRevision, MemorySalience, SyncWatermark
+from memoryhub.limits import JSON_MAX_STRING_CHARS
 from stacks.models import Stack
 from stacks.services import personal_account_register
 from tests.factories import bearer_client, make_key, make_org, make_stack
@@ -329,6 +330,22 @@ def test_first_push_provisions_a_stack_within_the_stack_quota(account: dict[str,
     assert body["synced"] == 1
     stack = Stack.objects.get(organization=org, slug="second")
     assert stack.kind == Stack.Kind.AGENT and Memory.objects.filter(stack=stack).count() == 1
+
+
+def test_a_string_too_long_for_any_record_is_one_operations_refusal(account: dict[str, Any]) -> None:
+    """Over the JSON string bound (1 MiB) of other routes: refusing the whole push would leave the
+    device's whole batch queued for ever; the sync push refuses only that operation, and
+    acknowledges it (docs/kernle-protocol.md §3.11)."""
+    huge = episode("e-huge", objective="y" * (JSON_MAX_STRING_CHARS + 1))
+    body = push(account["client"], [episode("e1"), huge]).json()
+    assert body["synced"] == 1 and [c["record_id"] for c in body["conflicts"]] == ["e-huge"]
+    assert "objective" in body["conflicts"][0]["error"]
+    assert [a["record_id"] for a in body["acknowledged_operations"]] == ["e1", "e-huge"]
+    assert [m.record_id for m in memories_of(account["stack"])] == ["e1"]
+    # The same body on a route that is not a sync push is still refused whole.
+    other = account["client"].post("/api/v1/stacks/acceptance/search", {"query": "y" * (JSON_MAX_STRING_CHARS + 1)},
+                                   format="json")
+    assert other.status_code == 400 and other.json()["error"]["code"] == "json_string_too_long"
 
 
 def test_storage_quota_gives_per_operation_conflicts_and_stores_nothing(account: dict[str, Any]) -> None:
