@@ -73,7 +73,7 @@ def _retention_field(kind: str) -> str:
 
 
 class PrivacyForm(forms.Form):
-    """The four settings; the retention fields (one per kind, blank = no limit) are added per kind."""
+    """The settings; the retention fields (one per kind, blank = no limit) are added per kind."""
 
     redaction_categories = forms.MultipleChoiceField(
         label="Personal details to redact", required=False, widget=forms.CheckboxSelectMultiple,
@@ -87,6 +87,12 @@ class PrivacyForm(forms.Form):
                   "entry that redaction changed is kept as well, encrypted at rest with AES-256-GCM under the keys "
                   "the operator sets in <code>MEMORYHUB_ENCRYPTION_KEYS</code>; school admins and the student's "
                   "own agent can open it.")
+    provision_stacks_on_push = forms.BooleanField(
+        label="Create students' stacks on first push", required=False,
+        help_text="Off (the default): a student's stack exists only once an admin adds the student, and a "
+                  "school key's push to an unknown student id is refused. On: the school key's first "
+                  "<code>kernle sync push</code> for a new student id creates that student's stack, within the "
+                  "plan's stack limit.")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -101,6 +107,7 @@ class PrivacyForm(forms.Form):
             "redaction_categories": settings.redaction_categories,
             "empty_grants_policy": settings.empty_grants_policy,
             "keep_raw_originals": settings.keep_raw_originals,
+            "provision_stacks_on_push": settings.provision_stacks_on_push,
         }
         initial.update({_retention_field(kind): days for kind, days in settings.retention_days.items()})
         return cls(initial=initial)
@@ -116,6 +123,7 @@ class PrivacyForm(forms.Form):
             "redaction_categories": list(data["redaction_categories"]),
             "empty_grants_policy": data["empty_grants_policy"],
             "keep_raw_originals": data["keep_raw_originals"],
+            "provision_stacks_on_push": data["provision_stacks_on_push"],
         }
 
     def add_service_errors(self, error: InvalidInput) -> None:

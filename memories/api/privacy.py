@@ -62,13 +62,20 @@ def _originals_field(**kwargs: Any) -> serializers.BooleanField:
                   "MEMORYHUB_ENCRYPTION_KEYS). Off: only the redacted text is stored.", **kwargs)
 
 
+def _provisioning_field(**kwargs: Any) -> serializers.BooleanField:
+    return StrictBooleanField(
+        help_text="A school key's first kernle push to an unknown student id creates that student's stack, "
+                  "within the plan's limits. Off: such a push is a 404 and admins add students first.", **kwargs)
+
+
 class PrivacyInSerializer(serializers.Serializer):
-    """Any of the four settings; those left out keep their value."""
+    """Any of the settings; those left out keep their value."""
 
     retention_days = _retention_field(required=False)
     redaction_categories = _categories_field(required=False)
     empty_grants_policy = _policy_field(required=False)
     keep_raw_originals = _originals_field(required=False)
+    provision_stacks_on_push = _provisioning_field(required=False)
 
 
 class PrivacyValuesSerializer(serializers.Serializer):
@@ -76,6 +83,7 @@ class PrivacyValuesSerializer(serializers.Serializer):
     redaction_categories = _categories_field()
     empty_grants_policy = _policy_field()
     keep_raw_originals = _originals_field()
+    provision_stacks_on_push = _provisioning_field()
 
 
 class PolicySectionSerializer(serializers.Serializer):
@@ -87,6 +95,7 @@ class PolicySectionSerializer(serializers.Serializer):
 _OUT = inline_serializer("PrivacySettingsOut", fields={
     "retention_days": _retention_field(), "redaction_categories": _categories_field(),
     "empty_grants_policy": _policy_field(), "keep_raw_originals": _originals_field(),
+    "provision_stacks_on_push": _provisioning_field(),
     "retention_reviewed_at": serializers.DateTimeField(
         allow_null=True, help_text="When an admin last saved the retention (a kind left without a limit is then "
                                    "their choice); null: never, and any kind without a limit awaits review."),

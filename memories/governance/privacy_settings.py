@@ -9,7 +9,10 @@ Four settings of `accounts.Organization`, each with its own validator:
   choosing all of them stores None too, so the two cannot drift apart;
 * `empty_grants_policy` — what an empty `access_grants` list means for school staff ("school":
   staff who reach the student may read it; "owner": only the stack's own keys);
-* `keep_raw_originals` — keep raw entries' unredacted text, encrypted at rest.
+* `keep_raw_originals` — keep raw entries' unredacted text, encrypted at rest;
+* `provision_stacks_on_push` — a school key's first kernle push to an unknown student id creates that
+  student's stack, within the plan's limits (docs/kernle-protocol.md §3.4). Not privacy as such, but
+  it decides whose memory the school starts keeping, so it is chosen, and audited, here.
 
 Who may read or change them is `accounts.selectors.ensure_may_manage_organization` (school admins
 and writable school keys), asked here so the API and the dashboard cannot differ. A change is one
@@ -39,7 +42,8 @@ from memories.privacy.redaction.policy import redaction_categories_validated
 from memories.privacy.redaction.rules import PII_CATEGORIES
 from memoryhub.errors import InvalidInput
 
-FIELDS = ("retention_days", "redaction_categories", "empty_grants_policy", "keep_raw_originals")
+FIELDS = ("retention_days", "redaction_categories", "empty_grants_policy", "keep_raw_originals",
+          "provision_stacks_on_push")
 AUDIT_ACTION = "privacy.updated"
 
 # How the policy names each kind (plural, for "Raw entries: 365 days").
@@ -60,6 +64,7 @@ class PrivacySettings:
     redaction_categories: list[str]  # what is redacted now (None in the column: all of PII_CATEGORIES)
     empty_grants_policy: str
     keep_raw_originals: bool
+    provision_stacks_on_push: bool = False
     # When an admin last saved the retention: a kind without a limit is then their choice (read only).
     retention_reviewed_at: datetime | None = None
 
@@ -67,7 +72,7 @@ class PrivacySettings:
         return asdict(self)
 
     def values(self) -> dict[str, Any]:
-        """The four settings alone (what a change may name)."""
+        """The settings alone (what a change may name)."""
         return {name: getattr(self, name) for name in FIELDS}
 
 
@@ -83,6 +88,7 @@ DEFAULTS = PrivacySettings(
     redaction_categories=list(PII_CATEGORIES),
     empty_grants_policy=str(_default("empty_grants_policy")),
     keep_raw_originals=_default("keep_raw_originals"),
+    provision_stacks_on_push=_default("provision_stacks_on_push"),
 )
 
 
@@ -93,6 +99,7 @@ def _of(organization: Organization) -> PrivacySettings:
         redaction_categories=list(PII_CATEGORIES) if chosen is None else [c for c in PII_CATEGORIES if c in chosen],
         empty_grants_policy=str(organization.empty_grants_policy),
         keep_raw_originals=organization.keep_raw_originals,
+        provision_stacks_on_push=organization.provision_stacks_on_push,
         retention_reviewed_at=organization.retention_reviewed_at,
     )
 
@@ -125,8 +132,16 @@ def _flag(value: Any) -> bool:
     return value
 
 
+def _provisioning(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidInput("provision_stacks_on_push must be true or false.", code="invalid",
+                           fields={"provision_stacks_on_push": ["Must be true or false."]})
+    return value
+
+
 _VALIDATORS = {"retention_days": retention_validated, "redaction_categories": _categories,
-               "empty_grants_policy": _policy, "keep_raw_originals": _flag}
+               "empty_grants_policy": _policy, "keep_raw_originals": _flag,
+               "provision_stacks_on_push": _provisioning}
 
 
 def privacy_settings_validated(changes: Any) -> dict[str, Any]:
@@ -157,7 +172,7 @@ def privacy_settings_validated(changes: Any) -> dict[str, Any]:
 
 def privacy_settings_update(*, principal: Principal, changes: Any,
                             ip: str | None = None) -> PrivacySettings:
-    """Change any of the four settings (those not named keep their value) in one transaction with
+    """Change any of the settings (those not named keep their value) in one transaction with
     one audit event naming what changed. Invalid input changes nothing (400). Saving the retention,
     even unchanged, records that an admin chose it (`retention_reviewed_at`): a kind left without a
     limit is then deliberate, and the first such confirmation is audited too."""

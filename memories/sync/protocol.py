@@ -23,6 +23,7 @@ from typing import Any
 
 from django.db import connection
 
+from accounts.models import Organization
 from accounts.principal import Principal
 from memories.models import MemoryKind
 from memories.privacy.redaction.engine import SensitiveIdentifier, refuse_sensitive_identifier
@@ -302,12 +303,21 @@ def bound_slug(principal: Principal) -> str | None:
     return Stack.objects.filter(pk=principal.bound_stack_id).values_list("slug", flat=True).first()
 
 
-def not_reachable(principal: Principal, slug: str) -> NotFound:
-    """The 404 for a stack this credential cannot reach, naming the bound stack when that is why."""
+def not_reachable(principal: Principal, slug: str, *, push: bool = False) -> NotFound:
+    """The 404 for a stack this credential cannot reach, naming the bound stack when that is why, and
+    (`push`) for a school's writable school-wide key, the setting that would create the stack on its
+    first push (docs/kernle-protocol.md §3.4)."""
     bound = bound_slug(principal)
     if bound is not None and bound != slug:
         return NotFound(f"This key is bound to stack '{bound}' and cannot reach stack '{slug}'.",
                         code="stack_not_reachable", fields={"stack_id": ["Not reachable with this key."]})
+    if (push and principal.is_key and bound is None and not principal.read_only
+            and principal.organization.kind == Organization.Kind.SCHOOL):
+        return NotFound(f"Stack '{slug}' not found. A school key creates a student's stack on its first push "
+                        "only when the school's admins turn on `provision_stacks_on_push` (dashboard: Privacy "
+                        "page, \"Create students' stacks on first push\"; API: PUT /api/v1/privacy); otherwise an "
+                        "admin adds the student first.",
+                        code="stack_not_found", fields={"stack_id": ["Not found."]})
     return NotFound(f"Stack '{slug}' not found.", code="stack_not_found", fields={"stack_id": ["Not found."]})
 
 

@@ -52,7 +52,7 @@ def kernle_stack_for_push(principal: Principal, raw_slug: Any) -> tuple[Stack | 
         return stack_for_principal(principal, slug, write=True, lock=True), ""
     except NotFound:
         if not _may_provision(principal):
-            raise not_reachable(principal, slug) from None
+            raise not_reachable(principal, slug, push=True) from None
     # Serialise provisioning per organization so two first pushes cannot both pass the stack quota.
     Organization.objects.select_for_update().filter(pk=principal.organization.pk).first()
     try:
@@ -61,7 +61,7 @@ def kernle_stack_for_push(principal: Principal, raw_slug: Any) -> tuple[Stack | 
         return None, exc.message
     try:
         with transaction.atomic():
-            stack_create(organization=principal.organization, slug=slug, kind=Stack.Kind.AGENT,
+            stack_create(organization=principal.organization, slug=slug, kind=_provisioned_kind(principal),
                          principal=principal)
     except DomainError:
         pass  # created concurrently by another push: lock and use it
@@ -69,10 +69,21 @@ def kernle_stack_for_push(principal: Principal, raw_slug: Any) -> tuple[Stack | 
 
 
 def _may_provision(principal: Principal) -> bool:
-    """Only an unbound, writable key of a personal account auto-provisions stacks on first push
-    (docs/kernle-protocol.md §3.4); school stacks are created by the school's admins."""
-    return (principal.is_key and principal.bound_stack_id is None and not principal.read_only
-            and principal.organization.kind == Organization.Kind.PERSONAL)
+    """An unbound, writable key of a personal account auto-provisions stacks on first push; so does a
+    school's school-wide key when the school turned `provision_stacks_on_push` on (docs/kernle-protocol.md
+    §3.4). Otherwise school stacks are created by the school's admins."""
+    if not (principal.is_key and principal.bound_stack_id is None and not principal.read_only):
+        return False
+    if principal.organization.kind == Organization.Kind.PERSONAL:
+        return True
+    # Read from the row, not from the credential cache's copy: an admin's change counts at once.
+    return Organization.objects.filter(pk=principal.organization.pk, kind=Organization.Kind.SCHOOL,
+                                       provision_stacks_on_push=True).exists()
+
+
+def _provisioned_kind(principal: Principal) -> str:
+    """A school provisions its students' stacks; a personal account its agents'."""
+    return Stack.Kind.STUDENT if principal.organization.kind == Organization.Kind.SCHOOL else Stack.Kind.AGENT
 
 
 # --- kernle push ---------------------------------------------------------------------------------------

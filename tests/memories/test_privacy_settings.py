@@ -37,7 +37,8 @@ def test_a_new_school_reads_the_defaults_and_its_written_policy(school: School) 
         "retention_days": DEFAULT_RETENTION_DAYS, "redaction_categories": list(PII_CATEGORIES),
         "empty_grants_policy": "school",
         "keep_raw_originals": False}
-    assert body["defaults"] == {name: body[name] for name in STORED}
+    assert body["provision_stacks_on_push"] is False
+    assert body["defaults"] == {name: body[name] for name in (*STORED, "provision_stacks_on_push")}
     assert body["pii_categories"] == list(PII_CATEGORIES)
     titles = [section["title"] for section in body["policy"]]
     assert titles == ["What is kept", "How long it is kept", "Who can see it", "What erasure does", "Getting a copy"]
