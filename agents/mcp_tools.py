@@ -200,7 +200,7 @@ def _checkpoint_save(principal: Principal, args: Payload) -> Payload:
     data = validated(CheckpointInSerializer, clean_json(_body(args)))
     checkpoint = services.checkpoint_save(stack=target, checkpoint=services.CheckpointInput(
         task=data["task"], progress=data.get("progress") or "", next_step=data.get("next_step") or "",
-        blocker=data.get("blocker") or "", context=data.get("context") or {},
+        blocker=data.get("blocker") or "", context=data["context"], pending=data["pending"],
     ))
     return dict(CheckpointSerializer(checkpoint).data)
 
@@ -344,7 +344,10 @@ TOOLS: tuple[AgentTool, ...] = (
         _schema({"task": {"type": "string", "minLength": 1, "maxLength": 500, "description": "What you are doing."},
                  "progress": {"type": ["string", "null"]}, "next_step": {"type": ["string", "null"]},
                  "blocker": {"type": ["string", "null"]},
-                 "context": {"type": ["object", "null"], "description": "Any JSON object of your own."}},
+                 "pending": {"type": ["array", "null"], "items": {"type": "string"},
+                             "description": "What is still to do, in order."},
+                 "context": {"type": ["object", "string", "null"],
+                             "description": "Any JSON object of your own, or a text."}},
                 ("task",)),
         True, _checkpoint_save),
     AgentTool(

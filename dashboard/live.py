@@ -71,7 +71,7 @@ from memories.changes.feed import events_after, latest_seq
 from memories.models import ChangeEvent, Memory, StackDailyActivity
 from memories.privacy.grants import Audience, audience_for, grants_filter
 from memories.reads.access_log import AccessPath, record_principal_access
-from memories.selectors import boot_config_entries, checkpoint_latest, checkpoint_warnings, memories_live
+from memories.selectors import boot_config_entries, memories_live
 from memories.writes.outbox import BOOT_CONFIG, CHECKPOINT
 from memoryhub.errors import NotFound
 from stacks.models import Stack, TeacherAssignment
@@ -294,9 +294,7 @@ def _student_message(stack_id: int, filters: reads.MemoryFilters, change: Change
     counts = reads.kind_counts(stack, filters, audience=audience)
     message.update(counts=counts, total=sum(counts.values()), figures=_stack_figures(stack))
     if CHECKPOINT in change.topics:
-        checkpoint = checkpoint_latest(stack=stack)
-        message["checkpoint"] = render_to_string("dashboard/student/_checkpoint.html", {
-            "checkpoint": checkpoint, "checkpoint_warnings": checkpoint_warnings(checkpoint) if checkpoint else []})
+        message["checkpoint"] = render_to_string("dashboard/student/_checkpoint.html", reads.checkpoint_panel(stack))
     if BOOT_CONFIG in change.topics:
         message["boot_config"] = render_to_string("dashboard/student/_boot_config.html",
                                                   {"boot_config": list(boot_config_entries(stack=stack))})

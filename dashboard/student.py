@@ -49,7 +49,13 @@ from memories.models import Memory, MemoryKind, MemoryRevision
 from memories.privacy.grants import Audience
 from memories.search.hybrid import search_memories
 from memories.search.query import MAX_QUERY_CHARS, SearchQuery, SearchResult
-from memories.selectors import ForgottenFilter, memories_list
+from memories.selectors import (
+    ForgottenFilter,
+    checkpoint_episode_q,
+    checkpoint_history,
+    checkpoint_warnings,
+    memories_list,
+)
 from memories.services import FORGET_REASON_MAX, memory_forget, memory_recover, memory_set_protected
 from memories.writes.rows import memory_snapshot
 from memoryhub.errors import NotFound
@@ -59,6 +65,7 @@ from stacks.models import Stack
 PAGE_SIZE = 25
 SEARCH_LIMIT = 50
 CANDIDATES_SHOWN = 20
+CHECKPOINT_HISTORY_SHOWN = 5
 REVISIONS_SHOWN = 100
 HISTOGRAM_BUCKETS = 10
 FORECAST_DAYS = (7, 30, 60, 90)
@@ -136,10 +143,21 @@ class MemoryFilters:
 
 
 def _filtered(stack: Stack, filters: MemoryFilters, *, audience: Audience | None, with_kind: bool = True) -> Any:
+    # A kernle checkpoint episode is shown as what it is, in the checkpoint panel's history
+    # (`checkpoint_panel`), not among the episodes (docs/dashboard.md "Pages").
     return memories_list(stack=stack, kinds=[filters.kind] if with_kind and filters.kind else None,
                          tags=[filters.tag] if filters.tag else None, created_after=filters.created_after,
                          created_before=filters.created_before, forgotten=filters.forgotten,
-                         audience=audience, agent=filters.agent or None)
+                         audience=audience, agent=filters.agent or None).exclude(checkpoint_episode_q())
+
+
+def checkpoint_panel(stack: Stack) -> dict[str, Any]:
+    """What the checkpoint panel shows (the page and its live socket alike): the checkpoint, its
+    warnings, and the CHECKPOINT_HISTORY_SHOWN checkpoints saved before it."""
+    latest = list(checkpoint_history(stack=stack)[:CHECKPOINT_HISTORY_SHOWN + 1])
+    checkpoint = latest[0] if latest else None
+    return {"checkpoint": checkpoint, "checkpoint_warnings": checkpoint_warnings(checkpoint) if checkpoint else [],
+            "checkpoint_history": latest[1:]}
 
 
 def kind_counts(stack: Stack, filters: MemoryFilters, *, audience: Audience | None) -> dict[str, int]:

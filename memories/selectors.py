@@ -11,6 +11,7 @@ privacy grants admit it, and a hidden memory is a 404 like one that does not exi
 
 from __future__ import annotations
 
+import json
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -20,8 +21,9 @@ from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from accounts.principal import Principal
-from memories.models import BootConfigEntry, Checkpoint, ErasureCertificate, Memory, MemoryRevision
+from memories.models import BootConfigEntry, Checkpoint, ErasureCertificate, Memory, MemoryKind, MemoryRevision
 from memories.privacy.grants import Audience, grants_filter
+from memories.records.vocabulary import CHECKPOINT_EPISODE_TAGS, CHECKPOINT_OBJECTIVE_PREFIX
 from memoryhub.errors import Forbidden, InvalidInput, NotFound
 from stacks.models import Stack
 from stacks.selectors import ensure_writable, stack_for_principal, stacks_visible_to
@@ -104,12 +106,31 @@ def memory_agents(*, stack: Stack, audience: Audience | None = None) -> list[str
 
 # --- checkpoints -----------------------------------------------------------------------------------
 
+def checkpoint_episode_q() -> Q:
+    """Memories carrying kernle's checkpoint signature (both tags and the `[CHECKPOINT]` objective,
+    docs/kernle-protocol.md §3.12): their checkpoint stands for them, so the dashboard's memory lists
+    and load leave them out."""
+    return Q(kind=MemoryKind.EPISODE, tags__contains=list(CHECKPOINT_EPISODE_TAGS),
+             data__objective__startswith=CHECKPOINT_OBJECTIVE_PREFIX)
+
+
 def checkpoint_latest(*, stack: Stack) -> Checkpoint | None:
     return Checkpoint.objects.filter(stack_id=stack.pk).order_by("-created_at", "-id").first()
 
 
 def checkpoint_history(*, stack: Stack) -> QuerySet[Checkpoint]:
     return Checkpoint.objects.filter(stack_id=stack.pk).order_by("-created_at", "-id")
+
+
+def checkpoint_context_text(checkpoint: Checkpoint) -> str:
+    """The checkpoint's context as one text: a context sent as text (stored {"text": …}, docs/api.md
+    "Checkpoint") is that text, any other object its JSON; "" when there is none."""
+    context = checkpoint.context
+    if not context:
+        return ""
+    if isinstance(context, dict) and set(context) == {"text"} and isinstance(context["text"], str):
+        return context["text"]
+    return json.dumps(context, ensure_ascii=False, sort_keys=True)
 
 
 @dataclass(frozen=True)
@@ -122,7 +143,9 @@ def checkpoint_warnings(checkpoint: Checkpoint, *, now: datetime | None = None) 
     """Why an agent should not trust this checkpoint blindly: it is old, or says nothing."""
     now = now or timezone.now()
     warnings: list[CheckpointWarning] = []
-    age = now - checkpoint.created_at
+    # From the client's own time when it told us (a kernle checkpoint synced hours after it was saved
+    # is as old as the work it describes), else from when we stored it.
+    age = now - (checkpoint.saved_at or checkpoint.created_at)
     if age > CHECKPOINT_STALE_AFTER:
         hours = int(age.total_seconds() // 3600)
         warnings.append(CheckpointWarning(

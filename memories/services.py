@@ -50,6 +50,7 @@ from memories.privacy.redaction.engine import (
 )
 from memories.privacy.redaction.policy import RedactionPolicy, stack_policy
 from memories.records.cleaning import clean_json, clean_text
+from memories.records.vocabulary import ITEM_MAX, LIST_ITEMS
 from memories.writes.columns import CONTENT_COLUMNS
 from memories.writes.hooks import prepare_author, prepare_memory
 from memories.writes.outbox import BOOT_CONFIG, CHECKPOINT, record_change
@@ -309,12 +310,38 @@ class CheckpointInput:
     next_step: str = ""
     blocker: str = ""
     context: dict[str, Any] | None = None
+    # The pending items, a list of strings kept in order (kernle's `pending`, the seed's shape).
+    pending: Sequence[str] | None = None
+    # When the client saved it (kernle's episode time); None: the server's time is all we have.
+    saved_at: datetime | None = None
+    # The kernle checkpoint episode it was read from (memories.sync.checkpoints); "" for native saves.
+    episode_record_id: str = ""
+
+
+def _checkpoint_pending(pending: Any, errors: dict[str, list[str]]) -> list[str]:
+    """The pending items as stored: a list of at most LIST_ITEMS strings of at most ITEM_MAX characters."""
+    if pending is None:
+        return []
+    if not isinstance(pending, (list, tuple)) or not all(isinstance(item, str) for item in pending):
+        errors["pending"] = ["Must be a list of strings."]
+        return []
+    if len(pending) > LIST_ITEMS:
+        errors["pending"] = [f"At most {LIST_ITEMS} items."]
+        return []
+    items = [clean_text(item).strip() for item in pending]
+    if any(len(item) > ITEM_MAX for item in items):
+        errors["pending"] = [f"Each item at most {ITEM_MAX} characters."]
+    return [item for item in items if item]
 
 
 @transaction.atomic
 def checkpoint_save(*, stack: Stack, checkpoint: CheckpointInput, source: str = "api") -> Checkpoint:
     """Store a new checkpoint (history is kept; the newest one is "the" checkpoint), with its
-    change event (topic "checkpoint", action "save")."""
+    change event (topic "checkpoint", action "save"). docs/api.md "Checkpoint".
+
+    With `episode_record_id` (a kernle checkpoint episode, docs/kernle-protocol.md §3.12) it is saved
+    once per episode: when that episode already has its checkpoint, that one is returned and nothing
+    is written (no event), so a re-push of the episode is harmless."""
     errors: dict[str, list[str]] = {}
     task = clean_text(checkpoint.task or "").strip()
     if not task:
@@ -332,6 +359,7 @@ def checkpoint_save(*, stack: Stack, checkpoint: CheckpointInput, source: str = 
         errors["context"] = ["Must be an object."]
     elif len(json.dumps(context, ensure_ascii=False).encode()) > CHECKPOINT_CONTEXT_MAX_BYTES:
         errors["context"] = [f"At most {CHECKPOINT_CONTEXT_MAX_BYTES} bytes."]
+    pending = _checkpoint_pending(checkpoint.pending, errors)
     if errors:
         raise InvalidInput("The checkpoint is invalid.", fields=errors)
     # Redacted like a memory (docs/algorithms.md §11): placeholders, or RedactionRefused (422).
@@ -339,9 +367,17 @@ def checkpoint_save(*, stack: Stack, checkpoint: CheckpointInput, source: str = 
     task = redact_value(task, field="task", policy=policy)
     texts = {name: redact_value(value, field=name, policy=policy) for name, value in texts.items()}
     context = redact_value(context, field="context", policy=policy)
-    # The stack lock orders this write's event among the stack's others (memories.writes.outbox: seq).
+    pending = [redact_value(item, field="pending", policy=policy) for item in pending]
+    # The stack lock orders this write's event among the stack's others (memories.writes.outbox: seq),
+    # and makes "does this episode have its checkpoint yet?" exact.
     lock_stack_changes(stack.pk)
-    saved = Checkpoint.objects.create(stack=stack, task=task, context=context, **texts)
+    if checkpoint.episode_record_id:
+        existing = Checkpoint.objects.filter(stack=stack, episode_record_id=checkpoint.episode_record_id).first()
+        if existing is not None:
+            return existing
+    saved = Checkpoint.objects.create(stack=stack, task=task, context=context, pending=pending,
+                                      saved_at=checkpoint.saved_at,
+                                      episode_record_id=checkpoint.episode_record_id, **texts)
     record_change(stack_id=stack.pk, topic=CHECKPOINT, source=source, changes=[("save", ())])
     return saved
 

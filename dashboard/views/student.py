@@ -29,14 +29,7 @@ from memories.reads.access_history import may_read_access_log, memory_seen_by
 from memories.reads.access_log import AccessPath, record_principal_access
 from memories.reads.export import stack_memory_md
 from memories.reads.usage import growth_chart, stack_usage
-from memories.selectors import (
-    boot_config_entries,
-    checkpoint_latest,
-    checkpoint_warnings,
-    memories_list,
-    memory_agents,
-    memory_get,
-)
+from memories.selectors import boot_config_entries, memories_list, memory_agents, memory_get
 from memories.sessions.cards import session_cards
 from memoryhub.errors import NotFound
 from memoryhub.streaming import streamed_content
@@ -76,10 +69,8 @@ def student_page(request: HttpRequest, principal: Principal, slug: str) -> HttpR
         shown = [memory.pk for memory in context["page"]]
     record_principal_access(principal, via=Path.DASHBOARD, stack_id=stack.pk, path=AccessPath.DASHBOARD,
                             memory_ids=shown)
-    checkpoint = checkpoint_latest(stack=stack)
     context.update(
-        checkpoint=checkpoint, checkpoint_warnings=checkpoint_warnings(checkpoint) if checkpoint else [],
-        agents=memory_agents(stack=stack, audience=audience),
+        **reads.checkpoint_panel(stack), agents=memory_agents(stack=stack, audience=audience),
         boot_config=list(boot_config_entries(stack=stack)), retention=reads.retention(stack, audience=audience),
         session_cards=session_cards(stack, audience=audience),
     )

@@ -242,9 +242,14 @@ class CheckpointView(APIView):
         data = validated(CheckpointInSerializer, clean_json(request.data))  # null bytes removed, not refused
         checkpoint = services.checkpoint_save(stack=target, checkpoint=services.CheckpointInput(
             task=data["task"], progress=data.get("progress") or "", next_step=data.get("next_step") or "",
-            blocker=data.get("blocker") or "", context=data.get("context") or {},
+            blocker=data.get("blocker") or "", context=data["context"], pending=data["pending"],
         ))
         return Response(CheckpointSerializer(checkpoint).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(tags=[TAG], request=CheckpointInSerializer, responses={201: CheckpointSerializer},
+                   summary="Save a checkpoint (the same as POST: a new checkpoint, history kept)")
+    def put(self, request: Request, stack: str) -> Response:
+        return self.post(request, stack)
 
 
 class CheckpointHistoryView(APIView):

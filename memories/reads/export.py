@@ -11,10 +11,9 @@ Every memory line is flattened to one line, so no stored text can inject markdow
 
 from __future__ import annotations
 
-import json
 import re
 import uuid
-from datetime import datetime
+from datetime import UTC, datetime
 
 from django.db.models import F, FloatField, IntegerField, Value
 from django.db.models.fields.json import KeyTextTransform
@@ -23,7 +22,13 @@ from django.utils import timezone
 
 from memories.privacy.grants import Audience
 from memories.records.schemas import goal_priority_rank
-from memories.selectors import boot_config_entries, checkpoint_latest, checkpoint_warnings, memories_list
+from memories.selectors import (
+    boot_config_entries,
+    checkpoint_context_text,
+    checkpoint_latest,
+    checkpoint_warnings,
+    memories_list,
+)
 from stacks.models import Stack
 
 MIN_BELIEF_CONFIDENCE = 0.4
@@ -130,8 +135,12 @@ def stack_memory_md(*, stack: Stack, now: datetime | None = None, include_checkp
         if checkpoint.blocker:
             lines.append(f"- **Blocker**: {one_line(checkpoint.blocker)}")
         if checkpoint.context:
-            lines.append(f"- **Context**: {one_line(json.dumps(checkpoint.context, ensure_ascii=False))}")
-        lines.append(f"- **Saved**: {checkpoint.created_at.strftime('%Y-%m-%d %H:%M')} UTC")
+            lines.append(f"- **Context**: {one_line(checkpoint_context_text(checkpoint))}")
+        if checkpoint.pending:
+            lines.append("- **Pending**:")
+            lines += [f"  - {one_line(item)}" for item in checkpoint.pending]
+        saved = checkpoint.saved_at or checkpoint.created_at  # the client's time when it said
+        lines.append(f"- **Saved**: {saved.astimezone(UTC).strftime('%Y-%m-%d %H:%M')} UTC")
         lines += [f"- _Warning_: {one_line(w.message)}" for w in checkpoint_warnings(checkpoint, now=now)]
         lines.append("")
 

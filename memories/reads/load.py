@@ -15,7 +15,8 @@ tiers — chosen because its test vectors are published and it needs no clock):
   Test vectors: value priority 80 → 0.86; belief confidence 0.9 → 0.78; drive intensity 0.7 → 0.64;
   goal 0.67; episode 0.52; note 0.49; relationship sentiment 0 → 0.38;
 * candidates: up to 1000 newest per kind; goals only while active, beliefs only while active and
-  not superseded; forgotten, deleted and expired memories never;
+  not superseded; forgotten, deleted and expired memories never; kernle checkpoint episodes never
+  (their checkpoint is first already: docs/kernle-protocol.md §3.12);
 * each item's text is cut to `item_chars` (default 500) at a word boundary; the walk is greedy
   (an item that does not fit is skipped, later smaller ones may still fit);
 * up to 20 excluded candidates come back as "echoes" (8-word hints), so an agent knows what it
@@ -48,7 +49,8 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from memories.privacy.grants import Audience, grants_sql
-from memories.selectors import checkpoint_latest, checkpoint_warnings
+from memories.records.vocabulary import CHECKPOINT_EPISODE_TAGS, CHECKPOINT_OBJECTIVE_PREFIX
+from memories.selectors import checkpoint_context_text, checkpoint_latest, checkpoint_warnings
 from stacks.models import Stack
 
 DEFAULT_BUDGET = 8000
@@ -151,7 +153,13 @@ def _score_sql(kind: str) -> str:
 # Written as NOT(<containment>) so the planner estimates "almost every row passes" and keeps
 # walking the (stack, kind, -created_at) index instead of sorting the stack (a plain equality on a
 # JSON field is estimated at 0.5% selectivity, which flips the plan).
+# A kernle checkpoint episode (docs/kernle-protocol.md §3.12) is not an episode candidate: its
+# checkpoint is loaded first already, and counting it twice would spend the budget twice.
+_CHECKPOINT_EPISODE_SQL = (
+    "AND NOT (tags @> ARRAY[" + ", ".join(f"'{tag}'" for tag in CHECKPOINT_EPISODE_TAGS) + "]::text[] "
+    f"AND coalesce(data->>'objective', '') LIKE '{CHECKPOINT_OBJECTIVE_PREFIX}%%')")
 _KIND_FILTER = {
+    "episode": _CHECKPOINT_EPISODE_SQL,
     "goal": "AND NOT (data ? 'status' AND coalesce(data->>'status', 'active') <> 'active')",
     "belief": "AND NOT (data @> '{\"is_active\": false}') "
               "AND NOT (data ? 'superseded_by' AND coalesce(data->>'superseded_by', '') <> '')",
@@ -291,8 +299,10 @@ def checkpoint_text(checkpoint: Any) -> str:
         parts.append(f"Next: {checkpoint.next_step}")
     if checkpoint.blocker:
         parts.append(f"Blocker: {checkpoint.blocker}")
+    if checkpoint.pending:
+        parts.append("Pending: " + "; ".join(checkpoint.pending))
     if checkpoint.context:
-        parts.append("Context: " + json.dumps(checkpoint.context, ensure_ascii=False, sort_keys=True))
+        parts.append("Context: " + checkpoint_context_text(checkpoint))
     return "\n".join(parts)
 
 
@@ -326,6 +336,7 @@ def stack_load(*, stack: Stack, budget: int | None = None, item_chars: int | Non
         remaining -= tokens
         checkpoint_out = {
             "id": checkpoint.pk, "task": checkpoint.task, "created_at": checkpoint.created_at,
+            "saved_at": checkpoint.saved_at, "pending": list(checkpoint.pending),
             "text": text, "tokens": tokens, "truncated": text != full,
             "warnings": [{"code": w.code, "message": w.message} for w in checkpoint_warnings(checkpoint, now=now)],
         }

@@ -43,3 +43,11 @@ SERVER_CONTROLLED = frozenset({
     "last_reviewed_at", "size_bytes", "kind", "record_id", "deleted_at", "search_vector", "text",
     "owner", "stack", "redaction_report",
 })
+
+# The signature of a kernle checkpoint saved as an episode (`kernle checkpoint save`, kernle/core/checkpoint.py):
+# both tags and an objective starting with the prefix. Such an episode also saves the stack's
+# checkpoint (memories.sync.checkpoints) and is left out of load's episodes (docs/kernle-protocol.md §3.12).
+CHECKPOINT_EPISODE_TAGS = ("checkpoint", "working_state")
+CHECKPOINT_OBJECTIVE_PREFIX = "[CHECKPOINT]"
+# kernle's outcome when the checkpoint had no context: not worth keeping as the checkpoint's context.
+CHECKPOINT_DEFAULT_OUTCOME = "Working state checkpoint"

@@ -14,9 +14,12 @@ from rest_framework import serializers
 
 from memories.models import BootConfigEntry, Checkpoint, Memory, MemoryKind, MemoryRevision
 from memories.reads.load import DEFAULT_BUDGET, MAX_BUDGET, MIN_BUDGET
+from memories.records.vocabulary import ITEM_MAX, LIST_ITEMS
 from memories.selectors import checkpoint_warnings, memory_revisions
 from memories.serializers.fields import (
     CommaSeparatedListField,
+    StrictCharField,
+    StringListField,
     TimestampField,
 )
 
@@ -103,12 +106,43 @@ class ForgetSerializer(serializers.Serializer):
     reason = serializers.CharField(required=False, allow_blank=True, max_length=64, default="manual")
 
 
+class CheckpointContextField(serializers.JSONField):
+    """An object, or a text (the seed's shape), stored as {"text": …}; null or absent: {}."""
+
+    def to_internal_value(self, data: Any) -> dict[str, Any]:
+        if isinstance(data, str):
+            return {"text": data} if data.strip() else {}
+        if not isinstance(data, dict):
+            raise serializers.ValidationError("Must be an object or a text.")
+        return dict(data)
+
+
 class CheckpointInSerializer(serializers.Serializer):
-    task = serializers.CharField(max_length=500)
+    """Our shape (task, progress, next_step, blocker, context object) or the seed's (`current_task`,
+    `pending` list, `context` text), or a mix: docs/api.md "Checkpoint"."""
+
+    task = serializers.CharField(max_length=500, required=False, help_text="What the agent is doing.")
+    current_task = serializers.CharField(max_length=500, required=False,
+                                         help_text="The seed's name for `task`; give one of the two.")
     progress = serializers.CharField(required=False, allow_blank=True, allow_null=True, default="")
     next_step = serializers.CharField(required=False, allow_blank=True, allow_null=True, default="")
     blocker = serializers.CharField(required=False, allow_blank=True, allow_null=True, default="")
-    context = serializers.DictField(required=False, allow_null=True, default=dict)  # type: ignore[assignment]
+    pending = StringListField(required=False, max_length=LIST_ITEMS,
+                              child=StrictCharField(allow_blank=True, max_length=ITEM_MAX),
+                              help_text=f"Pending items (strings), kept in order; at most {LIST_ITEMS}.")
+    context = CheckpointContextField(  # type: ignore[assignment]  # shadows Serializer.context, as before
+        required=False, allow_null=True, default=dict, help_text='An object, or a text (stored as {"text": …}).')
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        task, current = attrs.pop("task", None), attrs.pop("current_task", None)
+        if task is None and current is None:
+            raise serializers.ValidationError({"task": ["This field is required (or `current_task`)."]})
+        if task is not None and current is not None and task != current:
+            raise serializers.ValidationError({"current_task": ["Differs from `task`; give one of the two."]})
+        attrs["task"] = task if task is not None else current
+        attrs["context"] = attrs.get("context") or {}
+        attrs["pending"] = attrs.get("pending") or []
+        return attrs
 
 
 class CheckpointWarningSerializer(serializers.Serializer):
@@ -122,12 +156,13 @@ class CheckpointSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Checkpoint
-        fields = ["id", "task", "progress", "next_step", "blocker", "context", "created_at", "age_seconds",
-                  "warnings"]
+        fields = ["id", "task", "progress", "next_step", "blocker", "context", "pending", "saved_at",
+                  "episode_record_id", "created_at", "age_seconds", "warnings"]
         read_only_fields = fields
 
     def get_age_seconds(self, obj: Checkpoint) -> int:
-        return int((timezone.now() - obj.created_at).total_seconds())
+        """From the client's time when it said (`saved_at`), else from when it was stored."""
+        return int((timezone.now() - (obj.saved_at or obj.created_at)).total_seconds())
 
     @staticmethod
     def _warnings(obj: Checkpoint) -> list[dict[str, str]]:
@@ -175,6 +210,8 @@ class LoadCheckpointSerializer(serializers.Serializer):
     id = serializers.IntegerField()
     task = serializers.CharField()
     created_at = serializers.DateTimeField()
+    saved_at = serializers.DateTimeField(allow_null=True)
+    pending = serializers.ListField(child=serializers.CharField())
     text = serializers.CharField()
     tokens = serializers.IntegerField()
     truncated = serializers.BooleanField()

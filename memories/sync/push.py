@@ -20,6 +20,7 @@ from accounts.models import Organization
 from accounts.principal import Principal
 from billing import entitlements
 from memories.privacy.redaction.policy import ALL_CATEGORIES, stack_policy
+from memories.sync.checkpoints import save_pushed_checkpoints
 from memories.sync.engine import apply_batch, apply_native_operations, with_retry_per_record
 from memories.sync.protocol import (
     OpRejected,
@@ -130,6 +131,7 @@ def _kernle_push(principal: Principal, stack_id: Any, operations: list[Any], per
     if stack is not None:
         apply_batch(stack=stack, ops=parsed, results=results, now=now, storage_limited=True, strict_quota=False,
                     per_record=per_record, author=author)
+        save_pushed_checkpoints(stack=stack, operations=operations, results=results)
 
     conflicts: list[dict[str, Any]] = []
     acknowledged: list[dict[str, Any]] = []
@@ -176,6 +178,7 @@ def _native_push(principal: Principal, stack_slug: str, operations: list[Any], p
     now = db_now()
     results = apply_native_operations(stack=stack, operations=operations, now=now, per_record=per_record,
                                       author=author)
+    save_pushed_checkpoints(stack=stack, operations=operations, results=results, native=True)
     body = []
     for index, raw in enumerate(operations):
         result = results[index]
