@@ -147,18 +147,25 @@ class NativePushResponseSerializer(serializers.Serializer):
 
 
 class NativeChangeSerializer(serializers.Serializer):
-    op = serializers.ChoiceField(choices=["upsert", "delete"])
+    """One change (docs/api.md §5): an upsert carries the record; a tombstone carries ids only."""
+
+    op = serializers.ChoiceField(choices=["upsert", "forget", "delete"],
+                                 help_text="upsert: live (created, changed, recovered); forget and delete: a "
+                                           "tombstone, ids only — drop the copy with this `id`")
     id = serializers.UUIDField()
-    kind = serializers.CharField()
-    record_id = serializers.CharField()
-    version = serializers.IntegerField()
+    kind = serializers.CharField(allow_null=True, help_text="null for a memory purged or erased (the row is gone)")
+    record_id = serializers.CharField(allow_null=True, help_text="null for a memory purged or erased")
+    version = serializers.IntegerField(allow_null=True)
     client_version = serializers.IntegerField(allow_null=True)
-    created_at = serializers.DateTimeField()
+    created_at = serializers.DateTimeField(allow_null=True)
     updated_at = serializers.DateTimeField(allow_null=True)
     server_updated_at = serializers.DateTimeField()
     forgotten = serializers.BooleanField()
     forgotten_at = serializers.DateTimeField(allow_null=True)
-    data = serializers.DictField()  # type: ignore[assignment]
+    reason = serializers.ChoiceField(choices=["forgotten", "deleted", "expired", "erased"], allow_null=True,
+                                     help_text="Why a tombstone: forgotten, deleted (a sync delete), expired (its "
+                                               "TTL or the school's retention), erased; null for an upsert")
+    data = serializers.DictField(help_text="The record for an upsert; {} for a tombstone")  # type: ignore[assignment]
 
 
 class NativePullResponseSerializer(serializers.Serializer):

@@ -250,8 +250,11 @@ _NATIVE_TOMBSTONES_SQL = (
 
 
 def _tombstone_json(memory_id: str, reason: str, at: datetime) -> str:
+    """A removed memory's tombstone: the keys of every change, the row's own ones null (it is gone)."""
     return json.dumps({"op": "delete", "id": memory_id, "kind": None, "record_id": None, "version": None,
-                       "server_updated_at": at.isoformat(), "reason": reason, "data": {}})
+                       "client_version": None, "created_at": None, "updated_at": None,
+                       "server_updated_at": at.isoformat(), "forgotten": False, "forgotten_at": None,
+                       "reason": reason, "data": {}})
 
 
 @dataclass

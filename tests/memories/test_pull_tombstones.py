@@ -92,6 +92,7 @@ def test_forget_purge_and_erasure_reach_the_second_device_as_tombstones_in_order
         ("forget", str(n1.pk), "forgotten"), ("delete", str(n2.pk), "expired"), ("delete", str(n3.pk), "erased")]
     assert changes[0]["record_id"] == "n1" and changes[0]["kind"] == "note" and changes[0]["data"] == {}
     assert changes[1]["data"] == {} and changes[2]["data"] == {}
+    assert all(set(change) == set(changes[0]) for change in changes)  # one shape, tombstone or not
     assert response.json()["has_more"] is False
 
     # A kernle device still holding the three re-pushes them: every operation acknowledged (its queue
