@@ -134,12 +134,12 @@ class CheckpointInSerializer(serializers.Serializer):
         required=False, allow_null=True, default=dict, help_text='An object, or a text (stored as {"text": …}).')
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        task, current = attrs.pop("task", None), attrs.pop("current_task", None)
-        if task is None and current is None:
+        task, current_task = attrs.pop("task", None), attrs.pop("current_task", None)
+        if task is None and current_task is None:
             raise serializers.ValidationError({"task": ["This field is required (or `current_task`)."]})
-        if task is not None and current is not None and task != current:
+        if task is not None and current_task is not None and task != current_task:
             raise serializers.ValidationError({"current_task": ["Differs from `task`; give one of the two."]})
-        attrs["task"] = task if task is not None else current
+        attrs["task"] = task if task is not None else current_task
         attrs["context"] = attrs.get("context") or {}
         attrs["pending"] = attrs.get("pending") or []
         return attrs
