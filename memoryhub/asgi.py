@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import MutableMapping
+from collections.abc import Callable, MutableMapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -20,6 +20,7 @@ from django.db import close_old_connections
 from django.http import HttpResponseBase, StreamingHttpResponse
 from django.urls import set_script_prefix
 
+from memoryhub.after_response import run_after_response, take_after_response
 from memoryhub.streaming import BodyThread
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "memoryhub.settings")
@@ -55,7 +56,7 @@ class SingleHopASGIHandler(ASGIHandler):
     def load_middleware(self, is_async: bool = False) -> None:
         super().load_middleware(is_async=False)
 
-    def _serve(self, scope: dict[str, Any], body_file: Any) -> HttpResponseBase:
+    def _serve(self, scope: dict[str, Any], body_file: Any) -> tuple[HttpResponseBase, list[Callable[[], None]]]:
         set_script_prefix(get_script_prefix(scope))
         signals.request_started.send(sender=self.__class__, scope=scope)
         try:
@@ -63,7 +64,11 @@ class SingleHopASGIHandler(ASGIHandler):
             response = self.get_response(request) if request is not None else error_response
             assert response is not None  # create_request returns a request or an error response
             response._handler_class = self.__class__  # type: ignore[attr-defined]
+            after: list[Callable[[], None]] = []
             if not response.streaming:
+                # Closed before its bytes are written: what the request left for after its response
+                # (memoryhub.after_response) is taken off it, to run once they are.
+                after = take_after_response(response)
                 response.close()  # fires request_finished on THIS thread: its connection goes back
             else:
                 # The body is read and the response closed on another thread (`_send_streamed`):
@@ -73,7 +78,15 @@ class SingleHopASGIHandler(ASGIHandler):
         except BaseException:
             signals.request_finished.send(sender=self.__class__)
             raise
-        return response
+        return response, after
+
+    @staticmethod
+    def _after_sent(callbacks: list[Callable[[], None]]) -> None:
+        """Run a sent response's after-response work, then return this thread's connection."""
+        try:
+            run_after_response(callbacks)
+        finally:
+            close_old_connections()
 
     async def handle(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         from django.core.exceptions import RequestAborted
@@ -89,7 +102,7 @@ class SingleHopASGIHandler(ASGIHandler):
         # — on every request; per thread, the throttle's Redis connection is reused. Per-request
         # state is set per request (script prefix above, urlconf in get_response).
         try:
-            response = await loop.run_in_executor(self._executor, self._serve, scope, body_file)
+            response, after = await loop.run_in_executor(self._executor, self._serve, scope, body_file)
             if isinstance(response, StreamingHttpResponse) and not response.is_async:
                 await self._send_streamed(response, receive, send)
                 return
@@ -100,6 +113,8 @@ class SingleHopASGIHandler(ASGIHandler):
             finally:
                 if response.streaming:
                     await loop.run_in_executor(self._executor, response.close)
+                if after:
+                    await loop.run_in_executor(self._executor, self._after_sent, after)
         finally:
             body_file.close()
 

@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from datetime import timedelta
 from typing import Any
 
 import pytest
+from asgiref.sync import sync_to_async
 from django.core.signals import request_finished
 from django.db import close_old_connections
 from django.http import HttpRequest, HttpResponse
@@ -282,3 +284,38 @@ def test_the_ttl_job_purges_rows_past_each_schools_retention(school: School, oth
     assert run.counts["access_log_purged"] == 2
     kept = sorted((row.stack_id, (now - row.at).days) for row in MemoryAccess.objects.all())
     assert kept == sorted([(school.stack.pk, 300), (other_school.stack.pk, 10)])
+
+
+# --- over the real ASGI app ---------------------------------------------------------------------------
+
+@pytest.mark.django_db(transaction=True)  # the handler's threads use their own connections
+def test_over_asgi_the_row_is_written_after_the_last_byte_is_sent() -> None:
+    from memoryhub.asgi import application
+    from tests.factories import make_org, make_stack
+
+    org = make_org()
+    stack = make_stack(org, "ada")
+    key, secret = make_key(org, stack=stack)
+    memory = memory_create(stack=stack, kind="note", payload={"content": "Tides follow the moon"}, source="api")
+    rows_when_sent: list[int] = []
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+        if message["type"] == "http.response.body" and not message.get("more_body"):
+            rows_when_sent.append(await sync_to_async(MemoryAccess.objects.count)())
+
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET", "scheme": "http",
+             "path": f"/api/v1/stacks/ada/memories/{memory.pk}", "raw_path": b"", "query_string": b"",
+             "root_path": "", "server": ("testserver", 80), "client": ("127.0.0.1", 50000),
+             "headers": [(b"host", b"testserver"), (b"authorization", f"Bearer {secret}".encode()),
+                         (b"x-agent-id", b"tutor")]}
+    asyncio.run(application(scope, receive, send))
+
+    assert sent[0]["status"] == 200
+    assert rows_when_sent == [0]  # the client had every byte before the row was written
+    row = MemoryAccess.objects.get()
+    assert (row.path, row.memory_ids, row.agent, row.key_id) == ("get", [memory.pk], "tutor", key.public_id)
