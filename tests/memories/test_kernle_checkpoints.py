@@ -175,6 +175,8 @@ def test_dashboard_shows_it_in_the_checkpoint_panel_not_among_the_episodes(schoo
     assert TASK in panel and "Mark the quiz" in panel
     assert "Earlier checkpoints" in panel and "Warm-up" in panel
     assert "No checkpoint saved yet" not in page
+    # The list is empty, but the agent is evidently connected: the page does not say to connect one.
+    assert "besides the agent's checkpoint" in page and "kernle auth login" not in page
 
 
 # --- the native checkpoint in the seed's shape -----------------------------------------------------------
@@ -236,7 +238,8 @@ def test_provisioning_on_creates_the_student_stack_and_its_checkpoint(school: Sc
 
 def test_provisioning_is_for_writable_school_wide_keys_only(school: School) -> None:
     Organization.objects.filter(pk=school.org.pk).update(provision_stacks_on_push=True)
-    assert kernle_push(_school_key(school, read_only=True), "carol", [kernle_op("a")]).status_code in (403, 404)
+    read_only = kernle_push(_school_key(school, read_only=True), "carol", [kernle_op("a")])
+    assert read_only.status_code == 404 and "provision_stacks_on_push" not in read_only.json()["error"]["message"]
     bound = kernle_push(school.agent, "carol", [kernle_op("a")])
     assert bound.status_code == 404 and bound.json()["error"]["code"] == "stack_not_reachable"
     assert not Stack.objects.filter(slug="carol").exists()
