@@ -7,11 +7,12 @@ queued on every run, without counting. So each refusal must be acknowledged (and
 
 The device's queue is the client's own SQLite store: the bad records are written into its
 `sync_queue` (the payload the CLI sends), as a buggy or older client version would leave them.
-Round 1: a value out of range, a text over the length limit, a secret redaction refuses, next to a
-good note, a relationship without its types and a drive without `drive_type` (stored). Round 2:
-the server forgets one memory, deletes one, purges one by its TTL and erases one; the device
-re-pushes its old copies and nothing comes back. Round 3: the storage quota. After each round the
-queue is empty and a second `sync push` has nothing to send.
+Round 1: a value out of range, a text over the length limit (and one over the JSON string bound),
+a secret redaction refuses and a table MemoryHub does not sync, next to a good note, a relationship
+without its types and a drive without `drive_type` (stored). Round 2: the server forgets one
+memory, deletes one, purges one by its TTL and erases one; the device re-pushes its old copies and
+nothing comes back. Round 3: the storage quota. Round 4: the stack limit, from a second device on a
+second stack. After each round the queue is empty and a second `sync push` has nothing to send.
 
 Text that is not valid Unicode cannot come from this client: its HTTP library encodes the body as
 UTF-8 and fails on a lone surrogate before sending (tests/memories/test_sync_invalid_unicode.py
@@ -41,11 +42,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 SLUG = "refusals"
 # Queue rows written into the device's own store, as the CLI itself writes them (payload first).
 QUEUE_SNIPPET = r'''
-import json, sys
+import json, os, sys
 from datetime import datetime, timezone
 from kernle import Kernle
 
-store = Kernle(stack_id="refusals")._storage
+store = Kernle(stack_id=os.environ["KERNLE_STACK_ID"])._storage
 now = datetime.now(timezone.utc).isoformat()
 with store._connect() as conn:
     for row in json.load(sys.stdin):
@@ -68,20 +69,22 @@ def _out(result: subprocess.CompletedProcess[str]) -> str:
 
 
 class Device:
-    def __init__(self, kernle: Any, server: str) -> None:
-        self.kernle = kernle
+    """One kernle device (a data directory) on one stack; registers, or signs in with `key`."""
+
+    def __init__(self, kernle: Any, server: str, *, stack: str = SLUG, key: str | None = None) -> None:
+        self.kernle, self.stack = kernle, stack
         self.dir: Path = kernle.new_data_dir()
-        registered = self.run("auth", "register", "--email", "refusals@example.test", "--backend-url", server,
-                              "--json")
-        assert registered.returncode == 0, _out(registered)
+        joined = (self.run("auth", "login", "--api-key", key, "--backend-url", server, "--json") if key else
+                  self.run("auth", "register", "--email", "refusals@example.test", "--backend-url", server, "--json"))
+        assert joined.returncode == 0, _out(joined)
         self.key: str = kernle.credentials(self.dir)["api_key"]
 
     def run(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return self.kernle.run(*args, data_dir=self.dir, stack=SLUG, timeout=180)
+        return self.kernle.run(*args, data_dir=self.dir, stack=self.stack, timeout=180)
 
     def queue(self, rows: list[dict[str, Any]]) -> None:
         done = subprocess.run([str(self.kernle.python), "-c", QUEUE_SNIPPET], input=json.dumps(rows),
-                              env=self.kernle.env(self.dir, stack=SLUG), cwd=self.dir, capture_output=True,
+                              env=self.kernle.env(self.dir, stack=self.stack), cwd=self.dir, capture_output=True,
                               text=True, timeout=120)
         assert done.returncode == 0 and "pending:" in done.stdout, done.stdout + done.stderr
 
@@ -123,11 +126,13 @@ def test_every_refusal_drains_the_real_clients_queue(kernle: Any, kernle_server:
         {"table": "relationships", "record_id": "r-untyped",
          "payload": {"id": "r-untyped", "stack_id": SLUG, "entity_name": "Ms. Rivera"}},
         {"table": "drives", "record_id": "d-nokey", "payload": {"id": "d-nokey", "stack_id": SLUG, "intensity": 0.4}},
+        {"table": "trust_assessments", "record_id": "t-local", "payload": {"id": "t-local", "stack_id": SLUG}},
     ])
-    assert device.pending() == 7
+    assert device.pending() == 8
     first = device.push_and_drain()
     refused = _refused(first)
-    assert set(refused) == {"b-range", "n-long", "n-huge", "n-secret"}, first
+    assert set(refused) == {"b-range", "n-long", "n-huge", "n-secret", "t-local"}, first
+    assert refused["t-local"] == "unsupported table"
     assert "confidence" in refused["b-range"] and "content" in refused["n-long"]
     assert PRIVATE_KEY not in json.dumps(first)
     stack = Stack.objects.get(slug=SLUG)
@@ -170,3 +175,15 @@ def test_every_refusal_drains_the_real_clients_queue(kernle: Any, kernle_server:
     third = device.push_and_drain()
     assert "storage quota exceeded" in _refused(third)["n-over"]
     assert not Memory.objects.filter(stack=stack, record_id="n-over").exists()
+
+    # Round 4: the stack limit (free: one syncing stack), for a second stack of the same account.
+    Stack.objects.filter(pk=stack.pk).update(bytes_used=0)
+    created = device.run("auth", "keys", "create", "--name", "second-device", "--json")
+    assert created.returncode == 0, _out(created)
+    unbound: str = kernle.json(created)["key"]  # an account key, bound to no stack: it may provision one
+    other = Device(kernle, kernle_server, stack="refusals-two", key=unbound)
+    other.queue([{"table": "notes", "record_id": "n-two",
+                  "payload": {"id": "n-two", "stack_id": "refusals-two", "content": "A second stack's first note"}}])
+    fourth = other.push_and_drain()
+    assert "stack limit reached" in _refused(fourth)["n-two"]
+    assert not Stack.objects.filter(slug="refusals-two").exists()
