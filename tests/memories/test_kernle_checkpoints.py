@@ -18,6 +18,7 @@ from memories.models import ChangeEvent, Checkpoint, Memory
 from memories.reads.export import stack_memory_md
 from stacks.models import Stack
 from tests.actors import School, school_cast
+from tests.dashboard.pages import client_for
 from tests.factories import bearer_client, make_key, make_stack, session_client
 
 pytestmark = pytest.mark.django_db
@@ -294,3 +295,19 @@ def test_admins_toggle_the_setting_through_the_api_with_an_audit_event(school: S
     # A stack-bound agent key may not change it.
     assert school.agent.put("/api/v1/privacy", {"provision_stacks_on_push": False}, format="json").status_code == 403
     assert Organization.objects.get(pk=school.org.pk).provision_stacks_on_push is True
+
+
+def test_admins_toggle_the_setting_on_the_dashboard_privacy_page(school: School) -> None:
+    client = client_for(school.admin)
+    page = client.get("/dashboard/privacy/").content.decode()
+    assert 'name="provision_stacks_on_push"' in page and "Create students&#x27; stacks on first push" in page
+    form = {"redaction_categories": ["EMAIL", "PHONE", "IP_ADDRESS"], "empty_grants_policy": "school",
+            "provision_stacks_on_push": "on"}
+    response = client.post("/dashboard/privacy/", form)
+    assert response.status_code == 302, response.content
+    assert Organization.objects.get(pk=school.org.pk).provision_stacks_on_push is True
+    event = AuditEvent.objects.filter(organization=school.org, action="privacy.updated").latest("id")
+    assert event.metadata["changed"]["provision_stacks_on_push"] == {"from": False, "to": True}
+    # The school key's first push now creates the student.
+    assert kernle_push(school.admin_api, "carol", [kernle_op("cp-1")]).status_code == 200
+    assert Stack.objects.filter(organization=school.org, slug="carol").exists()
