@@ -319,3 +319,22 @@ def test_over_asgi_the_row_is_written_after_the_last_byte_is_sent() -> None:
     assert rows_when_sent == [0]  # the client had every byte before the row was written
     row = MemoryAccess.objects.get()
     assert (row.path, row.memory_ids, row.agent, row.key_id) == ("get", [memory.pk], "tutor", key.public_id)
+
+
+def test_a_live_push_is_a_read_by_each_viewer_it_reaches(school: School) -> None:
+    from accounts.selectors import principal_for_session
+    from dashboard import live
+    from dashboard.student import MemoryFilters
+
+    memory = _note(school, "Photosynthesis makes sugar")
+    change = live.Change(event_ids=(1,), seq=1, topics=frozenset({"memory"}), memory_ids=(str(memory.pk),),
+                         actions=frozenset({"create"}))
+    filters = MemoryFilters.of({})
+    for viewer in (school.teacher, school.admin):
+        principal = principal_for_session(viewer)
+        assert principal is not None
+        message = live.student_message(principal, school.stack.pk, filters, change)
+        assert message is not None and [row["id"] for row in message["rows"]] == [str(memory.pk)]
+
+    rows = _rows(school, memory)
+    assert [(row.path, row.user_id) for row in rows] == [("live", school.teacher.pk), ("live", school.admin.pk)]
