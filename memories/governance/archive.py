@@ -32,6 +32,7 @@ from memories.models import BootConfigEntry, Checkpoint, Memory, MemoryKind, Mem
 from memories.privacy.grants import Audience, grants_filter
 from memories.reads.access_history import access_log_for_archive
 from memories.reads.export import stack_memory_md
+from memories.records.cleaning import parse_timestamp
 from memories.services import CheckpointInput, boot_config_set, checkpoint_save, memory_forget
 from memories.sync.engine import apply_native_operations, with_retry_per_record
 from memories.sync.protocol import CLIENT_FORGET_REASON, OpResult, db_now
@@ -50,7 +51,8 @@ IMPORT_SOURCE = "import"
 MEMORY_FIELDS = tuple(f.attname for f in Memory._meta.concrete_fields
                       if f.attname not in ("embedding", "search_vector", "stack_id"))
 REVISION_FIELDS = ("id", "memory_id", "version", "source", "action", "reason", "author", "snapshot", "created_at")
-CHECKPOINT_FIELDS = ("id", "task", "progress", "next_step", "blocker", "context", "created_at")
+CHECKPOINT_FIELDS = ("id", "task", "progress", "next_step", "blocker", "context", "pending", "saved_at",
+                     "episode_record_id", "created_at")
 BOOT_FIELDS = ("key", "value", "updated_at")
 # The memory block's columns a client sends (memories.records.normalize.memory_payload_view).
 _PAYLOAD_COLUMNS = ("tags", "confidence", "source_type", "source_entity", "derived_from", "source_episodes",
@@ -69,7 +71,9 @@ All text is UTF-8; timestamps are ISO 8601 with a UTC offset; ids are UUIDs or i
 * `revisions.jsonl`: the state of a memory before each change: `memory_id`, `version`, `source`,
   `action`, `reason`, `author` (who made the change: `path`, the key's `key_id` and `key_name` or
   the person's `user_id` and `user`, the `agent` label), `snapshot`, `created_at`;
-* `checkpoints.jsonl`: the checkpoint history, oldest first;
+* `checkpoints.jsonl`: the checkpoint history, oldest first: `id`, `task`, `progress`, `next_step`,
+  `blocker`, `context`, `pending` (the pending items), `saved_at` (the client's time, for one read from
+  a kernle checkpoint episode), `episode_record_id` (that episode's record id, or ""), `created_at`;
 * `boot_config.jsonl`: the boot config: `key`, `value`, `updated_at`;
 * `MEMORY.md`: the stack's MEMORY.md as the API serves it;
 * `access_log.jsonl` (only in an archive exported by a school admin or the stack's own credentials,
@@ -290,7 +294,9 @@ def archive_import(*, source: str | IO[bytes], organization: Organization, slug:
                 checkpoint_save(stack=stack, checkpoint=CheckpointInput(
                     task=row.get("task") or "", progress=row.get("progress") or "",
                     next_step=row.get("next_step") or "", blocker=row.get("blocker") or "",
-                    context=row.get("context") or {}))
+                    context=row.get("context") or {}, pending=row.get("pending") or [],
+                    saved_at=parse_timestamp(row.get("saved_at")),
+                    episode_record_id=str(row.get("episode_record_id") or "")))
                 result.checkpoints += 1
             for row in _read_lines(archive, "boot_config.jsonl"):
                 boot_config_set(stack=stack, key=str(row.get("key") or ""), value=row.get("value"))

@@ -74,7 +74,9 @@ def _populate(school: School) -> None:
                   payload={"content": "Prefers visual explanations, and pizza"}, source="test")
     checkpoint_save(stack=school.stack, checkpoint=CheckpointInput(task="Fractions unit", progress="half",
                                                                    context={"page": 4}))
-    checkpoint_save(stack=school.stack, checkpoint=CheckpointInput(task="Decimals unit", next_step="quiz"))
+    checkpoint_save(stack=school.stack, checkpoint=CheckpointInput(
+        task="Decimals unit", next_step="quiz", pending=["Mark the quiz"], episode_record_id="cp-1",
+        saved_at=timezone.now().replace(microsecond=0) - timedelta(hours=1)))  # JSON keeps milliseconds
     boot_config_set(stack=school.stack, key="student", value="Ada")
 
 
@@ -159,8 +161,9 @@ def test_archive_reimports_into_an_empty_stack_with_equal_content(school: School
     # The counters and the checkpoint/boot config came along through the services.
     original = Stack.objects.get(pk=school.stack.pk)
     assert (restored.memory_count, restored.bytes_used) == (original.memory_count, original.bytes_used)
-    assert list(restored.checkpoints.order_by("created_at").values_list("task", "progress", "next_step", "context")) \
-        == list(original.checkpoints.order_by("created_at").values_list("task", "progress", "next_step", "context"))
+    checkpoint_fields = ("task", "progress", "next_step", "context", "pending", "saved_at", "episode_record_id")
+    assert list(restored.checkpoints.order_by("created_at").values_list(*checkpoint_fields)) \
+        == list(original.checkpoints.order_by("created_at").values_list(*checkpoint_fields))
     assert dict(restored.boot_config.values_list("key", "value")) == {"student": "Ada"}
     # Into a stack that already holds memories: refused, nothing added.
     before = Memory.objects.filter(stack=restored).count()
