@@ -8,6 +8,7 @@ One device, signed in with a school-wide key of a school that turned `provision_
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Callable
 
 import httpx
@@ -23,6 +24,14 @@ from tests.factories import make_key, make_org, make_user
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
+# Save the device's checkpoint episode again through kernle's storage API: it is queued for the next push.
+RESAVE_SNIPPET = r'''
+from kernle import Kernle
+store = Kernle(stack_id="carol")._storage
+episode = next(e for e in store.get_episodes(limit=10) if e.objective.startswith("[CHECKPOINT]"))
+store.save_episode(episode)
+print("pending:", store.get_pending_sync_count())
+'''
 PASSWORD = "correct horse battery staple"  # tests/factories.make_user's default
 TASK = "Fractions unit, lesson 3"
 PENDING = ["Mark the equivalent-fractions quiz", "Start decimals"]
@@ -66,8 +75,13 @@ def test_cli_checkpoint_becomes_the_stacks_checkpoint_and_shows_on_the_dashboard
     memory_md = httpx.get(f"{api}/export/memory.md", headers=headers).text
     assert f"- **Task**: {TASK}" in memory_md and f"  - {PENDING[0]}" in memory_md
 
-    # Syncing again (push and a full sync that pulls the episode back) makes no second checkpoint.
-    run("sync", "push", "--json")
+    # The device sends the same checkpoint episode again (saved again locally, so queued again), then
+    # a full sync pulls it back: still one checkpoint.
+    resave = subprocess.run([str(kernle.python), "-c", RESAVE_SNIPPET], env=kernle.env(device, stack="carol"),
+                            cwd=device, capture_output=True, text=True, timeout=120)
+    assert resave.returncode == 0 and "pending: 1" in resave.stdout, resave.stdout + resave.stderr
+    again = kernle.json(kernle.run("sync", "push", "--json", data_dir=device, stack="carol"))
+    assert again["synced"] == 1 and again["conflicts"] == [], again
     run("sync", "full", "--json")
     assert Checkpoint.objects.filter(stack=carol).count() == 1
     assert Memory.objects.filter(stack=carol, kind="episode").count() == 1
