@@ -67,13 +67,16 @@ def student_page(request: HttpRequest, principal: Principal, slug: str) -> HttpR
     else:
         context["page"] = reads.memory_page(stack, filters, audience=audience)
         shown = [memory.pk for memory in context["page"]]
-    record_principal_access(principal, via=Path.DASHBOARD, stack_id=stack.pk, path=AccessPath.DASHBOARD,
-                            memory_ids=shown)
     context.update(
         **reads.checkpoint_panel(stack), agents=memory_agents(stack=stack, audience=audience),
         boot_config=list(boot_config_entries(stack=stack)), retention=reads.retention(stack, audience=audience),
         session_cards=session_cards(stack, audience=audience),
     )
+    # Every memory whose text the page shows: the list or the hits, the forgetting candidates, the cards.
+    shown += [memory.pk for memory in context["retention"].candidates]
+    shown += [card["memory_id"] for card in context["session_cards"]]
+    record_principal_access(principal, via=Path.DASHBOARD, stack_id=stack.pk, path=AccessPath.DASHBOARD,
+                            memory_ids=shown)
     usage = stack_usage(stack=stack, principal=principal)
     context.update(usage=usage, usage_chart=growth_chart(usage))
     return render(request, "dashboard/student/page.html", context)

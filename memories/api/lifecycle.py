@@ -28,6 +28,7 @@ from memories.lifecycle.jobs import JOB_NAMES, job_run_share, job_runs_recent
 from memories.lifecycle.reviews import memory_decay_view, record_review
 from memories.models import JobRun, Memory
 from memories.privacy.grants import Audience, audience_for
+from memories.reads.access_log import AccessPath, record_request_access
 from memories.serializers import validated
 from stacks.models import Stack
 from stacks.selectors import stack_for_principal
@@ -99,6 +100,8 @@ class ForgettingCandidatesView(APIView):
         at = query.get("as_of") or timezone.now()
         memories = forgetting_candidates(stack=target, now=at, limit=query["limit"],
                                          audience=_audience(request, target))
+        # Each candidate comes with the head of its text: a read (docs/privacy.md "Access log").
+        record_request_access(request, stack_id=target.pk, path=AccessPath.LIST, memory_ids=[m.pk for m in memories])
         return Response(CandidatesSerializer({
             "stack": target.slug, "as_of": at, "threshold": target.organization.forget_threshold,
             "candidates": [_candidate(m, at) for m in memories],

@@ -42,6 +42,7 @@ from memories.models import (
     Checkpoint,
     ErasureCertificate,
     Memory,
+    MemoryAccess,
     StackDailyActivity,
     SyncWatermark,
 )
@@ -287,7 +288,8 @@ def erasure_run(cert_id: Any) -> ErasureCertificate:
                 if history:
                     counts["change_events"] = history
                 for label, model in (("checkpoints", Checkpoint), ("boot_config_entries", BootConfigEntry),
-                                     ("sync_watermarks", SyncWatermark), ("daily_activity_rows", StackDailyActivity)):
+                                     ("sync_watermarks", SyncWatermark), ("daily_activity_rows", StackDailyActivity),
+                                     ("access_log_rows", MemoryAccess)):
                     deleted, _ = model.objects.filter(stack_id=cert.stack_ref).delete()
                     if deleted:
                         counts[label] = deleted

@@ -338,3 +338,17 @@ def test_a_live_push_is_a_read_by_each_viewer_it_reaches(school: School) -> None
 
     rows = _rows(school, memory)
     assert [(row.path, row.user_id) for row in rows] == [("live", school.teacher.pk), ("live", school.admin.pk)]
+
+
+def test_erasing_the_stack_erases_its_access_log(school: School) -> None:
+    memory = _note(school, "Lives on Elm Street")
+    school.agent.get(school.stack_url(f"memories/{memory.pk}"))
+    other = memory_create(stack=school.other_stack, kind="note", payload={"content": "Bob's note"}, source="api")
+    school.admin_api.get(f"/api/v1/stacks/{school.other_stack.slug}/memories/{other.pk}")
+
+    erased = school.admin_api.post(school.stack_url("erase"), {"requested_by": "parent", "confirm": school.stack.slug},
+                                   format="json")
+
+    assert erased.status_code == 200 and erased.json()["counts"]["access_log_rows"] == 1
+    assert not MemoryAccess.objects.filter(stack=school.stack).exists()
+    assert MemoryAccess.objects.filter(stack=school.other_stack).count() == 1  # another student's stays
