@@ -89,12 +89,6 @@ def _who(author: dict[str, Any]) -> str:
     return str(author.get("user", ""))
 
 
-def access_log_json(row: MemoryAccess) -> dict[str, Any]:
-    """One row as the API and the archive show it (never any memory text: there is none to show)."""
-    return {"id": row.pk, "at": row.at.isoformat(), "path": row.path, "reader": row.author,
-            "memory_ids": [str(memory_id) for memory_id in row.memory_ids]}
-
-
 def access_log_for_archive(*, stack: Stack) -> QuerySet[MemoryAccess]:
     """Every kept row of the stack, oldest first, for its portable archive."""
     return MemoryAccess.objects.filter(stack_id=stack.pk).order_by("at", "id")
@@ -105,10 +99,11 @@ def access_log_purge(*, now: datetime | None = None, batch_size: int = ACCESS_PU
     `batch_size` (each its own statement, so no long lock); the number deleted."""
     now = now or timezone.now()
     deleted = 0
-    for organization_id, days in Organization.objects.values_list("pk", "access_log_retention_days").iterator():
+    for school in Organization.objects.only("pk", "access_log_retention_days").order_by("pk").iterator():
+        days = school.access_log_retention_days
         if not isinstance(days, int) or days < 1:
             continue  # never purge on a value a school could not have set
-        stacks = Stack.objects.filter(organization_id=organization_id).values("pk")
+        stacks = Stack.objects.filter(organization_id=school.pk).values("pk")
         selection = MemoryAccess.objects.filter(stack_id__in=stacks, at__lt=now - timedelta(days=days))
         while True:
             ids = list(selection.order_by("at").values_list("pk", flat=True)[:batch_size])
