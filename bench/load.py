@@ -10,13 +10,17 @@ app under uvicorn (one worker, one client, sequential requests — what one agen
   harness mix of every kind) inside a table of `--total` rows: auth, stack access, candidate
   ranking, text fetch, truncation, the access-count UPDATE and JSON rendering.
 * **load in-process**: `memories.reads.load.stack_load` called directly (no HTTP, no auth).
+* **load over HTTP without the access log**: the same requests to a second server of the same
+  app with `MEMORYHUB_ACCESS_LOG=false`, interleaved with the first's request by request, so both
+  see the same database and machine (docs/privacy.md "Access log"); the p95 ratio is printed.
 * **baselines** (same run, same rows):
   - `bare SELECT by id`: the rows the load returned, selected by primary key with psycopg;
   - `bare SELECT newest`: the same number of the stack's newest rows through the
     (stack, kind, created_at) index;
   - `GET /health`: the HTTP floor of this server and client.
 
-Goal: p95 of the HTTP load < 50 ms.
+Goals: p95 of the HTTP load < 50 ms; the access log costs at most 5 % of it (p95 without it
+>= 0.95 x p95 with it).
 """
 
 from __future__ import annotations
@@ -80,17 +84,26 @@ def main() -> None:
         url_path = f"/api/v1/stacks/{target.slug}/load"
         # The real throttle stays on the path (one Redis INCR per request); its rate is raised so
         # the benchmark measures load, not the limiter.
-        with web_server(env, extra_env={"THROTTLE_REQUEST_RATE": "1000000/min"}) as base_url, \
-                httpx.Client(base_url=base_url, headers={"Authorization": f"Bearer {secret}"}, timeout=30) as client:
+        throttle = {"THROTTLE_REQUEST_RATE": "1000000/min"}
+        headers = {"Authorization": f"Bearer {secret}"}
+        with web_server(env, extra_env=throttle) as base_url, \
+                web_server(env, extra_env={**throttle, "MEMORYHUB_ACCESS_LOG": "false"}) as base_url_off, \
+                httpx.Client(base_url=base_url, headers=headers, timeout=30) as client, \
+                httpx.Client(base_url=base_url_off, headers=headers, timeout=30) as client_off:
             for _ in range(args.warmup):
+                client_off.get(url_path, params={"budget": args.budget}).raise_for_status()
                 response = client.get(url_path, params={"budget": args.budget})
                 response.raise_for_status()
             body = response.json()
             loaded_ids = [m["id"] for m in body["memories"]]
             http_load: list[float] = []
+            http_load_off: list[float] = []
             health: list[float] = []
-            for _ in range(args.requests):
-                _timed(http_load, lambda: client.get(url_path, params={"budget": args.budget}).raise_for_status())
+            for i in range(args.requests):
+                # Alternate which server goes first, so neither always follows the other's write.
+                pairs = ((client, http_load), (client_off, http_load_off))
+                for each, samples in pairs if i % 2 else pairs[::-1]:
+                    _timed(samples, lambda c=each: c.get(url_path, params={"budget": args.budget}).raise_for_status())
                 _timed(health, lambda: client.get("/health").raise_for_status())
 
         in_process: list[float] = []
@@ -119,12 +132,18 @@ def main() -> None:
                 for _ in range(args.requests):
                     _timed(samples, fn)
 
+        from memories.models import MemoryAccess
+
+        # One row per request of the server with the log on, none from the other: both were what they said.
+        logged = MemoryAccess.objects.filter(stack_id=target.pk, path="load").count()
         meta = body["meta"]
         print(f"\nstack {target.slug}: {target_rows:,} memories in a table of {written:,}; "
               f"budget {meta['budget_total']}, used {meta['budget_used']}, {len(loaded_ids)} memories loaded, "
-              f"{meta['excluded_count']:,} candidates excluded")
+              f"{meta['excluded_count']:,} candidates excluded; {logged:,} access-log rows written "
+              f"({args.warmup + args.requests:,} requests with the log on)")
         rows = []
-        for name, samples in (("GET load (HTTP)", http_load), ("stack_load in-process", in_process),
+        for name, samples in (("GET load (HTTP)", http_load),
+                              ("GET load (HTTP), access log off", http_load_off), ("stack_load in-process", in_process),
                               ("baseline: bare SELECT by id", by_id), ("baseline: bare SELECT newest", newest),
                               ("baseline: GET /health (HTTP)", health)):
             p = percentiles(samples)
@@ -133,6 +152,9 @@ def main() -> None:
         print_table("budget-aware load", rows)
         p95 = percentiles(http_load)["p95"]
         print(f"\ngoal: p95 of GET load < 50 ms -> {'met' if p95 < 50 else 'NOT met'} ({p95:.1f} ms)")
+        ratio = percentiles(http_load_off)["p95"] / p95
+        print(f"goal: p95 without the access log >= 0.95 x p95 with it -> {'met' if ratio >= 0.95 else 'NOT met'} "
+              f"({ratio:.3f})")
 
 
 if __name__ == "__main__":
