@@ -24,12 +24,12 @@ import json
 import logging
 import uuid
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from contextvars import ContextVar
 from typing import Any
 
 from django.conf import settings
-from django.db import connection
+from django.db import connection, transaction
 from django.http import HttpRequest
 from django.http.response import HttpResponseBase
 from django.utils import timezone
@@ -127,8 +127,11 @@ def _write(rows: list[MemoryAccess]) -> None:
         params += [row.stack_id, row.at, row.path, json.dumps(row.author), row.agent, row.key_id, row.user_id, ids]
     sql = (f"INSERT INTO {_TABLE} (stack_id, at, path, author, agent, key_id, user_id, memory_ids) "  # noqa: S608
            "VALUES " + ", ".join([_ROW_SQL] * len(rows)))
+    # Inside a caller's transaction (a row written at once), a savepoint: a failed INSERT must not
+    # break the caller's transaction. Otherwise the statement is its own transaction: no BEGIN/COMMIT.
+    scope = transaction.atomic() if connection.in_atomic_block else nullcontext()
     try:
-        with connection.cursor() as cursor:
+        with scope, connection.cursor() as cursor:
             cursor.execute(sql, params)
     except Exception as exc:  # the response has been sent: say how many rows were lost, not what they held
         logger.error("access log: %d row(s) not written (%s)", len(rows), type(exc).__name__)

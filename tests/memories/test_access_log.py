@@ -352,3 +352,17 @@ def test_erasing_the_stack_erases_its_access_log(school: School) -> None:
     assert erased.status_code == 200 and erased.json()["counts"]["access_log_rows"] == 1
     assert not MemoryAccess.objects.filter(stack=school.stack).exists()
     assert MemoryAccess.objects.filter(stack=school.other_stack).count() == 1  # another student's stays
+
+
+def test_a_row_that_cannot_be_written_is_logged_as_a_count_and_breaks_nothing(
+        school: School, caplog: pytest.LogCaptureFixture) -> None:
+    memory = _note(school, f"Secret {CANARY}")
+    # A path longer than its column: the INSERT fails inside the test's transaction.
+    record_access(stack_id=school.stack.pk, author=Author(path="api", agent="tutor"), path="p" * 40,
+                  memory_ids=[memory.pk])
+
+    assert "access log: 1 row(s) not written (DataError)" in caplog.text
+    assert str(memory.pk) not in caplog.text and CANARY not in caplog.text
+    # The caller's transaction goes on: only the INSERT's savepoint was rolled back.
+    assert school.agent.get(school.stack_url(f"memories/{memory.pk}")).status_code == 200
+    assert list(MemoryAccess.objects.values_list("path", flat=True)) == ["get"]
