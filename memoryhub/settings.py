@@ -3,6 +3,9 @@
 Unset DATABASE_URL / REDIS_URL mean "the embedded servers that `make run` starts" (see
 memoryhub/embedded.py): the ones it recorded in DATA_DIR/runtime.json while it runs, else their
 default ports; set them to point at external PostgreSQL (with pgvector) and Redis.
+
+One module over 500 lines on purpose: Django reads one settings module, and each setting sits
+beside the check of its environment variable (docs/configuration.md lists them all).
 """
 
 from __future__ import annotations
