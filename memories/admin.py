@@ -6,6 +6,7 @@ admin — an admin save would bypass all of that. Vectors (`embedding`) and the 
 column (`search_vector`) are never shown; memory text and data are shown read-only. Erasure
 certificates are signed proofs: read-only like everything else here. Kept raw originals
 (memories.privacy.originals) show which key sealed them and when — never their ciphertext, never their text.
+The access log shows who was served which memory ids, through which path — it never holds text.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from memories.models import (
     ErasureCertificate,
     JobRun,
     Memory,
+    MemoryAccess,
     MemoryRevision,
     MemorySalience,
     RawOriginal,
@@ -150,4 +152,16 @@ class RawOriginalAdmin(ReadOnlyAdmin):
     search_fields = ["=memory__id"]
     fields = ["memory_id", "key_id", "sealed_at"]  # never the ciphertext (nor, so, any text)
     readonly_fields = ["memory_id", "key_id", "sealed_at"]
+    show_full_result_count = False
+
+
+@admin.register(MemoryAccess)
+class MemoryAccessAdmin(ReadOnlyAdmin):
+    """Who was served which memories (docs/privacy.md "Access log"): ids, never text."""
+
+    list_display = ["id", "stack", "at", "path", "agent", "key_id", "user_id"]
+    list_filter = ["path"]
+    search_fields = ["=stack__slug", "=agent", "=key_id"]
+    list_select_related = ["stack"]
+    date_hierarchy = "at"
     show_full_result_count = False

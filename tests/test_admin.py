@@ -16,6 +16,7 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
+from accounts.authors import Path, author_of
 from accounts.invitations import invitation_create
 from accounts.models import ApiKey, AuditEvent, Invitation, Organization, User
 from accounts.principal import Principal
@@ -28,6 +29,7 @@ from memories.models import (
     MemorySalience,
     SyncWatermark,
 )
+from memories.reads.access_log import AccessPath, record_access
 from memories.services import CheckpointInput, boot_config_set, checkpoint_save, memory_create, memory_update
 from teleport.models import Snapshot, TeleportCode
 from tests.actors import School
@@ -81,6 +83,8 @@ def everything(school: School, settings: Any) -> dict[str, Any]:
     snapshot = Snapshot.objects.create(stack=school.stack, blob_sha256="e" * 64, key_id="dev", stored_bytes=10,
                                        unpacked_bytes=10, file_count=1, created_at=now, expires_at=now)
     TeleportCode.objects.create(snapshot=snapshot, code_hash="d" * 64, created_at=now, expires_at=now)
+    reader = author_of(Principal(user=school.admin, organization=school.org), path=Path.API)
+    record_access(stack_id=school.stack.pk, author=reader, path=AccessPath.GET, memory_ids=[memory.pk])
     return {"memory": memory}
 
 
