@@ -354,16 +354,20 @@ def _hold_lock_elsewhere(name: str) -> psycopg.Connection:
     return other
 
 
+def _release_lock_elsewhere(other: psycopg.Connection) -> None:
+    # Unlock before closing: a closed client's backend lets go of its locks only when the server
+    # gets to it, which on a busy machine can be after the next statement asks.
+    other.execute("SELECT pg_advisory_unlock_all()")
+    other.close()
+
+
 def test_an_overlapping_run_is_skipped_and_changes_nothing(stack):
     old = make_memory(stack, days_old=400)
     other = _hold_lock_elsewhere("decay")  # a previous run still going, in another process
     try:
         run = decay_pass(now=NOW)
     finally:
-        # Unlock before closing: a closed client's backend lets go of its locks only when the
-        # server gets to it, which on a busy machine can be after the next line asks.
-        other.execute("SELECT pg_advisory_unlock_all()")
-        other.close()
+        _release_lock_elsewhere(other)
     assert run.status == JobRun.Status.SKIPPED
     assert run.counts == {"reason": "previous run still in progress"}
     old = reload(old)

@@ -20,7 +20,7 @@ from memories.tasks import embedding_sweep_task
 from memoryhub.celery import app
 from memoryhub.schedule import BEAT_SCHEDULE
 from tests.factories import make_org, make_stack
-from tests.memories.test_lifecycle import _hold_lock_elsewhere
+from tests.memories.test_lifecycle import _hold_lock_elsewhere, _release_lock_elsewhere
 
 
 def _old_memory(stack, record_id: str, days: int = 300) -> Memory:
@@ -124,7 +124,7 @@ def test_runjob_reports_a_skipped_run_and_rejects_bad_arguments():
         with pytest.raises(CommandError) as skipped:
             call_command("runjob", "decay", "--no-progress", stdout=io.StringIO(), stderr=io.StringIO())
     finally:
-        other.close()
+        _release_lock_elsewhere(other)
     assert skipped.value.returncode == 3
     assert JobRun.objects.get(name="decay").status == JobRun.Status.SKIPPED
     with pytest.raises(CommandError):
@@ -148,7 +148,7 @@ def test_stack_index_upkeep_is_a_recorded_job_and_an_overlapping_run_builds_noth
                 call_command("runjob", "stack-indexes", "--no-progress", stdout=io.StringIO(),
                              stderr=io.StringIO())
         finally:
-            other.close()
+            _release_lock_elsewhere(other)
         assert skipped.value.returncode == 3
         assert stack.pk not in stacks_with_vector_index(refresh=True)  # the skipped run built nothing
 
