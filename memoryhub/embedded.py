@@ -207,7 +207,10 @@ class EmbeddedPostgres(EmbeddedServer):
     poll_seconds = 0.2
     start_timeout = 60.0
 
-    def __init__(self, data_dir: Path, port: int, log_path: Path | None = None):
+    def __init__(self, data_dir: Path, port: int, log_path: Path | None = None, *, durable: bool = True):
+        """`durable=False` is for a throw-away cluster (the test session's): no fsync, no
+        full-page writes, commits that do not wait for the WAL. A crash loses it all; nothing
+        else changes what a query sees."""
         self.pgdata = data_dir
         self.port = port
         self.user = PG_SYSTEM_USER if os.geteuid() == 0 else None
@@ -225,7 +228,8 @@ class EmbeddedPostgres(EmbeddedServer):
                 # (docs/configuration.md, EMBEDDED_PG_SHARED_BUFFERS_MB).
                 # Postgres touches the pages only as it uses them.
                 "-c", f"shared_buffers={env_int('EMBEDDED_PG_SHARED_BUFFERS_MB', 2048, minimum=16)}MB",
-                "-c", "fsync=on",
+                *(("-c", "fsync=on") if durable else
+                  ("-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off")),
                 # No memory text in the server log (docs/privacy.md "Logs"): no statement is logged,
                 # however slow or failing, nor its parameters, and no client error — the app gets
                 # every error and logs only its type. An ERROR's DETAIL would carry values ("Failing

@@ -44,7 +44,9 @@ def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Pa
     os.environ.setdefault("MEMORYHUB_DATA_DIR", str(_tmpdir / "var"))
     try:
         if not os.environ.get("DATABASE_URL"):
-            postgres = EmbeddedPostgres(_tmpdir / "postgres", free_port(), log_path=_tmpdir / "postgres.log")
+            # Throw-away: nothing the session writes must survive a crash, so no fsync (durable=False).
+            postgres = EmbeddedPostgres(_tmpdir / "postgres", free_port(), log_path=_tmpdir / "postgres.log",
+                                        durable=False)
             postgres.prepare()
             postgres.start()
             _started.append(postgres)
