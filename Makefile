@@ -13,6 +13,11 @@ NODE_STAMP := node_modules/.installed-$(shell cat package-lock.json | cksum | cu
 
 .PHONY: install run test test-fast lint check bench clean-data browser
 
+# Python keeps compiled modules (and pytest its rewritten test modules) in __pycache__/, ignored
+# by git. A shell that sets PYTHONDONTWRITEBYTECODE makes every process — each test worker, each
+# server and CLI the tests start — compile everything again (docs/testing.md §1).
+unexport PYTHONDONTWRITEBYTECODE
+
 # The first install takes minutes (torch alone is large): say what is happening, step by step,
 # one line per package (on a terminal, one line rewritten in place) instead of pip's silence.
 # pip's full output goes to $(VENV)/pip-install.log; its end is shown if it fails.
