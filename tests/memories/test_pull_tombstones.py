@@ -8,6 +8,7 @@ re-push of its old copies brings nothing back. Another stack's removals never sh
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -63,7 +64,12 @@ def _erase(school: School, memory: Memory) -> None:
 
 def _purge_by_ttl(memory: Memory) -> None:
     Memory.objects.filter(pk=memory.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
-    assert ttl_purge().counts["purged"] == 1
+    # A stack another writer holds at that moment (a worker storing the push's vectors) is left
+    # to the job's next run, as in production: run it again until the memory is gone.
+    deadline = time.monotonic() + 30
+    while ttl_purge().counts["purged"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not Memory.objects.filter(pk=memory.pk).exists()
 
 
 @pytest.fixture
