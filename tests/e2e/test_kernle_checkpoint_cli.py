@@ -32,6 +32,24 @@ episode = next(e for e in store.get_episodes(limit=10) if e.objective.startswith
 store.save_episode(episode)
 print("pending:", store.get_pending_sync_count())
 '''
+# A checkpoint the device saved three days ago (kernle's own clock set back: the client's time is
+# what the stale warning measures), left queued for the next push.
+OLD_CHECKPOINT_SNIPPET = r'''
+from datetime import datetime, timedelta, timezone
+from unittest import mock
+import kernle.core.checkpoint as checkpoint_module
+from kernle import Kernle
+
+three_days_ago = datetime.now(timezone.utc) - timedelta(days=3)
+
+class DeviceClock(datetime):
+    @classmethod
+    def now(cls, tz=None):
+        return three_days_ago
+
+with mock.patch.object(checkpoint_module, "datetime", DeviceClock):
+    Kernle(stack_id="carol").checkpoint("Fractions unit, lesson 2", pending=["Revise halves"], sync=False)
+'''
 PASSWORD = "correct horse battery staple"  # tests/factories.make_user's default
 TASK = "Fractions unit, lesson 3"
 PENDING = ["Mark the equivalent-fractions quiz", "Start decimals"]
@@ -97,3 +115,13 @@ def test_cli_checkpoint_becomes_the_stacks_checkpoint_and_shows_on_the_dashboard
     assert [item.strip() for item in panel.locator(".checkpoint-pending li").all_inner_texts()] == PENDING
     assert "No checkpoint saved yet" not in page.content()
     assert page.locator(f"text={TASK}").count() == 1  # once, in the panel: not as an episode row
+
+    # A checkpoint saved days ago on a device that was offline arrives: the stale warning fires.
+    old = subprocess.run([str(kernle.python), "-c", OLD_CHECKPOINT_SNIPPET], env=kernle.env(device, stack="carol"),
+                         cwd=device, capture_output=True, text=True, timeout=120)
+    assert old.returncode == 0, old.stdout + old.stderr
+    late = kernle.json(kernle.run("sync", "push", "--json", data_dir=device, stack="carol"))
+    assert late["synced"] == 1 and late["conflicts"] == [], late
+    stale = httpx.get(f"{api}/checkpoint", headers=headers).json()
+    assert stale["task"] == "Fractions unit, lesson 2"
+    assert [warning["code"] for warning in stale["warnings"]] == ["stale"], stale["warnings"]
