@@ -1,4 +1,4 @@
-"""Work a request leaves for after its response has been sent (docs/architecture.md §2.5).
+"""Work a request leaves for after its response has been sent (docs/architecture.md §5.6).
 
 `after_response(response, func)` queues `func` on `response`. It runs once the client has the
 response, never before, whatever serves it:
