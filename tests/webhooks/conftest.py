@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 from django.test import override_settings
 
-from memories.models import ChangeEvent
+from memories.models import ChangeEvent, Memory
+from memories.services import memory_create, memory_forget
 from stacks.models import Stack
 
 # The browser fixtures (tests/e2e/browser.py) for test_browser.py.
@@ -144,3 +145,18 @@ def make_endpoint(org: Any, url: str, *, types: list[str] | None = None, include
 def run(endpoint: WebhookEndpoint, stack: Stack | None) -> int:
     """The webhooks.deliver task, in-process: send this queue's due deliveries."""
     return dispatch.queue_run(endpoint.pk, stack.pk if stack else None)
+
+
+def deliver_a_kept_and_a_forgotten_memory(school: Any, receiver: Receiver, second_receiver: Receiver) -> tuple[
+        WebhookEndpoint, Memory, Memory]:
+    """One change naming a kept and a forgotten memory, delivered to an endpoint that opted into
+    text (`receiver`) and one that did not (`second_receiver`). Returns (the text endpoint, kept, gone)."""
+    with_text, _ = make_endpoint(school.org, receiver.url, include_text=True)
+    ids_only, _ = make_endpoint(school.org, second_receiver.url)
+    kept = memory_create(stack=school.stack, kind="note", payload={"content": "Likes fractions"}, source="api")
+    gone = memory_create(stack=school.stack, kind="note", payload={"content": "Old address"}, source="api")
+    memory_forget(memory=gone, reason="parent asked")
+    dispatch.fan_out(change_event(school.stack, 3, memory_ids=[str(kept.pk), str(gone.pk)]))
+    run(with_text, school.stack)
+    run(ids_only, school.stack)
+    return with_text, kept, gone

@@ -6,22 +6,17 @@ from __future__ import annotations
 from typing import Any
 
 from memories.models import MemoryAccess
-from memories.services import memory_create, memory_forget
 from tests.actors import School
-from tests.webhooks.conftest import Clock, Receiver, change_event, make_endpoint, run
-from webhooks import dispatch
+from tests.webhooks.conftest import (
+    Clock,
+    Receiver,
+    deliver_a_kept_and_a_forgotten_memory,
+)
 
 
 def test_a_delivery_with_text_is_on_the_access_log_as_its_endpoint(
         school: School, receiver: Receiver, second_receiver: Receiver, clock: Clock, queued: list[Any]) -> None:
-    with_text, _ = make_endpoint(school.org, receiver.url, include_text=True)
-    ids_only, _ = make_endpoint(school.org, second_receiver.url)
-    kept = memory_create(stack=school.stack, kind="note", payload={"content": "Likes fractions"}, source="api")
-    gone = memory_create(stack=school.stack, kind="note", payload={"content": "Old address"}, source="api")
-    memory_forget(memory=gone, reason="parent asked")
-    dispatch.fan_out(change_event(school.stack, 3, memory_ids=[str(kept.pk), str(gone.pk)]))
-    run(with_text, school.stack)
-    run(ids_only, school.stack)
+    with_text, kept, _gone = deliver_a_kept_and_a_forgotten_memory(school, receiver, second_receiver)
     assert len(receiver.bodies()) == 1 and len(second_receiver.bodies()) == 1
 
     [row] = MemoryAccess.objects.filter(stack=school.stack)

@@ -14,9 +14,16 @@ from django.db import connection
 
 from accounts.models import AuditEvent
 from memories.changes.feed import event_dict
-from memories.services import memory_create, memory_forget
+from memories.services import memory_create
 from tests.actors import School
-from tests.webhooks.conftest import Clock, Receiver, change_event, make_endpoint, run
+from tests.webhooks.conftest import (
+    Clock,
+    Receiver,
+    change_event,
+    deliver_a_kept_and_a_forgotten_memory,
+    make_endpoint,
+    run,
+)
 from webhooks import dispatch
 from webhooks.models import WebhookDelivery, WebhookEndpoint
 from webhooks.sealing import unseal
@@ -189,14 +196,7 @@ def test_a_receiver_of_school_a_never_receives_school_b_events(
 
 def test_memory_text_only_when_the_endpoint_opted_in(
         school: School, receiver: Receiver, second_receiver: Receiver, clock: Clock, queued: list[Any]) -> None:
-    with_text, _ = make_endpoint(school.org, receiver.url, include_text=True)
-    ids_only, _ = make_endpoint(school.org, second_receiver.url)
-    kept = memory_create(stack=school.stack, kind="note", payload={"content": "Likes fractions"}, source="api")
-    gone = memory_create(stack=school.stack, kind="note", payload={"content": "Old address"}, source="api")
-    memory_forget(memory=gone, reason="parent asked")
-    dispatch.fan_out(change_event(school.stack, 3, memory_ids=[str(kept.pk), str(gone.pk)]))
-    run(with_text, school.stack)
-    run(ids_only, school.stack)
+    _with_text, kept, gone = deliver_a_kept_and_a_forgotten_memory(school, receiver, second_receiver)
 
     [body] = receiver.bodies()
     assert body["memories"] == [{"id": str(kept.pk), "kind": "note", "text": "Likes fractions"},
