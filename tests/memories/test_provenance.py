@@ -203,6 +203,8 @@ def test_a_decay_forget_names_the_job(school: School) -> None:
     revision = MemoryRevision.objects.get(memory=fading, action="forget")
     assert revision.author == {"path": "job", "agent": "decay"}
     assert _detail(school.admin_api, school.stack.slug, fading.pk)["revisions"][0]["author"] == revision.author
+    page = client_for(school.admin).get(reverse("dashboard:memory", args=[school.stack.slug, fading.pk]))
+    assert f"the server (job {LQ}decay{RQ})" in page.content.decode()
 
 
 def test_the_archive_carries_who_wrote_and_who_changed(school: School) -> None:
