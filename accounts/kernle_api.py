@@ -32,7 +32,13 @@ from accounts.serializers import (
     key_with_secret,
 )
 from accounts.services import api_key_cycle, api_key_issue, api_key_revoke, login_record
-from accounts.throttles import KEY_CREATE_THROTTLES, LOGIN_THROTTLES, IpThrottledFirstMixin, RequestRateThrottle
+from accounts.throttles import (
+    KEY_CREATE_THROTTLES,
+    LOGIN_THROTTLES,
+    IpThrottledFirstMixin,
+    RequestRateThrottle,
+    SchoolThrottle,
+)
 from memoryhub.errors import Forbidden, NotAuthenticated
 
 
@@ -66,7 +72,7 @@ class KeysView(APIView):
     def get_throttles(self) -> list[BaseThrottle]:
         if self.request is not None and self.request.method == "POST":
             return [throttle() for throttle in KEY_CREATE_THROTTLES]
-        return [RequestRateThrottle()]
+        return [RequestRateThrottle(), SchoolThrottle()]
 
     @extend_schema(operation_id="kernle_auth_keys_list", tags=["kernle auth"],
                    responses={200: KeySummarySerializer(many=True), **ERRORS},

@@ -1,10 +1,15 @@
-"""Rate limits backed by Redis, per credential and per client IP (docs/kernle-protocol.md §2.9).
+"""Rate limits backed by Redis: by who is asking, not by address (docs/kernle-protocol.md §2.9).
 
 Each limited action has two throttles with the same scope and rate: one counts per client IP
 (`X-Forwarded-For` believed only from `settings.TRUSTED_PROXIES`, see accounts/network.py), one
-per credential (API key, JWT's key, or dashboard user). Attach both through the tuples below,
-e.g. ``throttle_classes = SYNC_PUSH_THROTTLES``. Every other API view gets `RequestRateThrottle`
-from REST_FRAMEWORK's defaults.
+per credential (API key, JWT's key, or dashboard user), plus the school's share (`SchoolThrottle`).
+Attach them through the tuples below, e.g. ``throttle_classes = SYNC_PUSH_THROTTLES``. Every other
+API view gets `RequestRateThrottle` and `SchoolThrottle` from REST_FRAMEWORK's defaults.
+
+Who is counted: a request with a valid credential is counted per credential and per school
+(organization), never per client IP — many agents and a school's devices share one address (a NAT,
+a vendor's servers). A request without one is counted per client IP. The credential-exchange
+routes (register, login: `IpThrottledFirstMixin`) always count per IP, before authenticating.
 
 Failed authentications cost too (`FailureLimit`, below): failed Bearer credentials per client IP
 and per API-key prefix (accounts/authentication.py), failed dashboard sign-ins per account name
@@ -102,6 +107,10 @@ class _WindowThrottle(BaseThrottle):
         ident = self.identity(request)
         if ident is None:
             return True
+        return self.hit(ident)
+
+    def hit(self, ident: str) -> bool:
+        """Count one request of `ident` in this scope's window; False (and `wait()` set) past the limit."""
         limit, period = self.rate()
         now = clock()
         window = int(now // period)
@@ -129,7 +138,12 @@ def credential_identity(request: Request) -> str | None:
 
 
 class ClientIpThrottle(_WindowThrottle):
+    """Per client IP, for requests without a valid credential only: an authenticated caller is
+    counted by its credential and its school instead (sharing an address costs nothing)."""
+
     def identity(self, request: Request) -> str | None:
+        if isinstance(request.auth, Principal):
+            return None
         return ip_identity(request)
 
 
@@ -148,12 +162,30 @@ class RequestRateThrottle(_WindowThrottle):
         return credential_identity(request) or ip_identity(request)
 
 
-def _pair(scope: str) -> tuple[type[BaseThrottle], type[BaseThrottle]]:
+class SchoolThrottle(_WindowThrottle):
+    """A school's share of the service: every authenticated request of one organization (all its
+    keys, tokens and dashboard users) in one window, at `settings.THROTTLE_SCHOOL_RATE` (scope
+    "school"). Unauthenticated requests are not counted here (their IP is)."""
+
+    scope = "school"
+
+    def identity(self, request: Request) -> str | None:
+        principal = request.auth
+        if not isinstance(principal, Principal):
+            return None
+        return f"org:{principal.organization.pk}"
+
+    def rate(self) -> tuple[int, int]:
+        return parse_rate(str(settings.THROTTLE_SCHOOL_RATE))
+
+
+def _pair(scope: str) -> tuple[type[BaseThrottle], type[BaseThrottle], type[BaseThrottle]]:
+    """The per-IP and per-credential throttles of `scope`, and the school's share."""
     ip = type(f"{scope.title().replace('_', '')}IpThrottle", (ClientIpThrottle,), {"scope": scope,
                                                                                    "__module__": __name__})
     credential = type(f"{scope.title().replace('_', '')}CredentialThrottle", (CredentialThrottle,),
                       {"scope": scope, "__module__": __name__})
-    return ip, credential
+    return ip, credential, SchoolThrottle
 
 
 REGISTER_THROTTLES = _pair("register")
@@ -259,10 +291,12 @@ class IpThrottledFirstMixin:
     (DRF would authenticate first and never count a request that fails authentication)."""
 
     # (A mixin for APIViews. Its docstring is the OpenAPI description of the views using it.)
+    # Only the credential-exchange routes (register, login) use it: there the address is counted
+    # whatever the credential, as before authenticating none is known.
 
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
         for throttle in self.get_throttles():  # type: ignore[attr-defined]
-            if isinstance(throttle, ClientIpThrottle) and not throttle.allow_request(request, self):
+            if isinstance(throttle, ClientIpThrottle) and not throttle.hit(ip_identity(request)):
                 self.throttled(request, throttle.wait())  # type: ignore[attr-defined]
         super().initial(request, *args, **kwargs)  # type: ignore[misc]
 

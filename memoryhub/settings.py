@@ -371,6 +371,7 @@ CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
 _CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 2)
 CELERY_WORKER_CONCURRENCY = env_int("CELERY_CONCURRENCY", _CORES, minimum=1)
 
+THROTTLE_REQUEST_RATE = env_str("THROTTLE_REQUEST_RATE", "1200/min")  # per credential (or IP, anonymous)
 REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "memoryhub.errors.api_exception_handler",
@@ -385,9 +386,10 @@ REST_FRAMEWORK = {
     "UNAUTHENTICATED_USER": None,
     # Redis-backed, fail closed (accounts/throttles.py). Views with their own limits (register,
     # login, key create/cycle, sync push/pull) attach the scoped pairs from accounts.throttles.
-    "DEFAULT_THROTTLE_CLASSES": ["accounts.throttles.RequestRateThrottle"],
+    # Authenticated requests count per credential and per school, never per client IP.
+    "DEFAULT_THROTTLE_CLASSES": ["accounts.throttles.RequestRateThrottle", "accounts.throttles.SchoolThrottle"],
     "DEFAULT_THROTTLE_RATES": {
-        "request": env_str("THROTTLE_REQUEST_RATE", "1200/min"),
+        "request": THROTTLE_REQUEST_RATE,
         "register": "5/min",
         "login": "30/min",
         "key_create": "10/min",
@@ -401,6 +403,11 @@ REST_FRAMEWORK = {
         "wallet_link": "10/min",  # SIWE nonce and link
     },
 }
+# A school's share of the service (accounts/throttles.py SchoolThrottle): all authenticated
+# requests of one organization — every key, token and dashboard user — per window. Generous by
+# default (20 keys at the per-credential request rate), so it bounds one school, not one student.
+_request_count, _request_period = THROTTLE_REQUEST_RATE.split("/")
+THROTTLE_SCHOOL_RATE = env_str("THROTTLE_SCHOOL_RATE", f"{20 * int(_request_count)}/{_request_period}")
 
 SPECTACULAR_SETTINGS = {
     "TITLE": "MemoryHub API",

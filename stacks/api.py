@@ -32,7 +32,7 @@ from accounts.serializers import (
     key_with_secret,
 )
 from accounts.services import api_key_issue
-from accounts.throttles import KEY_CREATE_THROTTLES, RequestRateThrottle
+from accounts.throttles import KEY_CREATE_THROTTLES, RequestRateThrottle, SchoolThrottle
 from memoryhub.errors import Forbidden, InvalidInput, NotFound
 from memoryhub.pagination import StableCursorPagination
 from stacks.models import Stack
@@ -192,7 +192,7 @@ class KeyListView(APIView):
     def get_throttles(self) -> list[BaseThrottle]:
         if self.request is not None and self.request.method == "POST":
             return [throttle() for throttle in KEY_CREATE_THROTTLES]
-        return [RequestRateThrottle()]
+        return [RequestRateThrottle(), SchoolThrottle()]
 
     @extend_schema(operation_id="keys_list", tags=["keys"], responses={200: KeySummarySerializer(many=True), **ERRORS},
                    summary="Keys the caller may see (school: all; agent key: its stack's; teacher: assigned stacks')")

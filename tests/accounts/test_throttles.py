@@ -112,8 +112,9 @@ def test_default_request_throttle_counts_per_credential() -> None:
 
 
 def test_sync_throttle_scopes_exist_for_the_sync_views() -> None:
-    assert {getattr(t, "scope", None) for t in SYNC_PUSH_THROTTLES} == {"sync_push"}
-    assert {getattr(t, "scope", None) for t in SYNC_PULL_THROTTLES} == {"sync_pull"}
+    # Each scope's per-IP and per-credential pair, and the school's share of the service.
+    assert {getattr(t, "scope", None) for t in SYNC_PUSH_THROTTLES} == {"sync_push", "school"}
+    assert {getattr(t, "scope", None) for t in SYNC_PULL_THROTTLES} == {"sync_pull", "school"}
     rates: dict[str, str] = settings.REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"]  # type: ignore[assignment]
     assert parse_rate(rates["sync_push"]) == parse_rate(rates["sync_pull"]) == (60, 60)
     assert parse_rate(rates["register"]) == (5, 60) and parse_rate(rates["login"]) == (30, 60)
