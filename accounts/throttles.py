@@ -36,6 +36,7 @@ from rest_framework.throttling import BaseThrottle
 
 from accounts.network import client_ip
 from accounts.principal import Principal
+from accounts.tiers import tier_for
 
 KEY_NAMESPACE = "throttle"
 _PERIODS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -109,9 +110,10 @@ class _WindowThrottle(BaseThrottle):
             return True
         return self.hit(ident)
 
-    def hit(self, ident: str) -> bool:
-        """Count one request of `ident` in this scope's window; False (and `wait()` set) past the limit."""
-        limit, period = self.rate()
+    def hit(self, ident: str, rate: tuple[int, int] | None = None) -> bool:
+        """Count one request of `ident` in this scope's window (`rate`: (limit, period), default
+        the scope's); False, and `wait()` set, past the limit."""
+        limit, period = rate or self.rate()
         now = clock()
         window = int(now // period)
         count = _window_hit(f"{KEY_NAMESPACE}:{self.scope}:{ident}:{window}", ttl=period + 1)
@@ -164,16 +166,21 @@ class RequestRateThrottle(_WindowThrottle):
 
 class SchoolThrottle(_WindowThrottle):
     """A school's share of the service: every authenticated request of one organization (all its
-    keys, tokens and dashboard users) in one window, at `settings.THROTTLE_SCHOOL_RATE` (scope
-    "school"). Unauthenticated requests are not counted here (their IP is)."""
+    keys, tokens and dashboard users) in one window, at `settings.THROTTLE_SCHOOL_RATE` times its
+    plan's `request_share` (accounts/tiers.py; None: not limited). Scope "school".
+    Unauthenticated requests are not counted here (their IP is)."""
 
     scope = "school"
 
-    def identity(self, request: Request) -> str | None:
+    def allow_request(self, request: Request, view: Any) -> bool:
         principal = request.auth
         if not isinstance(principal, Principal):
-            return None
-        return f"org:{principal.organization.pk}"
+            return True
+        share = tier_for(principal.organization).request_share
+        if share is None:
+            return True
+        limit, period = self.rate()
+        return self.hit(f"org:{principal.organization.pk}", (limit * share, period))
 
     def rate(self) -> tuple[int, int]:
         return parse_rate(str(settings.THROTTLE_SCHOOL_RATE))

@@ -2,7 +2,8 @@
 
 Every tier name an organization can carry is mapped here explicitly: an unknown name is an
 error, never a silent fallback to some other tier's limits (the legacy backend's pitfall, §7.4).
-`None` means "no limit".
+`None` means "no limit". The per-key rate limits are the same on every plan; the school's share of
+the service (all its keys together) grows with it.
 
 Why this lives in accounts, not billing: the tier is a property of the organization
 (`Organization.tier`), and two layers enforce what it allows — stacks (how many active stacks,
@@ -33,17 +34,22 @@ class Tier:
     syncing_stacks: int | None  # active stacks per organization
     # Human label for error messages ("free: 10 MB").
     storage_label: str
+    # The school's share of the service: how many times `settings.THROTTLE_SCHOOL_RATE` all its
+    # authenticated requests together may make (accounts/throttles.py SchoolThrottle).
+    request_share: int | None = 1
 
 
 TIERS: dict[str, Tier] = {
     tier.name: tier
     for tier in (
         Tier(name="free", storage_bytes=10 * MB, syncing_stacks=1, storage_label="10 MB"),
-        Tier(name="core", storage_bytes=100 * MB, syncing_stacks=3, storage_label="100 MB"),
-        Tier(name="pro", storage_bytes=1 * GB, syncing_stacks=10, storage_label="1 GB"),
-        Tier(name="enterprise", storage_bytes=None, syncing_stacks=None, storage_label="unlimited"),
+        Tier(name="core", storage_bytes=100 * MB, syncing_stacks=3, storage_label="100 MB", request_share=2),
+        Tier(name="pro", storage_bytes=1 * GB, syncing_stacks=10, storage_label="1 GB", request_share=4),
+        Tier(name="enterprise", storage_bytes=None, syncing_stacks=None, storage_label="unlimited",
+             request_share=10),
         # Operators' and benchmarks' accounts (docs/kernle-protocol.md §7.4 names it).
-        Tier(name="unlimited", storage_bytes=None, syncing_stacks=None, storage_label="unlimited"),
+        Tier(name="unlimited", storage_bytes=None, syncing_stacks=None, storage_label="unlimited",
+             request_share=None),
     )
 }
 

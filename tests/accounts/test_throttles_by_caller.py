@@ -74,7 +74,7 @@ def test_anonymous_routes_are_still_limited_per_address() -> None:
 
 @override_settings(THROTTLE_SCHOOL_RATE="5/min")
 def test_a_school_past_its_share_is_refused_while_another_school_is_served() -> None:
-    busy = make_org()
+    busy = make_org(tier="free")  # a share of 1: THROTTLE_SCHOOL_RATE itself
     busy_keys = [make_key(busy)[1] for _ in range(3)]
     _, other_key = make_key(make_org())
     served = [bearer_client(busy_keys[n % 3]).get("/api/v1/stacks/", REMOTE_ADDR=ADDRESS).status_code
@@ -89,6 +89,22 @@ def test_a_school_past_its_share_is_refused_while_another_school_is_served() -> 
     assert push(secret, slug).status_code == 429
     # Another school at the same address is served.
     assert bearer_client(other_key).get("/api/v1/stacks/", REMOTE_ADDR=ADDRESS).status_code == 200
+
+
+@override_settings(THROTTLE_SCHOOL_RATE="5/min")
+@pytest.mark.parametrize(("tier", "share"), [("core", 10), ("pro", 20)])
+def test_a_schools_share_grows_with_its_plan(tier: str, share: int) -> None:
+    org = make_org(tier=tier)
+    keys = [make_key(org)[1] for _ in range(4)]
+    statuses = [bearer_client(keys[n % 4]).get("/api/v1/stacks/").status_code for n in range(share + 1)]
+    assert statuses == [200] * share + [429]
+
+
+@override_settings(THROTTLE_SCHOOL_RATE="5/min")
+def test_the_operators_unlimited_plan_has_no_school_budget() -> None:
+    org = make_org(tier="unlimited")
+    keys = [make_key(org)[1] for _ in range(4)]
+    assert {bearer_client(keys[n % 4]).get("/api/v1/stacks/").status_code for n in range(30)} == {200}
 
 
 @override_settings(AUTH_FAILURE_LIMITS={**settings.AUTH_FAILURE_LIMITS, "bearer_ip": (5, 600, 300)})
