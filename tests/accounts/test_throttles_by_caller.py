@@ -19,6 +19,7 @@ from django.test import override_settings
 from rest_framework.test import APIClient
 
 from accounts.models import Organization
+from accounts.throttles import parse_rate
 from tests.factories import bearer_client, make_key, make_org, make_stack
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("throttle_clock")]
@@ -115,3 +116,13 @@ def test_failed_credentials_are_still_limited_per_address() -> None:
     elsewhere = bearer_client(f"knl_sk_{token_hex(16)}").post(
         "/sync/push", {"stack_id": "anything", "operations": []}, format="json", REMOTE_ADDR="203.0.113.21")
     assert elsewhere.status_code == 401
+
+
+def test_16_keys_at_one_address_get_their_full_push_budgets_at_the_default_rates() -> None:
+    """The default rates, as served: one address's 16 agents get 16 per-key budgets, not one."""
+    agents = agent_secrets(make_org(tier="unlimited"), 16)
+    rates_now: dict[str, str] = settings.REST_FRAMEWORK["DEFAULT_THROTTLE_RATES"]  # type: ignore[assignment]
+    limit, _ = parse_rate(rates_now["sync_push"])
+    served = sum(push(secret, slug).status_code == 200 for _ in range(limit) for slug, secret in agents)
+    assert served == 16 * limit
+    assert push(agents[-1][1], agents[-1][0]).status_code == 429
