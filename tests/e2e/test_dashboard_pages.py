@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
+import httpx
 import pytest
 from django.core import mail
 
@@ -18,7 +19,7 @@ from memories.models import Memory, MemoryKind
 from memories.services import memory_create
 from stacks.models import Stack
 from tests.e2e.browser import WatchedPage, check_page, sign_in
-from tests.factories import assign_teacher, make_org, make_stack, make_user
+from tests.factories import assign_teacher, make_key, make_org, make_stack, make_user
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -81,6 +82,15 @@ def test_a_new_school_and_its_first_students_read_well(open_page: Callable[[], W
                            payload={"content": "Brings sketches to every lesson.", "tags": ["art"]})
     watched.goto(f"{dashboard_url}/dashboard/students/{stack.slug}/memories/{memory.pk}/")
     check_page(watched, "memory")
+    # Once the student's tutor has read it, the page says who saw it, through which path.
+    _, secret = make_key(stack.organization, stack=stack, name="Year 5 tutor")
+    served = httpx.get(f"{dashboard_url}/api/v1/stacks/{stack.slug}/memories/{memory.pk}",
+                       headers={"Authorization": f"Bearer {secret}", "X-Agent-Id": "Tutor-bot"})
+    assert served.status_code == 200
+    watched.goto(f"{dashboard_url}/dashboard/students/{stack.slug}/memories/{memory.pk}/")
+    check_page(watched, "memory-seen-by")
+    seen_by = page.locator("section[aria-labelledby=seen-by-heading] tbody").inner_text()
+    assert "Tutor-bot" in seen_by and "get" in seen_by
     watched.goto(f"{dashboard_url}/dashboard/students/nobody-here/")
     check_page(watched, "not-found", status=404)
 
