@@ -148,7 +148,9 @@ def _index(request: HttpRequest, principal: Principal, *, form: PrivacyForm | No
         # Each kind's field beside what a new school starts with.
         "retention_fields": [(field, DEFAULTS.retention_days.get(kind))
                              for field, kind in zip(form.retention_fields(), KIND_LABELS, strict=True)],
-        "always_redacted": ALWAYS_REDACTED, "policy": policy_sections(settings, school=principal.organization.name),
+        "always_redacted": ALWAYS_REDACTED,
+        "policy": policy_sections(settings, school=principal.organization.name,
+                                  access_log_days=principal.organization.access_log_retention_days),
         "page": certificates,
     }, status=status)
 

@@ -107,11 +107,11 @@ _OUT = inline_serializer("PrivacySettingsOut", fields={
 })
 
 
-def _document(settings: PrivacySettings, school: str) -> dict[str, Any]:
+def _document(settings: PrivacySettings, organization: Organization) -> dict[str, Any]:
     return {
         **settings.as_dict(), "defaults": DEFAULTS.values(), "pii_categories": list(PII_CATEGORIES),
-        "policy": [{"title": s.title, "paragraphs": list(s.paragraphs)} for s in policy_sections(settings,
-                                                                                                  school=school)],
+        "policy": [{"title": s.title, "paragraphs": list(s.paragraphs)} for s in policy_sections(
+            settings, school=organization.name, access_log_days=organization.access_log_retention_days)],
     }
 
 
@@ -121,7 +121,7 @@ class PrivacyView(APIView):
         summary="The school's privacy settings, their defaults and the written retention policy")
     def get(self, request: Request) -> Response:
         principal = principal_of(request)
-        return Response(_document(privacy_settings_get(principal), principal.organization.name))
+        return Response(_document(privacy_settings_get(principal), principal.organization))
 
     @extend_schema(tags=[TAG], operation_id="privacy_update", request=PrivacyInSerializer, responses={
         200: _OUT, 400: OpenApiResponse(description="An invalid setting; nothing was changed"),
@@ -133,7 +133,7 @@ class PrivacyView(APIView):
         principal = principal_of(request)
         # The service validates the body (one set of rules with the dashboard's form).
         settings = privacy_settings_update(principal=principal, changes=request.data, ip=client_ip(request))
-        return Response(_document(settings, principal.organization.name))
+        return Response(_document(settings, principal.organization))
 
 
 urlpatterns = [

@@ -82,6 +82,8 @@ def _default(name: str) -> Any:
     return field.get_default()
 
 
+ACCESS_LOG_DEFAULT_DAYS: int = _default("access_log_retention_days")
+
 # What a school that never changed anything has (the model's defaults, and the TTL module's).
 DEFAULTS = PrivacySettings(
     retention_days=dict(DEFAULT_RETENTION_DAYS),
@@ -221,7 +223,8 @@ def retention_rows(settings: PrivacySettings) -> list[tuple[str, str, int | None
     return [(kind, KIND_LABELS.get(kind, kind), settings.retention_days.get(kind)) for kind in MemoryKind.values]
 
 
-def policy_sections(settings: PrivacySettings, *, school: str) -> list[PolicySection]:
+def policy_sections(settings: PrivacySettings, *, school: str,
+                    access_log_days: int = ACCESS_LOG_DEFAULT_DAYS) -> list[PolicySection]:
     """The school's retention policy in plain words, as its settings make it (dashboard and API)."""
     categories = ", ".join(CATEGORY_LABELS.get(c, c) for c in settings.redaction_categories)
     redacts = (f"{school} also has personal details of these kinds replaced: {categories}."
@@ -273,6 +276,9 @@ def policy_sections(settings: PrivacySettings, *, school: str) -> list[PolicySec
             "The student's own agent sees all of the student's memory. A memory that names who may read it is "
             "shown only to them. " + staff,
             "Every export, erasure and change of these settings is recorded in the school's audit log.",
+            "Every memory records which agent, key or person wrote it and each change to it. Every time a "
+            "memory is shown to an agent, a staff member or a connected service, the access log records who "
+            f"saw it, when and how — never its text — and keeps that for {access_log_days} days.",
         )),
         PolicySection("What erasure does", (
             "A school admin can erase a student, or a single memory, at any time — for example when a parent "

@@ -196,3 +196,8 @@ def test_the_policy_of_the_defaults_names_every_section_once() -> None:
     sections = policy_sections(DEFAULTS, school="Hill School")
     assert len({s.title for s in sections}) == len(sections)
     assert all(s.paragraphs for s in sections)
+    # Families are told that reads are recorded, and for how long the school keeps that record.
+    who = " ".join(next(s for s in sections if s.title == "Who can see it").paragraphs)
+    assert "access log" in who and "keeps that for 365 days" in who
+    shorter = policy_sections(DEFAULTS, school="Hill School", access_log_days=90)
+    assert "keeps that for 90 days" in " ".join(next(s for s in shorter if s.title == "Who can see it").paragraphs)
