@@ -172,7 +172,12 @@ def test_switch_model_reembeds_everything_records_the_model_and_then_refuses_the
     # This process (the "service") still says hash: it writes no vector, its sweep's run fails
     # saying why, and its searches skip the semantic leg instead of comparing two models.
     fresh = note(stack, "written after the switch")
-    assert memories_embed(ids=[fresh.pk]).refused == 1
+    # A session worker started by an earlier test may hold the new row's claim for a moment (its
+    # embedding job refuses too, and lets go): ask again until this process gets the row.
+    deadline = time.monotonic() + 30
+    while (result := memories_embed(ids=[fresh.pk])).skipped_claimed and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert result.refused == 1, result
     assert Memory.objects.get(pk=fresh.pk).embedded_version is None
     run = embedding_sweep_run()
     assert run.status == JobRun.Status.FAILED and "reembed --switch-model" in run.error
