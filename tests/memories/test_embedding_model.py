@@ -175,9 +175,9 @@ def test_switch_model_reembeds_everything_records_the_model_and_then_refuses_the
     # A session worker started by an earlier test may hold the new row's claim for a moment (its
     # embedding job refuses too, and lets go): ask again until this process gets the row.
     deadline = time.monotonic() + 30
-    while (result := memories_embed(ids=[fresh.pk])).skipped_claimed and time.monotonic() < deadline:
+    while (embedded := memories_embed(ids=[fresh.pk])).skipped_claimed and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert result.refused == 1, result
+    assert embedded.refused == 1, embedded
     assert Memory.objects.get(pk=fresh.pk).embedded_version is None
     run = embedding_sweep_run()
     assert run.status == JobRun.Status.FAILED and "reembed --switch-model" in run.error
