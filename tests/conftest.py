@@ -27,13 +27,11 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="session")
-def celery_worker(
+def _celery_worker_process(
     django_db_setup: None, django_db_blocker: object, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[ManagedProcess]:
-    """A real `celery worker` process on the test Redis broker and the test database.
-
-    Tests that need it use `transactional_db`, so that what they write is committed and visible.
-    """
+) -> Iterator[tuple[ManagedProcess, str]]:
+    """One real `celery worker` process per test process, on the test Redis broker and database,
+    started idle: `celery_worker` lends it to one test at a time. Yields it and its node name."""
     from memoryhub.celery import app
 
     # The worker may deliver webhooks to the tests' receivers on 127.0.0.1 over plain http.
@@ -51,13 +49,44 @@ def celery_worker(
     while time.monotonic() < deadline:
         if not worker.running():
             raise RuntimeError("celery worker died:\n" + log_path.read_text())
-        if app.control.ping(timeout=0.5):
+        if replies := app.control.ping(timeout=0.5):
             break
     else:
         worker.stop()
         raise RuntimeError("celery worker did not answer in 60s:\n" + log_path.read_text())
-    yield worker
+    node = next(iter(replies[0]))
+    _worker_consumes(node, consume=False)
+    yield worker, node
     worker.stop()
+
+
+def _worker_consumes(node: str, *, consume: bool) -> None:
+    """Start or stop the worker's consumers on our queues, and wait for its answer."""
+    from memoryhub.celery import app
+
+    for queue in WORKER_QUEUES.split(","):
+        if consume:
+            app.control.add_consumer(queue, destination=[node], reply=True, timeout=30)
+        else:
+            app.control.cancel_consumer(queue, destination=[node], reply=True, timeout=30)
+
+
+@pytest.fixture
+def celery_worker(_celery_worker_process: tuple[ManagedProcess, str]) -> Iterator[ManagedProcess]:
+    """A real `celery worker` process against the test database, consuming for this test only.
+
+    Tests that need it use `transactional_db`, so that what they write is committed and visible.
+    Between such tests the worker consumes nothing: a test without it that commits rows is never
+    raced by a worker acting on its after-commit tasks. Tasks queued while it was idle are
+    dropped first, since they belong to tests that are over.
+    """
+    from memoryhub.celery import app
+
+    worker, node = _celery_worker_process
+    app.control.purge()
+    _worker_consumes(node, consume=True)
+    yield worker
+    _worker_consumes(node, consume=False)
 
 
 def run_manage(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:

@@ -28,7 +28,6 @@ from memories.changes import publish as change_events
 from memories.models import ChangeEvent, Memory
 from memories.search.embedding_jobs import memories_embed
 from memories.services import CheckpointInput, checkpoint_save, memory_create, memory_forget
-from memories.writes import hooks
 from memoryhub.asgi import application
 from stacks.models import Stack
 from stacks.services import membership_remove, teacher_unassign
@@ -376,10 +375,6 @@ async def test_an_event_published_late_reaches_the_page_before_the_seqs_after_it
     """The fault test's finding: a writer died between its commit and publishing its event, and a
     newer event of the stack was published first. The page must not be sent the newer seq without
     the older event, or a reconnect resuming from that seq would skip it for good."""
-    # No embedding task for these notes: the session's Celery worker (when an earlier test started
-    # it) would embed them meanwhile and publish an "embedded" event of its own, a message the
-    # page may take for the one this test waits for.
-    monkeypatch.setattr(hooks, "_send_embedding", lambda ids, message_ids, **_: None)
     since = await write(live.stack_seq, school.stack)
     _, headers = await signed_in(school.admin)
     communicator, _ = await open_socket(f"/ws/stacks/{school.stack.slug}/?since={since}", headers)

@@ -17,7 +17,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
@@ -110,13 +109,8 @@ def manage(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
 
 
 def embed_all(memories: list[Memory]) -> None:
-    """Embed them here; in a transactional test the session's Celery worker (if one was started)
-    may hold some of them meanwhile, with the same model, so wait until none awaits a vector."""
-    deadline = time.monotonic() + 30
-    while Memory.objects.filter(embedded_version__isnull=True).exists():
-        assert time.monotonic() < deadline, "memories were not embedded"
-        memories_embed(ids=[m.pk for m in memories])
-        time.sleep(0.05)
+    memories_embed(ids=[m.pk for m in memories])
+    assert not Memory.objects.filter(embedded_version__isnull=True).exists()
 
 
 def vector_state() -> list[tuple[Any, ...]]:
@@ -172,12 +166,7 @@ def test_switch_model_reembeds_everything_records_the_model_and_then_refuses_the
     # This process (the "service") still says hash: it writes no vector, its sweep's run fails
     # saying why, and its searches skip the semantic leg instead of comparing two models.
     fresh = note(stack, "written after the switch")
-    # A session worker started by an earlier test may hold the new row's claim for a moment (its
-    # embedding job refuses too, and lets go): ask again until this process gets the row.
-    deadline = time.monotonic() + 30
-    while (embedded := memories_embed(ids=[fresh.pk])).skipped_claimed and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert embedded.refused == 1, embedded
+    assert memories_embed(ids=[fresh.pk]).refused == 1
     assert Memory.objects.get(pk=fresh.pk).embedded_version is None
     run = embedding_sweep_run()
     assert run.status == JobRun.Status.FAILED and "reembed --switch-model" in run.error
