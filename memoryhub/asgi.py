@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from collections.abc import Callable, MutableMapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -21,6 +22,7 @@ from django.http import HttpResponseBase, StreamingHttpResponse
 from django.urls import set_script_prefix
 
 from memoryhub.after_response import run_after_response, take_after_response
+from memoryhub.lanes import too_late_response
 from memoryhub.streaming import BodyThread
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "memoryhub.settings")
@@ -52,11 +54,16 @@ class SingleHopASGIHandler(ASGIHandler):
 
         pool_size = int(getattr(settings, "DB_POOL_MAX_SIZE", 0) or 16)
         self._executor = ThreadPoolExecutor(max_workers=max(4, 2 * pool_size), thread_name_prefix="http")
+        self._deadline = float(settings.LANES_INTERACTIVE_DEADLINE_SECONDS)
 
     def load_middleware(self, is_async: bool = False) -> None:
         super().load_middleware(is_async=False)
 
-    def _serve(self, scope: dict[str, Any], body_file: Any) -> tuple[HttpResponseBase, list[Callable[[], None]]]:
+    def _serve(self, scope: dict[str, Any], body_file: Any,
+               queued_at: float) -> tuple[HttpResponseBase, list[Callable[[], None]]]:
+        if time.monotonic() - queued_at > self._deadline:
+            # Shed before the work, not after: its client has waited past any interactive use.
+            return too_late_response(), []
         set_script_prefix(get_script_prefix(scope))
         signals.request_started.send(sender=self.__class__, scope=scope)
         try:
@@ -102,7 +109,8 @@ class SingleHopASGIHandler(ASGIHandler):
         # — on every request; per thread, the throttle's Redis connection is reused. Per-request
         # state is set per request (script prefix above, urlconf in get_response).
         try:
-            response, after = await loop.run_in_executor(self._executor, self._serve, scope, body_file)
+            response, after = await loop.run_in_executor(self._executor, self._serve, scope, body_file,
+                                                         time.monotonic())
             if isinstance(response, StreamingHttpResponse) and not response.is_async:
                 await self._send_streamed(response, receive, send)
                 return

@@ -37,6 +37,7 @@ class DomainError(Exception):
 
     status = 400
     code = "bad_request"
+    retry_after: int | None = None  # seconds, sent as Retry-After when set
 
     def __init__(self, message: str, *, code: str | None = None, fields: dict[str, Any] | None = None):
         super().__init__(message)
@@ -184,7 +185,11 @@ def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response:
     _render_errors_as_json(context.get("request"))
     if isinstance(exc, DomainError):
         response = Response(error_body(exc.code, exc.message, exc.fields), status=exc.status)
-        if exc.status == 503:
+        if exc.retry_after is not None:
+            response["Retry-After"] = str(exc.retry_after)
+            # A refusal the service chose (memoryhub.lanes), counted by /metrics: not an error to log.
+            response._has_been_logged = True  # type: ignore[attr-defined]
+        elif exc.status == 503:
             response["Retry-After"] = str(retry_after_seconds(exc.code))
         if exc.status == 401:
             response["WWW-Authenticate"] = "Bearer"

@@ -169,6 +169,8 @@ MIDDLEWARE = [
     "memoryhub.metrics.MetricsMiddleware",
     # The request id on every log line of the request and of the tasks it queues (memoryhub.requestid).
     "memoryhub.requestid.RequestIdMiddleware",
+    # Times interactive requests for the bulk lane's limit and frees a bulk request's place (memoryhub.lanes).
+    "memoryhub.lanes.LaneMiddleware",
     "django.middleware.security.SecurityMiddleware",
     # Static files answer here, before sessions and CSRF, in every mode (memoryhub/staticfiles.py).
     "memoryhub.staticfiles.StaticFilesMiddleware",
@@ -408,6 +410,21 @@ REST_FRAMEWORK = {
 # default (20 keys at the per-credential request rate), so it bounds one school, not one student.
 _request_count, _request_period = THROTTLE_REQUEST_RATE.split("/")
 THROTTLE_SCHOOL_RATE = env_str("THROTTLE_SCHOOL_RATE", f"{20 * int(_request_count)}/{_request_period}")
+
+# Two lanes (memoryhub.lanes, docs/architecture.md §5.7): per web process, at most LANES_MAX_BULK
+# bulk requests (pushes of LANES_BULK_BYTES or more, full pulls, exports) at once, fewer while
+# interactive requests run over LANES_TOLERANCE_PERCENT of their unloaded latency; LANES_QUEUE wait
+# up to LANES_MAX_WAIT_SECONDS, the rest are answered 503 / 429 with Retry-After.
+LANES_ENABLED = env_bool("MEMORYHUB_LANES", True)
+LANES_MIN_BULK = env_int("LANES_MIN_BULK", 1, minimum=1)
+LANES_MAX_BULK = env_int("LANES_MAX_BULK", 4, minimum=LANES_MIN_BULK)
+LANES_TOLERANCE = env_int("LANES_TOLERANCE_PERCENT", 200, minimum=110) / 100
+LANES_QUEUE = env_int("LANES_QUEUE", 8, minimum=0)
+LANES_MAX_WAIT_SECONDS = env_int("LANES_MAX_WAIT_SECONDS", 2, minimum=0)
+LANES_BULK_BYTES = env_int("LANES_BULK_BYTES", 32 * 1024, minimum=1)
+# An interactive request still waiting for a thread after this long is answered 503 with
+# Retry-After instead of being served after its client has given up (memoryhub.asgi).
+LANES_INTERACTIVE_DEADLINE_SECONDS = env_int("LANES_INTERACTIVE_DEADLINE_SECONDS", 10, minimum=1)
 
 SPECTACULAR_SETTINGS = {
     "TITLE": "MemoryHub API",

@@ -28,6 +28,7 @@ from memories.models import MemoryKind
 from memories.privacy.grants import audience_for
 from memories.reads.access_history import may_read_access_log
 from memories.reads.access_log import AccessPath, record_request_access
+from memoryhub.lanes import enter_bulk_lane, release_when_streamed
 from memoryhub.streaming import streamed_content
 from stacks.selectors import stack_for_principal
 
@@ -49,6 +50,7 @@ class StackArchiveView(APIView):
     def get(self, request: Request, stack: str) -> StreamingHttpResponse:
         principal = principal_of(request)
         target = stack_for_principal(principal, stack)
+        enter_bulk_lane(request._request, target.organization_id)
         now = timezone.now()
         audit_record(organization=target.organization, action="stack.exported", principal=principal,
                      target_type="stack", target_id=target.slug, ip=client_ip(request),
@@ -58,7 +60,7 @@ class StackArchiveView(APIView):
                                 include_access_log=may_read_access_log(principal, target))
         record_request_access(request, stack_id=target.pk, path=AccessPath.EXPORT,
                               memory_ids=archive_memory_ids(stack=target, audience=audience))
-        content = streamed_content(request._request, chunks)
+        content = streamed_content(request._request, release_when_streamed(request._request, chunks))
         response = StreamingHttpResponse(content, content_type="application/zip")
         response["Content-Disposition"] = f'attachment; filename="{archive_filename(target, now)}"'
         response["Cache-Control"] = "private, no-store"

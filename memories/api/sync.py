@@ -36,6 +36,7 @@ from accounts.throttles import SYNC_PULL_THROTTLES, SYNC_PUSH_THROTTLES
 from memories import sync
 from memories.reads.access_log import AccessPath, record_request_access
 from memoryhub.errors import InvalidInput
+from memoryhub.lanes import bulk_request, enter_bulk_lane
 from memoryhub.limits import SyncPushJSONParser
 
 ERRORS = {
@@ -226,6 +227,8 @@ class KernlePushView(APIView):
     def post(self, request: Request) -> Response:
         with _cyclic_gc_paused():
             principal = principal_of(request)
+            if bulk_request(request._request):
+                enter_bulk_lane(request._request, principal.organization.pk)
             author = request_author(request, principal, path=Path.KERNLE)  # a bad X-Agent-Id: 400, nothing stored
             body = _object_body(request)
             result = sync.kernle_push(principal=principal, stack_id=body.get("stack_id"),
@@ -248,7 +251,10 @@ class KernlePullView(APIView):
     )
     def post(self, request: Request) -> HttpResponse:
         request_body = _object_body(request)
-        result = sync.kernle_pull(principal=principal_of(request), stack_id=request_body.get("stack_id"),
+        principal = principal_of(request)
+        if request_body.get("since") is None:  # the whole change set: bulk work
+            enter_bulk_lane(request._request, principal.organization.pk)
+        result = sync.kernle_pull(principal=principal, stack_id=request_body.get("stack_id"),
                                   since=request_body.get("since"))
         if result.stack_id is not None:
             record_request_access(request, stack_id=result.stack_id, path=AccessPath.PULL, via=Path.KERNLE,
@@ -281,6 +287,8 @@ class NativePushView(APIView):
     def post(self, request: Request, stack: str) -> Response:
         with _cyclic_gc_paused():
             principal = principal_of(request)
+            if bulk_request(request._request):
+                enter_bulk_lane(request._request, principal.organization.pk)
             author = request_author(request, principal, path=Path.API)  # a bad X-Agent-Id: 400, nothing stored
             body = _object_body(request)
             result = sync.native_push(principal=principal, stack_slug=stack, operations=body.get("operations"),

@@ -1,0 +1,304 @@
+"""Two lanes for requests: interactive work is never made to wait behind bulk work
+(docs/architecture.md §5.7 "Lanes").
+
+* **Interactive** (search, load, get, checkpoint, single writes, dashboard pages): served at once.
+* **Bulk** (large pushes, full pulls, exports; see `bulk_request`): at most `limit` run at a time
+  in this web process. The limit adapts, in the manner of a gradient limiter: each interactive
+  request's latency is compared with its route's unloaded latency; while interactive requests run
+  more than `LANES_TOLERANCE` times slower than unloaded, the limit shrinks in proportion (never
+  below `LANES_MIN_BULK`), and while they run near their baseline, or none arrive, it grows by one.
+* A bulk request over the limit waits in a bounded queue, taken round-robin by school, so one
+  school's flood cannot hold the lane against another's. Past `LANES_MAX_WAIT_SECONDS`, or with the
+  queue full, it is answered 503; a school holding more than its fair share of the lane while
+  others wait is answered 429. Both carry Retry-After and happen before the request's body is
+  applied: nothing is half-stored, and a client that retries loses nothing.
+
+Per web process: each process protects its own threads and, through them, the database's cores.
+`MEMORYHUB_LANES=off` (setting `LANES_ENABLED`) turns the bulk lane's limit off.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+import threading
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+
+from django.conf import settings
+from django.http import HttpRequest, HttpResponseBase, JsonResponse
+
+from memoryhub.errors import DomainError, error_body
+
+# How many of a route's latencies make one of its baseline windows, and how many interactive
+# latencies (any route) one adjustment of the limit reads.
+ROUTE_WINDOW = 16
+ADJUST_SAMPLES = 24
+# A route's baseline creeps up by this factor each window, so a stack that really grew (slower
+# even unloaded) is not mistaken for a loaded service for ever.
+BASELINE_DRIFT = 1.02
+# With no interactive request for this long there is nobody to protect: the limit grows.
+IDLE_GROWTH_SECONDS = 1.0
+
+
+class BulkLaneFull(DomainError):
+    """Bulk work past what this process runs now and its queue holds: retry after a while."""
+
+    status = 503
+    code = "bulk_lane_full"
+
+
+class BulkFairShare(DomainError):
+    """A school past its share of the bulk lane while other schools wait for it."""
+
+    status = 429
+    code = "bulk_fair_share"
+
+
+@dataclass
+class _Waiter:
+    event: threading.Event = field(default_factory=threading.Event)
+    granted: bool = False
+
+
+class GradientLimit:
+    """The adaptive limit on concurrent bulk requests, fed with interactive latencies."""
+
+    def __init__(self, *, minimum: int, maximum: int, tolerance: float) -> None:
+        self.minimum, self.maximum, self.tolerance = minimum, maximum, tolerance
+        self.limit = maximum
+        self._baselines: dict[str, float] = {}
+        self._windows: dict[str, list[float]] = {}
+        self._ratios: list[float] = []
+        self._last_sample = time.monotonic()
+
+    def observe(self, route: str, seconds: float) -> bool:
+        """Record one interactive latency; True when the limit changed."""
+        self._last_sample = time.monotonic()
+        window = self._windows.setdefault(route, [])
+        window.append(seconds)
+        if len(window) >= ROUTE_WINDOW:
+            median = statistics.median(window)
+            window.clear()
+            known = self._baselines.get(route)
+            self._baselines[route] = median if known is None else min(median, known * BASELINE_DRIFT)
+        baseline = self._baselines.get(route)
+        if baseline is None or baseline <= 0:
+            return False
+        self._ratios.append(seconds / baseline)
+        if len(self._ratios) < ADJUST_SAMPLES:
+            return False
+        ratio = statistics.median(self._ratios)
+        self._ratios.clear()
+        return self._adjust(ratio)
+
+    def grow_if_idle(self) -> bool:
+        if time.monotonic() - self._last_sample < IDLE_GROWTH_SECONDS:
+            return False
+        self._last_sample = time.monotonic()
+        return self._adjust(1.0)
+
+    def _adjust(self, ratio: float) -> bool:
+        before = self.limit
+        if ratio > self.tolerance:
+            self.limit = max(self.minimum, math.floor(self.limit * max(0.5, self.tolerance / ratio)))
+        elif ratio < 0.75 * self.tolerance:
+            self.limit = min(self.maximum, self.limit + 1)
+        return self.limit != before
+
+
+class BulkLane:
+    """The bulk lane of one process: a limit, the requests in it, and a fair bounded queue."""
+
+    def __init__(self, *, minimum: int, maximum: int, tolerance: float, queue_size: int,
+                 max_wait: float) -> None:
+        self.gradient = GradientLimit(minimum=minimum, maximum=maximum, tolerance=tolerance)
+        self.queue_size, self.max_wait = queue_size, max_wait
+        self._lock = threading.Lock()
+        self._running: dict[int, int] = {}  # school -> its bulk requests running now
+        self._waiting: OrderedDict[int, deque[_Waiter]] = OrderedDict()  # by school, in turn order
+        self._seconds = 1.0  # a bulk request's usual length (moving average)
+
+    @property
+    def running(self) -> int:
+        return sum(self._running.values())
+
+    def acquire(self, school: int) -> Callable[[], None]:
+        """A place in the lane for one request of `school`, or BulkLaneFull / BulkFairShare.
+        Returns the release, to call once the request's work is over."""
+        with self._lock:
+            self.gradient.grow_if_idle()
+            self._dispatch()
+            waiting = sum(len(q) for q in self._waiting.values())
+            if not waiting and self.running < self.gradient.limit:
+                return self._enter(school)
+            if waiting >= self.queue_size:
+                raise self._refusal(BulkLaneFull, "The service is busy with bulk work; retry after the "
+                                                  "time in Retry-After. Nothing of this request was applied.")
+            schools = set(self._running) | set(self._waiting) | {school}
+            share = max(1, math.ceil((self.gradient.limit + self.queue_size) / len(schools)))
+            mine = self._running.get(school, 0) + len(self._waiting.get(school, ()))
+            if len(schools) > 1 and mine >= share:
+                raise self._refusal(BulkFairShare, "This school holds its share of the service's bulk "
+                                                   "work; retry after the time in Retry-After. Nothing of "
+                                                   "this request was applied.")
+            waiter = _Waiter()
+            self._waiting.setdefault(school, deque()).append(waiter)
+        waiter.event.wait(self.max_wait)
+        with self._lock:
+            if waiter.granted:
+                return self._release_for(school, time.monotonic())
+            self._waiting[school].remove(waiter)
+            if not self._waiting[school]:
+                del self._waiting[school]
+            raise self._refusal(BulkLaneFull, "The service is busy with bulk work; retry after the time in "
+                                              "Retry-After. Nothing of this request was applied.")
+
+    def observe_interactive(self, route: str, seconds: float) -> None:
+        with self._lock:
+            if self.gradient.observe(route, seconds):
+                self._dispatch()
+
+    def _enter(self, school: int) -> Callable[[], None]:
+        self._running[school] = self._running.get(school, 0) + 1
+        return self._release_for(school, time.monotonic())
+
+    def _release_for(self, school: int, started: float) -> Callable[[], None]:
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            with self._lock:
+                if released:
+                    return
+                released = True
+                self._running[school] -= 1
+                if not self._running[school]:
+                    del self._running[school]
+                self._seconds = 0.8 * self._seconds + 0.2 * (time.monotonic() - started)
+                self._dispatch()
+
+        return release
+
+    def _dispatch(self) -> None:
+        """Let waiters in, one school after another, while the limit allows (lock held)."""
+        while self._waiting and self.running < self.gradient.limit:
+            school, queue = next(iter(self._waiting.items()))
+            waiter = queue.popleft()
+            if queue:
+                self._waiting.move_to_end(school)  # the next place goes to the next school
+            else:
+                del self._waiting[school]
+            self._running[school] = self._running.get(school, 0) + 1
+            waiter.granted = True
+            waiter.event.set()
+
+    def _refusal(self, error: type[DomainError], message: str) -> DomainError:
+        waiting = sum(len(q) for q in self._waiting.values())
+        expected = self._seconds * (waiting + 1) / max(1, self.gradient.limit)
+        seconds = min(30, max(1, round(expected * random.uniform(0.8, 1.2))))  # spread retries, not a secret
+        refusal = error(message, fields={"retry_after": seconds})
+        refusal.retry_after = seconds
+        return refusal
+
+
+_lane: BulkLane | None = None
+_lane_lock = threading.Lock()
+
+
+def bulk_lane() -> BulkLane | None:
+    """This process's bulk lane (None when lanes are off)."""
+    global _lane
+    if not settings.LANES_ENABLED:
+        return None
+    if _lane is None:
+        with _lane_lock:
+            if _lane is None:
+                _lane = BulkLane(minimum=settings.LANES_MIN_BULK, maximum=settings.LANES_MAX_BULK,
+                                 tolerance=settings.LANES_TOLERANCE, queue_size=settings.LANES_QUEUE,
+                                 max_wait=settings.LANES_MAX_WAIT_SECONDS)
+    return _lane
+
+
+def enter_bulk_lane(request: HttpRequest, school: int) -> None:
+    """Admit `request` to the bulk lane for `school`, or raise the 503 / 429 that says when to come
+    back. The place is given back when the response is closed (`LaneMiddleware`)."""
+    lane = bulk_lane()
+    request.bulk_lane = True  # type: ignore[attr-defined]
+    if lane is not None:
+        request.bulk_release = lane.acquire(school)  # type: ignore[attr-defined]
+
+
+def bulk_request(request: HttpRequest) -> bool:
+    """Is this push large enough to be bulk work? Its declared body size against LANES_BULK_BYTES."""
+    declared = request.META.get("CONTENT_LENGTH") or ""
+    return declared.isdigit() and int(declared) >= settings.LANES_BULK_BYTES
+
+
+class _ReleasingChunks:
+    """A streamed body's chunks that give the bulk lane's place back when closed. Django closes a
+    streaming response's content when the response is closed, sent in full or not at all."""
+
+    def __init__(self, chunks: Iterable[bytes], release: Callable[[], None] | None) -> None:
+        self._chunks = iter(chunks)
+        self._release = release
+
+    def __iter__(self) -> Iterator[bytes]:
+        return self
+
+    def __next__(self) -> bytes:
+        return next(self._chunks)
+
+    def close(self) -> None:
+        try:
+            close = getattr(self._chunks, "close", None)
+            if close is not None:
+                close()
+        finally:
+            if self._release is not None:
+                self._release()
+
+
+def release_when_streamed(request: HttpRequest, chunks: Iterable[bytes]) -> Iterator[bytes]:
+    """A streamed body that keeps the request's place in the bulk lane until it is sent."""
+    release = getattr(request, "bulk_release", None)
+    request.bulk_release = None  # type: ignore[attr-defined]  # the stream gives it back, not the middleware
+    return _ReleasingChunks(chunks, release)
+
+
+def too_late_response() -> HttpResponseBase:
+    """503 for a request that waited for a thread past LANES_INTERACTIVE_DEADLINE_SECONDS."""
+    response = JsonResponse(error_body("overloaded", "The service is overloaded; retry after the time in "
+                                                     "Retry-After. Nothing of this request was applied."), status=503)
+    response["Retry-After"] = str(random.randint(1, 3))  # spread retries, not a secret
+    return response
+
+
+# Routes whose latency says nothing of the service's load.
+_UNMEASURED_PREFIXES = ("/healthz", "/readyz", "/metrics", "/static/")
+
+
+class LaneMiddleware:
+    """Times interactive requests for the bulk lane's limit, and gives a bulk request's place back
+    once its response is done (docs/architecture.md §5.7)."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponseBase]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponseBase:
+        started = time.monotonic()
+        try:
+            response = self.get_response(request)
+        finally:
+            release = getattr(request, "bulk_release", None)
+            if release is not None:
+                release()
+        lane = bulk_lane()
+        if lane is not None and not getattr(request, "bulk_lane", False) and not response.streaming \
+                and not request.path.startswith(_UNMEASURED_PREFIXES):
+            match = request.resolver_match
+            lane.observe_interactive(match.route if match else request.path, time.monotonic() - started)
+        return response

@@ -1,0 +1,186 @@
+"""The two lanes (memoryhub.lanes, docs/architecture.md §5.7): bulk work waits or is refused with
+Retry-After before anything of it is applied; interactive work never waits behind it; schools take
+turns; the limit follows interactive latency."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from memories.models import Memory
+from memoryhub import lanes
+from memoryhub.asgi import SingleHopASGIHandler
+from memoryhub.lanes import BulkFairShare, BulkLane, BulkLaneFull, GradientLimit
+from stacks.services import personal_account_register
+from tests.factories import bearer_client
+
+SCHOOL_A, SCHOOL_B = 1, 2
+
+
+def lane(*, limit: int = 1, queue: int = 4, wait: float = 5.0) -> BulkLane:
+    return BulkLane(minimum=1, maximum=limit, tolerance=2.0, queue_size=queue, max_wait=wait)
+
+
+def in_thread(lane: BulkLane, school: int, admitted: list[int], released: threading.Event) -> threading.Thread:
+    """A bulk request of `school` that, once admitted, holds its place until `released` is set."""
+    def request() -> None:
+        release = lane.acquire(school)
+        admitted.append(school)
+        released.wait(10)
+        release()
+    thread = threading.Thread(target=request, daemon=True)
+    thread.start()
+    return thread
+
+
+def wait_for(condition: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + 5
+    while not condition():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+
+
+def waiting(lane: BulkLane) -> int:
+    return sum(len(queue) for queue in lane._waiting.values())
+
+
+def test_a_request_over_the_limit_waits_for_a_place_then_gets_it() -> None:
+    bulk = lane(limit=1)
+    release_first = bulk.acquire(SCHOOL_A)
+    admitted: list[int] = []
+    go = threading.Event()
+    thread = in_thread(bulk, SCHOOL_A, admitted, go)
+    wait_for(lambda: waiting(bulk) == 1)
+    assert admitted == []  # the limit holds
+    release_first()
+    wait_for(lambda: admitted == [SCHOOL_A])
+    go.set()
+    thread.join()
+    assert bulk.running == 0
+
+
+def test_with_the_queue_full_a_request_is_refused_at_once_with_retry_after() -> None:
+    bulk = lane(limit=1, queue=0)
+    release = bulk.acquire(SCHOOL_A)
+    started = time.monotonic()
+    with pytest.raises(BulkLaneFull) as refused:
+        bulk.acquire(SCHOOL_A)
+    assert time.monotonic() - started < 0.5
+    assert refused.value.status == 503 and 1 <= (refused.value.retry_after or 0) <= 30
+    release()
+    bulk.acquire(SCHOOL_A)()  # the place is free again
+
+
+def test_a_request_that_waits_too_long_is_refused_and_leaves_the_queue() -> None:
+    bulk = lane(limit=1, wait=0.2)
+    release = bulk.acquire(SCHOOL_A)
+    with pytest.raises(BulkLaneFull):
+        bulk.acquire(SCHOOL_A)
+    assert waiting(bulk) == 0 and bulk.running == 1
+    release()
+
+
+def test_schools_take_turns_and_a_school_past_its_share_gets_429() -> None:
+    bulk = lane(limit=1, queue=4)
+    release = bulk.acquire(SCHOOL_A)
+    admitted: list[int] = []
+    go = threading.Event()
+    threads = [in_thread(bulk, SCHOOL_A, admitted, go)]
+    wait_for(lambda: waiting(bulk) == 1)
+    threads.append(in_thread(bulk, SCHOOL_A, admitted, go))
+    wait_for(lambda: waiting(bulk) == 2)
+    threads.append(in_thread(bulk, SCHOOL_B, admitted, go))  # arrives last, served second
+    wait_for(lambda: waiting(bulk) == 3)
+    # A holds one place and waits for two: with B waiting, that is A's share (ceil((1 + 4) / 2)).
+    with pytest.raises(BulkFairShare) as refused:
+        bulk.acquire(SCHOOL_A)
+    assert refused.value.status == 429 and refused.value.retry_after
+    go.set()  # each admitted request finishes at once, letting the next in
+    release()
+    for thread in threads:
+        thread.join()
+    assert admitted == [SCHOOL_A, SCHOOL_B, SCHOOL_A]
+
+
+def test_slow_interactive_requests_shrink_the_limit_and_fast_ones_grow_it_back() -> None:
+    gradient = GradientLimit(minimum=1, maximum=8, tolerance=2.0)
+    for _ in range(32):
+        gradient.observe("search", 0.020)  # unloaded
+    assert gradient.limit == 8
+    for _ in range(96):
+        gradient.observe("search", 0.100)  # five times slower than unloaded
+    assert gradient.limit == 1
+    for _ in range(24 * 8):
+        gradient.observe("search", 0.021)
+    assert gradient.limit == 8
+
+
+# --- over HTTP --------------------------------------------------------------------------------------
+
+@pytest.fixture
+def full_lane(monkeypatch: pytest.MonkeyPatch, settings: Any) -> Iterator[Callable[[], None]]:
+    """This process's bulk lane, with its one place taken and no queue; yields the place's release."""
+    settings.LANES_BULK_BYTES = 2000
+    bulk = lane(limit=1, queue=0)
+    monkeypatch.setattr(lanes, "_lane", bulk)
+    release = bulk.acquire(SCHOOL_A)
+    yield release
+    release()
+
+
+def notes(count: int) -> list[dict[str, Any]]:
+    return [{"operation": "insert", "table": "notes", "record_id": str(uuid.uuid4()), "local_updated_at": None,
+             "version": 1, "data": {"content": f"Fractions practice, part {i}", "note_type": "note"}}
+            for i in range(count)]
+
+
+@pytest.mark.django_db
+def test_a_bulk_push_past_the_lane_is_503_with_retry_after_and_stores_nothing(
+        full_lane: Callable[[], None]) -> None:
+    account = personal_account_register(stack_id="flood", email="flood@example.test")
+    client = bearer_client(account.secret)
+    body = {"stack_id": "flood", "operations": notes(20)}
+    refused = client.post("/sync/push", body, format="json")
+    assert refused.status_code == 503, refused.content
+    assert refused.json()["error"]["code"] == "bulk_lane_full"
+    assert 1 <= int(refused["Retry-After"]) <= 30
+    assert Memory.objects.count() == 0
+    small = client.post("/sync/push", {"stack_id": "flood", "operations": notes(1)}, format="json")
+    assert small.status_code == 200  # interactive: not behind the bulk lane
+    assert client.post("/api/v1/stacks/flood/search", {"query": "fractions"}, format="json").status_code == 200
+    full_lane()
+    again = client.post("/sync/push", body, format="json")  # the retry the client makes
+    assert again.status_code == 200 and len(again.json()["acknowledged_operations"]) == 20
+    assert Memory.objects.count() == 21
+    assert lanes._lane is not None and lanes._lane.running == 0  # the place was given back
+
+
+@pytest.mark.django_db
+def test_a_full_pull_and_an_archive_wait_in_the_bulk_lane_a_pull_since_does_not(
+        full_lane: Callable[[], None]) -> None:
+    account = personal_account_register(stack_id="reader", email="reader@example.test")
+    client = bearer_client(account.secret)
+    assert client.post("/sync/pull", {"stack_id": "reader"}, format="json").status_code == 503
+    assert client.get("/api/v1/stacks/reader/export/archive").status_code == 503
+    since = client.post("/sync/pull", {"stack_id": "reader", "since": "2026-11-01T00:00:00+00:00"}, format="json")
+    assert since.status_code == 200
+    full_lane()
+    archive = client.get("/api/v1/stacks/reader/export/archive")
+    assert archive.status_code == 200
+    assert lanes._lane is not None and lanes._lane.running == 1  # held while the body streams
+    b"".join(archive.streaming_content)  # type: ignore[attr-defined]
+    archive.close()
+    assert lanes._lane.running == 0
+
+
+def test_a_request_that_waited_past_its_deadline_for_a_thread_is_shed_unserved() -> None:
+    handler = SingleHopASGIHandler()
+    late = time.monotonic() - handler._deadline - 1
+    response, after = handler._serve({"type": "http", "path": "/api/v1/stacks/x/search"}, None, late)
+    assert response.status_code == 503 and int(response["Retry-After"]) >= 1
+    assert after == []
