@@ -155,8 +155,10 @@ class Memory(models.Model):
             GinIndex(fields=["search_vector"], name="memories_search_vector_gin",
                      condition=Q(forgotten_at__isnull=True)),
             GinIndex(fields=["tags"], name="memories_tags_gin", condition=Q(forgotten_at__isnull=True)),
+            # The backlog in each stack's order of change: the sweep and the task's fill take each
+            # stack's oldest first, in turns across stacks (docs/algorithms.md §10.2.2).
             models.Index(
-                fields=["stack"],
+                fields=["stack", "server_updated_at"],
                 name="memories_embedding_backlog",
                 condition=Q(embedded_version__isnull=True) & Q(deleted_at__isnull=True),
             ),

@@ -11,8 +11,11 @@ as the `memories.embedding_sweep` Celery task (docs/algorithms.md §10.2, §10.3
 from __future__ import annotations
 
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
+
+from django.db import connection
 
 from memories.lifecycle.jobs import JOB_EMBEDDING_SWEEP, Progress, run_job
 from memories.models import JobRun, Memory
@@ -25,15 +28,51 @@ from memories.search.embedding_model import (
 )
 from memories.search.embeddings import Embedder, get_embedder
 
+# Round-robin over the stacks with a backlog, each stack's oldest change first: the rows in order of
+# (their turn in their stack, change time), as `row_number() OVER (PARTITION BY stack_id ORDER BY
+# server_updated_at)` would rank them, without reading and sorting the whole backlog. Every step is
+# a probe or a short range of the partial index on (stack, server_updated_at):
+# * `waiting`: the stacks with a backlog, one index probe each (a loose index scan);
+# * `heads`: each one's oldest awaiting change; only the `limit` stacks with the oldest heads can
+#   have a row among the first `limit` (each stack's first turn comes before any second turn);
+# * the lateral: each of those stacks' oldest rows, numbered in turn, read in index order; at most
+#   `limit` + 1 - (the number of heads) of them, since every other head's first turn comes first.
+_ROUND_ROBIN_SQL = f"""
+WITH RECURSIVE waiting(stack_id) AS (
+    (SELECT m.stack_id FROM {Memory._meta.db_table} m
+      WHERE m.embedded_version IS NULL AND m.deleted_at IS NULL ORDER BY m.stack_id LIMIT 1)
+  UNION ALL
+    SELECT (SELECT m.stack_id FROM {Memory._meta.db_table} m
+             WHERE m.embedded_version IS NULL AND m.deleted_at IS NULL AND m.stack_id > w.stack_id
+             ORDER BY m.stack_id LIMIT 1)
+      FROM waiting w WHERE w.stack_id IS NOT NULL
+), heads AS (
+    SELECT w.stack_id,
+           (SELECT m.server_updated_at FROM {Memory._meta.db_table} m
+             WHERE m.stack_id = w.stack_id AND m.embedded_version IS NULL AND m.deleted_at IS NULL
+             ORDER BY m.server_updated_at LIMIT 1) AS oldest
+      FROM waiting w WHERE w.stack_id IS NOT NULL
+     ORDER BY oldest LIMIT %(limit)s
+)
+SELECT t.id FROM heads h CROSS JOIN LATERAL (
+    SELECT m.id, m.server_updated_at, row_number() OVER (ORDER BY m.server_updated_at) AS turn
+      FROM {Memory._meta.db_table} m
+     WHERE m.stack_id = h.stack_id AND m.embedded_version IS NULL AND m.deleted_at IS NULL
+       AND NOT (m.id = ANY(%(exclude)s::uuid[]))
+     ORDER BY m.server_updated_at LIMIT %(limit)s + 1 - (SELECT count(*) FROM heads)) t
+ ORDER BY t.turn, t.server_updated_at LIMIT %(limit)s
+"""  # noqa: S608 - the table name is a constant
 
-def embedding_backlog_ids(*, limit: int) -> list[str]:
-    """Ids of memories awaiting an embedding, oldest change first (served by the partial index)."""
-    return [
-        str(memory_id)
-        for memory_id in Memory.objects.filter(embedded_version__isnull=True, deleted_at__isnull=True)
-        .order_by("server_updated_at")
-        .values_list("id", flat=True)[:limit]
-    ]
+
+def embedding_backlog_ids(*, limit: int, exclude: Collection[str] = ()) -> list[str]:
+    """Ids of (at most `limit`) memories awaiting an embedding, round-robin across stacks, each
+    stack's oldest change first (docs/algorithms.md §10.2.2): the first row of every stack with a
+    backlog, oldest first, then every stack's second, and so on. One school's import of thousands
+    of rows then takes its turns beside another school's few new rows instead of ahead of them.
+    `exclude`: ids not to return (rows the caller already tried: held elsewhere, or stale)."""
+    with connection.cursor() as cursor:
+        cursor.execute(_ROUND_ROBIN_SQL, {"limit": limit, "exclude": list(exclude)})
+        return [str(memory_id) for (memory_id,) in cursor.fetchall()]
 
 
 def embedding_backlog_count() -> int:
@@ -103,7 +142,7 @@ def embedding_sweep(*, max_rows: int = 5000, time_budget_seconds: float = 240.0,
         return batch.embedded
 
     while budget_left():
-        ids = [i for i in embedding_backlog_ids(limit=embedding_jobs.EMBED_BATCH_SIZE * 4) if i not in seen]
+        ids = embedding_backlog_ids(limit=embedding_jobs.EMBED_BATCH_SIZE * 4, exclude=seen)
         if not ids:
             break
         embed(ids)

@@ -76,17 +76,23 @@ class _Batch:
 
 
 # Which of a batch's own ids still need a vector and, to fill it, other rows awaiting one in the
-# same stacks (the backlog's partial index on stack serves the second part). Not the global backlog:
-# every stack of a batch is a stack lock its store waits for (store_vectors).
+# same stacks: each stack's oldest first, in turns across the stacks (docs/algorithms.md §10.2.2),
+# read in order from the backlog's partial index on (stack, server_updated_at). Not the global
+# backlog: every stack of a batch is a stack lock its store waits for (store_vectors).
 _FILL_SQL = f"""
 SELECT m.id, true FROM {Memory._meta.db_table} m
  WHERE m.id = ANY(%(ids)s::uuid[]) AND m.deleted_at IS NULL
    AND (m.embedded_version IS NULL OR m.embedding_model IS DISTINCT FROM %(model)s)
 UNION ALL
-(SELECT m.id, false FROM {Memory._meta.db_table} m
-  WHERE m.stack_id IN (SELECT o.stack_id FROM {Memory._meta.db_table} o WHERE o.id = ANY(%(ids)s::uuid[]))
-    AND m.embedded_version IS NULL AND m.deleted_at IS NULL AND NOT (m.id = ANY(%(ids)s::uuid[]))
-  LIMIT %(fill)s)
+(SELECT b.id, false
+   FROM (SELECT DISTINCT o.stack_id FROM {Memory._meta.db_table} o WHERE o.id = ANY(%(ids)s::uuid[])) s
+  CROSS JOIN LATERAL (
+        SELECT m.id, m.server_updated_at, row_number() OVER (ORDER BY m.server_updated_at) AS turn
+          FROM {Memory._meta.db_table} m
+         WHERE m.stack_id = s.stack_id AND m.embedded_version IS NULL AND m.deleted_at IS NULL
+           AND NOT (m.id = ANY(%(ids)s::uuid[]))
+         ORDER BY m.server_updated_at LIMIT %(fill)s) b
+  ORDER BY b.turn, b.server_updated_at LIMIT %(fill)s)
 """  # noqa: S608 - the table name is a constant
 
 
