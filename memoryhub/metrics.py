@@ -4,12 +4,14 @@ What is measured, and where it is counted:
 * HTTP requests by route pattern (never the path: it names stacks and memories), method and status,
   and their latency — `MetricsMiddleware`, first in the middleware list;
 * sync push operations by protocol and outcome (applied / conflict) — memories.sync.push;
-* search latency — memories.api.search; embeddings stored — memories.search.embedding_jobs;
+* search latency — memories.api.search; embeddings stored and each one's time to searchable
+  (from the memory's acknowledged write to its stored vector) — memories.search.embedding_jobs;
 * job runs and their durations by job and status — memories.lifecycle.jobs.run_job;
 * open websocket connections — memoryhub.limits.WebsocketGuard (every websocket passes it);
 * webhook deliveries by outcome — webhooks.dispatch; payment verifications by result — billing;
 * the embedding backlog and its lag (the oldest awaiting change's age), read from the database
-  when scraped.
+  when scraped; the recent time to searchable's p50 and p95 over the whole service, read from
+  Redis when scraped (memoryhub.time_to_searchable: right whichever host the workers run on).
 
 Several processes (uvicorn workers, Celery's pool) each count their own: with
 PROMETHEUS_MULTIPROC_DIR set (the runner sets it to DATA_DIR/metrics and empties it at start) the
@@ -53,6 +55,10 @@ PUSH_OPERATIONS = Counter("memoryhub_sync_push_operations", "Sync push operation
 SEARCH_LATENCY = Histogram("memoryhub_search_duration_seconds", "Time to answer a memory search.",
                            buckets=_LATENCY_BUCKETS)
 EMBEDDINGS_STORED = Counter("memoryhub_embeddings_stored", "Memory vectors computed and stored.")
+TIME_TO_SEARCHABLE = Histogram(
+    "memoryhub_time_to_searchable_seconds",
+    "Seconds from a memory's acknowledged write to its stored vector (searchable by meaning from then on).",
+    buckets=(0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 4 * 3600))
 JOB_RUNS = Counter("memoryhub_job_runs", "Background job runs, by job and final status.", ["job", "status"])
 JOB_DURATION = Histogram("memoryhub_job_duration_seconds", "Background job run time, by job.", ["job"],
                          buckets=(0.1, 0.5, 1, 5, 15, 60, 300, 900, 3600))
@@ -91,9 +97,42 @@ class _BacklogCollector(Collector):
             yield family
 
 
+class _RecentSearchableCollector(Collector):
+    """The service's time to searchable over the last minutes, read from Redis when scraped
+    (memoryhub.time_to_searchable): every worker's samples, on whatever host it runs, where the
+    histogram adds up only this host's processes."""
+
+    _quantiles = ("0.5", "0.95")
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        yield GaugeMetricFamily("memoryhub_time_to_searchable_recent_seconds", "", labels=["quantile"])
+        yield GaugeMetricFamily("memoryhub_time_to_searchable_recent_samples", "")
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        from memoryhub import time_to_searchable
+
+        seconds = [wait for _, wait in time_to_searchable.recent(None)]
+        window = f"the last {time_to_searchable.WINDOW_SECONDS // 60} minutes"
+        samples = GaugeMetricFamily(
+            "memoryhub_time_to_searchable_recent_samples",
+            f"Memory vectors stored in {window} (at most the newest {time_to_searchable.KEEP}).")
+        samples.add_metric([], float(len(seconds)))
+        yield samples
+        if not seconds:  # no vector stored lately: no quantile to state
+            return
+        family = GaugeMetricFamily("memoryhub_time_to_searchable_recent_seconds",
+                                   f"Time to searchable of the memory vectors stored in {window}, by quantile.",
+                                   labels=["quantile"])
+        for q in self._quantiles:
+            family.add_metric([q], time_to_searchable.quantile(seconds, float(q)))
+        yield family
+
+
 _backlog = _BacklogCollector()
+_recent_searchable = _RecentSearchableCollector()
 if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
     REGISTRY.register(_backlog)
+    REGISTRY.register(_recent_searchable)
 
 
 def _exposition() -> bytes:
@@ -102,6 +141,7 @@ def _exposition() -> bytes:
     registry = CollectorRegistry()
     MultiProcessCollector(registry)
     registry.register(_backlog)
+    registry.register(_recent_searchable)
     return generate_latest(registry)
 
 

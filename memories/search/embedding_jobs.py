@@ -26,13 +26,15 @@ from typing import Any
 
 from django.db import connection
 from django.db.models import Q
+from django.utils import timezone
 
 from memories.models import Memory
 from memories.search.embedding_claims import claim, lease_renewed, release
 from memories.search.embedding_model import EmbeddingModelMismatch, deployment_model_mismatch
-from memories.search.embedding_store import store_vectors
+from memories.search.embedding_store import StoredVector, store_vector_batch
 from memories.search.embeddings import Embedder, get_embedder
-from memoryhub.metrics import EMBEDDINGS_STORED
+from memoryhub import time_to_searchable
+from memoryhub.metrics import EMBEDDINGS_STORED, TIME_TO_SEARCHABLE
 
 logger = logging.getLogger(__name__)
 
@@ -68,9 +70,10 @@ def _needs_vector(model_id: str) -> Q:
 
 @dataclass
 class _Batch:
-    """One claimed batch on its way through the pipeline: its rows, its lease, its vectors (a future)."""
+    """One claimed batch on its way through the pipeline: its rows (id, version, text, the model of
+    the vector the row holds now, "" for none), its lease, its vectors (a future)."""
 
-    rows: list[tuple[Any, int, str]]
+    rows: Sequence[tuple[Any, int, str, str]]
     lease: contextlib.ExitStack
     vectors: Future[list[list[float]]] | None = None
 
@@ -141,7 +144,7 @@ def _take_batch(chunk: list[str], embedder: Embedder, result: EmbedResult, *, fi
     try:
         rows = list(
             Memory.objects.filter(_needs_vector(embedder.model_id), pk__in=claimed, deleted_at__isnull=True)
-            .values_list("id", "version", "text")
+            .values_list("id", "version", "text", "embedding_model")
         )
     except BaseException:
         lease.close()
@@ -158,11 +161,27 @@ def _store_batch(batch: _Batch, embedder: Embedder, result: EmbedResult) -> None
         assert batch.vectors is not None
         vectors = batch.vectors.result()
         rows = batch.rows
-        stored = store_vectors([(str(mid), version) for mid, version, _ in rows], vectors, embedder.model_id)
-        result.embedded += stored
-        EMBEDDINGS_STORED.inc(stored)
-        result.skipped_stale += len(rows) - stored
-        result.ids.extend(str(mid) for mid, _, _ in rows)
+        stored = store_vector_batch([(str(mid), version) for mid, version, _, _ in rows], vectors, embedder.model_id)
+        other_model = {str(mid) for mid, _, _, model in rows if model and model != embedder.model_id}
+        _searchable_now(stored, other_model)
+        result.embedded += len(stored)
+        EMBEDDINGS_STORED.inc(len(stored))
+        result.skipped_stale += len(rows) - len(stored)
+        result.ids.extend(str(mid) for mid, _, _, _ in rows)
+
+
+def _searchable_now(stored: list[StoredVector], replaced_other_model: set[str]) -> None:
+    """Each stored vector's time to searchable: from its memory's acknowledged write to now, just
+    after the store's commit (memoryhub.time_to_searchable, docs/algorithms.md §10.2.3). A vector
+    that replaced another model's (a model switch's re-embedding) is not counted: its memory was
+    written long ago and waited for the switch, not for the worker."""
+    now = timezone.now()
+    samples = [time_to_searchable.Sample(organization_id=vector.organization_id, stack_id=vector.stack_id,
+                                         seconds=max(0.0, (now - vector.written_at).total_seconds()))
+               for vector in stored if vector.memory_id not in replaced_other_model]
+    for sample in samples:
+        TIME_TO_SEARCHABLE.observe(sample.seconds)
+    time_to_searchable.record(samples, stored_at=now.timestamp())
 
 
 def memories_embed(*, ids: Iterable[str | uuid.UUID], embedder: Embedder | None = None,
@@ -205,7 +224,7 @@ def memories_embed(*, ids: Iterable[str | uuid.UUID], embedder: Embedder | None 
                     return result
                 checked = True
             in_flight.append(batch)
-            texts = [text for _, _, text in batch.rows]
+            texts = [text for _, _, text, _ in batch.rows]
             if pool is None:
                 batch.vectors = Future()
                 batch.vectors.set_result(embedder.embed(texts))

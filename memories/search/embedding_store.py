@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import psycopg
@@ -18,8 +20,10 @@ from pgvector import Vector
 from pgvector.psycopg.vector import VectorBinaryDumper
 from psycopg.types import TypeInfo
 
+from memories.models import Memory
 from memories.writes.outbox import MEMORY, record_change
 from memories.writes.rows import lock_stack_changes
+from stacks.models import Stack
 
 EMBEDDING_SOURCE = "embedding"  # the change events' source for stored vectors
 
@@ -50,9 +54,36 @@ def _binary_vectors_cursor(cursor: Any) -> psycopg.Cursor[Any]:
     return binary
 
 
+@dataclass(frozen=True)
+class StoredVector:
+    """A vector that was stored: whose, and the write it is of (the memory's `server_updated_at`,
+    the change the client was answered for), from which its time to searchable is counted."""
+
+    memory_id: str
+    stack_id: int
+    organization_id: int
+    written_at: datetime
+
+
+# The batch's stacks and their schools (the stacks to lock; the schools the time to searchable is
+# kept for, memoryhub.time_to_searchable).
+_BATCH_STACKS_SQL = f"""
+SELECT DISTINCT m.stack_id, s.organization_id
+  FROM {Memory._meta.db_table} m JOIN {Stack._meta.db_table} s ON s.id = m.stack_id
+ WHERE m.id = ANY(%s::uuid[])
+"""  # noqa: S608 - the table names are constants
+
+
 def store_vectors(rows: Sequence[tuple[str, int]], vectors: Sequence[Sequence[float]], model_id: str) -> int:
+    """How many of the batch's vectors `store_vector_batch` stored."""
+    return len(store_vector_batch(rows, vectors, model_id))
+
+
+def store_vector_batch(rows: Sequence[tuple[str, int]], vectors: Sequence[Sequence[float]],
+                       model_id: str) -> list[StoredVector]:
     """One set-based UPDATE for the batch, guarded by the version each vector was made from and by
     the deployment's model (a row is only written while `model_id` is it; else it stays as it was).
+    Returns the vectors it stored.
 
     Embeddings never cross the wire, so this deliberately does not stamp `change_seq`: a new
     vector is not a change a client needs to pull. It is a change for live pages and webhooks:
@@ -60,7 +91,7 @@ def store_vectors(rows: Sequence[tuple[str, int]], vectors: Sequence[Sequence[fl
     (memories.writes.outbox; set-based: one INSERT per stack, never per memory).
     """
     if not rows:
-        return 0
+        return []
     with transaction.atomic(), connection.cursor() as cursor:
         # The batch's stack rows first, in pk order (every writer's lock order): the "embedded"
         # events then draw their seq under the stack lock and commit in seq order with the stack's
@@ -68,9 +99,9 @@ def store_vectors(rows: Sequence[tuple[str, int]], vectors: Sequence[Sequence[fl
         # Committed with the WAL flush, unlike the load's access counts: the "embedded" event's seq
         # is published after commit, and an unflushed commit lost in a crash would hand that seq
         # to a later event, which a live page resuming from it would then skip.
-        cursor.execute("SELECT DISTINCT stack_id FROM memories_memory WHERE id = ANY(%s::uuid[])",
-                       [[row[0] for row in rows]])
-        lock_stack_changes(*(stack_id for (stack_id,) in cursor.fetchall()))
+        cursor.execute(_BATCH_STACKS_SQL, [[row[0] for row in rows]])
+        schools = dict(cursor.fetchall())
+        lock_stack_changes(*schools)
         with _binary_vectors_cursor(cursor) as vectors_cursor, connection.wrap_database_errors:
             vectors_cursor.execute(
                 """
@@ -81,7 +112,7 @@ def store_vectors(rows: Sequence[tuple[str, int]], vectors: Sequence[Sequence[fl
                   FROM unnest(%s::uuid[], %s::int[], %b::vector[]) AS v(id, version, embedding)
                  WHERE m.id = v.id AND m.version = v.version AND m.deleted_at IS NULL
                    AND EXISTS (SELECT 1 FROM memories_deploymentembeddingmodel d WHERE d.id = 1 AND d.model_id = %s)
-                RETURNING m.stack_id, m.id
+                RETURNING m.stack_id, m.id, m.server_updated_at
                 """,
                 [
                     model_id,
@@ -93,9 +124,10 @@ def store_vectors(rows: Sequence[tuple[str, int]], vectors: Sequence[Sequence[fl
             )
             stored = vectors_cursor.fetchall()
         by_stack: dict[int, list[Any]] = {}
-        for stack_id, memory_id in stored:
+        for stack_id, memory_id, _ in stored:
             by_stack.setdefault(stack_id, []).append(memory_id)
         for stack_id, ids in sorted(by_stack.items()):
             record_change(stack_id=stack_id, topic=MEMORY, source=EMBEDDING_SOURCE, changes=[("embedded", ids)])
-    return len(stored)
+    return [StoredVector(memory_id=str(memory_id), stack_id=stack_id, organization_id=schools[stack_id],
+                         written_at=written_at) for stack_id, memory_id, written_at in stored]
 
