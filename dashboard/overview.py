@@ -12,6 +12,8 @@ Everything is read from counters and rollups the write kernel maintains in the w
 or from small indexed sets (the partial index `memories_embedding_backlog`; `memories_jobrun_name_time`),
 so a page is a fixed number of queries, each bounded by the page size, the school's stack count or
 the days shown — never by the number of memories (tests/dashboard/test_overview.py counts them).
+The recent time to searchable comes from Redis (memoryhub.time_to_searchable: the workers' samples,
+at most a thousand per school), filtered to the caller's stacks.
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.core.paginator import Page, Paginator
-from django.db.models import BigIntegerField, Count, F, Prefetch, Q, QuerySet, Sum, Value
+from django.db.models import BigIntegerField, Count, F, Min, OuterRef, Prefetch, Q, QuerySet, Subquery, Sum, Value
 from django.db.models.fields.json import KT
 from django.db.models.functions import Cast, Coalesce, Lower, NullIf, TruncWeek
 from django.utils import timezone
@@ -34,6 +37,7 @@ from memories.lifecycle.jobs import JOB_DECAY, JOB_RUN_RETENTION, JOB_TTL_PURGE,
 from memories.lifecycle.ttl import retention_needs_review
 from memories.models import JobRun, Memory, StackDailyActivity
 from memories.selectors import job_runs_scope
+from memoryhub import time_to_searchable
 from memoryhub.errors import ServiceUnavailable
 from memoryhub.replica import primary_values, read_alias
 from stacks.models import Stack, TeacherAssignment
@@ -50,6 +54,10 @@ BACKLOG_ATTENTION = 500
 # The school-wide backlog is counted up to here and shown as "10,000+" beyond: a worker that has
 # been down for days must not make the page scan its whole backlog on every load.
 BACKLOG_COUNT_CAP = 10_000
+# A memory still waiting for its vector counts toward the time to searchable if it was written this
+# recently: older waiting rows are a model switch's re-embedding (docs/algorithms.md §10.3), which
+# would report the age of memories written long ago, not how long new ones wait.
+WAITING_LOOKBACK = timedelta(hours=1)
 
 # Sort keys the table offers (GET ?sort=, "-" first for descending) → the ordering. Stacks that
 # never synced or were never written sort last in either direction; the slug breaks ties so pages
@@ -293,6 +301,58 @@ def latest_job_runs(principal: Principal) -> list[JobRunView]:
             for run in runs]
 
 
+@dataclass(frozen=True)
+class SearchableDelay:
+    """How long the caller's stacks' new memories take to become searchable by meaning lately."""
+
+    seconds: float
+    still_waiting: bool  # the figure is a memory still waiting, not the p95 of those stored
+    window_minutes: int = time_to_searchable.WINDOW_SECONDS // 60  # what "recent" means for the p95
+
+    @property
+    def label(self) -> str:
+        if self.seconds < 120:
+            return f"{round(self.seconds)} seconds"
+        if self.seconds < 2 * 3600:
+            return f"{round(self.seconds / 60)} minutes"
+        return f"{round(self.seconds / 3600, 1):g} hours"
+
+
+def searchable_delay(principal: Principal, *, now: datetime | None = None) -> SearchableDelay:
+    """The caller's stacks' recent time to searchable (docs/algorithms.md §10.2.3): the larger of
+    the p95 over the vectors stored in the last minutes (memoryhub.time_to_searchable) and the wait
+    of the oldest memory written within WAITING_LOOKBACK that still has no vector — when the worker
+    stops, nothing is stored and only the waiting memory tells.
+
+    The samples are the school's (its Redis list), kept only for stacks `stacks_visible_to` gives
+    the caller: a teacher's figure is their students', another school's is never read."""
+    now = now or timezone.now()
+    samples = time_to_searchable.recent(principal.organization.pk, now=now.timestamp())
+    visible = set(stacks_visible_to(principal).filter(pk__in={stack_id for stack_id, _ in samples})
+                  .values_list("pk", flat=True)) if samples else set()
+    stored = [seconds for stack_id, seconds in samples if stack_id in visible]
+    p95 = time_to_searchable.quantile(stored, 0.95) if stored else 0.0
+    oldest = oldest_recent_waiting(principal, since=now - WAITING_LOOKBACK)
+    waited = max(0.0, (now - oldest).total_seconds()) if oldest is not None else 0.0
+    return SearchableDelay(seconds=max(p95, waited), still_waiting=waited > p95)
+
+
+def oldest_recent_waiting(principal: Principal, *, since: datetime) -> datetime | None:
+    """When the oldest memory of the caller's stacks written since `since` and still awaiting a
+    vector was written (None: none). One probe of the backlog's partial index on (stack,
+    server_updated_at) per stack, so a large backlog costs no more than a small one."""
+    alias = read_alias()  # a moment old is fine; who sees which stacks is decided on the primary
+    first_waiting = (Memory.objects.using(alias)
+                     .filter(stack_id=OuterRef("pk"), embedded_version__isnull=True, deleted_at__isnull=True,
+                             server_updated_at__gte=since)
+                     .order_by("server_updated_at").values("server_updated_at")[:1])
+    oldest: datetime | None = (Stack.objects.using(alias)
+                               .filter(pk__in=primary_values(stacks_visible_to(principal).values("pk"), alias))
+                               .annotate(first_waiting=Subquery(first_waiting))
+                               .aggregate(oldest=Min("first_waiting"))["oldest"])
+    return oldest
+
+
 @dataclass
 class Attention:
     failed_runs: list[JobRunView] = field(default_factory=list)
@@ -300,6 +360,7 @@ class Attention:
     backlog_capped: bool = False
     expiring_keys: list[ApiKey] = field(default_factory=list)
     retention_review: bool = False  # a kind kept without a limit that no admin has chosen
+    slow_searchable: SearchableDelay | None = None  # over TIME_TO_SEARCHABLE_ATTENTION_SECONDS
 
     @property
     def backlog_alert(self) -> bool:
@@ -307,16 +368,20 @@ class Attention:
 
     @property
     def empty(self) -> bool:
-        return not (self.failed_runs or self.backlog_alert or self.expiring_keys or self.retention_review)
+        return not (self.failed_runs or self.backlog_alert or self.expiring_keys or self.retention_review
+                    or self.slow_searchable)
 
 
 def needs_attention(principal: Principal, *, now: datetime | None = None) -> Attention:
     """Failed job runs of the last week, keys expiring within two weeks and a retention left without
-    a limit nobody chose (school admins), and an embedding backlog over BACKLOG_ATTENTION in the
-    caller's stacks."""
+    a limit nobody chose (school admins), and, in the caller's stacks, an embedding backlog over
+    BACKLOG_ATTENTION and a recent time to searchable of TIME_TO_SEARCHABLE_ATTENTION_SECONDS or more."""
     now = now or timezone.now()
     backlog = embedding_backlog_total(principal)
     attention = Attention(backlog=min(backlog, BACKLOG_COUNT_CAP), backlog_capped=backlog > BACKLOG_COUNT_CAP)
+    delay = searchable_delay(principal, now=now)
+    if delay.seconds >= settings.TIME_TO_SEARCHABLE_ATTENTION_SECONDS:
+        attention.slow_searchable = delay
     if principal.is_org_wide:
         job_runs_scope(principal)  # the one rule on who sees runs; an admin passes
         failed = job_runs_recent().filter(status=JobRun.Status.FAILED, started_at__gte=now - FAILED_JOBS_WINDOW)[:5]

@@ -460,6 +460,10 @@ EMBEDDING_PROVIDER = env_choice("EMBEDDING_PROVIDER", "minilm", ("hash", "minilm
 # vectors and model id), or torch itself. A missing export falls back to torch, with a warning.
 MINILM_RUNTIME = env_choice("MINILM_RUNTIME", "onnx-int8", ("onnx-int8", "onnx", "torch"))
 MINILM_ONNX_DIR = Path(env_str("MINILM_ONNX_DIR", str(BASE_DIR / "build" / "models" / "all-MiniLM-L6-v2")))
+# The school overview says that search by meaning is behind once its stacks' recent time to
+# searchable (p95, or a memory still waiting) reaches this many seconds (dashboard.overview,
+# docs/algorithms.md §10.2.3).
+TIME_TO_SEARCHABLE_ATTENTION_SECONDS = env_int("TIME_TO_SEARCHABLE_ATTENTION_SECONDS", 120, minimum=1)
 
 LOG_LEVEL = env_choice("LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR"))
 # "json" for a log pipeline (the default with MEMORYHUB_PRODUCTION), "plain" for a terminal.
