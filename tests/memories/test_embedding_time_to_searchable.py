@@ -1,6 +1,6 @@
 """Time to searchable (docs/algorithms.md §10.2.3): each stored vector's wait from its memory's
 acknowledged write, on /metrics as a histogram and as the recent p50/p95 that any process reads from
-Redis, the worker's included."""
+Redis, the worker's included; and keyword search, which finds a new memory before any vector."""
 
 from __future__ import annotations
 
@@ -84,6 +84,23 @@ def test_a_model_switchs_re_embedding_of_an_old_memory_is_not_counted(school: Sc
     after = scrape(client)
     assert value(after, f"{HISTOGRAM}_count") == value(before, f"{HISTOGRAM}_count")
     assert value(after, SAMPLES) == 0 and time_to_searchable.recent(school.org.pk) == []
+
+
+@pytest.mark.django_db
+def test_keyword_search_finds_a_new_memory_before_its_vector_is_stored(school: School) -> None:
+    """What the overview promises while the worker is behind: a memory is found by keyword search
+    right after its write is acknowledged, with no vector yet (no worker consumes here)."""
+    created = school.agent.post(school.stack_url("memories"),
+                                {"kind": "note", "content": "Xylophone rehearsal moved to Thursday"}, format="json")
+    assert created.status_code == 201, created.content
+    assert Memory.objects.get(pk=created.json()["id"]).embedded_version is None  # not searchable by meaning yet
+
+    found = school.agent.post(school.stack_url("search"), {"query": "xylophone rehearsal"}, format="json")
+
+    assert found.status_code == 200, found.content
+    [hit] = found.json()["results"]
+    assert hit["id"] == created.json()["id"]
+    assert hit["match_type"] == "keyword" and hit["semantic_score"] is None
 
 
 @pytest.mark.django_db(transaction=True)
