@@ -24,11 +24,15 @@ ITEM = 'data-attention="searchable"'
 
 
 def page(user: Any) -> str:
+    return overview(user).content.decode()
+
+
+def overview(user: Any) -> Any:
     client = Client()
     client.force_login(user)
     response = client.get("/dashboard/")
     assert response.status_code == 200
-    return response.content.decode()
+    return response
 
 
 def stored(organization_id: int, stack_id: int, *seconds: float, minutes_ago: float = 0) -> None:
@@ -46,9 +50,13 @@ def test_a_slow_time_to_searchable_is_shown_to_whoever_reaches_the_stack_and_no_
         school: School, other_school: School) -> None:
     stored(school.org.pk, school.other_stack.pk, *[300.0] * 20)  # "bob": the teacher's colleague's student
 
-    admin = page(school.admin)
+    response = overview(school.admin)
+    delay = response.context["attention"].slow_searchable
+    assert (delay.seconds, delay.still_waiting, delay.window_minutes) == (300.0, False, 15)
+    admin = response.content.decode()
     assert ITEM in admin
     assert "New memories take about 5 minutes to become searchable by meaning" in admin
+    assert "95% of those that became searchable in the last 15 minutes" in admin
     assert "Keyword search finds them at once" in admin
     assert ITEM not in page(school.teacher)  # assigned to "alice" only
     assert ITEM not in page(other_school.admin)
@@ -79,7 +87,9 @@ def test_a_memory_still_waiting_shows_when_the_worker_stores_nothing(school: Sch
     memory = memory_create(stack=school.stack, kind="note", payload={"content": "no vector yet"}, source="api")
     Memory.objects.filter(pk=memory.pk).update(server_updated_at=timezone.now() - timedelta(minutes=10))
 
-    admin = page(school.admin)
+    response = overview(school.admin)
+    assert response.context["attention"].slow_searchable.still_waiting
+    admin = response.content.decode()
     assert ITEM in admin and "A memory written 10 minutes ago is still not searchable by meaning" in admin
     assert "Keyword search finds them at once" in admin
     assert ITEM in page(school.teacher)  # "alice" is the teacher's
