@@ -5,8 +5,10 @@
 * **Bulk** (large pushes, full pulls, exports; see `bulk_request`): at most `limit` run at a time
   in this web process. The limit adapts, in the manner of a gradient limiter: each interactive
   request's latency is compared with its route's unloaded latency; while interactive requests run
-  more than `LANES_TOLERANCE` times slower than unloaded, the limit shrinks in proportion (never
-  below `LANES_MIN_BULK`), and while they run near their baseline, or none arrive, it grows by one.
+  more than `LANES_TOLERANCE` times slower than unloaded, the limit shrinks in proportion, and
+  while they run near their baseline, or none arrive, it grows. Below one it paces: one bulk
+  request at a time, then a pause, so that bulk work runs `limit` of the time (never below
+  `LANES_MIN_BULK`, a share: a flood is slowed, never stopped).
 * A bulk request over the limit waits in a bounded queue, taken round-robin by school, so one
   school's flood cannot hold the lane against another's. Past `LANES_MAX_WAIT_SECONDS`, or with the
   queue full, it is answered 503; a school holding more than its fair share of the lane while
@@ -32,16 +34,19 @@ from django.conf import settings
 from django.http import HttpRequest, HttpResponseBase, JsonResponse
 
 from memoryhub.errors import DomainError, error_body
+from memoryhub.metrics import BULK_LANE_LIMIT, BULK_LANE_REFUSALS, BULK_LANE_RUNNING, BULK_LANE_WAITING
 
 # How many of a route's latencies make one of its baseline windows, and how many interactive
 # latencies (any route) one adjustment of the limit reads.
 ROUTE_WINDOW = 16
-ADJUST_SAMPLES = 24
+ADJUST_SAMPLES = 12
 # A route's baseline creeps up by this factor each window, so a stack that really grew (slower
 # even unloaded) is not mistaken for a loaded service for ever.
 BASELINE_DRIFT = 1.02
 # With no interactive request for this long there is nobody to protect: the limit grows.
 IDLE_GROWTH_SECONDS = 1.0
+# How often a bulk request waiting under a limit below 1 looks whether its pause is over.
+PACED_POLL_SECONDS = 0.02
 
 
 class BulkLaneFull(DomainError):
@@ -65,15 +70,22 @@ class _Waiter:
 
 
 class GradientLimit:
-    """The adaptive limit on concurrent bulk requests, fed with interactive latencies."""
+    """The adaptive limit on bulk work, fed with interactive latencies.
 
-    def __init__(self, *, minimum: int, maximum: int, tolerance: float) -> None:
+    `limit` >= 1 is how many bulk requests may run at once; under 1 it is the share of the time
+    one may run (0.25: one at a time, idle three times as long as each took)."""
+
+    def __init__(self, *, minimum: float, maximum: int, tolerance: float) -> None:
         self.minimum, self.maximum, self.tolerance = minimum, maximum, tolerance
-        self.limit = maximum
+        self.limit: float = maximum
         self._baselines: dict[str, float] = {}
         self._windows: dict[str, list[float]] = {}
         self._ratios: list[float] = []
         self._last_sample = time.monotonic()
+
+    @property
+    def concurrency(self) -> int:
+        return max(1, math.floor(self.limit))
 
     def observe(self, route: str, seconds: float) -> bool:
         """Record one interactive latency; True when the limit changed."""
@@ -104,16 +116,16 @@ class GradientLimit:
     def _adjust(self, ratio: float) -> bool:
         before = self.limit
         if ratio > self.tolerance:
-            self.limit = max(self.minimum, math.floor(self.limit * max(0.5, self.tolerance / ratio)))
+            self.limit = max(self.minimum, self.limit * max(0.5, self.tolerance / ratio))
         elif ratio < 0.75 * self.tolerance:
-            self.limit = min(self.maximum, self.limit + 1)
+            self.limit = min(self.maximum, self.limit * 2 if self.limit < 1 else math.floor(self.limit) + 1)
         return self.limit != before
 
 
 class BulkLane:
     """The bulk lane of one process: a limit, the requests in it, and a fair bounded queue."""
 
-    def __init__(self, *, minimum: int, maximum: int, tolerance: float, queue_size: int,
+    def __init__(self, *, minimum: float, maximum: int, tolerance: float, queue_size: int,
                  max_wait: float) -> None:
         self.gradient = GradientLimit(minimum=minimum, maximum=maximum, tolerance=tolerance)
         self.queue_size, self.max_wait = queue_size, max_wait
@@ -121,10 +133,16 @@ class BulkLane:
         self._running: dict[int, int] = {}  # school -> its bulk requests running now
         self._waiting: OrderedDict[int, deque[_Waiter]] = OrderedDict()  # by school, in turn order
         self._seconds = 1.0  # a bulk request's usual length (moving average)
+        self._next_start = 0.0  # under a limit below 1: no bulk request starts before (monotonic)
 
     @property
     def running(self) -> int:
         return sum(self._running.values())
+
+    def _has_room(self) -> bool:
+        if self.running >= self.gradient.concurrency:
+            return False
+        return self.gradient.limit >= 1 or time.monotonic() >= self._next_start
 
     def acquire(self, school: int) -> Callable[[], None]:
         """A place in the lane for one request of `school`, or BulkLaneFull / BulkFairShare.
@@ -133,13 +151,13 @@ class BulkLane:
             self.gradient.grow_if_idle()
             self._dispatch()
             waiting = sum(len(q) for q in self._waiting.values())
-            if not waiting and self.running < self.gradient.limit:
+            if not waiting and self._has_room():
                 return self._enter(school)
             if waiting >= self.queue_size:
                 raise self._refusal(BulkLaneFull, "The service is busy with bulk work; retry after the "
                                                   "time in Retry-After. Nothing of this request was applied.")
             schools = set(self._running) | set(self._waiting) | {school}
-            share = max(1, math.ceil((self.gradient.limit + self.queue_size) / len(schools)))
+            share = max(1, math.ceil((self.gradient.concurrency + self.queue_size) / len(schools)))
             mine = self._running.get(school, 0) + len(self._waiting.get(school, ()))
             if len(schools) > 1 and mine >= share:
                 raise self._refusal(BulkFairShare, "This school holds its share of the service's bulk "
@@ -147,15 +165,25 @@ class BulkLane:
                                                    "this request was applied.")
             waiter = _Waiter()
             self._waiting.setdefault(school, deque()).append(waiter)
-        waiter.event.wait(self.max_wait)
-        with self._lock:
-            if waiter.granted:
-                return self._release_for(school, time.monotonic())
-            self._waiting[school].remove(waiter)
-            if not self._waiting[school]:
-                del self._waiting[school]
-            raise self._refusal(BulkLaneFull, "The service is busy with bulk work; retry after the time in "
-                                              "Retry-After. Nothing of this request was applied.")
+            self._dispatch()
+        deadline = time.monotonic() + self.max_wait
+        while True:
+            remaining = deadline - time.monotonic()
+            # Paced (a limit below 1), a place opens when a pause ends, not on a release: look again soon.
+            waited = waiter.event.wait(max(0.0, min(remaining, PACED_POLL_SECONDS)))
+            with self._lock:
+                if not waited:
+                    self._dispatch()
+                if waiter.granted:
+                    return self._release_for(school, time.monotonic())
+                if time.monotonic() < deadline:
+                    continue
+                self._waiting[school].remove(waiter)
+                if not self._waiting[school]:
+                    del self._waiting[school]
+                self._dispatch()
+                raise self._refusal(BulkLaneFull, "The service is busy with bulk work; retry after the time in "
+                                                  "Retry-After. Nothing of this request was applied.")
 
     def observe_interactive(self, route: str, seconds: float) -> None:
         with self._lock:
@@ -164,6 +192,7 @@ class BulkLane:
 
     def _enter(self, school: int) -> Callable[[], None]:
         self._running[school] = self._running.get(school, 0) + 1
+        self._dispatch()
         return self._release_for(school, time.monotonic())
 
     def _release_for(self, school: int, started: float) -> Callable[[], None]:
@@ -178,14 +207,25 @@ class BulkLane:
                 self._running[school] -= 1
                 if not self._running[school]:
                     del self._running[school]
-                self._seconds = 0.8 * self._seconds + 0.2 * (time.monotonic() - started)
+                took = time.monotonic() - started
+                self._seconds = 0.8 * self._seconds + 0.2 * took
+                if self.gradient.limit < 1:
+                    self._next_start = time.monotonic() + took * (1 / self.gradient.limit - 1)
                 self._dispatch()
 
         return release
 
     def _dispatch(self) -> None:
         """Let waiters in, one school after another, while the limit allows (lock held)."""
-        while self._waiting and self.running < self.gradient.limit:
+        try:
+            self._admit_waiters()
+        finally:
+            BULK_LANE_LIMIT.set(self.gradient.limit)
+            BULK_LANE_RUNNING.set(self.running)
+            BULK_LANE_WAITING.set(sum(len(q) for q in self._waiting.values()))
+
+    def _admit_waiters(self) -> None:
+        while self._waiting and self._has_room():
             school, queue = next(iter(self._waiting.items()))
             waiter = queue.popleft()
             if queue:
@@ -198,10 +238,11 @@ class BulkLane:
 
     def _refusal(self, error: type[DomainError], message: str) -> DomainError:
         waiting = sum(len(q) for q in self._waiting.values())
-        expected = self._seconds * (waiting + 1) / max(1, self.gradient.limit)
+        expected = self._seconds * (waiting + 1) / self.gradient.limit
         seconds = min(30, max(1, round(expected * random.uniform(0.8, 1.2))))  # spread retries, not a secret
         refusal = error(message, fields={"retry_after": seconds})
         refusal.retry_after = seconds
+        BULK_LANE_REFUSALS.labels(refusal.code).inc()
         return refusal
 
 

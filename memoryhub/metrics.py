@@ -8,6 +8,7 @@ What is measured, and where it is counted:
   (from the memory's acknowledged write to its stored vector) — memories.search.embedding_jobs;
 * job runs and their durations by job and status — memories.lifecycle.jobs.run_job;
 * open websocket connections — memoryhub.limits.WebsocketGuard (every websocket passes it);
+* the bulk lane's limit, running and waiting requests, and its refusals — memoryhub.lanes;
 * webhook deliveries by outcome — webhooks.dispatch; payment verifications by result — billing;
 * the embedding backlog and its lag (the oldest awaiting change's age), read from the database
   when scraped; the recent time to searchable's p50 and p95 over the whole service, read from
@@ -59,6 +60,13 @@ TIME_TO_SEARCHABLE = Histogram(
     "memoryhub_time_to_searchable_seconds",
     "Seconds from a memory's acknowledged write to its stored vector (searchable by meaning from then on).",
     buckets=(0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 4 * 3600))
+BULK_LANE_LIMIT = Gauge("memoryhub_bulk_lane_limit", "Bulk requests the web processes admit at once now "
+                        "(memoryhub.lanes: adapts to interactive latency).", multiprocess_mode="livesum")
+BULK_LANE_RUNNING = Gauge("memoryhub_bulk_lane_running", "Bulk requests running now.", multiprocess_mode="livesum")
+BULK_LANE_WAITING = Gauge("memoryhub_bulk_lane_waiting", "Bulk requests waiting for a place now.",
+                          multiprocess_mode="livesum")
+BULK_LANE_REFUSALS = Counter("memoryhub_bulk_lane_refusals", "Bulk requests refused with Retry-After, by error code.",
+                             ["code"])
 JOB_RUNS = Counter("memoryhub_job_runs", "Background job runs, by job and final status.", ["job", "status"])
 JOB_DURATION = Histogram("memoryhub_job_duration_seconds", "Background job run time, by job.", ["job"],
                          buckets=(0.1, 0.5, 1, 5, 15, 60, 300, 900, 3600))

@@ -412,12 +412,13 @@ _request_count, _request_period = THROTTLE_REQUEST_RATE.split("/")
 THROTTLE_SCHOOL_RATE = env_str("THROTTLE_SCHOOL_RATE", f"{20 * int(_request_count)}/{_request_period}")
 
 # Two lanes (memoryhub.lanes, docs/architecture.md §5.7): per web process, at most LANES_MAX_BULK
-# bulk requests (pushes of LANES_BULK_BYTES or more, full pulls, exports) at once, fewer while
-# interactive requests run over LANES_TOLERANCE_PERCENT of their unloaded latency; LANES_QUEUE wait
+# bulk requests (pushes of LANES_BULK_BYTES or more, full pulls, exports) at once, fewer - down to
+# one for LANES_MIN_BULK_PERCENT of the time - while interactive requests run over
+# LANES_TOLERANCE_PERCENT of their unloaded latency; LANES_QUEUE wait
 # up to LANES_MAX_WAIT_SECONDS, the rest are answered 503 / 429 with Retry-After.
 LANES_ENABLED = env_bool("MEMORYHUB_LANES", True)
-LANES_MIN_BULK = env_int("LANES_MIN_BULK", 1, minimum=1)
-LANES_MAX_BULK = env_int("LANES_MAX_BULK", 4, minimum=LANES_MIN_BULK)
+LANES_MIN_BULK = env_int("LANES_MIN_BULK_PERCENT", 25, minimum=1, maximum=100) / 100  # under 1: a share of the time
+LANES_MAX_BULK = env_int("LANES_MAX_BULK", 2, minimum=1)
 LANES_TOLERANCE = env_int("LANES_TOLERANCE_PERCENT", 200, minimum=110) / 100
 LANES_QUEUE = env_int("LANES_QUEUE", 8, minimum=0)
 LANES_MAX_WAIT_SECONDS = env_int("LANES_MAX_WAIT_SECONDS", 2, minimum=0)

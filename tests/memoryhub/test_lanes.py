@@ -184,3 +184,16 @@ def test_a_request_that_waited_past_its_deadline_for_a_thread_is_shed_unserved()
     response, after = handler._serve({"type": "http", "path": "/api/v1/stacks/x/search"}, None, late)
     assert response.status_code == 503 and int(response["Retry-After"]) >= 1
     assert after == []
+
+
+def test_under_a_limit_below_one_bulk_requests_run_one_at_a_time_with_pauses() -> None:
+    """A limit of 0.5: each bulk request is followed by a pause as long as it took, so bulk work
+    runs half the time; a request arriving in the pause waits for its end, not for a release."""
+    bulk = lane(limit=1, wait=5.0)
+    bulk.gradient.limit = 0.5
+    release = bulk.acquire(SCHOOL_A)
+    time.sleep(0.2)
+    release()
+    started = time.monotonic()
+    bulk.acquire(SCHOOL_B)()
+    assert time.monotonic() - started >= 0.18
