@@ -131,6 +131,25 @@ class Organization(models.Model):
     # stack, within the plan's limits (docs/kernle-protocol.md §3.4). Off: such a push is a 404
     # naming this setting.
     provision_stacks_on_push = models.BooleanField(default=False)
+    # Families (docs/guardians.md). Consent: agents may write to a student's stack only once a
+    # guardian consented online or an admin recorded paper consent (stacks.StackConsent).
+    consent_required = models.BooleanField(default=False)
+    consent_text = models.TextField(blank=True, default="")  # what a guardian agrees to; empty: the default text
+
+    class ConsentWithdrawal(models.TextChoices):
+        KEEP = "keep"  # writes stop; what is stored stays, under the retention policy
+        ERASE = "erase"  # writes stop and the stack is erased, with a certificate
+
+    consent_withdrawal = models.CharField(max_length=8, choices=ConsentWithdrawal.choices,
+                                          default=ConsentWithdrawal.KEEP)
+    guardians_may_pause = models.BooleanField(default=True)
+
+    class GuardianView(models.TextChoices):
+        AGENT = "agent"  # everything the student's own agent sees
+        GRANTED = "granted"  # only memories whose grants admit role:guardian
+
+    guardian_view = models.CharField(max_length=8, choices=GuardianView.choices, default=GuardianView.AGENT)
+    guardian_request_days = models.PositiveSmallIntegerField(default=10)  # a request's due date, in days
     created_at = models.DateTimeField(auto_now_add=True)
 
     def __str__(self) -> str:
@@ -149,6 +168,9 @@ class Membership(models.Model):
         ADMIN = "admin"
         TEACHER = "teacher"
         BILLING = "billing"
+        # A parent or guardian: sees only the students linked to them (stacks.GuardianLink;
+        # docs/guardians.md).
+        GUARDIAN = "guardian"
 
     user = models.ForeignKey(User, on_delete=models.CASCADE, related_name="memberships")
     organization = models.ForeignKey(Organization, on_delete=models.CASCADE, related_name="memberships")
@@ -234,6 +256,8 @@ class Invitation(models.Model):
     accepted_at = models.DateTimeField(null=True, blank=True)
     accepted_by = models.ForeignKey(User, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     revoked_at = models.DateTimeField(null=True, blank=True)
+    # A guardian's invitation names the students it links them to once accepted.
+    guardian_of = models.ManyToManyField("stacks.Stack", blank=True, related_name="+")
 
     class Meta:
         constraints = [

@@ -12,7 +12,7 @@ from django.contrib import admin
 from django.http import HttpRequest
 
 from accounts.admin import ReadOnlyAdmin
-from stacks.models import Stack, TeacherAssignment
+from stacks.models import GuardianLink, Stack, StackConsent, TeacherAssignment
 
 
 class TeacherAssignmentInline(admin.TabularInline):
@@ -37,7 +37,8 @@ class StackAdmin(admin.ModelAdmin):
     # Organization and status are the stack quota's inputs (moving an active stack to another school
     # would add one there); the API's archive/unarchive change the status through the service.
     readonly_fields = ["organization", "status", "created_by", "memory_count", "bytes_used", "last_sync_at",
-                       "last_write_at", "created_at", "updated_at", "archived_at"]
+                       "last_write_at", "created_at", "updated_at", "archived_at", "consent_given_at",
+                       "paused_at", "paused_by"]
     inlines = [TeacherAssignmentInline]
 
     def has_add_permission(self, request: HttpRequest) -> bool:
@@ -49,3 +50,22 @@ class TeacherAssignmentAdmin(ReadOnlyAdmin):
     list_display = ["stack", "user", "created_at"]
     search_fields = ["stack__slug", "user__email", "stack__organization__slug"]
     list_select_related = ["stack", "user"]
+
+
+@admin.register(GuardianLink)
+class GuardianLinkAdmin(ReadOnlyAdmin):
+    """Links are made by accepting an invitation and removed by a school admin (audited), not here."""
+
+    list_display = ["stack", "user", "created_by", "created_at"]
+    search_fields = ["stack__slug", "user__email", "stack__organization__slug"]
+    list_select_related = ["stack", "user", "created_by"]
+
+
+@admin.register(StackConsent)
+class StackConsentAdmin(ReadOnlyAdmin):
+    """The consent history is a record: read-only."""
+
+    list_display = ["stack", "action", "method", "by_user", "created_at"]
+    list_filter = ["action", "method"]
+    search_fields = ["stack__slug", "stack__organization__slug"]
+    list_select_related = ["stack", "by_user"]

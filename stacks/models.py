@@ -41,6 +41,13 @@ class Stack(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     archived_at = models.DateTimeField(null=True, blank=True)
+    # Consent in force (docs/guardians.md "Consent"): when the latest StackConsent gave it; None when
+    # none was given or it was withdrawn. Read by the write path when the school requires consent.
+    consent_given_at = models.DateTimeField(null=True, blank=True)
+    # Paused by a guardian (or an admin): agents' writes are refused, reads go on.
+    paused_at = models.DateTimeField(null=True, blank=True)
+    paused_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                  related_name="+")
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["organization", "slug"], name="stacks_stack_org_slug_unique")]
@@ -62,3 +69,43 @@ class TeacherAssignment(models.Model):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["user", "stack"], name="stacks_assignment_unique")]
+
+
+class GuardianLink(models.Model):
+    """A guardian (Membership role "guardian") may see exactly the students linked to them."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="guardian_links")
+    stack = models.ForeignKey(Stack, on_delete=models.CASCADE, related_name="guardian_links")
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                   related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["user", "stack"], name="stacks_guardian_link_unique")]
+
+
+class StackConsent(models.Model):
+    """One step of a student's consent history: given or withdrawn, by whom, how and when.
+    The latest row is the state in force (mirrored in Stack.consent_given_at)."""
+
+    class Action(models.TextChoices):
+        GIVEN = "given"
+        WITHDRAWN = "withdrawn"
+
+    class Method(models.TextChoices):
+        ONLINE = "online"  # a guardian, signed in
+        PAPER = "paper"  # recorded by a school admin (dashboard or API)
+
+    stack = models.ForeignKey(Stack, on_delete=models.CASCADE, related_name="consents")
+    action = models.CharField(max_length=16, choices=Action.choices)
+    method = models.CharField(max_length=16, choices=Method.choices)
+    by_user = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                related_name="+")
+    text = models.TextField(blank=True, default="")  # the consent text as shown when given
+    session_ref = models.CharField(max_length=64, blank=True, default="")  # hash of the sign-in session, not the key
+    ip = models.GenericIPAddressField(null=True, blank=True)
+    note = models.CharField(max_length=500, blank=True, default="")  # e.g. where the paper form is kept
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
