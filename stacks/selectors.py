@@ -32,6 +32,8 @@ def stacks_visible_to(principal: Principal) -> QuerySet[Stack]:
         return stacks
     if principal.role == Membership.Role.TEACHER:
         return stacks.filter(teacher_assignments__user_id=principal.user.pk)
+    if principal.role == Membership.Role.GUARDIAN:
+        return stacks.filter(guardian_links__user_id=principal.user.pk)  # their own children only
     return stacks.none()  # billing users see no memory at all
 
 
@@ -78,6 +80,9 @@ def plausible_identifier(value: object, *, max_length: int) -> bool:
 def ensure_writable(principal: Principal, stack: Stack) -> None:
     if principal.read_only:
         raise Forbidden("This key is read-only.", code="read_only_key")
+    if principal.role == Membership.Role.GUARDIAN and principal.api_key is None:
+        # A family reads, asks and consents (docs/guardians.md); it never writes memories itself.
+        raise Forbidden("Guardians cannot write to a student's memory.", code="guardian_read_only")
     if stack.is_archived:
         raise Conflict("The stack is archived; it keeps its data but refuses writes.", code="stack_archived")
 
