@@ -21,6 +21,8 @@ Per web process: each process protects its own threads and, through them, the da
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
 import random
 import statistics
@@ -30,11 +32,13 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
+import redis
 from django.conf import settings
 from django.http import HttpRequest, HttpResponseBase, JsonResponse
 
 from memoryhub.errors import DomainError, error_body
 from memoryhub.metrics import BULK_LANE_LIMIT, BULK_LANE_REFUSALS, BULK_LANE_RUNNING, BULK_LANE_WAITING
+from memoryhub.worker_priority import PRESSURE_KEY
 
 # How many of a route's latencies make one of its baseline windows, and how many interactive
 # latencies (any route) one adjustment of the limit reads.
@@ -47,6 +51,11 @@ BASELINE_DRIFT = 1.02
 IDLE_GROWTH_SECONDS = 1.0
 # How often a bulk request waiting under a limit below 1 looks whether its pause is over.
 PACED_POLL_SECONDS = 0.02
+# While a web process holds its bulk limit down it says so in Redis, at most this often, and the
+# mark lapses PRESSURE_SECONDS after the last one: the runner then keeps the embedding worker
+# yielding the cores even when it is behind (memoryhub.worker_priority).
+PRESSURE_MARK_SECONDS = 1.0
+PRESSURE_SECONDS = 10
 
 
 class BulkLaneFull(DomainError):
@@ -134,6 +143,7 @@ class BulkLane:
         self._waiting: OrderedDict[int, deque[_Waiter]] = OrderedDict()  # by school, in turn order
         self._seconds = 1.0  # a bulk request's usual length (moving average)
         self._next_start = 0.0  # under a limit below 1: no bulk request starts before (monotonic)
+        self._pressure_marked = -PRESSURE_MARK_SECONDS
 
     @property
     def running(self) -> int:
@@ -189,6 +199,12 @@ class BulkLane:
         with self._lock:
             if self.gradient.observe(route, seconds):
                 self._dispatch()
+            pressed = self.gradient.limit < self.gradient.maximum
+            due = pressed and time.monotonic() - self._pressure_marked >= PRESSURE_MARK_SECONDS
+            if due:
+                self._pressure_marked = time.monotonic()
+        if due:
+            mark_pressure()
 
     def _enter(self, school: int) -> Callable[[], None]:
         self._running[school] = self._running.get(school, 0) + 1
@@ -244,6 +260,18 @@ class BulkLane:
         refusal.retry_after = seconds
         BULK_LANE_REFUSALS.labels(refusal.code).inc()
         return refusal
+
+
+@functools.cache
+def _redis() -> redis.Redis:
+    return redis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=1, socket_timeout=1)
+
+
+def mark_pressure() -> None:
+    """Say that interactive requests are being slowed by load (see PRESSURE_KEY); best effort:
+    an unreachable Redis costs the mark, never the request."""
+    with contextlib.suppress(redis.RedisError):
+        _redis().set(PRESSURE_KEY, "1", ex=PRESSURE_SECONDS)
 
 
 _lane: BulkLane | None = None

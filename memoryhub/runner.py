@@ -29,7 +29,7 @@ from typing import Any
 from memoryhub.chain_dev import chain_lines, run_dev_chain, write_chain_file
 from memoryhub.embedded import EmbeddedPostgres, EmbeddedRedis, ManagedProcess, port_open
 from memoryhub.schedule import WORKER_QUEUES
-from memoryhub.worker_priority import WorkerPriority
+from memoryhub.worker_priority import WorkerPriority, pressure_reader
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 MAX_BACKOFF_SECONDS = 30.0
@@ -359,7 +359,8 @@ def main() -> int:
         if worker_nice and catch_up_seconds:
             # (its thread ends with this process: it only ever changes the worker's niceness)
             WorkerPriority(env["DATABASE_URL"], lambda: worker.pid if worker.running() else None, nice=worker_nice,
-                           catch_up_seconds=catch_up_seconds, log=log).run_in_background()
+                           catch_up_seconds=catch_up_seconds, log=log,
+                           requests_pressed=pressure_reader(env["REDIS_URL"])).run_in_background()
         supervisor.add(ManagedProcess(
             name="beat",
             argv=[python, "-m", "celery", "-A", "memoryhub", "beat", "--loglevel", "INFO",

@@ -11,8 +11,9 @@ PostgreSQL's, until that age is under half the threshold (the gap keeps it from 
 `WorkerPriority` runs in the runner (`make run`), on a thread of its own so a slow or absent database
 never holds up the supervision of the children. It reads one EXISTS per `CHECK_SECONDS` from the
 backlog's partial index: it stops at the first row old enough when the worker is behind, and when it
-is not, the backlog it walks is small. A deployment whose worker runs under systemd or Kubernetes sets
-its CPU weight there instead.
+is not, the backlog it walks is small. While the web processes hold bulk work back to keep
+requests fast (memoryhub.lanes marks it in Redis), the worker keeps yielding even when behind.
+A deployment whose worker runs under systemd or Kubernetes sets its CPU weight there instead.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ BEHIND_SQL = (f"SELECT EXISTS (SELECT 1 {AWAITING_VECTORS} "
               "AND server_updated_at < statement_timestamp() - make_interval(secs => %(seconds)s))")
 
 CHECK_SECONDS = 5.0
+# Set (with an expiry) by the web processes while they hold bulk work back (memoryhub.lanes).
+PRESSURE_KEY = "mh:lanes:pressure"
 # How long one look may take: a database that hangs must not hang the thread forever either.
 CONNECT_TIMEOUT_SECONDS = 3
 STATEMENT_TIMEOUT_MS = 3000
@@ -48,8 +51,10 @@ class WorkerPriority:
     """Sets the worker's session niceness from the embedding lag; `check()` is one look."""
 
     def __init__(self, database_url: str, worker_pid: Callable[[], int | None], *, nice: int,
-                 catch_up_seconds: float, log: Callable[[str], None]) -> None:
+                 catch_up_seconds: float, log: Callable[[str], None],
+                 requests_pressed: Callable[[], bool] = lambda: False) -> None:
         self.database_url = database_url
+        self.requests_pressed = requests_pressed
         self.worker_pid = worker_pid
         self.nice = nice
         self.catch_up_seconds = catch_up_seconds
@@ -73,7 +78,10 @@ class WorkerPriority:
                 self.log(f"embedding caught up: the worker yields the cores to requests again (nice {self.nice})")
         # Set at every look, not only on a change: a restarted worker starts at `nice` again, and the
         # kernel refuses an unprivileged change of a group's niceness within 100 ms of another.
-        set_session_nice(pid, 0 if self.catching_up else self.nice)
+        # While the web processes are holding bulk work back to keep requests fast (memoryhub.lanes),
+        # the worker yields even when behind: a flood's backlog waits, requests do not.
+        equal = self.catching_up and not self.requests_pressed()
+        set_session_nice(pid, 0 if equal else self.nice)
 
     def _behind(self, seconds: float) -> bool | None:
         import psycopg
@@ -103,3 +111,18 @@ class WorkerPriority:
                 self.check()
 
         threading.Thread(target=loop, name="worker-priority", daemon=True).start()
+
+
+def pressure_reader(redis_url: str) -> Callable[[], bool]:
+    """Is some web process marking pressure now (PRESSURE_KEY)? False when Redis cannot say."""
+    import redis
+
+    client = redis.Redis.from_url(redis_url, socket_connect_timeout=1, socket_timeout=1)
+
+    def pressed() -> bool:
+        try:
+            return bool(client.exists(PRESSURE_KEY))
+        except redis.RedisError:
+            return False
+
+    return pressed

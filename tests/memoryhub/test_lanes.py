@@ -11,11 +11,13 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+import redis
 
 from memories.models import Memory
 from memoryhub import lanes
 from memoryhub.asgi import SingleHopASGIHandler
 from memoryhub.lanes import BulkFairShare, BulkLane, BulkLaneFull, GradientLimit
+from memoryhub.worker_priority import PRESSURE_KEY, pressure_reader
 from stacks.services import personal_account_register
 from tests.factories import bearer_client
 
@@ -197,3 +199,18 @@ def test_under_a_limit_below_one_bulk_requests_run_one_at_a_time_with_pauses() -
     started = time.monotonic()
     bulk.acquire(SCHOOL_B)()
     assert time.monotonic() - started >= 0.18
+
+
+def test_a_lane_holding_bulk_back_marks_the_pressure_the_runner_reads(settings: Any) -> None:
+    """While its limit is below the maximum the lane says so in Redis (memoryhub.worker_priority
+    keeps the embedding worker yielding then); at its maximum it marks nothing."""
+    pressed = pressure_reader(settings.REDIS_URL)
+    redis.Redis.from_url(settings.REDIS_URL).delete(PRESSURE_KEY)
+    bulk = lane(limit=4)
+    for _ in range(40):
+        bulk.observe_interactive("search", 0.020)
+    assert not pressed()
+    for _ in range(24):
+        bulk.observe_interactive("search", 0.200)
+    assert bulk.gradient.limit < 4 and pressed()
+    redis.Redis.from_url(settings.REDIS_URL).delete(PRESSURE_KEY)

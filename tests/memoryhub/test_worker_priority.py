@@ -7,17 +7,19 @@ import os
 import sys
 from collections.abc import Iterator
 from datetime import timedelta
+from typing import Any
 
 import pytest
+import redis
 from django.utils import timezone
 
 from memories.models import Memory
 from memories.search.embedding_jobs import memories_embed
 from memories.search.embeddings import get_embedder
 from memories.services import memory_create
-from memories.writes import hooks
 from memoryhub.embedded import ManagedProcess, session_group_nice
-from memoryhub.worker_priority import WorkerPriority
+from memoryhub.lanes import mark_pressure
+from memoryhub.worker_priority import PRESSURE_KEY, WorkerPriority, pressure_reader
 from tests.factories import database_conninfo, make_org, make_stack
 
 # The priority reads the backlog on a connection of its own, as the runner does: what it sees is committed.
@@ -46,10 +48,8 @@ def runs_at(pid: int, nice: int) -> bool:
 
 
 @pytest.fixture
-def watched(worker: ManagedProcess, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[WorkerPriority, list[str]]]:
+def watched(worker: ManagedProcess) -> Iterator[tuple[WorkerPriority, list[str]]]:
     """The runner's priority thread's `check()` over `worker`, and what it logged."""
-    # No embedding task: the suite's Celery worker would otherwise embed the memories under the test.
-    monkeypatch.setattr(hooks, "_send_embedding", lambda ids, message_ids, **_: None)
     said: list[str] = []
     priority = WorkerPriority(database_conninfo(), lambda: worker.pid, nice=NICE, catch_up_seconds=60, log=said.append)
     yield priority, said
@@ -102,3 +102,26 @@ def test_a_database_that_cannot_answer_leaves_the_worker_as_it_is(
     priority.database_url = "host=127.0.0.1 port=1 user=nobody dbname=none"
     priority.check()
     assert priority.catching_up and len(said) == 1 and runs_at(worker.pid, 0)
+
+
+def test_while_requests_are_held_back_the_worker_yields_even_when_behind(
+        worker: ManagedProcess, settings: Any) -> None:
+    """A flood: the web processes hold bulk work back to keep requests fast (memoryhub.lanes) and
+    the embedding falls behind. The backlog waits; the worker takes its equal share again once the
+    web processes stop marking the pressure."""
+    assert worker.pid is not None
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    client.delete(PRESSURE_KEY)
+    priority = WorkerPriority(database_conninfo(), lambda: worker.pid, nice=NICE, catch_up_seconds=60,
+                              log=lambda line: None, requests_pressed=pressure_reader(settings.REDIS_URL))
+    try:
+        behind_by(awaiting_memory(), 90)
+        mark_pressure()
+        priority.check()
+        assert priority.catching_up and runs_at(worker.pid, NICE)
+        client.delete(PRESSURE_KEY)  # the marks lapse once the web processes are at their full limit again
+        priority.check()
+        assert runs_at(worker.pid, 0)
+    finally:
+        priority.close()
+        client.delete(PRESSURE_KEY)
