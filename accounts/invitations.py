@@ -26,6 +26,7 @@ from accounts.models import Invitation, Membership, Organization, User
 from accounts.principal import Principal
 from accounts.selectors import email_taken, ensure_may_manage_organization
 from accounts.services import audit_record, membership_add, normalized_email, user_create
+from accounts.signals import invitation_accepted
 from memoryhub.errors import Conflict, Forbidden, InvalidInput, NotFound
 
 logger = logging.getLogger(__name__)
@@ -89,9 +90,10 @@ class NewInvitation:
 
 @transaction.atomic
 def invitation_create(*, organization: Organization, email: str, role: str, principal: Principal,
-                      ip: str | None = None) -> NewInvitation:
-    """Invite `email` to the school as `role`. 409 when the person is already a member or already
-    has a pending invitation (revoke it to send a new one)."""
+                      ip: str | None = None, name: str = "") -> NewInvitation:
+    """Invite `email` to the school as `role` (`name`: optional, a new account starts with it). 409
+    when the person is already a member or already has a pending invitation (revoke it to send a
+    new one)."""
     ensure_may_manage_organization(principal)
     clean_email = normalized_email(email)
     if not clean_email:
@@ -113,7 +115,8 @@ def invitation_create(*, organization: Organization, email: str, role: str, prin
         with transaction.atomic():
             invitation = Invitation.objects.create(
                 organization=organization, email=clean_email, role=role, token_hash=token_hash(token),
-                invited_by=principal.user, expires_at=timezone.now() + INVITATION_LIFETIME)
+                invited_by=principal.user, expires_at=timezone.now() + INVITATION_LIFETIME,
+                name=name.strip()[:150])
     except IntegrityError:  # lost a race with another invitation of the same email
         raise Conflict("This email already has a pending invitation; revoke it to send a new one.",
                        code="invitation_pending", fields={"email": ["Already invited (pending)."]}) from None
@@ -186,7 +189,8 @@ def invitation_accept(*, token: str, password: str | None = None, user: User | N
                            code="email_taken")
         if not password:
             raise InvalidInput("A password is required.", fields={"password1": ["Required."]})
-        member = user_create(email=invitation.email, password=password)
+        first, _, last = invitation.name.partition(" ")
+        member = user_create(email=invitation.email, password=password, first_name=first, last_name=last)
     membership_add(organization=organization, user=member, role=invitation.role, ip=ip)
     invitation.accepted_at = timezone.now()
     invitation.accepted_by = member
@@ -194,4 +198,6 @@ def invitation_accept(*, token: str, password: str | None = None, user: User | N
     audit_record(organization=organization, action="invitation.accepted", actor=member,
                  target_type="invitation", target_id=invitation.public_id, ip=ip,
                  metadata={"role": invitation.role, "user_id": member.public_id})
+    # What other apps attach to an invitation (a guardian's students) follows it in this transaction.
+    invitation_accepted.send(sender=Invitation, invitation=invitation, member=member)
     return member

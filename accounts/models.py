@@ -258,6 +258,8 @@ class Invitation(models.Model):
     revoked_at = models.DateTimeField(null=True, blank=True)
     # A guardian's invitation names the students it links them to once accepted.
     guardian_of = models.ManyToManyField("stacks.Stack", blank=True, related_name="+")
+    # The invitee's name as the admin typed it (optional): a new account starts with it.
+    name = models.CharField(max_length=150, blank=True, default="")
 
     class Meta:
         constraints = [

@@ -8,3 +8,8 @@ from django.dispatch import Signal
 # the caller's transaction: a receiver acting on the new state waits for the commit). The dashboard
 # closes the user's live sockets (dashboard/live.py).
 sessions_ended = Signal()
+
+# Sent by accounts.invitations.invitation_accept with `invitation=` and `member=` once the membership
+# exists, inside the accepting transaction: a receiver's writes commit or roll back with it. The
+# stacks app links an accepted guardian to the students the invitation names (stacks/guardians.py).
+invitation_accepted = Signal()

@@ -12,6 +12,7 @@ API is accounts.api.
 
 from __future__ import annotations
 
+from django.urls import reverse
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import status
 from rest_framework.request import Request
@@ -19,6 +20,7 @@ from rest_framework.response import Response
 from rest_framework.throttling import BaseThrottle
 from rest_framework.views import APIView
 
+from accounts.invitations import invitation_email_send
 from accounts.models import User
 from accounts.network import client_ip
 from accounts.principal import Principal, principal_of
@@ -35,9 +37,13 @@ from accounts.services import api_key_issue
 from accounts.throttles import KEY_CREATE_THROTTLES, RequestRateThrottle, SchoolThrottle
 from memoryhub.errors import Forbidden, InvalidInput, NotFound
 from memoryhub.pagination import StableCursorPagination
+from stacks.guardians import guardian_invite, guardian_unlink, guardians_of
 from stacks.models import Stack
 from stacks.selectors import stack_for_new_key, stack_for_principal, stacks_visible_to
 from stacks.serializers import (
+    GuardianInvitedSerializer,
+    GuardianInviteSerializer,
+    GuardianSerializer,
     StackCreateSerializer,
     StackSerializer,
     StackUpdateSerializer,
@@ -182,6 +188,65 @@ class StackTeacherDetailView(APIView):
         found = _managed_stack(principal, stack)
         teacher_unassign(stack=found, teacher=_teacher_of(principal, user_id), principal=principal,
                          ip=client_ip(request))
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+# --- guardians: parents and guardians of a student (docs/guardians.md) -------------------------
+
+
+class StackGuardiansView(APIView):
+    @extend_schema(operation_id="stacks_guardians_list", tags=["guardians"],
+                   responses={200: GuardianSerializer(many=True), **FORBIDDEN, **NOT_FOUND, **ERRORS},
+                   summary="A student's guardians and the guardian invitations not used yet (school admins)")
+    def get(self, request: Request, stack: str) -> Response:
+        principal = principal_of(request)
+        found = stack_for_principal(principal, stack)
+        if not principal.is_org_wide:
+            raise Forbidden("Only school admins and school keys may list a student's guardians.",
+                            code="admin_required")
+        return Response(GuardianSerializer(guardians_of(found), many=True).data)
+
+    @extend_schema(operation_id="stacks_guardians_invite", tags=["guardians"], request=GuardianInviteSerializer,
+                   responses={201: GuardianInvitedSerializer,
+                              200: OpenApiResponse(GuardianInvitedSerializer,
+                                                   description="Linked at once, or added to a pending invitation"),
+                              **FORBIDDEN, **NOT_FOUND, **CONFLICT, **ERRORS},
+                   summary="Invite a parent or guardian of a student; the one-time link is in the answer",
+                   description=("School admins and writable school keys. A new invitation (201) carries "
+                                "`invitation_url`, shown once and e-mailed; whoever opens it sets a password and "
+                                "sees this student (docs/guardians.md). An address that is already a guardian in "
+                                "the school is linked at once (200, `linked`); one with a pending guardian "
+                                "invitation gets the student added to it (200, `added_to_pending`)."))
+    def post(self, request: Request, stack: str) -> Response:
+        principal = principal_of(request)
+        found = stack_for_principal(principal, stack)
+        serializer = GuardianInviteSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        done = guardian_invite(principal=principal, stack=found, email=data["email"], name=data["name"],
+                               ip=client_ip(request))
+        url, emailed = None, False
+        if done.new is not None:
+            url = request.build_absolute_uri(reverse("dashboard:invitation-accept", args=[done.new.token]))
+            emailed = invitation_email_send(invitation=done.new.invitation, link=url)
+        invitation = done.invitation
+        body = {"status": done.outcome, "email": done.email,
+                "invitation_id": invitation.public_id if invitation else None, "invitation_url": url,
+                "expires_at": invitation.expires_at if invitation else None, "emailed": emailed}
+        answer = Response(GuardianInvitedSerializer(body).data,
+                          status=status.HTTP_201_CREATED if done.new is not None else status.HTTP_200_OK)
+        answer["Cache-Control"] = "no-store"  # the link is shown this once
+        return answer
+
+
+class StackGuardianDetailView(APIView):
+    @extend_schema(operation_id="stacks_guardians_unlink", tags=["guardians"], request=None,
+                   responses={204: None, **FORBIDDEN, **NOT_FOUND, **ERRORS},
+                   summary="Unlink a guardian from a student (school admins); their account stays")
+    def delete(self, request: Request, stack: str, user_id: str) -> Response:
+        principal = principal_of(request)
+        found = stack_for_principal(principal, stack)
+        guardian_unlink(principal=principal, stack=found, user_public_id=user_id, ip=client_ip(request))
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 

@@ -30,3 +30,31 @@ class StackUpdateSerializer(serializers.Serializer):
 
 class TeacherAssignmentSerializer(serializers.Serializer):
     user_id = serializers.CharField(max_length=32)
+
+
+class GuardianInviteSerializer(serializers.Serializer):
+    email = serializers.CharField(max_length=254, help_text="The guardian's e-mail address")
+    name = serializers.CharField(max_length=150, required=False, allow_blank=True, default="",
+                                 help_text="Optional; a new account starts with it")
+
+
+class GuardianInvitedSerializer(serializers.Serializer):
+    status = serializers.ChoiceField(choices=["invited", "linked", "added_to_pending"],
+                                     help_text="invited: a new invitation (201, with its one-time link); linked: "
+                                               "already a guardian in the school, linked now; added_to_pending: "
+                                               "added to the person's pending guardian invitation")
+    email = serializers.CharField()
+    invitation_id = serializers.CharField(allow_null=True)
+    invitation_url = serializers.CharField(allow_null=True, help_text="Shown once; never stored (only its hash)")
+    expires_at = serializers.DateTimeField(allow_null=True)
+    emailed = serializers.BooleanField(help_text="Whether the invitation e-mail was handed to the mail server")
+
+
+class GuardianSerializer(serializers.Serializer):
+    email = serializers.CharField()
+    name = serializers.CharField()
+    state = serializers.ChoiceField(choices=["accepted", "pending", "expired"],
+                                    help_text="accepted: linked; pending/expired: an invitation not used yet")
+    linked_at = serializers.DateTimeField(allow_null=True)
+    user_id = serializers.CharField(allow_null=True)
+    invitation_id = serializers.CharField(allow_null=True)

@@ -27,7 +27,7 @@ from accounts.services import (
     user_create,
 )
 from memoryhub.errors import Conflict, InvalidInput, NotFound
-from stacks.models import Stack, TeacherAssignment
+from stacks.models import GuardianLink, Stack, TeacherAssignment
 from stacks.selectors import ensure_may_activate_stack
 
 STACK_ID_MAX_LENGTH = 100
@@ -168,7 +168,8 @@ def teacher_unassign(*, stack: Stack, teacher: User, principal: Principal | None
 def membership_remove(*, organization: Organization, user_public_id: str, principal: Principal | None = None,
                       ip: str | None = None) -> None:
     """Remove a person from a school: their keys there are revoked, their stack assignments
-    dropped and their signed-in sessions ended, so nothing keeps acting as someone who left."""
+    dropped (a guardian's links to their children too) and their signed-in sessions ended, so
+    nothing keeps acting as someone who left."""
     membership = None
     if "\x00" not in user_public_id and len(user_public_id) <= 32:
         membership = (Membership.objects.select_for_update().select_related("user")
@@ -181,6 +182,7 @@ def membership_remove(*, organization: Organization, user_public_id: str, princi
     user = membership.user
     membership.delete()
     TeacherAssignment.objects.filter(user=user, stack__organization=organization).delete()
+    GuardianLink.objects.filter(user=user, stack__organization=organization).delete()  # a guardian's children
     audit_record(organization=organization, action="member.removed", principal=principal,
                  target_type="user", target_id=user.public_id, ip=ip)
     # Without a membership nothing is within their reach: every key they hold here is revoked.

@@ -16,6 +16,13 @@ an `Audience`: the entity ids it answers to and what its school says an empty li
 Entity ids (every requester also answers to `*` and to its school, `org:<school public id>`):
 
     signed-in admin / teacher / billing user   human:<user public id>, role:admin|teacher|billing
+    signed-in guardian                         under the school's `guardian_view` "agent" (the
+                                               default): none, they see what the student's own
+                                               agent sees (None, like the stack's own credentials);
+                                               under "granted": human:<user public id>,
+                                               role:guardian and `*` only — not the school's
+                                               `org:` id, and an empty list never admits them
+                                               (docs/guardians.md "What a guardian sees")
     school (organization-wide) key             key:<key public id>, role:school_key
     webhook endpoint                           webhook:<endpoint public id>, role:webhook
     stack-bound key, not the stack's agent     its issuer's: the ids of the school key that issued
@@ -82,9 +89,22 @@ def audience_for(principal: Principal, *, stack_id: int | None = None) -> Audien
     return _person(principal)
 
 
-def _person(principal: Principal) -> Audience:
+def _person(principal: Principal) -> Audience | None:
     role = principal.role or Membership.Role.BILLING  # (a Principal always has one; fail towards the least)
+    if role == Membership.Role.GUARDIAN:
+        return _guardian(principal)
     return _audience(principal.organization, f"human:{principal.user.public_id}", f"role:{role}")
+
+
+def _guardian(principal: Principal) -> Audience | None:
+    """A signed-in guardian, who reaches only their linked children (stacks.selectors). The school
+    chooses what of a child's stack they read (`Organization.guardian_view`): everything the
+    student's own agent reads (None: no predicate), or only memories granted to them. A guardian is
+    not school staff: `org:<school>` and the "school" empty-grants policy never admit them."""
+    if principal.organization.guardian_view != Organization.GuardianView.GRANTED:
+        return None
+    return Audience(entity_ids=(f"human:{principal.user.public_id}", f"role:{Membership.Role.GUARDIAN.value}",
+                                EVERYONE), empty_admits=False)
 
 
 def audience_for_webhook(*, endpoint_public_id: str, organization: Organization) -> Audience:
