@@ -33,11 +33,15 @@ from memoryhub.errors import DomainError
 ADMIN = Membership.Role.ADMIN.value
 TEACHER = Membership.Role.TEACHER.value
 BILLING = Membership.Role.BILLING.value
+GUARDIAN = Membership.Role.GUARDIAN.value
 
 # Which roles a page is for. Stack pages are for staff (what each sees is the selectors' business).
 STAFF = frozenset({ADMIN, TEACHER})
 ADMINS = frozenset({ADMIN})
 BILLING_PAGES = frozenset({ADMIN, BILLING})
+# A guardian's pages: their children only (dashboard/views/families.py, docs/guardians.md); every
+# other page is a 404 for them.
+GUARDIANS = frozenset({GUARDIAN})
 
 DashboardView = Callable[..., HttpResponseBase]
 

@@ -7,7 +7,7 @@ from typing import Any
 from django.http import HttpRequest
 
 from accounts.selectors import teacher_may_manage_keys
-from dashboard.access import ADMIN, BILLING, TEACHER, principal_of_page
+from dashboard.access import ADMIN, BILLING, GUARDIAN, TEACHER, principal_of_page
 
 # (label, URL name, roles) in the order the navigation shows them.
 NAVIGATION = (
@@ -19,6 +19,7 @@ NAVIGATION = (
     ("Webhooks", "dashboard:webhooks", {ADMIN}),
     ("Privacy", "dashboard:privacy", {ADMIN}),
     ("Billing", "dashboard:billing", {ADMIN, BILLING}),
+    ("Your children", "dashboard:families", {GUARDIAN}),
 )
 
 

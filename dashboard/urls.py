@@ -8,7 +8,19 @@ from __future__ import annotations
 
 from django.urls import URLPattern, URLResolver, path
 
-from dashboard.views import account, audit, billing, keys, overview, people, privacy, roster, student, webhooks
+from dashboard.views import (
+    account,
+    audit,
+    billing,
+    families,
+    keys,
+    overview,
+    people,
+    privacy,
+    roster,
+    student,
+    webhooks,
+)
 
 app_name = "dashboard"
 
@@ -38,6 +50,12 @@ urlpatterns: list[URLPattern | URLResolver] = [
     path("dashboard/students/<str:slug>/export.json", student.export_json, name="student-export-json"),
     path("dashboard/students/<str:slug>/MEMORY.md", student.export_markdown, name="student-export-markdown"),
     path("dashboard/students/<str:slug>/archive.zip", student.export_archive, name="student-export-archive"),
+    path("dashboard/students/<str:slug>/guardians", families.guardians_panel, name="student-guardians"),
+    # --- families: a guardian's children (guardians only; docs/guardians.md) ----------------------
+    path("dashboard/family/", families.children, name="families"),
+    path("dashboard/family/<str:slug>/", families.child, name="family-child"),
+    path("dashboard/family/<str:slug>/MEMORY.md", families.child_markdown, name="family-child-markdown"),
+    path("dashboard/family/<str:slug>/archive.zip", families.child_archive, name="family-child-archive"),
     # --- people and invitations --------------------------------------------------------------
     path("dashboard/people/", people.people, name="people"),
     path("dashboard/people/<str:user_id>/role", people.member_role, name="member-role"),

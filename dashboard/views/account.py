@@ -28,7 +28,7 @@ from accounts.network import client_ip
 from accounts.principal import Principal
 from accounts.services import password_changed_record
 from accounts.throttles import FailureLimit
-from dashboard.access import BILLING_PAGES, STAFF, dashboard_page
+from dashboard.access import BILLING_PAGES, GUARDIANS, STAFF, dashboard_page
 
 CONFIRM_LABEL = "Confirm password"
 
@@ -60,7 +60,7 @@ class _PasswordChange(auth_views.PasswordChangeView):
         return self.render_to_response(self.get_context_data(form=form), status=400)
 
 
-@dashboard_page(roles=STAFF | BILLING_PAGES)
+@dashboard_page(roles=STAFF | BILLING_PAGES | GUARDIANS)
 def password_change(request: HttpRequest, principal: Principal) -> HttpResponse:
     response = _PasswordChange.as_view()(request)
     assert isinstance(response, HttpResponse)  # a page or a redirect

@@ -2,7 +2,8 @@
 
 What is shown, and to whom, is dashboard.overview's (built on stacks.selectors.stacks_visible_to);
 this view reads the GET filters, and renders. A billing user is sent to the billing page, the one
-page that is theirs. An htmx request aimed at the stack table (sorting, filtering, paging) gets the
+page that is theirs, and a guardian to their children (dashboard/views/families.py). An htmx
+request aimed at the stack table (sorting, filtering, paging) gets the
 table alone, without the summary's queries.
 """
 
@@ -17,7 +18,7 @@ from django.template.defaultfilters import filesizeformat
 
 from accounts.principal import Principal
 from dashboard import overview as read_model
-from dashboard.access import BILLING, STAFF, dashboard_page
+from dashboard.access import BILLING, GUARDIAN, STAFF, dashboard_page
 
 TABLE_TARGET = "stacks-panel"
 MB = 1024 * 1024
@@ -50,10 +51,12 @@ class StackFilterForm(forms.Form):
                                        sort=data.get("sort") or read_model.DEFAULT_SORT)
 
 
-@dashboard_page(roles=STAFF | {BILLING})
+@dashboard_page(roles=STAFF | {BILLING, GUARDIAN})
 def overview(request: HttpRequest, principal: Principal) -> HttpResponse:
     if principal.role == BILLING:
         return redirect("dashboard:billing")
+    if principal.role == GUARDIAN:
+        return redirect("dashboard:families")  # a family's one page: their children
     teachers = read_model.teacher_choices(principal)
     form = StackFilterForm(request.GET, teachers=teachers)
     status = 200
