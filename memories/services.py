@@ -52,6 +52,7 @@ from memories.privacy.redaction.policy import RedactionPolicy, stack_policy
 from memories.records.cleaning import clean_json, clean_text
 from memories.records.vocabulary import ITEM_MAX, LIST_ITEMS
 from memories.writes.columns import CONTENT_COLUMNS
+from memories.writes.gate import ensure_accepting_writes
 from memories.writes.hooks import prepare_author, prepare_memory
 from memories.writes.outbox import BOOT_CONFIG, CHECKPOINT, record_change
 from memories.writes.rows import (
@@ -196,6 +197,8 @@ def memory_update(*, memory: Memory, payload: dict[str, Any], source: str, parti
     `client_version` / `client_updated_at` are the Kernle echo fields.
     """
     policy = stack_policy(memory.stack)  # from the caller's row: its stack (and school) are usually loaded
+    # Consent and pause (docs/consent.md), from the same row: the write kernel's gate, before the lock.
+    ensure_accepting_writes(memory.stack, source=source)
     changed_by = _author(author, source, policy)
     memory = locked_memory(memory)
     normalized = prepare_memory(memory.kind, payload, redaction=policy, partial=partial, existing=memory)
@@ -342,6 +345,7 @@ def checkpoint_save(*, stack: Stack, checkpoint: CheckpointInput, source: str = 
     With `episode_record_id` (a kernle checkpoint episode, docs/kernle-protocol.md §3.12) it is saved
     once per episode: when that episode already has its checkpoint, that one is returned and nothing
     is written (no event), so a re-push of the episode is harmless."""
+    ensure_accepting_writes(stack, source=source)  # consent and pause (docs/consent.md)
     errors: dict[str, list[str]] = {}
     task = clean_text(checkpoint.task or "").strip()
     if not task:
@@ -402,6 +406,7 @@ def _validate_boot_key(key: str) -> str:
 def boot_config_set(*, stack: Stack, key: str, value: Any, source: str = "api") -> BootConfigEntry:
     """Set one key (upsert on the (stack, key) constraint), with its change event (topic
     "boot_config", action "set"; the event names no key: consumers read the config)."""
+    ensure_accepting_writes(stack, source=source)  # consent and pause (docs/consent.md)
     key = _validate_boot_key(key)
     if value is None or isinstance(value, (dict, list)):
         raise InvalidInput("Invalid boot config value.", fields={"value": ["Must be a string."]})
@@ -423,6 +428,7 @@ def boot_config_set(*, stack: Stack, key: str, value: Any, source: str = "api") 
 @transaction.atomic
 def boot_config_delete(*, stack: Stack, key: str, source: str = "api") -> None:
     """Remove one key, with its change event ("unset"); a missing key is a 404 so clients notice typos."""
+    ensure_accepting_writes(stack, source=source)  # consent and pause (docs/consent.md)
     lock_stack_changes(stack.pk)
     deleted, _ = BootConfigEntry.objects.filter(stack=stack, key=key).delete()
     if not deleted:

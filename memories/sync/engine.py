@@ -49,6 +49,7 @@ from memories.sync.protocol import (
     parse_native_op,
 )
 from memories.writes.columns import SYNC_MUTABLE_COLUMNS
+from memories.writes.gate import write_refusal
 from memories.writes.hooks import prepare_author
 from memories.writes.rows import memory_snapshot
 from memories.writes.sets import RecordWrite, blank_row, finish_set, write_set
@@ -216,6 +217,13 @@ def apply_batch(*, stack: Stack, ops: list[SyncOp], results: list[OpResult], now
     quota becomes that operation's conflict (kernle, §3.10). Embedding of changed text and the
     change listeners follow the commit (the write kernel's `finish_set`).
     """
+    # Consent and pause (docs/consent.md): the kernel's gate, read from the locked stack row; every
+    # operation is that refusal and nothing is stored.
+    refusal = write_refusal(stack, source=SYNC_SOURCE)
+    if refusal is not None:
+        for op in ops:
+            results[op.index] = OpResult(index=op.index, ok=False, code=refusal.code, error=refusal.message)
+        return
     keys = {(op.kind, op.record_id) for op in ops}
     redaction = stack_policy(stack)  # for records re-normalised when list fields merge
     author = prepare_author(author, redaction=redaction)

@@ -21,6 +21,7 @@ from memories.models import Memory, MemoryKind, MemoryRevision, NextChangeSeq, S
 from memories.privacy.originals import keep_originals
 from memories.records.normalize import NormalizedMemory
 from memories.writes.columns import SNAPSHOT_COLUMNS
+from memories.writes.gate import ensure_accepting_writes
 from memories.writes.hooks import SMALL_EMBED_MESSAGE_IDS, after_commit
 from memories.writes.outbox import Statement
 from stacks.models import Stack
@@ -146,9 +147,13 @@ def insert_memories(*, stack: Stack, memories: Sequence[Memory], source: str, st
     caller's transaction unusable: the caller must let it (or what it turns it into) leave its own
     `transaction.atomic` block, which rolls back to that block's start. The services do (a 409); a
     savepoint here would cost two round trips on every write to protect nothing.
+    A stack that takes no content now (`gate.write_refusal`: consent, pause) is a 403 before anything
+    is written.
     """
     if not memories:
         return
+    # Consent and pause (docs/consent.md): refused before anything is stored.
+    ensure_accepting_writes(stack, source=source)
     if not stack_locked:
         lock_stack_changes(stack.pk)
     now = timezone.now()
