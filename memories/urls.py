@@ -5,6 +5,7 @@ from __future__ import annotations
 from memories.api import (
     access_log,
     archive,
+    consent,
     erasure,
     lifecycle,
     memories,
@@ -18,4 +19,4 @@ from memories.api import (
 
 urlpatterns = (memories.urlpatterns + sync.urlpatterns + search.urlpatterns + lifecycle.urlpatterns
                + archive.urlpatterns + erasure.urlpatterns + redaction.urlpatterns + privacy.urlpatterns
-               + sessions.urlpatterns + usage.urlpatterns + access_log.urlpatterns)
+               + sessions.urlpatterns + usage.urlpatterns + access_log.urlpatterns + consent.urlpatterns)

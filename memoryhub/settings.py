@@ -535,4 +535,6 @@ SPECTACULAR_SETTINGS.setdefault("ENUM_NAME_OVERRIDES", {}).update({  # type: ign
     "StackKindEnum": "stacks.models.Stack.Kind",
     "MemoryKindEnum": "memories.models.MemoryKind",
     "PaymentResultStatusEnum": "billing.api.PAYMENT_RESULT_STATUSES",
+    "ConsentActionEnum": "stacks.models.StackConsent.Action",
+    "ConsentMethodEnum": "stacks.models.StackConsent.Method",
 })

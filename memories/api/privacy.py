@@ -20,6 +20,7 @@ from accounts.models import Organization
 from accounts.network import client_ip
 from accounts.principal import principal_of
 from memories.governance.privacy_settings import (
+    CONSENT_TEXT_MAX,
     DEFAULTS,
     PrivacySettings,
     policy_sections,
@@ -68,6 +69,31 @@ def _provisioning_field(**kwargs: Any) -> serializers.BooleanField:
                   "within the plan's limits. Off: such a push is a 404 and admins add students first.", **kwargs)
 
 
+# The families' settings (docs/consent.md).
+def _consent_required_field(**kwargs: Any) -> serializers.BooleanField:
+    return StrictBooleanField(
+        help_text="Agents may write to a student's memory only while a guardian's consent is in force (given "
+                  "online by a guardian or recorded on paper by an admin). Writes without it are refused with "
+                  "`consent_required`.", **kwargs)
+
+
+def _consent_text_field(**kwargs: Any) -> serializers.CharField:
+    return serializers.CharField(allow_blank=True, max_length=CONSENT_TEXT_MAX, trim_whitespace=False,
+                                 help_text="What a guardian agrees to; empty: MemoryHub's default text.", **kwargs)
+
+
+def _consent_withdrawal_field(**kwargs: Any) -> serializers.ChoiceField:
+    return serializers.ChoiceField(
+        choices=Organization.ConsentWithdrawal.choices,
+        help_text="When consent is withdrawn: `keep` — writes stop, what is stored stays under the retention "
+                  "policy; `erase` — writes stop and the student's memory is erased, with a certificate.", **kwargs)
+
+
+def _guardians_may_pause_field(**kwargs: Any) -> serializers.BooleanField:
+    return StrictBooleanField(
+        help_text="A guardian may pause (and resume) their child's memory; admins always may.", **kwargs)
+
+
 class PrivacyInSerializer(serializers.Serializer):
     """Any of the settings; those left out keep their value."""
 
@@ -76,6 +102,10 @@ class PrivacyInSerializer(serializers.Serializer):
     empty_grants_policy = _policy_field(required=False)
     keep_raw_originals = _originals_field(required=False)
     provision_stacks_on_push = _provisioning_field(required=False)
+    consent_required = _consent_required_field(required=False)
+    consent_text = _consent_text_field(required=False)
+    consent_withdrawal = _consent_withdrawal_field(required=False)
+    guardians_may_pause = _guardians_may_pause_field(required=False)
 
 
 class PrivacyValuesSerializer(serializers.Serializer):
@@ -84,6 +114,10 @@ class PrivacyValuesSerializer(serializers.Serializer):
     empty_grants_policy = _policy_field()
     keep_raw_originals = _originals_field()
     provision_stacks_on_push = _provisioning_field()
+    consent_required = _consent_required_field()
+    consent_text = _consent_text_field()
+    consent_withdrawal = _consent_withdrawal_field()
+    guardians_may_pause = _guardians_may_pause_field()
 
 
 class PolicySectionSerializer(serializers.Serializer):
@@ -95,7 +129,9 @@ class PolicySectionSerializer(serializers.Serializer):
 _OUT = inline_serializer("PrivacySettingsOut", fields={
     "retention_days": _retention_field(), "redaction_categories": _categories_field(),
     "empty_grants_policy": _policy_field(), "keep_raw_originals": _originals_field(),
-    "provision_stacks_on_push": _provisioning_field(),
+    "provision_stacks_on_push": _provisioning_field(), "consent_required": _consent_required_field(),
+    "consent_text": _consent_text_field(), "consent_withdrawal": _consent_withdrawal_field(),
+    "guardians_may_pause": _guardians_may_pause_field(),
     "retention_reviewed_at": serializers.DateTimeField(
         allow_null=True, help_text="When an admin last saved the retention (a kind left without a limit is then "
                                    "their choice); null: never, and any kind without a limit awaits review."),

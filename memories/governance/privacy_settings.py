@@ -13,6 +13,10 @@ Four settings of `accounts.Organization`, each with its own validator:
 * `provision_stacks_on_push` — a school key's first kernle push to an unknown student id creates that
   student's stack, within the plan's limits (docs/kernle-protocol.md §3.4). Not privacy as such, but
   it decides whose memory the school starts keeping, so it is chosen, and audited, here.
+* the families' settings (docs/consent.md): `consent_required` (agents write to a student's stack
+  only with a guardian's consent in force), `consent_text` (what a guardian agrees to; empty: the
+  default text, memories.governance.consent), `consent_withdrawal` ("keep" or "erase" the memory when
+  consent is withdrawn) and `guardians_may_pause`.
 
 Who may read or change them is `accounts.selectors.ensure_may_manage_organization` (school admins
 and writable school keys), asked here so the API and the dashboard cannot differ. A change is one
@@ -23,7 +27,7 @@ what is kept, for how long, who sees it, what erasure does — for the dashboard
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
@@ -43,7 +47,8 @@ from memories.privacy.redaction.rules import PII_CATEGORIES
 from memoryhub.errors import InvalidInput
 
 FIELDS = ("retention_days", "redaction_categories", "empty_grants_policy", "keep_raw_originals",
-          "provision_stacks_on_push")
+          "provision_stacks_on_push", "consent_required", "consent_text", "consent_withdrawal", "guardians_may_pause")
+CONSENT_TEXT_MAX = 5000
 AUDIT_ACTION = "privacy.updated"
 
 # How the policy names each kind (plural, for "Raw entries: 365 days").
@@ -65,6 +70,10 @@ class PrivacySettings:
     empty_grants_policy: str
     keep_raw_originals: bool
     provision_stacks_on_push: bool = False
+    consent_required: bool = False
+    consent_text: str = ""
+    consent_withdrawal: str = Organization.ConsentWithdrawal.KEEP.value
+    guardians_may_pause: bool = True
     # When an admin last saved the retention: a kind without a limit is then their choice (read only).
     retention_reviewed_at: datetime | None = None
 
@@ -91,6 +100,10 @@ DEFAULTS = PrivacySettings(
     empty_grants_policy=str(_default("empty_grants_policy")),
     keep_raw_originals=_default("keep_raw_originals"),
     provision_stacks_on_push=_default("provision_stacks_on_push"),
+    consent_required=_default("consent_required"),
+    consent_text=str(_default("consent_text")),
+    consent_withdrawal=str(_default("consent_withdrawal")),
+    guardians_may_pause=_default("guardians_may_pause"),
 )
 
 
@@ -102,6 +115,10 @@ def _of(organization: Organization) -> PrivacySettings:
         empty_grants_policy=str(organization.empty_grants_policy),
         keep_raw_originals=organization.keep_raw_originals,
         provision_stacks_on_push=organization.provision_stacks_on_push,
+        consent_required=organization.consent_required,
+        consent_text=organization.consent_text,
+        consent_withdrawal=str(organization.consent_withdrawal),
+        guardians_may_pause=organization.guardians_may_pause,
         retention_reviewed_at=organization.retention_reviewed_at,
     )
 
@@ -141,9 +158,36 @@ def _provisioning(value: Any) -> bool:
     return value
 
 
-_VALIDATORS = {"retention_days": retention_validated, "redaction_categories": _categories,
-               "empty_grants_policy": _policy, "keep_raw_originals": _flag,
-               "provision_stacks_on_push": _provisioning}
+def _boolean(name: str) -> Callable[[Any], bool]:
+    def validated(value: Any) -> bool:
+        if not isinstance(value, bool):
+            raise InvalidInput(f"{name} must be true or false.", code="invalid",
+                               fields={name: ["Must be true or false."]})
+        return value
+    return validated
+
+
+def _consent_text(value: Any) -> str:
+    if not isinstance(value, str) or len(value) > CONSENT_TEXT_MAX or "\x00" in value:
+        raise InvalidInput("Invalid consent text.", code="invalid",
+                           fields={"consent_text": [
+                               f"Text of at most {CONSENT_TEXT_MAX} characters (empty: the default)."]})
+    return value.strip()
+
+
+def _withdrawal(value: Any) -> str:
+    if value not in Organization.ConsentWithdrawal.values:
+        raise InvalidInput("Unknown consent withdrawal choice.", code="invalid",
+                           fields={"consent_withdrawal": [
+                               f"One of: {', '.join(Organization.ConsentWithdrawal.values)}."]})
+    return str(value)
+
+
+_VALIDATORS: dict[str, Callable[[Any], Any]] = {
+    "retention_days": retention_validated, "redaction_categories": _categories, "empty_grants_policy": _policy,
+    "keep_raw_originals": _flag, "provision_stacks_on_push": _provisioning,
+    "consent_required": _boolean("consent_required"), "consent_text": _consent_text,
+    "consent_withdrawal": _withdrawal, "guardians_may_pause": _boolean("guardians_may_pause")}
 
 
 def privacy_settings_validated(changes: Any) -> dict[str, Any]:

@@ -38,7 +38,9 @@ def test_a_new_school_reads_the_defaults_and_its_written_policy(school: School) 
         "empty_grants_policy": "school",
         "keep_raw_originals": False}
     assert body["provision_stacks_on_push"] is False
-    assert body["defaults"] == {name: body[name] for name in (*STORED, "provision_stacks_on_push")}
+    consent = {"consent_required": False, "consent_text": "", "consent_withdrawal": "keep", "guardians_may_pause": True}
+    assert {name: body[name] for name in consent} == consent  # the families' settings (docs/consent.md)
+    assert body["defaults"] == {name: body[name] for name in (*STORED, "provision_stacks_on_push", *consent)}
     assert body["pii_categories"] == list(PII_CATEGORIES)
     titles = [section["title"] for section in body["policy"]]
     assert titles == ["What is kept", "How long it is kept", "Who can see it", "What erasure does", "Getting a copy"]
