@@ -69,10 +69,10 @@ class PendingAccesses:
 
     def __init__(self, reader: Author | None = None) -> None:
         self.reader = reader  # who a batch serves, when its caller knows (an MCP call: the client's name)
-        self._rows: dict[tuple[int, str, _AuthorKey], dict[uuid.UUID, None]] = {}
+        self._rows: dict[tuple[int, str, _AuthorKey], dict[str, None]] = {}
         self._authors: dict[_AuthorKey, Author] = {}
 
-    def add(self, stack_id: int, author: Author, path: str, memory_ids: Iterable[uuid.UUID]) -> None:
+    def add(self, stack_id: int, author: Author, path: str, memory_ids: Iterable[str]) -> None:
         author_key = tuple(sorted(author.as_json().items()))
         self._authors.setdefault(author_key, author)
         ids = self._rows.setdefault((stack_id, path, author_key), {})
@@ -101,11 +101,14 @@ def access_log_enabled() -> bool:
     return bool(getattr(settings, "MEMORYHUB_ACCESS_LOG", True))
 
 
-def _ids(memory_ids: Iterable[uuid.UUID | str]) -> list[uuid.UUID]:
-    return [value if isinstance(value, uuid.UUID) else uuid.UUID(str(value)) for value in memory_ids]
+def _ids(memory_ids: Iterable[uuid.UUID | str]) -> list[str]:
+    # The ids of rows just read from our own table, so already canonical: as text, the form the
+    # INSERT sends them in (parsing each into a UUID and printing it again cost a load of a few
+    # hundred memories more than the rest of its access row).
+    return [str(value) for value in memory_ids]
 
 
-def _row(stack_id: int, author: Author, path: str, memory_ids: list[uuid.UUID], at: Any) -> MemoryAccess:
+def _row(stack_id: int, author: Author, path: str, memory_ids: list[str], at: Any) -> MemoryAccess:
     return MemoryAccess(stack_id=stack_id, at=at, path=path, author=author.as_json(), agent=author.agent,
                         key_id=author.key_id, user_id=author.user_id, memory_ids=memory_ids)
 
@@ -123,7 +126,7 @@ def _write(rows: list[MemoryAccess]) -> None:
     for row in rows:
         # The ids as one array literal: psycopg adapting a list of UUIDs one by one costs far more
         # (docs/benchmarks.md "Figures behind code choices").
-        ids = "{" + ",".join(str(memory_id) for memory_id in row.memory_ids) + "}"
+        ids = "{" + ",".join(map(str, row.memory_ids)) + "}"
         params += [row.stack_id, row.at, row.path, json.dumps(row.author), row.agent, row.key_id, row.user_id, ids]
     sql = (f"INSERT INTO {_TABLE} (stack_id, at, path, author, agent, key_id, user_id, memory_ids) "  # noqa: S608
            "VALUES " + ", ".join([_ROW_SQL] * len(rows)))

@@ -37,7 +37,6 @@ load is not inside a caller's transaction (bench/load.py).
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import uuid
 from dataclasses import dataclass, field
@@ -45,6 +44,7 @@ from datetime import datetime
 from functools import cache
 from typing import Any
 
+import orjson
 from django.db import connection, transaction
 from django.utils import timezone
 
@@ -407,7 +407,7 @@ def stack_load(*, stack: Stack, budget: int | None = None, item_chars: int | Non
                 continue
             _, kind, record_id, created_at, head, details_json = row
             # Django's connection hands jsonb back as text (its JSONField decodes it).
-            details = json.loads(details_json) if isinstance(details_json, str) else details_json or {}
+            details = orjson.loads(details_json) if isinstance(details_json, str) else details_json or {}
             text = truncate_at_word(head, cap)
             tokens = estimate_tokens(text)
             used -= token_estimate_for_length(min(len(head), cap)) - tokens
