@@ -222,7 +222,7 @@ def apply_batch(*, stack: Stack, ops: list[SyncOp], results: list[OpResult], now
     refusal = write_refusal(stack, source=SYNC_SOURCE)
     if refusal is not None:
         for op in ops:
-            results[op.index] = OpResult(index=op.index, ok=False, code=refusal.code, error=refusal.message)
+            results[op.index] = OpResult(index=op.index, ok=False, code=refusal.code, error=refusal.conflict)
         return
     keys = {(op.kind, op.record_id) for op in ops}
     redaction = stack_policy(stack)  # for records re-normalised when list fields merge

@@ -40,6 +40,11 @@ class WriteRefusal:
     def error(self) -> Forbidden:
         return Forbidden(self.message, code=self.code)
 
+    @property
+    def conflict(self) -> str:
+        """An operation's conflict text: a kernle conflict carries only text, so it names the code."""
+        return f"{self.message} ({self.code})"
+
 
 _CONSENT = WriteRefusal(CONSENT_REQUIRED, "The school requires a guardian's consent before this student's memory "
                                           "is written, and none is in force; nothing was stored.")

@@ -105,7 +105,7 @@ def assert_all_refused(responses: dict[str, Any], code: str) -> None:
     assert native["results"][0]["error"]["code"] == code
     kernle = responses["kernle_push"].json()
     assert responses["kernle_push"].status_code == 200 and kernle["synced"] == 0
-    assert len(kernle["conflicts"]) == 1 and "nothing was stored" in kernle["conflicts"][0]["error"]
+    assert len(kernle["conflicts"]) == 1 and f"({code})" in kernle["conflicts"][0]["error"]
     assert kernle["conflicts"][0]["record_id"].startswith("e-")  # refused per operation, the push answered 200
 
 
