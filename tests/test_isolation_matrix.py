@@ -10,7 +10,9 @@ Actors (all real credentials through the real authentication):
 * ``a1_teacher_key`` — a key ``teacher_a`` issued for A1 (school A lets teachers manage keys; the
   key acts as the teacher) (targets: A2, B1); ``a1_teacher_read_only_key``, its read-only twin;
 * ``a2_stale_teacher_key`` — a key another teacher issued for A2 before that assignment was deleted
-  behind the services' back (as the Django admin would): refused with 401 everywhere, A2 included.
+  behind the services' back (as the Django admin would): refused with 401 everywhere, A2 included;
+* ``guardian_a1`` — a dashboard session (with CSRF) of a parent linked to A1 only (targets: A2, another
+  family's child, and B1; tests/test_isolation_guardians.py covers every route and the dashboard).
 
 Every attempt must be refused — 404 for a stack the actor cannot see (never a hint that it exists),
 403 for a read-only key writing — and must store nothing: the target stack's row and every row
@@ -38,7 +40,7 @@ from rest_framework.test import APIClient
 
 from accounts.models import ApiKey, AuditEvent, Membership, Organization
 from accounts.throttles import throttle_state_clear
-from stacks.models import Stack, TeacherAssignment
+from stacks.models import GuardianLink, Stack, TeacherAssignment
 from tests.accounts.clients import csrf_session_client
 from tests.factories import assign_teacher, bearer_client, make_key, make_org, make_stack, make_user
 
@@ -81,6 +83,10 @@ STACK_ENDPOINTS: list[EndpointSpec] = [
     EndpointSpec("key cycle", "post", "/api/v1/keys/{key}/cycle", write=True),
     EndpointSpec("kernle key revoke", "delete", "/auth/keys/{key}", write=True),
     EndpointSpec("kernle key cycle", "post", "/auth/keys/{key}/cycle", write=True),
+    EndpointSpec("stack guardians", "get", "/api/v1/stacks/{stack}/guardians"),
+    EndpointSpec("stack guardian invite", "post", "/api/v1/stacks/{stack}/guardians", {"email": "g@example.test"},
+                 write=True),
+    EndpointSpec("stack guardian unlink", "delete", "/api/v1/stacks/{stack}/guardians/{teacher}", write=True),
 ]
 
 LIST_ENDPOINTS: list[ListSpec] = [
@@ -122,6 +128,8 @@ def build_world() -> World:
     assign_teacher(stale_teacher, stacks["A2"])
     _, stale_secret = make_key(school_a, stack=stacks["A2"], user=stale_teacher)
     TeacherAssignment.objects.filter(user=stale_teacher).delete()  # not through teacher_unassign: no revocation
+    guardian_a1 = make_user(school_a, role=Membership.Role.GUARDIAN)
+    GuardianLink.objects.create(user=guardian_a1, stack=stacks["A1"])
     actors = {
         "school_a_key": bearer_client(make_key(school_a)[1]),
         "a1_key": bearer_client(make_key(school_a, stack=stacks["A1"])[1]),
@@ -132,10 +140,12 @@ def build_world() -> World:
         "a1_teacher_read_only_key": bearer_client(make_key(school_a, stack=stacks["A1"], user=teacher_a,
                                                            read_only=True)[1]),
         "a2_stale_teacher_key": bearer_client(stale_secret),
+        "guardian_a1": csrf_session_client(guardian_a1),
     }
     pairs = [("school_a_key", "B1"), ("a1_key", "A2"), ("a1_key", "B1"), ("teacher_a", "A2"),
              ("teacher_a", "B1"), ("school_b_key", "A1"), ("school_b_key", "A2"), ("a1_teacher_key", "A2"),
-             ("a1_teacher_key", "B1"), ("a2_stale_teacher_key", "A2"), ("a2_stale_teacher_key", "B1")]
+             ("a1_teacher_key", "B1"), ("a2_stale_teacher_key", "A2"), ("a2_stale_teacher_key", "B1"),
+             ("guardian_a1", "A2"), ("guardian_a1", "B1")]
     return World(stacks, target_keys, target_teachers, actors, pairs)
 
 
@@ -255,5 +265,6 @@ def test_the_matrix_world_is_reachable_by_its_rightful_owners(world: World) -> N
     assert world.actors["a1_read_only_key"].get("/api/v1/stacks/alpha-one/").status_code == 200
     assert world.actors["a1_teacher_key"].get("/api/v1/stacks/alpha-one/").status_code == 200
     assert world.actors["a1_teacher_read_only_key"].get("/api/v1/stacks/alpha-one/").status_code == 200
+    assert world.actors["guardian_a1"].get("/api/v1/stacks/alpha-one/").status_code == 200
     target_key = world.target_keys["A2"].public_id
     assert world.actors["school_a_key"].get(f"/api/v1/keys/{target_key}/").status_code == 200

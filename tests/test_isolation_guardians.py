@@ -1,0 +1,177 @@
+"""Isolation for families (docs/guardians.md): a guardian reaches their own child and nothing else.
+
+The routes are not listed by hand: every URL pattern of the project that takes a stack (the API's
+`<stack>`, the dashboard's `<slug>`) is called with every method it serves, so a route added later is
+covered without touching this file. A guardian of family A's child (A1) calling them for family B's
+child in the same school (A2) or another school's student (B1) gets 404 — the answer of a stack
+that does not exist, never naming it — and nothing is stored (the isolation matrix's snapshot of the
+stack and everything pointing at it). On their own child, every staff dashboard page is a 404 and no
+API write goes through. The live socket refuses them too. The matrix (tests/test_isolation_matrix.py)
+runs its own endpoint list for a guardian as well.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from asgiref.sync import sync_to_async
+from channels.testing import WebsocketCommunicator
+from django.conf import settings
+from django.test import Client
+from django.urls import URLPattern, URLResolver, get_resolver
+
+from accounts.models import Membership
+from accounts.throttles import throttle_state_clear
+from memories.services import CheckpointInput, checkpoint_save, memory_create
+from memoryhub.asgi import application
+from stacks.models import GuardianLink, Stack
+from tests.factories import make_org, make_stack, make_user
+from tests.test_isolation_matrix import stored_state
+
+METHODS = ("get", "post", "put", "patch", "delete")
+PLACEHOLDER = {"uuid": lambda: str(uuid.uuid4()), "str": lambda: "x1", "path": lambda: "x1", "int": lambda: "1"}
+
+
+def _walk(patterns: list, prefix: str = "") -> Iterator[tuple[str, URLPattern]]:
+    for pattern in patterns:
+        if isinstance(pattern, URLResolver):
+            yield from _walk(pattern.url_patterns, prefix + str(pattern.pattern))
+        else:
+            yield prefix + str(pattern.pattern), pattern
+
+
+def stack_routes() -> list[tuple[str, str]]:
+    """(route, the stack parameter's name) of every URL pattern that names a stack."""
+    found = []
+    for route, _ in _walk(get_resolver().url_patterns):
+        if route.startswith("admin/"):
+            continue
+        if "<str:stack>" in route:
+            found.append((route, "stack"))
+        elif "<str:slug>" in route:
+            found.append((route, "slug"))
+    return found
+
+
+def fill(route: str, name: str, slug: str) -> str:
+    """The route as a path: the stack parameter set to `slug`, any other parameter to a value of its type."""
+    path = route.replace(f"<str:{name}>", slug)
+    while "<" in path:
+        start, end = path.index("<"), path.index(">")
+        converter = path[start + 1:end].split(":")[0]
+        path = path[:start] + PLACEHOLDER.get(converter, PLACEHOLDER["str"])() + path[end + 1:]
+    return "/" + path
+
+
+def world() -> dict:
+    school_a, school_b = make_org("School A"), make_org("School B")
+    stacks = {"A1": make_stack(school_a, "family-a-child"), "A2": make_stack(school_a, "family-b-child"),
+              "B1": make_stack(school_b, "other-school-child")}
+    for stack in stacks.values():
+        memory_create(stack=stack, kind="note", payload={"content": f"about {stack.slug}"}, source="test")
+        checkpoint_save(stack=stack, checkpoint=CheckpointInput(task=f"task of {stack.slug}"))
+    guardian = make_user(school_a, role=Membership.Role.GUARDIAN)
+    GuardianLink.objects.create(user=guardian, stack=stacks["A1"])
+    other_family = make_user(school_a, role=Membership.Role.GUARDIAN)
+    GuardianLink.objects.create(user=other_family, stack=stacks["A2"])
+    client = Client()  # the access decision is under test here; CSRF is the session layer's (matrix: enforced)
+    client.force_login(guardian)
+    return {"stacks": stacks, "guardian": guardian, "client": client}
+
+
+def test_the_route_list_is_not_empty_and_holds_both_api_and_dashboard_routes() -> None:
+    routes = [route for route, _ in stack_routes()]
+    assert "api/v1/stacks/<str:stack>/memories" in routes and "dashboard/family/<str:slug>/" in routes
+    assert "api/v1/stacks/<str:stack>/guardians" in routes and "dashboard/students/<str:slug>/" in routes
+
+
+def _call(client: Client, method: str, path: str, body: object = None):
+    throttle_state_clear()  # many calls from one address; limits are tested elsewhere
+    if method == "get":
+        return client.get(path)
+    return getattr(client, method)(path, body if body is not None else {}, content_type="application/json")
+
+
+@pytest.mark.django_db
+def test_a_guardian_gets_404_for_another_familys_child_on_every_route_and_stores_nothing() -> None:
+    """Another family's child answers exactly as a stack that does not exist (404, or the same 400 or
+    405 a body or method error gives before any stack is looked up), never naming it."""
+    cast = world()
+    client = cast["client"]
+    for target in ("A2", "B1"):
+        stack: Stack = cast["stacks"][target]
+        before = stored_state(stack)
+        for route, name in stack_routes():
+            for method in METHODS:
+                path = fill(route, name, stack.slug)
+                response = _call(client, method, path)
+                nowhere = _call(client, method, fill(route, name, "no-such-child"))
+                context = f"{method.upper()} {path} ({target})"
+                assert response.status_code == nowhere.status_code, f"{context}: {response.status_code}"
+                assert response.status_code in (400, 404, 405), f"{context}: {response.status_code}"
+                if not getattr(response, "streaming", False):
+                    assert stack.slug.encode() not in response.content, f"{context}: names the stack"
+        assert stored_state(stack) == before, f"{target}: something was stored"
+
+
+def _writes(slug: str, memory_id: str) -> list[tuple[str, str, dict]]:
+    base = f"/api/v1/stacks/{slug}"
+    return [
+        ("post", f"{base}/memories", {"kind": "note", "content": "a parent's note"}),
+        ("post", f"{base}/memories/batch", {"items": [{"kind": "note", "content": "a parent's note"}]}),
+        ("patch", f"{base}/memories/{memory_id}", {"content": "overwritten"}),
+        ("post", f"{base}/memories/{memory_id}/forget", {"reason": "a parent asked"}),
+        ("post", f"{base}/memories/{memory_id}/protect", {}),
+        ("post", f"{base}/checkpoint", {"task": "a parent's task"}),
+        ("put", f"{base}/boot-config/tone", {"value": "cold"}),
+        ("post", f"{base}/ingest", {"content": "a parent's note", "kind": "note"}),
+        ("post", f"{base}/promote", {"auto": True}),
+        ("patch", f"{base}/", {"display_name": "renamed"}),
+        ("post", f"{base}/archive", {}),
+        ("post", f"{base}/guardians", {"email": "another@example.test"}),
+        ("post", "/api/v1/keys/", {"stack_id": slug, "name": "a parent's key"}),
+    ]
+
+
+@pytest.mark.django_db
+def test_on_their_own_child_a_guardian_reads_family_pages_only_and_writes_nothing() -> None:
+    cast = world()
+    client, own = cast["client"], cast["stacks"]["A1"]
+    for route, name in stack_routes():
+        if not route.startswith("dashboard/"):
+            continue
+        path = fill(route, name, own.slug)
+        for method in METHODS:
+            response = _call(client, method, path)
+            context = f"{method.upper()} {path}"
+            if route.startswith("dashboard/family/") and method == "get":
+                assert response.status_code == 200, f"{context}: {response.status_code}"
+            else:
+                assert response.status_code in (404, 405), f"{context}: {response.status_code}"
+    memory_id = str(own.memories.values_list("id", flat=True).first())
+    before = stored_state(own)  # (after the reads: the family's downloads are audited, as they should be)
+    for method, path, body in _writes(own.slug, memory_id):
+        response = _call(client, method, path, body)
+        assert response.status_code == 403, f"{method.upper()} {path}: {response.status_code}"
+        assert response.json()["error"]["code"] in ("guardian_read_only", "admin_required"), path
+    assert stored_state(own) == before, "a guardian's call stored something"
+    # Reads of the API through their session follow the same decision: their child, nobody else's.
+    assert client.get(f"/api/v1/stacks/{own.slug}/memories").status_code == 200
+    listed = client.get("/api/v1/stacks/").content.decode()
+    assert own.slug in listed and "family-b-child" not in listed and "other-school-child" not in listed
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.anyio
+async def test_the_live_socket_refuses_a_guardian() -> None:
+    cast = await sync_to_async(world)()
+    cookie = cast["client"].cookies[settings.SESSION_COOKIE_NAME].value
+    headers = [(b"origin", b"http://localhost"), (b"cookie", f"{settings.SESSION_COOKIE_NAME}={cookie}".encode())]
+    for target in ("A2", "B1", "A1"):  # the live pages are staff pages: not even their own child's
+        communicator = WebsocketCommunicator(application, f"/ws/stacks/{cast['stacks'][target].slug}/",
+                                             headers=headers)
+        connected, _ = await communicator.connect(timeout=10)
+        assert not connected, target
+        await communicator.disconnect()
