@@ -12,7 +12,9 @@ from dashboard.views import (
     account,
     audit,
     billing,
+    consent,
     families,
+    family_controls,
     keys,
     overview,
     people,
@@ -51,11 +53,17 @@ urlpatterns: list[URLPattern | URLResolver] = [
     path("dashboard/students/<str:slug>/MEMORY.md", student.export_markdown, name="student-export-markdown"),
     path("dashboard/students/<str:slug>/archive.zip", student.export_archive, name="student-export-archive"),
     path("dashboard/students/<str:slug>/guardians", families.guardians_panel, name="student-guardians"),
+    # consent and pause (admins; docs/consent.md)
+    path("dashboard/students/<str:slug>/consent", consent.student_consent, name="student-consent"),
+    path("dashboard/students/<str:slug>/pause", consent.student_pause, name="student-pause"),
     # --- families: a guardian's children (guardians only; docs/guardians.md) ----------------------
     path("dashboard/family/", families.children, name="families"),
     path("dashboard/family/<str:slug>/", families.child, name="family-child"),
     path("dashboard/family/<str:slug>/MEMORY.md", families.child_markdown, name="family-child-markdown"),
     path("dashboard/family/<str:slug>/archive.zip", families.child_archive, name="family-child-archive"),
+    # a guardian's consent and pause controls on the child's page (docs/consent.md)
+    path("dashboard/families/<str:slug>/consent", family_controls.family_consent, name="family-consent"),
+    path("dashboard/families/<str:slug>/pause", family_controls.family_pause, name="family-pause"),
     # --- people and invitations --------------------------------------------------------------
     path("dashboard/people/", people.people, name="people"),
     path("dashboard/people/<str:user_id>/role", people.member_role, name="member-role"),

@@ -1,0 +1,1 @@
+"""The dashboard's template tags (`consent`)."""
