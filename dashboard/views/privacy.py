@@ -34,6 +34,7 @@ from memories.governance.erasure import (
 )
 from memories.governance.privacy_settings import (
     CATEGORY_LABELS,
+    CONSENT_TEXT_MAX,
     DEFAULTS,
     KIND_LABELS,
     PrivacySettings,
@@ -93,6 +94,30 @@ class PrivacyForm(forms.Form):
                   "school key's push to an unknown student id is refused. On: the school key's first "
                   "<code>kernle sync push</code> for a new student id creates that student's stack, within the "
                   "plan's stack limit.")
+    # Families (docs/consent.md).
+    consent_required = forms.BooleanField(
+        label="Require a guardian's consent before agents write", required=False,
+        help_text="On: agents may write to a student's memory only once a guardian consented on their child's "
+                  "page or an admin recorded paper consent on the student's page; writes without it are "
+                  "refused (<code>consent_required</code>).")
+    consent_text = forms.CharField(
+        label="What guardians agree to", required=False, max_length=CONSENT_TEXT_MAX,
+        widget=forms.Textarea(attrs={"rows": 5}),
+        help_text="Shown to guardians when they give consent, and kept with each consent. Empty: MemoryHub's "
+                  "default text.")
+    consent_withdrawal = forms.ChoiceField(
+        label="When consent is withdrawn", widget=forms.RadioSelect, required=False, choices=(
+            (Organization.ConsentWithdrawal.KEEP.value,
+             "Keep the memory: agents stop writing; what is stored stays under the retention policy"),
+            (Organization.ConsentWithdrawal.ERASE.value,
+             "Erase the memory, with a certificate: agents stop writing and everything stored is erased"),
+        ))
+    guardians_may_pause = forms.BooleanField(
+        label="Guardians may pause their child's memory", required=False,
+        help_text="Admins may always pause and resume a student's memory from the student's page.")
+    # Sent by the families' section of the form: only a form that showed it changes those settings
+    # (an unticked box is simply absent from a post).
+    consent_settings = forms.BooleanField(required=False, widget=forms.HiddenInput)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -108,6 +133,10 @@ class PrivacyForm(forms.Form):
             "empty_grants_policy": settings.empty_grants_policy,
             "keep_raw_originals": settings.keep_raw_originals,
             "provision_stacks_on_push": settings.provision_stacks_on_push,
+            "consent_required": settings.consent_required,
+            "consent_text": settings.consent_text,
+            "consent_withdrawal": settings.consent_withdrawal,
+            "guardians_may_pause": settings.guardians_may_pause,
         }
         initial.update({_retention_field(kind): days for kind, days in settings.retention_days.items()})
         return cls(initial=initial)
@@ -124,6 +153,9 @@ class PrivacyForm(forms.Form):
             "empty_grants_policy": data["empty_grants_policy"],
             "keep_raw_originals": data["keep_raw_originals"],
             "provision_stacks_on_push": data["provision_stacks_on_push"],
+            **({"consent_required": data["consent_required"], "consent_text": data["consent_text"],
+                "consent_withdrawal": data["consent_withdrawal"] or Organization.ConsentWithdrawal.KEEP.value,
+                "guardians_may_pause": data["guardians_may_pause"]} if data["consent_settings"] else {}),
         }
 
     def add_service_errors(self, error: InvalidInput) -> None:

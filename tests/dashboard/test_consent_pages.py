@@ -105,3 +105,19 @@ def test_a_guardian_reaches_only_their_child_and_pauses_only_if_the_school_allow
     assert client_for(school.admin).post(f"/dashboard/families/{school.stack.slug}/consent",
                                          {"action": "given"}).status_code == 404
     assert not StackConsent.objects.exists()
+
+
+def test_the_privacy_page_changes_the_consent_settings(school: School) -> None:
+    admin = client_for(school.admin)
+    page = admin.get("/dashboard/privacy/").content.decode()
+    assert "Require a guardian&#x27;s consent before agents write" in page or (
+        "Require a guardian's consent before agents write" in page)
+    saved = admin.post("/dashboard/privacy/", {
+        "redaction_categories": ["EMAIL", "PHONE", "IP_ADDRESS"], "empty_grants_policy": "school",
+        "consent_settings": "on", "consent_required": "on", "consent_text": "We agree to the tutor's notes.",
+        "consent_withdrawal": "erase"})
+    assert saved.status_code == 302, saved.content.decode()[:2000]
+    org = Organization.objects.get(pk=school.org.pk)
+    assert (org.consent_required, org.consent_text, org.consent_withdrawal, org.guardians_may_pause) == (
+        True, "We agree to the tutor's notes.", "erase", False)
+    assert AuditEvent.objects.filter(organization=school.org, action="privacy.updated").exists()
