@@ -54,6 +54,8 @@ BACKLOG_ATTENTION = 500
 # The school-wide backlog is counted up to here and shown as "10,000+" beyond: a worker that has
 # been down for days must not make the page scan its whole backlog on every load.
 BACKLOG_COUNT_CAP = 10_000
+# Students paused or awaiting consent named under "Needs attention" (docs/consent.md); past it, "and more".
+CONSENT_ATTENTION_SHOWN = 10
 # A memory still waiting for its vector counts toward the time to searchable if it was written this
 # recently: older waiting rows are a model switch's re-embedding (docs/algorithms.md §10.3), which
 # would report the age of memories written long ago, not how long new ones wait.
@@ -361,6 +363,9 @@ class Attention:
     expiring_keys: list[ApiKey] = field(default_factory=list)
     retention_review: bool = False  # a kind kept without a limit that no admin has chosen
     slow_searchable: SearchableDelay | None = None  # over TIME_TO_SEARCHABLE_ATTENTION_SECONDS
+    paused: list[Stack] = field(default_factory=list)  # agents' writes refused (docs/consent.md)
+    awaiting_consent: list[Stack] = field(default_factory=list)  # the school requires consent; none in force
+    more_students: bool = False  # more paused or awaiting students than CONSENT_ATTENTION_SHOWN
 
     @property
     def backlog_alert(self) -> bool:
@@ -369,7 +374,7 @@ class Attention:
     @property
     def empty(self) -> bool:
         return not (self.failed_runs or self.backlog_alert or self.expiring_keys or self.retention_review
-                    or self.slow_searchable)
+                    or self.slow_searchable or self.paused or self.awaiting_consent)
 
 
 def needs_attention(principal: Principal, *, now: datetime | None = None) -> Attention:
@@ -382,6 +387,7 @@ def needs_attention(principal: Principal, *, now: datetime | None = None) -> Att
     delay = searchable_delay(principal, now=now)
     if delay.seconds >= settings.TIME_TO_SEARCHABLE_ATTENTION_SECONDS:
         attention.slow_searchable = delay
+    _consent_attention(principal, attention)
     if principal.is_org_wide:
         job_runs_scope(principal)  # the one rule on who sees runs; an admin passes
         failed = job_runs_recent().filter(status=JobRun.Status.FAILED, started_at__gte=now - FAILED_JOBS_WINDOW)[:5]
@@ -392,3 +398,19 @@ def needs_attention(principal: Principal, *, now: datetime | None = None) -> Att
             .select_related("user").order_by("expires_at")[:10])
         attention.retention_review = retention_needs_review(principal.organization)
     return attention
+
+
+def _consent_attention(principal: Principal, attention: Attention) -> None:
+    """The caller's active students whose memory is paused or, when the school requires consent,
+    who have none in force: one query of at most CONSENT_ATTENTION_SHOWN + 1 rows, whatever the
+    number of students."""
+    condition = Q(paused_at__isnull=False)
+    if principal.organization.consent_required:
+        condition |= Q(consent_given_at__isnull=True)
+    rows = list(stacks_visible_to(principal).filter(condition, status=Stack.Status.ACTIVE)
+                .order_by("display_name", "slug")
+                .only("slug", "display_name", "paused_at", "consent_given_at")[:CONSENT_ATTENTION_SHOWN + 1])
+    attention.more_students = len(rows) > CONSENT_ATTENTION_SHOWN
+    rows = rows[:CONSENT_ATTENTION_SHOWN]
+    attention.paused = [row for row in rows if row.paused_at is not None]
+    attention.awaiting_consent = [row for row in rows if row.paused_at is None]

@@ -121,3 +121,17 @@ def test_the_privacy_page_changes_the_consent_settings(school: School) -> None:
     assert (org.consent_required, org.consent_text, org.consent_withdrawal, org.guardians_may_pause) == (
         True, "We agree to the tutor's notes.", "erase", False)
     assert AuditEvent.objects.filter(organization=school.org, action="privacy.updated").exists()
+
+
+def test_the_overview_names_paused_students_and_those_awaiting_consent(school: School) -> None:
+    Stack.objects.filter(pk=school.stack.pk).update(paused_at=school.org.created_at, display_name="Alice Paused")
+    page = client_for(school.admin).get("/dashboard/").content.decode()
+    assert 'data-attention="paused"' in page and "Alice Paused" in page
+    assert 'data-attention="consent"' not in page  # the school does not require consent
+    require_consent(school)
+    Stack.objects.filter(pk=school.other_stack.pk).update(display_name="Bob Waiting")
+    page = client_for(school.admin).get("/dashboard/").content.decode()
+    assert 'data-attention="consent"' in page and "Bob Waiting" in page
+    # The teacher sees only the student assigned to them (Alice).
+    page = client_for(school.teacher).get("/dashboard/").content.decode()
+    assert "Alice Paused" in page and "Bob Waiting" not in page
