@@ -9,6 +9,10 @@ Two formats, told apart by their header row:
   `sourcedId`, made to fit the stack-id alphabet. OneRoster links teachers to students through
   enrollments.csv, not users.csv, so this import assigns no teachers.
 
+Both may name students' parents and guardians (the plain `guardian_email` column; OneRoster's
+parent and guardian rows, linked by `agentSourcedIds`): they are invited or linked as guardians
+(stacks/roster_guardians.py, docs/guardians.md).
+
 Importing is two steps. `roster_plan` says per row what would happen — create, update (name,
 grade or a new teacher), unchanged, skipped (with the reason) or an error (with the reason) — each
 row numbered as a spreadsheet numbers it (the header is row 1). `roster_apply` plans again (the
@@ -23,6 +27,7 @@ An import only adds: teachers assigned by hand and students missing from the fil
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 from collections import Counter
 from dataclasses import dataclass, field
@@ -30,11 +35,13 @@ from enum import StrEnum
 
 from django.db import transaction
 
+from accounts.invitations import NewInvitation
 from accounts.models import Membership, User
 from accounts.principal import Principal
 from accounts.selectors import ensure_may_manage_organization, members_visible_to
 from accounts.services import audit_record
 from memoryhub.errors import Conflict, InvalidInput, NotFound, PayloadTooLarge
+from stacks import roster_guardians
 from stacks.models import Stack, TeacherAssignment
 from stacks.selectors import plausible_identifier, stack_limit_message, stack_room, stacks_visible_to
 from stacks.services import (
@@ -86,6 +93,11 @@ class RosterRow:
     teacher_emails: tuple[str, ...] = ()
     problem: str = ""
     skip: str = ""
+    guardians: tuple[tuple[str, str], ...] = ()  # (email, name) of the student's parents and guardians
+    # OneRoster: the row's sourcedId and agentSourcedIds; a parent/guardian row's own address.
+    source_id: str = ""
+    agent_ids: tuple[str, ...] = ()
+    guardian_email: str = ""
 
 
 @dataclass(frozen=True)
@@ -108,6 +120,7 @@ class PlannedRow:
     set_grade: str | None = None
     assign: list[User] = field(default_factory=list)
     stack: Stack | None = None  # the existing stack of an update
+    guardian_steps: list[roster_guardians.GuardianStep] = field(default_factory=list)
 
 
 @dataclass
@@ -118,6 +131,7 @@ class RosterPlan:
     problems: list[str] = field(default_factory=list)
     quota_exceeded: bool = False
     applied: bool = False
+    invitations: list[NewInvitation] = field(default_factory=list)  # guardians invited by applying: to e-mail
 
     @property
     def counts(self) -> dict[str, int]:
@@ -165,6 +179,8 @@ def roster_parsed(data: bytes) -> ParsedRoster:
                            code="roster_not_csv") from None
     if not rows:
         raise InvalidInput("The file has a header but no student rows.", code="roster_empty")
+    if roster_format is RosterFormat.ONEROSTER:
+        rows = roster_guardians.link_oneroster_guardians(rows)
     return ParsedRoster(format=roster_format, rows=tuple(rows))
 
 
@@ -217,7 +233,8 @@ def _row(number: int, header: list[str], cells: list[str], roster_format: Roster
 def _plain_row(number: int, values: dict[str, str]) -> RosterRow:
     emails = tuple(email.strip() for email in values.get("teacher_email", "").split(";") if email.strip())
     row = RosterRow(row=number, student_id=values.get("student_id", ""), name=values.get("name", ""),
-                    grade=values.get("grade", ""), teacher_emails=emails)
+                    grade=values.get("grade", ""), teacher_emails=emails,
+                    guardians=roster_guardians.plain_guardians(values))
     try:
         stack_id_validated(row.student_id, field="student_id")
     except InvalidInput as error:
@@ -228,8 +245,14 @@ def _plain_row(number: int, values: dict[str, str]) -> RosterRow:
 def _oneroster_row(number: int, values: dict[str, str]) -> RosterRow:
     raw_id = values.get("identifier") or values.get("sourcedid", "")
     name = " ".join(part for part in (values.get("givenname", ""), values.get("familyname", "")) if part)
-    row = RosterRow(row=number, student_id=_fitted_id(raw_id), name=name, grade=values.get("grades", ""))
+    agents = roster_guardians.split_ids(values.get("agentsourcedids", ""))
+    row = RosterRow(row=number, student_id=_fitted_id(raw_id), name=name, grade=values.get("grades", ""),
+                    source_id=values.get("sourcedid", ""), agent_ids=agents)
     role = values.get("role", "").lower()
+    if role in roster_guardians.GUARDIAN_ROLES and values.get("email") and values.get("status", "").lower() \
+            != "tobedeleted":
+        return dataclasses.replace(row, student_id="", guardian_email=values["email"],
+                                   skip=f"parent/guardian {values['email']}")  # placed by link_oneroster_guardians
     if role != "student":
         return RosterRow(row=number, student_id=row.student_id, name=name,
                          skip=f"role {role} is not a student" if role else "no role given, not a student")
@@ -258,8 +281,7 @@ def _checked_lengths(row: RosterRow) -> RosterRow:
 
 
 def _with_problem(row: RosterRow, problem: str) -> RosterRow:
-    return RosterRow(row=row.row, student_id=row.student_id, name=row.name, grade=row.grade,
-                     teacher_emails=row.teacher_emails, problem=problem)
+    return dataclasses.replace(row, problem=problem, skip="")
 
 
 # --- planning ----------------------------------------------------------------------------------
@@ -275,7 +297,8 @@ def roster_plan(*, principal: Principal, roster: ParsedRoster) -> RosterPlan:
     rows_of: dict[str, list[int]] = {}
     for row in candidates:
         rows_of.setdefault(row.student_id, []).append(row.row)
-    planned = [_planned(row, rows_of, existing, teachers) for row in roster.rows]
+    guardians = roster_guardians.school_guardians(principal, [found.stack for found in existing.values()])
+    planned = [_planned(row, rows_of, existing, teachers, guardians) for row in roster.rows]
     plan = RosterPlan(format=roster.format, rows=planned)
     creates = plan.counts[Outcome.CREATE.value]
     room = stack_room(organization=principal.organization)
@@ -310,7 +333,7 @@ def _existing(principal: Principal, student_ids: set[str]) -> dict[str, _Existin
 
 
 def _planned(row: RosterRow, rows_of: dict[str, list[int]], existing: dict[str, _Existing],
-             teachers: dict[str, User]) -> PlannedRow:
+             teachers: dict[str, User], guardians: roster_guardians.SchoolGuardians) -> PlannedRow:
     planned = PlannedRow(row=row.row, student_id=row.student_id, name=row.name, grade=row.grade,
                          teacher_emails=row.teacher_emails, outcome=Outcome.ERROR)
     if row.skip:
@@ -330,6 +353,10 @@ def _planned(row: RosterRow, rows_of: dict[str, list[int]], existing: dict[str, 
     current = existing.get(row.student_id)
     if current is not None and current.stack.kind != Stack.Kind.STUDENT:
         problems.append(f"student_id {row.student_id} is already used by an agent stack")
+    steps, guardian_problems = roster_guardians.guardian_steps(row.guardians, current.stack if current else None,
+                                                               guardians)
+    problems += guardian_problems
+    planned.guardian_steps = steps
     if problems:
         planned.details = problems
         return planned
@@ -337,6 +364,7 @@ def _planned(row: RosterRow, rows_of: dict[str, list[int]], existing: dict[str, 
         planned.outcome = Outcome.CREATE
         planned.set_name, planned.set_grade, planned.assign = row.name, row.grade, assign
         planned.details = ["new student"] + [f"assign teacher {teacher.email}" for teacher in assign]
+        planned.details += [step.detail for step in steps]
         return planned
     stack = current.stack
     planned.stack = stack
@@ -348,6 +376,7 @@ def _planned(row: RosterRow, rows_of: dict[str, list[int]], existing: dict[str, 
         planned.details.append(f"grade “{stack.grade}” → “{row.grade}”")
     planned.assign = [teacher for teacher in assign if teacher.pk not in current.teacher_ids]
     planned.details += [f"assign teacher {teacher.email}" for teacher in planned.assign]
+    planned.details += [step.detail for step in steps if step.action not in ("linked", "invited")]
     changed = bool(planned.details)
     if stack.is_archived:
         planned.details.append("archived: stays archived")
@@ -386,13 +415,17 @@ def roster_apply(*, principal: Principal, roster: ParsedRoster, ip: str | None =
         for teacher in row.assign:
             teacher_assign(stack=stack, teacher=teacher, principal=principal, ip=ip)
             assigned += 1
+        plan.invitations += roster_guardians.apply_guardian_steps(principal=principal, stack=stack,
+                                                                  steps=row.guardian_steps, ip=ip)
     counts = plan.counts
     # Counts only: the audit log holds no names or ids of students (each change has its own event).
+    metadata = {"format": plan.format.value, "rows": len(plan.rows), "created": counts["create"],
+                "updated": counts["update"], "unchanged": counts["unchanged"], "skipped": counts["skip"],
+                "teachers_assigned": assigned}
+    if plan.invitations:
+        metadata["guardians_invited"] = len(plan.invitations)
     audit_record(organization=organization, action="roster.imported", principal=principal, target_type="roster",
-                 ip=ip, metadata={"format": plan.format.value, "rows": len(plan.rows),
-                                  "created": counts["create"], "updated": counts["update"],
-                                  "unchanged": counts["unchanged"], "skipped": counts["skip"],
-                                  "teachers_assigned": assigned})
+                 ip=ip, metadata=metadata)
     plan.applied = True
     return plan
 

@@ -25,6 +25,7 @@ from django.template.loader import render_to_string
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
+from accounts.invitations import invitation_email_send
 from accounts.principal import Principal
 from dashboard.access import ADMINS, dashboard_page, request_ip
 from memoryhub.errors import Conflict, DomainError, InvalidInput, NotFound, QuotaExceeded
@@ -142,8 +143,13 @@ def _apply(request: HttpRequest, principal: Principal) -> HttpResponse:
         return _preview_page(request, plan, token=token, filename=stored["name"])
     cache.delete(_cache_key(principal, token))
     counts = plan.counts
+    # Guardians the file named are invited by e-mail; the links are not shown (docs/guardians.md).
+    emailed = sum(invitation_email_send(invitation=new.invitation, link=request.build_absolute_uri(
+        reverse("dashboard:invitation-accept", args=[new.token]))) for new in plan.invitations)
+    invited = (f" {len(plan.invitations)} guardian invitation{'s' if len(plan.invitations) != 1 else ''} created, "
+               f"{emailed} e-mailed." if plan.invitations else "")
     messages.success(request, f"Roster imported: {counts['create']} created, {counts['update']} updated, "
-                              f"{counts['unchanged']} unchanged, {counts['skip']} skipped.")
+                              f"{counts['unchanged']} unchanged, {counts['skip']} skipped.{invited}")
     return redirect("dashboard:roster")
 
 
