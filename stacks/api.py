@@ -225,13 +225,13 @@ class StackGuardiansView(APIView):
         data = serializer.validated_data
         done = guardian_invite(principal=principal, stack=found, email=data["email"], name=data["name"],
                                ip=client_ip(request))
-        url, emailed = None, False
+        invitation_url, emailed = None, False
         if done.new is not None:
-            url = request.build_absolute_uri(reverse("dashboard:invitation-accept", args=[done.new.token]))
-            emailed = invitation_email_send(invitation=done.new.invitation, link=url)
+            invitation_url = request.build_absolute_uri(reverse("dashboard:invitation-accept", args=[done.new.token]))
+            emailed = invitation_email_send(invitation=done.new.invitation, link=invitation_url)
         invitation = done.invitation
         body = {"status": done.outcome, "email": done.email,
-                "invitation_id": invitation.public_id if invitation else None, "invitation_url": url,
+                "invitation_id": invitation.public_id if invitation else None, "invitation_url": invitation_url,
                 "expires_at": invitation.expires_at if invitation else None, "emailed": emailed}
         answer = Response(GuardianInvitedSerializer(body).data,
                           status=status.HTTP_201_CREATED if done.new is not None else status.HTTP_200_OK)
