@@ -148,8 +148,10 @@ def test_on_their_own_child_a_guardian_reads_family_pages_only_and_writes_nothin
             context = f"{method.upper()} {path}"
             if route.startswith("dashboard/family/") and method == "get":
                 assert response.status_code == 200, f"{context}: {response.status_code}"
-            else:
+            elif route.startswith("dashboard/students/"):  # the staff pages of a student, theirs included
                 assert response.status_code in (404, 405), f"{context}: {response.status_code}"
+            else:  # a family's own actions (consent, pause: docs/consent.md), here with an empty form
+                assert response.status_code < 500, f"{context}: {response.status_code}"
     memory_id = str(own.memories.values_list("id", flat=True).first())
     before = stored_state(own)  # (after the reads: the family's downloads are audited, as they should be)
     for method, path, body in _writes(own.slug, memory_id):
