@@ -63,7 +63,7 @@ class ConsentStateSerializer(serializers.Serializer):
     given_at = serializers.DateTimeField(allow_null=True)
     paused = serializers.BooleanField()
     paused_at = serializers.DateTimeField(allow_null=True)
-    paused_by = serializers.CharField()
+    paused_by = serializers.CharField(help_text="Who paused it: a member of staff's name, or \"guardian <name>\".")
     writes_allowed = serializers.BooleanField(help_text="Agents may write now (consent permitting, not paused).")
     text = serializers.CharField(help_text="The consent text guardians agree to.")
     history = ConsentStepSerializer(many=True, help_text="Newest first.")

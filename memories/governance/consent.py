@@ -85,7 +85,12 @@ def consent_state(stack: Stack) -> ConsentState:
                            by=person_label(row.by_user, guardian=row.method == StackConsent.Method.ONLINE))
                for row in rows]
     in_force = stack.consent_given_at is not None
-    paused_by = person_label(stack.paused_by) if stack.paused_at is not None else ""
+    paused_by = ""
+    if stack.paused_at is not None and stack.paused_by_id is not None:
+        # Named as the history names people: "guardian <name>" when a guardian of the school paused it.
+        by_guardian = Membership.objects.filter(user_id=stack.paused_by_id, organization_id=organization.pk,
+                                                role=Membership.Role.GUARDIAN).exists()
+        paused_by = person_label(stack.paused_by, guardian=by_guardian)
     return ConsentState(
         required=organization.consent_required, in_force=in_force, given_at=stack.consent_given_at,
         paused=stack.paused_at is not None, paused_at=stack.paused_at, paused_by=paused_by,

@@ -82,7 +82,9 @@ def test_a_guardian_gives_consent_pauses_and_withdraws_on_their_childs_page(scho
     assert created.status_code == 201
 
     assert guardian.post(f"{base}pause", {"action": "pause", "csrfmiddlewaretoken": token}).status_code == 302
-    assert "paused by Gwen Parent" in guardian.get(child).content.decode()
+    assert "paused by guardian Gwen Parent" in guardian.get(child).content.decode()
+    assert "Memory paused by guardian Gwen Parent" in client_for(school.admin).get(
+        f"/dashboard/students/{school.stack.slug}/").content.decode()
     guardian.post(f"{base}pause", {"action": "resume", "csrfmiddlewaretoken": token})
     withdrawn = guardian.post(f"{base}consent", {"action": "withdrawn", "csrfmiddlewaretoken": token})
     assert withdrawn.status_code == 302
