@@ -233,7 +233,7 @@ def _push(stack: Stack, operations: list[dict[str, Any]]) -> list[OpResult]:
     def apply(per_record: bool) -> list[OpResult]:
         locked = Stack.objects.select_for_update(of=("self",)).select_related("organization").get(pk=stack.pk)
         return apply_native_operations(stack=locked, operations=operations, now=db_now(), per_record=per_record,
-                                       author=job_author(IMPORT_SOURCE))
+                                       author=job_author(IMPORT_SOURCE), writer=IMPORT_SOURCE)
     return with_retry_per_record(apply)
 
 
@@ -296,10 +296,11 @@ def archive_import(*, source: str | IO[bytes], organization: Organization, slug:
                     next_step=row.get("next_step") or "", blocker=row.get("blocker") or "",
                     context=row.get("context") or {}, pending=row.get("pending") or [],
                     saved_at=parse_timestamp(row.get("saved_at")),
-                    episode_record_id=str(row.get("episode_record_id") or "")))
+                    episode_record_id=str(row.get("episode_record_id") or "")), source=IMPORT_SOURCE)
                 result.checkpoints += 1
             for row in _read_lines(archive, "boot_config.jsonl"):
-                boot_config_set(stack=stack, key=str(row.get("key") or ""), value=row.get("value"))
+                boot_config_set(stack=stack, key=str(row.get("key") or ""), value=row.get("value"),
+                                source=IMPORT_SOURCE)
                 result.boot_config += 1
     return result
 

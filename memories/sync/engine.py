@@ -187,10 +187,11 @@ def _apply_delete(state: _State, now: datetime) -> None:
 # --- a batch ---------------------------------------------------------------------------------------------
 
 def apply_native_operations(*, stack: Stack, operations: list[Any], now: datetime, per_record: bool,
-                            author: Author) -> list[OpResult]:
+                            author: Author, writer: str = SYNC_SOURCE) -> list[OpResult]:
     """Parse native-format operations and apply them to `stack` (caller holds its lock, inside a
     transaction) as `author`: one result per operation, parse rejections included. The native push
-    and the archive import both write this way."""
+    and the archive import (`writer` "import", which the consent and pause gate lets through) both
+    write this way."""
     results = [OpResult(index=i, ok=False) for i in range(len(operations))]
     parsed: list[SyncOp] = []
     redaction = stack_policy(stack)  # the school's choice, once for the batch
@@ -201,12 +202,13 @@ def apply_native_operations(*, stack: Stack, operations: list[Any], now: datetim
             results[index] = OpResult(index=index, ok=False, error=rejected.message, code=rejected.code,
                                       fields=rejected.fields)
     apply_batch(stack=stack, ops=parsed, results=results, now=now, storage_limited=True, strict_quota=True,
-                per_record=per_record, author=author)
+                per_record=per_record, author=author, writer=writer)
     return results
 
 
 def apply_batch(*, stack: Stack, ops: list[SyncOp], results: list[OpResult], now: datetime,
-                storage_limited: bool, strict_quota: bool, per_record: bool, author: Author) -> None:
+                storage_limited: bool, strict_quota: bool, per_record: bool, author: Author,
+                writer: str = SYNC_SOURCE) -> None:
     """Apply parsed operations (caller holds the stack lock, inside a transaction) as `author`: the
     written_by of the records it creates and the author of every revision it keeps (its agent label
     redacted under the stack's policy first; docs/privacy.md "Provenance").
@@ -219,7 +221,7 @@ def apply_batch(*, stack: Stack, ops: list[SyncOp], results: list[OpResult], now
     """
     # Consent and pause (docs/consent.md): the kernel's gate, read from the locked stack row; every
     # operation is that refusal and nothing is stored.
-    refusal = write_refusal(stack, source=SYNC_SOURCE)
+    refusal = write_refusal(stack, source=writer)
     if refusal is not None:
         for op in ops:
             results[op.index] = OpResult(index=op.index, ok=False, code=refusal.code, error=refusal.conflict)

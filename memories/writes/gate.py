@@ -26,8 +26,9 @@ CONSENT_REQUIRED = "consent_required"
 MEMORY_PAUSED = "memory_paused"
 
 # Writers that are the server's own job, not an agent's or an API caller's: never refused here.
+# "import" is the operator's `import_archive` (a stack restored from its archive, by the command line).
 SERVER_SOURCES = frozenset({"promotion", "decay", "ttl", "embedding", "erasure", "redaction", "feedback",
-                            "recall", "dashboard", "seed"})
+                            "recall", "dashboard", "seed", "import"})
 
 
 @dataclass(frozen=True)

@@ -4,10 +4,13 @@ config, native push, kernle push), with reads unaffected and erasure still possi
 
 from __future__ import annotations
 
+import io
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+from django.core.management import call_command
 from django.utils import timezone
 from rest_framework.test import APIClient
 
@@ -315,4 +318,27 @@ def test_privacy_api_changes_the_consent_settings(school: School) -> None:
     bad = school.admin_api.put("/api/v1/privacy", {"consent_withdrawal": "shred"}, format="json")
     assert bad.status_code == 400
     refused = school.agent.post(school.stack_url("memories"), NOTE, format="json")
+    assert refused.status_code == 403 and refused.json()["error"]["code"] == "consent_required"
+
+
+def test_the_operators_archive_import_is_not_refused_but_the_restored_students_agents_are(
+        school: School, tmp_path: Path) -> None:
+    agent = school.agent
+    assert agent.post(school.stack_url("memories"), NOTE, format="json").status_code == 201
+    assert agent.post(school.stack_url("checkpoint"), {"task": "Fractions"}, format="json").status_code == 201
+    assert agent.put(school.stack_url("boot-config/tone"), {"value": "warm"}, format="json").status_code == 200
+    exported = agent.get(school.stack_url("export/archive"))
+    path = tmp_path / "alice.zip"
+    path.write_bytes(b"".join(exported.streaming_content))
+    require_consent(school)
+    out = io.StringIO()
+    call_command("import_archive", str(path), "--school", school.org.slug, "--stack", "alice-restored",
+                 stdout=out, stderr=io.StringIO())
+    assert "0 rejected" in out.getvalue()
+    restored = Stack.objects.get(organization=school.org, slug="alice-restored")
+    assert Memory.objects.filter(stack=restored).count() == 1
+    assert Checkpoint.objects.filter(stack=restored).count() == 1
+    assert BootConfigEntry.objects.filter(stack=restored).count() == 1
+    _, secret = make_key(school.org, stack=restored)
+    refused = bearer_client(secret).post("/api/v1/stacks/alice-restored/memories", NOTE, format="json")
     assert refused.status_code == 403 and refused.json()["error"]["code"] == "consent_required"
