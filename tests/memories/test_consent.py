@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from django.core.management import call_command
+from django.http import StreamingHttpResponse
 from django.utils import timezone
 from rest_framework.test import APIClient
 
@@ -329,6 +330,7 @@ def test_the_operators_archive_import_is_not_refused_but_the_restored_students_a
     assert agent.put(school.stack_url("boot-config/tone"), {"value": "warm"}, format="json").status_code == 200
     exported = agent.get(school.stack_url("export/archive"))
     path = tmp_path / "alice.zip"
+    assert isinstance(exported, StreamingHttpResponse)
     path.write_bytes(b"".join(exported.streaming_content))
     require_consent(school)
     out = io.StringIO()
