@@ -53,7 +53,10 @@ MODEL_BACKEND = "django.contrib.auth.backends.ModelBackend"
 
 class InviteForm(forms.Form):
     email = forms.EmailField(label="Email", max_length=254)
-    role = forms.ChoiceField(label="Role", choices=Membership.Role.choices, initial=Membership.Role.TEACHER)
+    # Guardians are invited for a student, from the student's page (docs/guardians.md), not from here.
+    role = forms.ChoiceField(label="Role", initial=Membership.Role.TEACHER,
+                             choices=[(value, label) for value, label in Membership.Role.choices
+                                      if value != Membership.Role.GUARDIAN])
 
 
 class JoinForm(SetPasswordMixin, forms.Form):

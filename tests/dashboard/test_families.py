@@ -168,3 +168,11 @@ def test_the_student_page_has_a_guardians_panel_for_admins_only(school: School) 
     assert teacher.get(f"/dashboard/students/{school.stack.slug}/guardians").status_code == 404
     assert teacher.post(f"/dashboard/students/{school.stack.slug}/guardians",
                         {"email": "x@example.test"}).status_code == 404
+
+
+def test_the_people_page_leaves_guardians_to_the_student_page(school: School) -> None:
+    admin = client_for(school.admin)
+    invite_form = admin.get("/dashboard/people/").content.decode().split("</form>")[0]
+    assert 'value="teacher"' in invite_form and 'value="guardian"' not in invite_form
+    refused = admin.post("/dashboard/people/", {"email": "p@example.test", "role": "guardian"})
+    assert refused.status_code == 400 and not Membership.objects.filter(user__email="p@example.test").exists()
