@@ -50,7 +50,9 @@ def test_invite_accept_sign_in_and_see_exactly_the_two_children(school: School) 
     page = admin.post(f"/dashboard/students/{school.stack.slug}/guardians",
                       {"email": "mum@example.test", "name": "Mo Mum"})
     assert page.status_code == 201
-    token = LINK.search(page.content.decode()).group(1)
+    found = LINK.search(page.content.decode())
+    assert found is not None, "the panel shows the one-time link"
+    token = found.group(1)
     assert "no-store" in page["Cache-Control"] and len(mail.outbox) == 1
     again = admin.post(f"/dashboard/students/{school.other_stack.slug}/guardians", {"email": "mum@example.test"})
     assert again.status_code == 200 and not LINK.search(again.content.decode())
@@ -107,8 +109,9 @@ def test_what_a_guardian_reads_follows_the_schools_guardian_view(school: School,
     page = client.get(f"/dashboard/family/{school.stack.slug}/").content.decode()
     markdown = client.get(f"/dashboard/family/{school.stack.slug}/MEMORY.md").content.decode()
     archive = client.get(f"/dashboard/family/{school.stack.slug}/archive.zip")
-    with zipfile.ZipFile(BytesIO(b"".join(archive.streaming_content))) as bundle:
+    with zipfile.ZipFile(BytesIO(b"".join(archive.streaming_content))) as bundle:  # type: ignore[attr-defined]
         archived = "".join(bundle.read(name).decode() for name in bundle.namelist() if name.endswith(".jsonl"))
+        names = bundle.namelist()
 
     everything = ["shared with families", "for everyone who may see", "for teachers only", "no grants at all",
                   "for school staff"]
@@ -119,9 +122,8 @@ def test_what_a_guardian_reads_follows_the_schools_guardian_view(school: School,
             assert (text in body) == (text in expected), (view, text)
     exports = AuditEvent.objects.filter(organization=school.org, action="stack.exported", actor=guardian)
     assert sorted(exports.values_list("metadata__format", flat=True)) == ["memory.md", "zip"]
-    assert not any(name.startswith("access_log") for name in zipfile.ZipFile(
-        BytesIO(b"".join(client.get(f"/dashboard/family/{school.stack.slug}/archive.zip").streaming_content)))
-        .namelist())
+    assert "memories.jsonl" in names or any(name.startswith("memories") for name in names)
+    assert "access_log.jsonl" not in names  # who read the child's memories is the school's record
 
 
 STAFF_PAGES = ["/dashboard/roster/", "/dashboard/people/", "/dashboard/keys/", "/dashboard/audit/",
@@ -131,7 +133,7 @@ STAFF_PAGES = ["/dashboard/roster/", "/dashboard/people/", "/dashboard/keys/", "
 
 def test_a_guardian_reaches_no_staff_page_not_even_for_their_own_child(school: School) -> None:
     client = client_for(guardian_of(school, school.stack))
-    assert client.get("/dashboard/").url == "/dashboard/family/"
+    assert client.get("/dashboard/")["Location"] == "/dashboard/family/"
     for url in STAFF_PAGES[:-1]:
         assert client.get(url).status_code == 404, url
     assert client.get("/account/password/").status_code == 200  # their own password is theirs

@@ -43,7 +43,9 @@ def test_an_invitation_links_the_guardian_to_every_student_it_names_and_no_other
     first = invite(school, school.stack.slug, "Parent@Example.test", name="Pat Parent")
     assert first["status"] == "invited" and first["invitation_url"].startswith("http")
     invitation = Invitation.objects.get(public_id=first["invitation_id"])
-    token = TOKEN.search(first["invitation_url"]).group(1)
+    found = TOKEN.search(first["invitation_url"])
+    assert found is not None
+    token = found.group(1)
     assert invitation.token_hash == token_hash(token) and invitation.role == "guardian"
     assert first["emailed"] and first["invitation_url"] in mail.outbox[0].body
     # A second child of the same family joins the pending invitation: the link they have covers both.
