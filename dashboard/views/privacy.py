@@ -115,9 +115,6 @@ class PrivacyForm(forms.Form):
     guardians_may_pause = forms.BooleanField(
         label="Guardians may pause their child's memory", required=False,
         help_text="Admins may always pause and resume a student's memory from the student's page.")
-    # Sent by the families' section of the form: only a form that showed it changes those settings
-    # (an unticked box is simply absent from a post).
-    consent_settings = forms.BooleanField(required=False, widget=forms.HiddenInput)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -155,8 +152,13 @@ class PrivacyForm(forms.Form):
             "provision_stacks_on_push": data["provision_stacks_on_push"],
             **({"consent_required": data["consent_required"], "consent_text": data["consent_text"],
                 "consent_withdrawal": data["consent_withdrawal"] or Organization.ConsentWithdrawal.KEEP.value,
-                "guardians_may_pause": data["guardians_may_pause"]} if data["consent_settings"] else {}),
+                "guardians_may_pause": data["guardians_may_pause"]} if self._shows_consent() else {}),
         }
+
+    def _shows_consent(self) -> bool:
+        """Did the post come from a form with the families' section (its hidden `consent_settings`)? Only
+        such a form changes those settings: an unticked box is simply absent from a post."""
+        return bool(self.data.get("consent_settings"))
 
     def add_service_errors(self, error: InvalidInput) -> None:
         """The service's field errors (`retention_days.raw`, `empty_grants_policy`…) on the form's fields."""
