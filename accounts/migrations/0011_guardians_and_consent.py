@@ -33,11 +33,6 @@ class Migration(migrations.Migration):
         ),
         migrations.AddField(
             model_name='organization',
-            name='guardian_request_days',
-            field=models.PositiveSmallIntegerField(default=10),
-        ),
-        migrations.AddField(
-            model_name='organization',
             name='guardian_view',
             field=models.CharField(choices=[('agent', 'Agent'), ('granted', 'Granted')], default='agent', max_length=8),
         ),
