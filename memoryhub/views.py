@@ -1,14 +1,18 @@
-"""Liveness and readiness probes, metrics, and `/favicon.ico`: the only endpoints that need no
-authentication."""
+"""Liveness and readiness probes, metrics, `/favicon.ico` and the OpenAPI document's generator: the
+only endpoints that need no authentication."""
 
 from __future__ import annotations
 
 import logging
+import threading
+from typing import Any, ClassVar, cast
 
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
 from django.templatetags.static import static
+from django.utils import translation
 from django.views.decorators.cache import cache_control, never_cache
 from django.views.decorators.http import require_GET
+from drf_spectacular.generators import SchemaGenerator
 
 from memoryhub.health import embedding_backlog, readiness
 from memoryhub.metrics import metrics_allowed, metrics_response
@@ -72,3 +76,21 @@ def favicon(request: HttpRequest) -> HttpResponse:
     URL (WhiteNoise serves it, cached for good), so no page logs a 404 for it. Temporary (302): the
     hash changes when the icon does."""
     return HttpResponseRedirect(static("icons/favicon.ico"))
+
+
+class OnceGeneratedSchema(SchemaGenerator):
+    """drf-spectacular's generator, generating the public OpenAPI document once per process, API
+    version and language. `/api/schema/` is public and unthrottled, and generating the document costs
+    about half a second of CPU: unmemoized, anyone could keep a core busy by asking for it."""
+
+    _documents: ClassVar[dict[tuple[str | None, str | None], dict[str, Any]]] = {}
+    _lock: ClassVar[threading.Lock] = threading.Lock()
+
+    def get_schema(self, request: Any = None, public: bool = False) -> dict[str, Any]:
+        if not public:
+            return cast(dict[str, Any], super().get_schema(request=request, public=public))
+        key = (self.api_version or getattr(request, "version", None), translation.get_language())
+        with self._lock:  # one generation per key, even when requests arrive together
+            if key not in self._documents:
+                self._documents[key] = super().get_schema(request=request, public=public)
+            return self._documents[key]
