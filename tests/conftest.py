@@ -242,3 +242,33 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         for fixture in getattr(item, "fixturenames", ()):
             if fixture in MARKS_BY_FIXTURE:
                 item.add_marker(MARKS_BY_FIXTURE[fixture])
+
+
+class _LongTestsFirst:
+    @pytest.hookimpl(trylast=True)  # after `-m` has deselected: the slices are of what runs
+    def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
+        """Start each of the longest tests (`@pytest.mark.long`) first on a worker of its own.
+
+        pytest-xdist's work-stealing scheduler first hands each worker one contiguous slice of the
+        collection, in order; a minute-long test in the middle of a slice starts when its worker gets
+        there and can end the run a minute after every other test. Placing the long tests at the
+        starts of the slices runs them beside the rest from the first second (docs/testing.md)."""
+        workers = config.getoption("numprocesses", None)
+        longest = [item for item in items if item.get_closest_marker("long")]
+        if not isinstance(workers, int) or workers < 2 or not longest:
+            return
+        rest = [item for item in items if not item.get_closest_marker("long")]
+        starts, start = [], 0
+        for remaining in range(workers, 0, -1):  # the scheduler's own split: what is left / workers left
+            starts.append(start)
+            start += (len(items) - start) // remaining
+        placed: dict[int, pytest.Item] = {}
+        for n, item in enumerate(longest):
+            slot = starts[n % workers] + n // workers
+            placed[slot] = item
+        others = iter(rest)
+        items[:] = [placed[i] if i in placed else next(others) for i in range(len(items))]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(_LongTestsFirst(), "long-tests-first")

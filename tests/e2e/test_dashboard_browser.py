@@ -207,6 +207,7 @@ def minilm(settings: Any) -> Any:
     return embedder
 
 
+@pytest.mark.long
 def test_an_admin_imports_a_roster_issues_a_key_the_cli_uses_then_revokes_it(
         open_page: Callable[[], WatchedPage], dashboard_url: str, kernle: KernleCLI, minilm: Any) -> None:
     org = make_org("Oakfield School", tier="enterprise")  # room for the whole roster

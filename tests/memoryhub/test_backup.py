@@ -93,6 +93,7 @@ def restored_server() -> Iterator[list[EmbeddedPostgres]]:
         server.stop()
 
 
+@pytest.mark.long
 def test_a_backup_restores_into_an_empty_data_dir_with_everything_equal(
         tmp_path: Path, settings: Any, restored_server: list[EmbeddedPostgres], capsys: Any) -> None:
     seed()

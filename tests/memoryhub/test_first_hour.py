@@ -65,6 +65,7 @@ def _assets(html: str) -> list[str]:
     return [url for url in ASSET.findall(html) if not url.startswith(("#", "data:"))]
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_make_run_prints_only_urls_that_work_and_commands_find_the_service(tmp_path: Path) -> None:
     data_dir = tmp_path / "var"

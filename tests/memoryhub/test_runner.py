@@ -58,6 +58,7 @@ def _start_runner(env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_runner_serves_recovers_from_redis_death_and_stops_everything(tmp_path: Path) -> None:
     data_dir = tmp_path / "var"
