@@ -7,6 +7,7 @@ import logging
 import threading
 from typing import Any, ClassVar, cast
 
+from django.conf import settings
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
 from django.templatetags.static import static
 from django.utils import translation
@@ -81,7 +82,7 @@ def favicon(request: HttpRequest) -> HttpResponse:
 class OnceGeneratedSchema(SchemaGenerator):
     """drf-spectacular's generator, generating the public OpenAPI document once per process, API
     version and language. `/api/schema/` is public and unthrottled, and generating the document costs
-    about half a second of CPU: unmemoized, anyone could keep a core busy by asking for it."""
+    about a second of CPU: unmemoized, anyone could keep a core busy by asking for it."""
 
     _documents: ClassVar[dict[tuple[str | None, str | None], dict[str, Any]]] = {}
     _lock: ClassVar[threading.Lock] = threading.Lock()
@@ -89,7 +90,13 @@ class OnceGeneratedSchema(SchemaGenerator):
     def get_schema(self, request: Any = None, public: bool = False) -> dict[str, Any]:
         if not public:
             return cast(dict[str, Any], super().get_schema(request=request, public=public))
-        key = (self.api_version or getattr(request, "version", None), translation.get_language())
+        # `?lang=` may be anything: key on the language Django would really use for it (one of
+        # settings.LANGUAGES), so strangers' values neither regenerate nor pile up documents.
+        try:
+            language = translation.get_supported_language_variant(translation.get_language() or "")
+        except LookupError:
+            language = translation.get_supported_language_variant(settings.LANGUAGE_CODE)
+        key = (self.api_version or getattr(request, "version", None), language)
         with self._lock:  # one generation per key, even when requests arrive together
             if key not in self._documents:
                 self._documents[key] = super().get_schema(request=request, public=public)

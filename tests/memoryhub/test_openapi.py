@@ -38,3 +38,14 @@ def test_the_public_document_is_generated_once_per_process(client: Any, monkeypa
     second = client.get("/api/schema/?format=json")
     assert first.status_code == second.status_code == 200
     assert first.content == second.content and generated == [True]
+
+
+@pytest.mark.django_db
+def test_a_strangers_language_neither_regenerates_the_document_nor_keeps_another(
+        client: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from memoryhub.views import OnceGeneratedSchema
+
+    monkeypatch.setattr(OnceGeneratedSchema, "_documents", {})
+    for lang in ("en-us", "xx-hostile", "zz", "\u202e"):
+        assert client.get("/api/schema/", {"format": "json", "lang": lang}).status_code == 200
+    assert len(OnceGeneratedSchema._documents) == 1
