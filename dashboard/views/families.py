@@ -14,16 +14,14 @@ The school's admins see and invite a student's guardians on the student page (`g
 
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
 from django import forms
-from django.http import HttpRequest, HttpResponse, HttpResponseBase, StreamingHttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseBase
 from django.shortcuts import render
 from django.template import TemplateDoesNotExist
 from django.template.loader import select_template
 from django.urls import reverse
-from django.utils import timezone
 from django.utils.cache import add_never_cache_headers
 from django.views.decorators.http import require_GET, require_http_methods
 
@@ -32,13 +30,10 @@ from accounts.invitations import invitation_email_send
 from accounts.principal import Principal
 from dashboard import student as reads
 from dashboard.access import ADMINS, GUARDIANS, dashboard_page, request_ip
-from memories.governance.archive import archive_chunks, archive_filename, archive_memory_ids
+from dashboard.views.student import archive_download, memory_md_download
 from memories.privacy.grants import audience_for
-from memories.reads.access_history import may_read_access_log
 from memories.reads.access_log import AccessPath, record_principal_access
-from memories.reads.export import stack_memory_md
 from memoryhub.errors import DomainError
-from memoryhub.streaming import streamed_content
 from stacks.guardians import NAME_MAX, guardian_invite, guardians_of
 from stacks.selectors import stack_for_principal, stacks_visible_to
 
@@ -101,17 +96,7 @@ def child(request: HttpRequest, principal: Principal, slug: str) -> HttpResponse
 @dashboard_page(roles=GUARDIANS)
 def child_markdown(request: HttpRequest, principal: Principal, slug: str) -> HttpResponse:
     """The child's MEMORY.md, as the student page's export, with what this guardian may read."""
-    stack = stack_for_principal(principal, slug)
-    now = timezone.now()
-    reads.audit_export(principal=principal, stack=stack, ip=request_ip(request), export_format="memory.md")
-    served: list[uuid.UUID] = []
-    body = stack_memory_md(stack=stack, now=now, audience=audience_for(principal, stack_id=stack.pk), served=served)
-    record_principal_access(principal, via=Path.DASHBOARD, stack_id=stack.pk, path=AccessPath.MEMORY_MD,
-                            memory_ids=served)
-    response = HttpResponse(body, content_type="text/markdown; charset=utf-8")
-    response["Content-Disposition"] = f'attachment; filename="{reads.export_filename(stack, now, "-MEMORY.md")}"'
-    response["Cache-Control"] = "private, no-store"
-    return response
+    return memory_md_download(request, principal, stack_for_principal(principal, slug))
 
 
 @require_GET
@@ -119,18 +104,7 @@ def child_markdown(request: HttpRequest, principal: Principal, slug: str) -> Htt
 def child_archive(request: HttpRequest, principal: Principal, slug: str) -> HttpResponseBase:
     """The child's portable archive (memories.governance.archive), streamed, with what this guardian
     may read and without the access log (that is the school's)."""
-    stack = stack_for_principal(principal, slug)
-    now = timezone.now()
-    reads.audit_export(principal=principal, stack=stack, ip=request_ip(request), export_format="zip")
-    audience = audience_for(principal, stack_id=stack.pk)
-    chunks = archive_chunks(stack=stack, now=now, audience=audience,
-                            include_access_log=may_read_access_log(principal, stack))
-    record_principal_access(principal, via=Path.DASHBOARD, stack_id=stack.pk, path=AccessPath.EXPORT,
-                            memory_ids=archive_memory_ids(stack=stack, audience=audience))
-    response = StreamingHttpResponse(streamed_content(request, chunks), content_type="application/zip")
-    response["Content-Disposition"] = f'attachment; filename="{archive_filename(stack, now)}"'
-    response["Cache-Control"] = "private, no-store"
-    return response
+    return archive_download(request, principal, stack_for_principal(principal, slug))
 
 
 # --- the admin's side: a student's guardians ------------------------------------------------------

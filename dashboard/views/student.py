@@ -33,6 +33,7 @@ from memories.selectors import boot_config_entries, memories_list, memory_agents
 from memories.sessions.cards import session_cards
 from memoryhub.errors import NotFound
 from memoryhub.streaming import streamed_content
+from stacks.models import Stack
 from stacks.selectors import stack_for_principal
 
 _ACTION_DONE = {"forget": "Memory forgotten. It can be recovered from the “Only forgotten” list.",
@@ -148,10 +149,21 @@ def export_json(request: HttpRequest, principal: Principal, slug: str) -> HttpRe
 @dashboard_page(roles=STAFF)
 def export_archive(request: HttpRequest, principal: Principal, slug: str) -> HttpResponseBase:
     """The same ZIP as `GET /api/v1/stacks/{stack}/export/archive` (memories.governance.archive), streamed, audited."""
-    stack = stack_for_principal(principal, slug)
+    return archive_download(request, principal, stack_for_principal(principal, slug))
+
+
+@require_GET
+@dashboard_page(roles=STAFF)
+def export_markdown(request: HttpRequest, principal: Principal, slug: str) -> HttpResponse:
+    return memory_md_download(request, principal, stack_for_principal(principal, slug))
+
+
+def archive_download(request: HttpRequest, principal: Principal, stack: Stack) -> HttpResponseBase:
+    """`stack`'s portable archive for this viewer (a stack the access decision gave them): only what
+    their privacy grants admit (memories.privacy.grants), the access log only for those who may
+    read it; audited, and recorded in the access log, as theirs."""
     now = timezone.now()
     reads.audit_export(principal=principal, stack=stack, ip=request_ip(request), export_format="zip")
-    # As the API's: only what this viewer's privacy grants admit (memories.privacy.grants).
     audience = audience_for(principal, stack_id=stack.pk)
     chunks = archive_chunks(stack=stack, now=now, audience=audience,
                             include_access_log=may_read_access_log(principal, stack))
@@ -163,10 +175,8 @@ def export_archive(request: HttpRequest, principal: Principal, slug: str) -> Htt
     return response
 
 
-@require_GET
-@dashboard_page(roles=STAFF)
-def export_markdown(request: HttpRequest, principal: Principal, slug: str) -> HttpResponse:
-    stack = stack_for_principal(principal, slug)
+def memory_md_download(request: HttpRequest, principal: Principal, stack: Stack) -> HttpResponse:
+    """`stack`'s MEMORY.md for this viewer, with what their grants admit; audited and recorded as theirs."""
     now = timezone.now()
     reads.audit_export(principal=principal, stack=stack, ip=request_ip(request), export_format="memory.md")
     served: list[uuid.UUID] = []
