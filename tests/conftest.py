@@ -102,6 +102,15 @@ def shared_static_root() -> str:
     return str(data_dir() / "runner-static")
 
 
+@pytest.fixture(autouse=True)
+def _fresh_bulk_lane(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test starts with a new bulk lane (memoryhub.lanes): its limit adapts to the latencies
+    this process saw, and a busy earlier test must not leave a later one's full pull paced."""
+    from memoryhub import lanes
+
+    monkeypatch.setattr(lanes, "_lane", None)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _fast_password_hashing() -> Iterator[None]:
     """Tests create many users; the production hasher is deliberately slow. Not what we test."""
