@@ -124,7 +124,10 @@ def _replay(*, resume: bool) -> None:
 
 def _caught_up() -> None:
     """Wait (bounded) until the standby has replayed everything the primary has committed."""
-    target = str(_sql("default", "SELECT pg_current_wal_lsn()"))
+    # The insert position, not the write position: the test cluster commits asynchronously
+    # (EmbeddedPostgres(durable=False)), so a commit's record may be in the WAL buffers, not yet
+    # written, and a standby caught up to the write position may still lack it.
+    target = str(_sql("default", "SELECT pg_current_wal_insert_lsn()"))
     deadline = time.monotonic() + CATCH_UP_TIMEOUT
     while time.monotonic() < deadline:
         if _sql("replica", f"SELECT pg_last_wal_replay_lsn() >= '{target}'::pg_lsn"):
