@@ -81,8 +81,8 @@ def favicon(request: HttpRequest) -> HttpResponse:
 
 class OnceGeneratedSchema(SchemaGenerator):
     """drf-spectacular's generator, generating the public OpenAPI document once per process, API
-    version and language. `/api/schema/` is public and unthrottled, and generating the document costs
-    about a second of CPU: unmemoized, anyone could keep a core busy by asking for it."""
+    version and language. `/api/schema/` is public and unthrottled, and generating the document is
+    costly (docs/architecture.md §2.5): unmemoized, anyone could keep a core busy by asking for it."""
 
     _documents: ClassVar[dict[tuple[str | None, str | None], dict[str, Any]]] = {}
     _lock: ClassVar[threading.Lock] = threading.Lock()
