@@ -31,7 +31,7 @@ from tests.factories import make_key, make_org, make_stack
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 CLIENT_DIR = Path(__file__).resolve().parent.parent.parent / "clients" / "typescript"
-NODE_TESTS = ["test/scenario.test.mjs", "test/schema-drift.test.mjs"]
+NODE_TESTS = ["test/scenario.test.mjs", "test/transport.test.mjs", "test/schema-drift.test.mjs"]
 
 
 def _npm(*args: str) -> None:
