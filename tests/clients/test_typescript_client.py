@@ -41,7 +41,8 @@ def _npm(*args: str) -> None:
 
 def _built_client() -> None:
     """dist/ as `make install` builds it; installed and built here when missing or older than a
-    source (an edit not yet built), so the test never runs a stale client."""
+    source (an edit not yet built), so the test never runs a stale client. Then the type checks
+    (test/types.check.ts)."""
     if shutil.which("node") is None or shutil.which("npm") is None:
         pytest.fail("node is missing: install Node.js 20 (with npm) and run `make install`")
     if not (CLIENT_DIR / "node_modules" / ".bin" / "tsc").exists():
@@ -50,6 +51,7 @@ def _built_client() -> None:
     sources = [*CLIENT_DIR.glob("src/*.ts"), CLIENT_DIR / "package.json", CLIENT_DIR / "tsconfig.json"]
     if not built.exists() or max(p.stat().st_mtime for p in sources) > built.stat().st_mtime:
         _npm("run", "build")
+    _npm("run", "typecheck")  # the calls as documented compile; what the schema rules out does not
 
 
 @pytest.fixture
