@@ -149,6 +149,7 @@ class Organization(models.Model):
         GRANTED = "granted"  # only memories whose grants admit role:guardian
 
     guardian_view = models.CharField(max_length=8, choices=GuardianView.choices, default=GuardianView.AGENT)
+    guardian_request_days = models.PositiveSmallIntegerField(default=10)  # a guardian request's due date, in days
     created_at = models.DateTimeField(auto_now_add=True)
 
     def __str__(self) -> str:

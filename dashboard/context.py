@@ -18,6 +18,7 @@ NAVIGATION = (
     ("Audit", "dashboard:audit", {ADMIN}),
     ("Webhooks", "dashboard:webhooks", {ADMIN}),
     ("Privacy", "dashboard:privacy", {ADMIN}),
+    ("Requests", "dashboard:requests", {ADMIN}),
     ("Billing", "dashboard:billing", {ADMIN, BILLING}),
     ("Your children", "dashboard:families", {GUARDIAN}),
 )

@@ -39,7 +39,7 @@ import threading
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from importlib import import_module
 from typing import Any
@@ -66,7 +66,7 @@ from accounts.principal import Principal
 from accounts.selectors import principal_for_session
 from accounts.signals import sessions_ended
 from dashboard import student as reads
-from dashboard.access import STAFF
+from dashboard.access import GUARDIANS, STAFF
 from memories.changes.feed import events_after, latest_seq
 from memories.models import ChangeEvent, Memory, StackDailyActivity
 from memories.privacy.grants import Audience, audience_for, grants_filter
@@ -89,6 +89,7 @@ CATCH_UP_EVENTS = 500
 # An event naming more memories than this (a decay pass, a big import) is not resolved row by row:
 # the page is told how many changed and offers a refresh.
 RESOLVE_IDS_MAX = 1000
+FAMILY_ROW = "dashboard/families/_memory_row.html"  # a guardian's child page's row (dashboard/views/families.py)
 
 
 # --- groups and who is asking ---------------------------------------------------------------------
@@ -135,18 +136,25 @@ def session_user(session_key: str | None) -> User | None:
     return user if stored and any(constant_time_compare(stored, h) for h in hashes) else None
 
 
-def staff_principal(user: User) -> Principal:
-    """Who the user acts as, if the live pages are for them (the pages' roles: dashboard.access.STAFF)."""
+def staff_principal(user: User, *, families: bool = False) -> Principal:
+    """Who the user acts as, if the live pages are for them (the pages' roles: dashboard.access.STAFF;
+    with `families`, a guardian too: their child's page is live, docs/guardians.md)."""
     principal = principal_for_session(user)
-    if principal is None or principal.role not in STAFF:
+    if principal is None or principal.role not in (STAFF | GUARDIANS if families else STAFF):
         raise NotFound("There is no such page.", code="not_found")
     return principal
 
 
 def stack_access(user: User, slug: str) -> tuple[Principal, Stack]:
-    """The stack `slug` if the user may watch it now (NotFound otherwise): the page's own check."""
-    principal = staff_principal(user)
+    """The stack `slug` if the user may watch it now (NotFound otherwise): the page's own check (a
+    guardian reaches only their own children, as on their pages)."""
+    principal = staff_principal(user, families=True)
     return principal, stack_for_principal(principal, slug)
+
+
+def is_family(principal: Principal) -> bool:
+    """Does this viewer see the family's page (its rows, never forgotten memories) rather than the staff's?"""
+    return principal.role in GUARDIANS and principal.api_key is None
 
 
 def recheck(session_key: str, user_id: int, slug: str | None) -> int | None:
@@ -267,8 +275,11 @@ def student_message(principal: Principal, stack_id: int, filters: reads.MemoryFi
     every memory it names is hidden from them: nothing is sent. Shared by every socket on the same
     stack, filters and grants audience: rendered once per change."""
     audience = audience_for(principal, stack_id=stack_id)
-    message = _shared((change.event_ids, stack_id, filters, audience),
-                      lambda: _student_message(stack_id, filters, change, audience))
+    family = is_family(principal)
+    if family:  # a family's page never lists forgotten memories, whatever its query says
+        filters = replace(filters, forgotten="exclude")
+    message = _shared((change.event_ids, stack_id, filters, audience, family),
+                      lambda: _student_message(stack_id, filters, change, audience, family=family))
     if message is not None:  # the rows pushed carry memory text: this viewer was served them
         record_principal_access(principal, via=Path.DASHBOARD, stack_id=stack_id, path=AccessPath.LIVE,
                                 memory_ids=[row["id"] for row in message.get("rows", ())])
@@ -276,7 +287,7 @@ def student_message(principal: Principal, stack_id: int, filters: reads.MemoryFi
 
 
 def _student_message(stack_id: int, filters: reads.MemoryFilters, change: Change,
-                     audience: Audience | None) -> dict[str, Any] | None:
+                     audience: Audience | None, *, family: bool = False) -> dict[str, Any] | None:
     stack = Stack.objects.select_related("organization").get(pk=stack_id)
     message: dict[str, Any] = {"type": "change", "events": list(change.event_ids), "seq": change.seq,
                                "rows": [], "removed": [], "unresolved": 0}
@@ -290,7 +301,8 @@ def _student_message(stack_id: int, filters: reads.MemoryFilters, change: Change
     if len(ids) > RESOLVE_IDS_MAX:
         message["unresolved"] = len(ids)
     elif ids:
-        message.update(_rows(stack, filters, ids, audience))
+        message.update(_rows(stack, filters, ids, audience,
+                             row_template=FAMILY_ROW if family else "dashboard/student/_memory_row.html"))
     counts = reads.kind_counts(stack, filters, audience=audience)
     message.update(counts=counts, total=sum(counts.values()), figures=_stack_figures(stack))
     if CHECKPOINT in change.topics:
@@ -323,7 +335,7 @@ def _admitted(stack: Stack, ids: Sequence[str], audience: Audience | None) -> li
 
 
 def _rows(stack: Stack, filters: reads.MemoryFilters, ids: Sequence[str],
-          audience: Audience | None) -> dict[str, Any]:
+          audience: Audience | None, *, row_template: str) -> dict[str, Any]:
     """Which of `ids` still exist, which match the page's filters (its own rule), and the newest
     PAGE_SIZE of those rendered: more than a page of them could never all be on the first page.
     `ids` are already narrowed to what the viewer's grants admit (`_admitted`)."""
@@ -337,7 +349,7 @@ def _rows(stack: Stack, filters: reads.MemoryFilters, ids: Sequence[str],
     memories = Memory.objects.filter(pk__in=newest).defer(*reads.LIST_DEFER)
     rows = []
     for memory in sorted(memories, key=lambda m: (m.created_at, str(m.pk)), reverse=True):
-        html = render_to_string("dashboard/student/_memory_row.html", {"memory": memory, "stack": stack})
+        html = render_to_string(row_template, {"memory": memory, "stack": stack})
         rows.append({"id": str(memory.pk), "html": html, "created": memory.created_at.isoformat(),
                      "matches": memory.pk in matching})
     found = {str(pk) for pk in existing}

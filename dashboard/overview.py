@@ -33,6 +33,7 @@ from accounts.models import ApiKey, Membership
 from accounts.principal import Principal
 from accounts.selectors import keys_visible_to, members_visible_to
 from accounts.tiers import tier_for
+from memories.governance.guardian_requests import requests_due_soon
 from memories.lifecycle.jobs import JOB_DECAY, JOB_RUN_RETENTION, JOB_TTL_PURGE, job_run_share, job_runs_recent
 from memories.lifecycle.ttl import retention_needs_review
 from memories.models import JobRun, Memory, StackDailyActivity
@@ -40,7 +41,7 @@ from memories.selectors import job_runs_scope
 from memoryhub import time_to_searchable
 from memoryhub.errors import ServiceUnavailable
 from memoryhub.replica import primary_values, read_alias
-from stacks.models import Stack, TeacherAssignment
+from stacks.models import GuardianRequest, Stack, TeacherAssignment
 from stacks.selectors import stacks_visible_to
 
 PAGE_SIZE = 50
@@ -366,6 +367,8 @@ class Attention:
     paused: list[Stack] = field(default_factory=list)  # agents' writes refused (docs/consent.md)
     awaiting_consent: list[Stack] = field(default_factory=list)  # the school requires consent; none in force
     more_students: bool = False  # more paused or awaiting students than CONSENT_ATTENTION_SHOWN
+    # Guardians' requests due within two days or overdue (admins; docs/guardians.md "Requests").
+    requests_due: list[tuple[GuardianRequest, bool]] = field(default_factory=list)  # (request, overdue)
 
     @property
     def backlog_alert(self) -> bool:
@@ -374,7 +377,7 @@ class Attention:
     @property
     def empty(self) -> bool:
         return not (self.failed_runs or self.backlog_alert or self.expiring_keys or self.retention_review
-                    or self.slow_searchable or self.paused or self.awaiting_consent)
+                    or self.slow_searchable or self.paused or self.awaiting_consent or self.requests_due)
 
 
 def needs_attention(principal: Principal, *, now: datetime | None = None) -> Attention:
@@ -397,6 +400,8 @@ def needs_attention(principal: Principal, *, now: datetime | None = None) -> Att
             .filter(revoked_at__isnull=True, expires_at__gt=now, expires_at__lte=now + KEY_EXPIRY_WARNING)
             .select_related("user").order_by("expires_at")[:10])
         attention.retention_review = retention_needs_review(principal.organization)
+        attention.requests_due = [(row, row.due_at <= now) for row in
+                                  requests_due_soon(principal, now=now)[:CONSENT_ATTENTION_SHOWN]]
     return attention
 
 

@@ -19,6 +19,7 @@ from dashboard.views import (
     overview,
     people,
     privacy,
+    requests,
     roster,
     student,
     webhooks,
@@ -64,6 +65,14 @@ urlpatterns: list[URLPattern | URLResolver] = [
     # a guardian's consent and pause controls on the child's page (docs/consent.md)
     path("dashboard/families/<str:slug>/consent", family_controls.family_consent, name="family-consent"),
     path("dashboard/families/<str:slug>/pause", family_controls.family_pause, name="family-pause"),
+    # a guardian's requests for a correction or a deletion, and the school's queue (docs/guardians.md "Requests")
+    path("dashboard/family/<str:slug>/memories/<str:memory_id>/request", requests.family_memory_request,
+         name="family-memory-request"),
+    path("dashboard/families/<str:slug>/requests", requests.family_stack_request, name="family-requests"),
+    path("dashboard/family/<str:slug>/requests/<str:request_id>/certificate", requests.family_request_certificate,
+         name="family-request-certificate"),
+    path("dashboard/requests/", requests.requests_queue, name="requests"),
+    path("dashboard/requests/<str:request_id>/", requests.request_detail, name="request"),
     # --- people and invitations --------------------------------------------------------------
     path("dashboard/people/", people.people, name="people"),
     path("dashboard/people/<str:user_id>/role", people.member_role, name="member-role"),

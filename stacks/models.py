@@ -109,3 +109,44 @@ class StackConsent(models.Model):
 
     class Meta:
         ordering = ["-created_at", "-id"]
+
+
+class GuardianRequest(models.Model):
+    """A guardian's request about their child's memory: a correction (one memory and the text the
+    guardian believes is right) or a deletion (one memory, or the whole stack), due by `due_at`
+    (docs/guardians.md "Requests"). The memory and the erasure certificate are named by id only:
+    an erasure deletes memory rows outside the ORM, and the certificate outlives everything."""
+
+    class Kind(models.TextChoices):
+        CORRECTION = "correction"
+        DELETION = "deletion"
+
+    class Scope(models.TextChoices):
+        MEMORY = "memory"
+        STACK = "stack"
+
+    class Status(models.TextChoices):
+        OPEN = "open"
+        APPROVED = "approved"
+        DECLINED = "declined"
+
+    organization = models.ForeignKey("accounts.Organization", on_delete=models.CASCADE, related_name="+")
+    stack = models.ForeignKey(Stack, on_delete=models.CASCADE, related_name="guardian_requests")
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    scope = models.CharField(max_length=16, choices=Scope.choices)
+    memory_ref = models.UUIDField(null=True, blank=True)
+    # A correction's proposed text while the request is open; cleared once it is decided.
+    text = models.TextField(blank=True, default="")
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.OPEN)
+    requested_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                     related_name="+")
+    requested_at = models.DateTimeField(auto_now_add=True)
+    due_at = models.DateTimeField()
+    decided_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                                   related_name="+")
+    decided_at = models.DateTimeField(null=True, blank=True)
+    reason = models.TextField(blank=True, default="")  # why it was declined, for the guardian
+    certificate_ref = models.UUIDField(null=True, blank=True)  # an approved deletion's erasure certificate
+
+    class Meta:
+        indexes = [models.Index(fields=["organization", "status", "due_at"], name="stacks_request_queue")]

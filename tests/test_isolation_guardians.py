@@ -22,11 +22,13 @@ from django.conf import settings
 from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver
 
-from accounts.models import Membership
+from accounts.models import Membership, Organization
+from accounts.principal import Principal
 from accounts.throttles import throttle_state_clear
+from memories.governance.guardian_requests import request_approve, request_create
 from memories.services import CheckpointInput, checkpoint_save, memory_create
 from memoryhub.asgi import application
-from stacks.models import GuardianLink, Stack
+from stacks.models import GuardianLink, GuardianRequest, Stack
 from tests.factories import make_org, make_stack, make_user
 from tests.test_isolation_matrix import stored_state
 
@@ -146,8 +148,10 @@ def test_on_their_own_child_a_guardian_reads_family_pages_only_and_writes_nothin
         for method in METHODS:
             response = _call(client, method, path)
             context = f"{method.upper()} {path}"
-            if route.startswith("dashboard/family/") and method == "get":
+            if route.startswith("dashboard/family/") and method == "get" and route.count("<") == 1:
                 assert response.status_code == 200, f"{context}: {response.status_code}"
+            elif route.startswith("dashboard/family/") and method == "get":  # a memory or request id of nobody's
+                assert response.status_code == 404, f"{context}: {response.status_code}"
             elif route.startswith("dashboard/students/"):  # the staff pages of a student, theirs included
                 assert response.status_code in (404, 405), f"{context}: {response.status_code}"
             else:  # a family's own actions (consent, pause: docs/consent.md), here with an empty form
@@ -167,13 +171,65 @@ def test_on_their_own_child_a_guardian_reads_family_pages_only_and_writes_nothin
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.anyio
-async def test_the_live_socket_refuses_a_guardian() -> None:
+async def test_the_live_socket_takes_a_guardian_for_their_own_child_only() -> None:
+    """Their child's page is live (a correction approved shows at once, as the family's row, docs/guardians.md
+    "Requests"); another family's child and another school's student are refused, and so is the school socket."""
     cast = await sync_to_async(world)()
     cookie = cast["client"].cookies[settings.SESSION_COOKIE_NAME].value
     headers = [(b"origin", b"http://localhost"), (b"cookie", f"{settings.SESSION_COOKIE_NAME}={cookie}".encode())]
-    for target in ("A2", "B1", "A1"):  # the live pages are staff pages: not even their own child's
-        communicator = WebsocketCommunicator(application, f"/ws/stacks/{cast['stacks'][target].slug}/",
-                                             headers=headers)
+    for path in (f"/ws/stacks/{cast['stacks']['A2'].slug}/", f"/ws/stacks/{cast['stacks']['B1'].slug}/", "/ws/school/"):
+        communicator = WebsocketCommunicator(application, path, headers=headers)
         connected, _ = await communicator.connect(timeout=10)
-        assert not connected, target
+        assert not connected, path
         await communicator.disconnect()
+    own = cast["stacks"]["A1"]
+    communicator = WebsocketCommunicator(application, f"/ws/stacks/{own.slug}/", headers=headers)
+    connected, _ = await communicator.connect(timeout=10)
+    assert connected
+    await sync_to_async(_approve_a_correction)(cast)
+    message = await communicator.receive_json_from(timeout=10)
+    assert message["type"] == "change" and len(message["rows"]) == 1
+    html = message["rows"][0]["html"]
+    assert "corrected by the family" in html and "Ask about this memory" in html  # the family's row
+    assert f"/dashboard/students/{own.slug}/" not in html  # never the staff row's links
+    await communicator.disconnect()
+
+
+def _approve_a_correction(cast: dict) -> None:
+    own = cast["stacks"]["A1"]
+    memory = own.memories.get()
+    admin = make_user(own.organization, role=Membership.Role.ADMIN)
+    guardian_principal = Principal(user=cast["guardian"], organization=own.organization, role=Membership.Role.GUARDIAN)
+    row = request_create(principal=guardian_principal, stack=own, kind="correction", memory_id=str(memory.pk),
+                         text="corrected by the family")
+    own.organization = Organization.objects.get(pk=own.organization_id)
+    row.stack = own
+    request_approve(principal=Principal(user=admin, organization=own.organization, role=Membership.Role.ADMIN), row=row)
+
+@pytest.mark.django_db
+def test_requests_reach_only_their_own_family_and_school() -> None:
+    """A guardian's request names a memory of their own child (another family's memory id is a 404,
+    even on their own child's route); the request and its certificate are a 404 for another family,
+    and for the staff of another school (docs/guardians.md "Requests")."""
+    cast = world()
+    own, other = cast["stacks"]["A1"], cast["stacks"]["A2"]
+    client = cast["client"]
+    foreign = str(other.memories.values_list("id", flat=True).get())
+    response = client.post(f"/dashboard/family/{own.slug}/memories/{foreign}/request", {"kind": "deletion"})
+    assert response.status_code == 404 and not GuardianRequest.objects.exists()
+    mine = str(own.memories.values_list("id", flat=True).get())
+    assert client.post(f"/dashboard/family/{own.slug}/memories/{mine}/request", {"kind": "deletion"}).status_code == 302
+    row = GuardianRequest.objects.get()
+    GuardianRequest.objects.filter(pk=row.pk).update(certificate_ref=uuid.uuid4())
+    other_family = Client()
+    other_family.force_login(GuardianLink.objects.get(stack=other).user)
+    for path in (f"/dashboard/family/{own.slug}/requests/{row.pk}/certificate",
+                 f"/dashboard/family/{other.slug}/requests/{row.pk}/certificate"):
+        assert other_family.get(path).status_code == 404, path
+    school_b_admin = Client()
+    school_b_admin.force_login(make_user(cast["stacks"]["B1"].organization, role=Membership.Role.ADMIN))
+    assert school_b_admin.get(f"/dashboard/requests/{row.pk}/").status_code == 404
+    assert school_b_admin.post(f"/dashboard/requests/{row.pk}/", {"action": "approve"}).status_code == 404
+    assert f'data-request="{row.pk}"' not in school_b_admin.get("/dashboard/requests/").content.decode()
+    row.refresh_from_db()
+    assert row.status == GuardianRequest.Status.OPEN

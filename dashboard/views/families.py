@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from django import forms
+from django.core.handlers.asgi import ASGIRequest
 from django.http import HttpRequest, HttpResponse, HttpResponseBase
 from django.shortcuts import render
 from django.template import TemplateDoesNotExist
@@ -28,9 +29,11 @@ from django.views.decorators.http import require_GET, require_http_methods
 from accounts.authors import Path
 from accounts.invitations import invitation_email_send
 from accounts.principal import Principal
+from dashboard import live
 from dashboard import student as reads
 from dashboard.access import ADMINS, GUARDIANS, dashboard_page, request_ip
 from dashboard.views.student import archive_download, memory_md_download
+from memories.governance.guardian_requests import requests_for_guardian
 from memories.privacy.grants import audience_for
 from memories.reads.access_log import AccessPath, record_principal_access
 from memoryhub.errors import DomainError
@@ -64,9 +67,12 @@ def child(request: HttpRequest, principal: Principal, slug: str) -> HttpResponse
     """A child's page: the memories their agents hold (by kind, newest first, or searched), who
     wrote each, the checkpoint, and the downloads."""
     stack = stack_for_principal(principal, slug)
+    # Before any read below: the page's live socket resumes from here (dashboard/live.py, as the student page).
+    live_seq = live.stack_seq(stack) if isinstance(request, ASGIRequest) else None
     form = reads.MemoryFilterForm(request.GET)
-    context: dict[str, Any] = {"stack": stack, "form": form, "page": None,
+    context: dict[str, Any] = {"stack": stack, "form": form, "page": None, "live_seq": live_seq,
                                "family_controls": _family_controls_available(),
+                               "requests": requests_for_guardian(principal, stack),
                                "granted_only": principal.organization.guardian_view == "granted"}
     if not form.is_valid():
         return render(request, "dashboard/families/child.html", context, status=400)

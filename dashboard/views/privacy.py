@@ -24,6 +24,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 from accounts.models import Organization
 from accounts.principal import Principal
 from dashboard.access import ADMINS, dashboard_page, request_ip
+from memories.governance.consent import DEFAULT_CONSENT_TEXT
 from memories.governance.erasure import (
     ASYNC_THRESHOLD,
     REQUESTED_BY_MAX,
@@ -37,6 +38,7 @@ from memories.governance.privacy_settings import (
     CONSENT_TEXT_MAX,
     DEFAULTS,
     KIND_LABELS,
+    REQUEST_DAYS_MAX,
     PrivacySettings,
     policy_sections,
     privacy_settings_get,
@@ -102,7 +104,7 @@ class PrivacyForm(forms.Form):
                   "refused (<code>consent_required</code>).")
     consent_text = forms.CharField(
         label="What guardians agree to", required=False, max_length=CONSENT_TEXT_MAX,
-        widget=forms.Textarea(attrs={"rows": 5}),
+        widget=forms.Textarea(attrs={"rows": 5, "placeholder": DEFAULT_CONSENT_TEXT}),
         help_text="Shown to guardians when they give consent, and kept with each consent. Empty: MemoryHub's "
                   "default text.")
     consent_withdrawal = forms.ChoiceField(
@@ -115,6 +117,11 @@ class PrivacyForm(forms.Form):
     guardians_may_pause = forms.BooleanField(
         label="Guardians may pause their child's memory", required=False,
         help_text="Admins may always pause and resume a student's memory from the student's page.")
+    guardian_request_days = forms.IntegerField(
+        label="Days to answer a guardian's request", required=False, min_value=1, max_value=REQUEST_DAYS_MAX,
+        widget=forms.NumberInput(attrs={"class": "days"}),
+        help_text="A guardian's request for a correction or a deletion is due this many days after it is made "
+                  "(10 by default); it shows under \"Needs attention\" two days before.")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -134,6 +141,7 @@ class PrivacyForm(forms.Form):
             "consent_text": settings.consent_text,
             "consent_withdrawal": settings.consent_withdrawal,
             "guardians_may_pause": settings.guardians_may_pause,
+            "guardian_request_days": settings.guardian_request_days,
         }
         initial.update({_retention_field(kind): days for kind, days in settings.retention_days.items()})
         return cls(initial=initial)
@@ -152,7 +160,9 @@ class PrivacyForm(forms.Form):
             "provision_stacks_on_push": data["provision_stacks_on_push"],
             **({"consent_required": data["consent_required"], "consent_text": data["consent_text"],
                 "consent_withdrawal": data["consent_withdrawal"] or Organization.ConsentWithdrawal.KEEP.value,
-                "guardians_may_pause": data["guardians_may_pause"]} if self._shows_consent() else {}),
+                "guardians_may_pause": data["guardians_may_pause"],
+                "guardian_request_days": data["guardian_request_days"] or DEFAULTS.guardian_request_days}
+               if self._shows_consent() else {}),
         }
 
     def _shows_consent(self) -> bool:

@@ -22,6 +22,7 @@ from accounts.principal import principal_of
 from memories.governance.privacy_settings import (
     CONSENT_TEXT_MAX,
     DEFAULTS,
+    REQUEST_DAYS_MAX,
     PrivacySettings,
     policy_sections,
     privacy_settings_get,
@@ -94,6 +95,13 @@ def _guardians_may_pause_field(**kwargs: Any) -> serializers.BooleanField:
         help_text="A guardian may pause (and resume) their child's memory; admins always may.", **kwargs)
 
 
+def _request_days_field(**kwargs: Any) -> serializers.IntegerField:
+    return serializers.IntegerField(
+        min_value=1, max_value=REQUEST_DAYS_MAX,
+        help_text="Days the school gives itself to answer a guardian's correction or deletion request "
+                  "(its due date).", **kwargs)
+
+
 class PrivacyInSerializer(serializers.Serializer):
     """Any of the settings; those left out keep their value."""
 
@@ -106,6 +114,7 @@ class PrivacyInSerializer(serializers.Serializer):
     consent_text = _consent_text_field(required=False)
     consent_withdrawal = _consent_withdrawal_field(required=False)
     guardians_may_pause = _guardians_may_pause_field(required=False)
+    guardian_request_days = _request_days_field(required=False)
 
 
 class PrivacyValuesSerializer(serializers.Serializer):
@@ -118,6 +127,7 @@ class PrivacyValuesSerializer(serializers.Serializer):
     consent_text = _consent_text_field()
     consent_withdrawal = _consent_withdrawal_field()
     guardians_may_pause = _guardians_may_pause_field()
+    guardian_request_days = _request_days_field()
 
 
 class PolicySectionSerializer(serializers.Serializer):
@@ -131,7 +141,7 @@ _OUT = inline_serializer("PrivacySettingsOut", fields={
     "empty_grants_policy": _policy_field(), "keep_raw_originals": _originals_field(),
     "provision_stacks_on_push": _provisioning_field(), "consent_required": _consent_required_field(),
     "consent_text": _consent_text_field(), "consent_withdrawal": _consent_withdrawal_field(),
-    "guardians_may_pause": _guardians_may_pause_field(),
+    "guardians_may_pause": _guardians_may_pause_field(), "guardian_request_days": _request_days_field(),
     "retention_reviewed_at": serializers.DateTimeField(
         allow_null=True, help_text="When an admin last saved the retention (a kind left without a limit is then "
                                    "their choice); null: never, and any kind without a limit awaits review."),

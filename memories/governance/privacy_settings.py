@@ -16,7 +16,8 @@ Four settings of `accounts.Organization`, each with its own validator:
 * the families' settings (docs/consent.md): `consent_required` (agents write to a student's stack
   only with a guardian's consent in force), `consent_text` (what a guardian agrees to; empty: the
   default text, memories.governance.consent), `consent_withdrawal` ("keep" or "erase" the memory when
-  consent is withdrawn) and `guardians_may_pause`.
+  consent is withdrawn), `guardians_may_pause` and `guardian_request_days` (the days a school gives
+  itself to answer a guardian's request: memories.governance.guardian_requests).
 
 Who may read or change them is `accounts.selectors.ensure_may_manage_organization` (school admins
 and writable school keys), asked here so the API and the dashboard cannot differ. A change is one
@@ -47,8 +48,10 @@ from memories.privacy.redaction.rules import PII_CATEGORIES
 from memoryhub.errors import InvalidInput
 
 FIELDS = ("retention_days", "redaction_categories", "empty_grants_policy", "keep_raw_originals",
-          "provision_stacks_on_push", "consent_required", "consent_text", "consent_withdrawal", "guardians_may_pause")
+          "provision_stacks_on_push", "consent_required", "consent_text", "consent_withdrawal", "guardians_may_pause",
+          "guardian_request_days")
 CONSENT_TEXT_MAX = 5000
+REQUEST_DAYS_MAX = 90
 AUDIT_ACTION = "privacy.updated"
 
 # How the policy names each kind (plural, for "Raw entries: 365 days").
@@ -74,6 +77,7 @@ class PrivacySettings:
     consent_text: str = ""
     consent_withdrawal: str = Organization.ConsentWithdrawal.KEEP.value
     guardians_may_pause: bool = True
+    guardian_request_days: int = 10
     # When an admin last saved the retention: a kind without a limit is then their choice (read only).
     retention_reviewed_at: datetime | None = None
 
@@ -104,6 +108,7 @@ DEFAULTS = PrivacySettings(
     consent_text=str(_default("consent_text")),
     consent_withdrawal=str(_default("consent_withdrawal")),
     guardians_may_pause=_default("guardians_may_pause"),
+    guardian_request_days=_default("guardian_request_days"),
 )
 
 
@@ -119,6 +124,7 @@ def _of(organization: Organization) -> PrivacySettings:
         consent_text=organization.consent_text,
         consent_withdrawal=str(organization.consent_withdrawal),
         guardians_may_pause=organization.guardians_may_pause,
+        guardian_request_days=organization.guardian_request_days,
         retention_reviewed_at=organization.retention_reviewed_at,
     )
 
@@ -183,11 +189,19 @@ def _withdrawal(value: Any) -> str:
     return str(value)
 
 
+def _request_days(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= REQUEST_DAYS_MAX:
+        raise InvalidInput("Invalid number of days for guardians' requests.", code="invalid",
+                           fields={"guardian_request_days": [f"Whole days, 1 to {REQUEST_DAYS_MAX}."]})
+    return value
+
+
 _VALIDATORS: dict[str, Callable[[Any], Any]] = {
     "retention_days": retention_validated, "redaction_categories": _categories, "empty_grants_policy": _policy,
     "keep_raw_originals": _flag, "provision_stacks_on_push": _provisioning,
     "consent_required": _boolean("consent_required"), "consent_text": _consent_text,
-    "consent_withdrawal": _withdrawal, "guardians_may_pause": _boolean("guardians_may_pause")}
+    "consent_withdrawal": _withdrawal, "guardians_may_pause": _boolean("guardians_may_pause"),
+    "guardian_request_days": _request_days}
 
 
 def privacy_settings_validated(changes: Any) -> dict[str, Any]:
@@ -305,7 +319,7 @@ def policy_sections(settings: PrivacySettings, *, school: str,
              "assigned to the student." if settings.empty_grants_policy == Organization.EmptyGrantsPolicy.SCHOOL
              else "A memory that does not say who may read it can be read only by the student's own agent, not by "
                   "school staff.")
-    return [
+    sections = [
         PolicySection("What is kept", (
             "For each student, MemoryHub keeps what the school's AI tutor agents write to the student's memory: "
             "raw entries, episodes, notes, beliefs, values, goals, drives, relationships and playbooks, each "
@@ -342,3 +356,15 @@ def policy_sections(settings: PrivacySettings, *, school: str,
             "description of the format), for example to answer a parent's request for access.",
         )),
     ]
+    if settings.consent_required:
+        sections.insert(1, PolicySection("Parents' consent", (
+            f"{school} asks a parent or guardian for consent before a student's tutor keeps a memory: until a "
+            "guardian consents on their child's page, or the school records consent given on paper, nothing is "
+            "written to the student's memory.",
+            "A guardian may withdraw consent at any time; the tutor then stops adding to the memory at once, "
+            + ("and the school erases what it holds, with a certificate of erasure."
+               if settings.consent_withdrawal == Organization.ConsentWithdrawal.ERASE else
+               "and what is stored stays under the time limits below, readable by the family, until it expires "
+               "or the school erases it on request."),
+        )))
+    return sections

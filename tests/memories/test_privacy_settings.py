@@ -38,7 +38,8 @@ def test_a_new_school_reads_the_defaults_and_its_written_policy(school: School) 
         "empty_grants_policy": "school",
         "keep_raw_originals": False}
     assert body["provision_stacks_on_push"] is False
-    consent = {"consent_required": False, "consent_text": "", "consent_withdrawal": "keep", "guardians_may_pause": True}
+    consent = {"consent_required": False, "consent_text": "", "consent_withdrawal": "keep", "guardians_may_pause": True,
+               "guardian_request_days": 10}
     assert {name: body[name] for name in consent} == consent  # the families' settings (docs/consent.md)
     assert body["defaults"] == {name: body[name] for name in (*STORED, "provision_stacks_on_push", *consent)}
     assert body["pii_categories"] == list(PII_CATEGORIES)
