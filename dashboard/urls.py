@@ -71,6 +71,7 @@ urlpatterns: list[URLPattern | URLResolver] = [
     path("dashboard/families/<str:slug>/requests", requests.family_stack_request, name="family-requests"),
     path("dashboard/family/<str:slug>/requests/<str:request_id>/certificate", requests.family_request_certificate,
          name="family-request-certificate"),
+    path("dashboard/families/digest", families.family_digest, name="family-digest"),
     path("dashboard/requests/", requests.requests_queue, name="requests"),
     path("dashboard/requests/<str:request_id>/", requests.request_detail, name="request"),
     # --- people and invitations --------------------------------------------------------------

@@ -21,6 +21,7 @@ from celery import shared_task
 
 from memories.changes.publish import events_prune, events_relay
 from memories.governance.erasure import erasure_run
+from memories.governance.guardian_digest import digests_send
 from memories.search.embedding_backlog import embedding_sweep_run
 from memories.search.embedding_jobs import memories_embed
 from memories.search.vector_indexes import stack_vector_indexes_run
@@ -83,3 +84,9 @@ def events_prune_task() -> dict[str, int]:
     if deleted:
         logger.info("change events pruned: %s", deleted)
     return {"deleted": deleted}
+
+
+@shared_task(name="memories.guardian_digest", ignore_result=True)
+def guardian_digest_task() -> dict[str, int]:
+    """Weekly: e-mail each opted-in guardian their children's counts (memories.governance.guardian_digest)."""
+    return {"sent": digests_send()}

@@ -58,6 +58,13 @@ BEAT_SCHEDULE["memories-stack-vector-indexes"] = {
     "options": {"expires": 9 * 60},
 }
 
+# The guardians' weekly digest (memories.governance.guardian_digest): Monday morning, UTC.
+BEAT_SCHEDULE["memories-guardian-digest"] = {
+    "task": "memories.guardian_digest",
+    "schedule": crontab(minute=5, hour=6, day_of_week="mon"),
+    "options": {"expires": 6 * 60 * 60},
+}
+
 # Change events (memories.changes.publish): a writer publishes its own after commit; the relay publishes
 # what it could not (Redis down, a consumer failing), so live pages and webhooks catch up within
 # seconds. A queued run older than its period is dropped: the next one does the same work.

@@ -17,14 +17,15 @@ from __future__ import annotations
 from typing import Any
 
 from django import forms
+from django.contrib import messages
 from django.core.handlers.asgi import ASGIRequest
 from django.http import HttpRequest, HttpResponse, HttpResponseBase
-from django.shortcuts import render
+from django.shortcuts import redirect, render
 from django.template import TemplateDoesNotExist
 from django.template.loader import select_template
 from django.urls import reverse
 from django.utils.cache import add_never_cache_headers
-from django.views.decorators.http import require_GET, require_http_methods
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from accounts.authors import Path
 from accounts.invitations import invitation_email_send
@@ -33,6 +34,7 @@ from dashboard import live
 from dashboard import student as reads
 from dashboard.access import ADMINS, GUARDIANS, dashboard_page, request_ip
 from dashboard.views.student import archive_download, memory_md_download
+from memories.governance.guardian_digest import digest_subscribe, digest_subscribed
 from memories.governance.guardian_requests import requests_for_guardian
 from memories.privacy.grants import audience_for
 from memories.reads.access_log import AccessPath, record_principal_access
@@ -58,7 +60,17 @@ def _family_controls_available() -> bool:
 def children(request: HttpRequest, principal: Principal) -> HttpResponse:
     """"Your children": the students linked to this guardian, and nobody else."""
     linked = stacks_visible_to(principal).order_by("display_name", "slug")
-    return render(request, "dashboard/families/children.html", {"children": list(linked)})
+    return render(request, "dashboard/families/children.html",
+                  {"children": list(linked), "weekly_digest": digest_subscribed(principal)})
+
+
+@dashboard_page(roles=GUARDIANS)
+@require_POST
+def family_digest(request: HttpRequest, principal: Principal) -> HttpResponse:
+    """Opt in to (box ticked) or out of the weekly digest (memories.governance.guardian_digest)."""
+    on = digest_subscribe(principal, on=request.POST.get("weekly_digest") == "on", ip=request_ip(request))
+    messages.success(request, "You will get the weekly e-mail." if on else "You will not get the weekly e-mail.")
+    return redirect("dashboard:families")
 
 
 @require_GET
