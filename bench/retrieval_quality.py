@@ -18,10 +18,17 @@ Baselines:
   (its latency includes embedding the question).
 
     .venv/bin/python bench/retrieval_quality.py --data ../shared/data/locomo-dev.json \
-        [--limit-questions N] [--data-dir DIR] [--ablation]
+        [--limit-questions N] [--data-dir DIR] [--ablation] [--cv [--signals]]
 
 `--data-dir` keeps the embedded database there and reuses its stacks on the next run (embedding
 ~6k turns with MiniLM is most of a run). `--ablation` adds one row per ranking change on its own.
+
+`--cv`: leave-one-conversation-out cross-validation of the ranking's constants over every
+question with evidence, adversarial ones (category 5) included (bench/retrieval_cv.py,
+docs/algorithms.md §7.6): R@5, R@10, MRR per fold and category for today's constants and the
+constants each fold chose on the other four, and each constant's curve per fold. Each question's
+legs are read once (cached in the data dir) and every grid point re-fused in Python. `--signals`
+adds the candidate ranking signals of bench/retrieval_signals.py, each cross-validated the same way.
 """
 
 from __future__ import annotations
@@ -134,9 +141,19 @@ def main() -> None:
     parser.add_argument("--limit-questions", type=int, default=0, help="per conversation; 0 = all")
     parser.add_argument("--data-dir", type=Path, default=None, help="keep (and reuse) the database here")
     parser.add_argument("--ablation", action="store_true", help="also each ranking change on its own")
+    parser.add_argument("--cv", action="store_true", help="leave-one-conversation-out cross-validation")
+    parser.add_argument("--signals", nargs="?", const="all", default="",
+                        help="with --cv: also the candidate signals (all, or a comma-separated list)")
+    parser.add_argument("--grid", choices=("small", "full"), default="small",
+                        help="with --cv: the tuned constants (small: keyword weight and context share)")
+    parser.add_argument("--select", choices=("plateau", "peak"), default="plateau",
+                        help="with --cv: judge a grid point by its plateau (it and its neighbours) or alone")
     args = parser.parse_args()
     dataset = json.loads(args.data.read_text())
     os.environ["EMBEDDING_PROVIDER"] = "minilm"
+    if args.cv:
+        cross_validation(args, dataset)
+        return
 
     with bench_environment("retrieval", data_dir=args.data_dir) as _env:
         from django.db import connection
@@ -231,6 +248,78 @@ def main() -> None:
               f"before {mean(before, 0, 'R@10'):.3f}); R@5 >= 0.65 (today {mean(today, 0, 'R@5'):.3f}, before "
               f"{mean(before, 0, 'R@5'):.3f}); search p95 today / before "
               f"{p(latency[today], 0.95) / p(latency[before], 0.95):.2f}x")
+
+
+def cross_validation(args: argparse.Namespace, dataset: dict[str, Any]) -> None:
+    """`--cv` (bench/retrieval_cv.py has the method)."""
+    with bench_environment("retrieval", data_dir=args.data_dir) as env:
+        from django.db import connection
+        from django.utils import timezone
+
+        from accounts.models import Organization
+        from bench import retrieval_cv as cv
+        from memories.search.fusion import RANKING
+        from memories.search.hybrid import search_memories
+        from memories.search.query import SearchQuery
+
+        org, _ = Organization.objects.get_or_create(slug="locomo", defaults={"name": "LoCoMo", "tier": "unlimited"})
+        start = timezone.now() - timedelta(days=1)
+        stacks = [load_conversation(c, org, start)[0] for c in dataset["conversations"]]
+        with connection.cursor() as cursor:
+            cursor.execute("ANALYZE memories_memory")
+        window = max(RANKING.context_window, 2)
+        conversations = [(stack, cv.load_conversation(stack, window)) for stack in stacks]
+        asked = []
+        for index, conversation in enumerate(dataset["conversations"]):
+            known = set(conversations[index][1].record_ids.values())
+            qas = [q for q in conversation["qa"] if q.get("evidence")]
+            if args.limit_questions:
+                qas = qas[: args.limit_questions]
+            for qa in qas:
+                evidence = {e.strip() for e in qa["evidence"] if e.strip() in known}
+                if evidence:
+                    asked.append({"conversation": index, "question": str(qa["question"]), "evidence": evidence,
+                                  "category": int(qa.get("category", 0))})
+        log(f"{len(asked)} questions; reading each one's legs once")
+        questions = cv.read_legs(conversations, asked, Path(env.workdir) / "cv-legs.pkl" if args.data_dir else None)
+        convs = [c for _, c in conversations]
+        names = [c.name for c in convs]
+        served = {}
+        for q in questions:
+            hits = search_memories(stack_ids=[conversations[q.conversation][0].pk],
+                                   query=SearchQuery(text=q.text, limit=cv.LIMIT)).hits
+            served[f"{q.conversation}:{q.text}"] = [h.memory.record_id for h in hits]
+        now = timezone.now()
+        same, total = cv.agreement(questions, served, convs, RANKING, now)
+        print(f"\nagreement: the replay of today's constants gives the service's own top 10 for {same} of {total} "
+              f"questions")
+        grid = cv.GRID if args.grid == "full" else cv.SMALL_GRID
+        points = cv.grid_points(RANKING, grid)
+        today = next((i for i, p in enumerate(points) if p == RANKING), None)
+        if today is None:
+            points.append(RANKING)
+            today = len(points) - 1
+        log(f"{len(points)} grid points x {len(questions)} questions")
+        began = time.monotonic()
+        scores = cv.score_grid(questions, convs, points, now, log=log)
+        log(f"grid scored in {time.monotonic() - began:.0f}s")
+        plateau = cv.grid_neighbours(points, grid) if args.select == "plateau" else None
+        result = cv.cross_validate(scores, questions, today, plateau=plateau)
+        title = (f"leave-one-conversation-out, {len(questions)} questions (all categories), grid {grid}, "
+                 f"selection by {args.select}")
+        print_table(title, cv.fold_table(result, questions, names, points, grid))
+        print_table("per category, held-out questions pooled", cv.category_table(result, questions))
+        everything = cv.cross_validate(scores, questions, today, train_on_all=True, plateau=plateau).chosen[0]
+        print("\nchosen on all five conversations (what the service would ship): "
+              + " ".join(f"{k}={getattr(points[everything], k)}" for k in grid))
+        for name, rows in cv.constant_curves(scores, questions, points, RANKING, grid, names).items():
+            print_table(f"{name}: R@10 on each fold's training conversations, the other constants at today's "
+                        f"values (* = that fold's optimum)", rows)
+        if args.signals:
+            from bench import retrieval_signals
+
+            retrieval_signals.run(questions, convs, names, now, scores, points, today, log=log,
+                                  only=() if args.signals == "all" else args.signals.split(","))
 
 
 if __name__ == "__main__":

@@ -18,7 +18,8 @@ memories.search.context); `SearchHit.boosts` says so.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -57,6 +58,22 @@ KEYWORD_WEIGHT = 0.4
 FUSION_DEPTH = 30
 
 
+@dataclass(frozen=True)
+class RankingConstants:
+    """The ranking's tuned constants in one object (docs/algorithms.md §7.5, §7.6). The service
+    always ranks with RANKING; bench/retrieval_quality.py passes other values to search its grids
+    (leave-one-conversation-out, §7.6) - a value, not a switch: the served path has one ranking."""
+    keyword_weight: float = KEYWORD_WEIGHT
+    fusion_depth: int = FUSION_DEPTH
+    context_seeds: int = CONTEXT_SEEDS
+    context_share: float = CONTEXT_SHARE
+    context_window: int = CONTEXT_WINDOW
+    context_decay: float = CONTEXT_DECAY
+
+
+RANKING = RankingConstants()
+
+
 def _semantic_range(sims: Sequence[float]) -> tuple[float, float]:
     if not sims:
         return 0.0, 1.0
@@ -66,40 +83,59 @@ def _semantic_range(sims: Sequence[float]) -> tuple[float, float]:
     return low, high - low
 
 
-def _score_fusion(entry: dict[str, Any], semantic_floor: float, semantic_span: float) -> float:
+def _score_fusion(entry: dict[str, Any], semantic_floor: float, semantic_span: float,
+                  keyword_weight: float = KEYWORD_WEIGHT) -> float:
     keyword = entry.get("keyword_score") or 0.0
     semantic = 0.0
     if "similarity" in entry:
         semantic = min(1.0, max(0.0, (entry["similarity"] - semantic_floor) / semantic_span))
-    return (2.0 / RRF_K) * (KEYWORD_WEIGHT * keyword + (1 - KEYWORD_WEIGHT) * semantic)
+    return (2.0 / RRF_K) * (keyword_weight * keyword + (1 - keyword_weight) * semantic)
 
 
 def lend_context(scored: list[tuple[float, Any, dict[str, Any]]], candidates: dict[Any, dict[str, Any]],
                  query: SearchQuery, stack_ids: Sequence[int], now: datetime, audience: Audience | None,
-                 stats: dict[str, Any], page: dict[Any, Sequence[Any]]) -> list[tuple[float, Any, dict[str, Any]]]:
+                 stats: dict[str, Any], page: dict[Any, Sequence[Any]],
+                 constants: RankingConstants = RANKING) -> list[tuple[float, Any, dict[str, Any]]]:
     """Lend the best hits' context (see CONTEXT_SHARE), and read the row of every hit that can still
     make the page - the page before context, or a neighbour - into `page` (by id), in the same
     statement as the neighbours: context only raises scores, so a hit below the page without a
     share of its own stays below it."""
     clock = time.perf_counter()
-    seeds = {memory_id: combined for combined, memory_id, _ in scored[:CONTEXT_SEEDS]}
-    seed_rank = {memory_id: rank for rank, memory_id in enumerate(seeds)}
+    seeds = [memory_id for _, memory_id, _ in scored[:constants.context_seeds]]
     params: dict[str, Any] = {"stack_ids": list(stack_ids)}
     where = scope_filters(query, params, audience)
-    rows = neighbour_rows(seeds=list(seeds), where=where, params=params, window=CONTEXT_WINDOW,
+    rows = neighbour_rows(seeds=seeds, where=where, params=params, window=constants.context_window,
                           also=[memory_id for _, memory_id, _ in scored[:query.limit]])
-    lent: dict[Any, tuple[float, Any]] = {}
-    neighbour: dict[Any, tuple[Any, ...]] = {}
+    neighbours = []
     for seed_id, distance, *values in rows:  # in no particular order
         page[values[0]] = values
-        if seed_id is None:
+        if seed_id is not None:
+            neighbours.append((seed_id, int(distance), values[0], tuple(values[i] for i in LEG_FIELD_INDEXES)))
+    ranked = apply_context(scored, candidates, neighbours, now, constants)
+    stats["context_ms"] = round((time.perf_counter() - clock) * 1000, 2)
+    return ranked
+
+
+def apply_context(scored: list[tuple[float, Any, dict[str, Any]]], candidates: dict[Any, dict[str, Any]],
+                  neighbours: Iterable[tuple[Any, int, Any, Sequence[Any]]], now: datetime,
+                  constants: RankingConstants = RANKING) -> list[tuple[float, Any, dict[str, Any]]]:
+    """The ranking after context (§7.5): each of the best `context_seeds` hits lends
+    context_share · context_decay^(distance - 1) of its combined score to each neighbour,
+    `neighbours` = (seed id, distance, neighbour id, its leg row) as memories.search.context reads
+    them (in any order). A memory lent by two seeds keeps the larger share (between equal shares,
+    the better-ranked seed's). No database work: the benchmark replays it on cached neighbours."""
+    seeds = {memory_id: combined for combined, memory_id, _ in scored[:constants.context_seeds]}
+    seed_rank = {memory_id: rank for rank, memory_id in enumerate(seeds)}
+    lent: dict[Any, tuple[float, Any]] = {}
+    neighbour: dict[Any, Sequence[Any]] = {}
+    for seed_id, distance, memory_id, leg_row in neighbours:
+        if seed_id not in seeds or distance > constants.context_window:
             continue
-        share = CONTEXT_SHARE * CONTEXT_DECAY ** (int(distance) - 1) * seeds[seed_id]
-        best, best_seed = lent.get(values[0], (0.0, None))
-        # The largest share; between equal shares, the better-ranked seed's (whatever the row order).
+        share = constants.context_share * constants.context_decay ** (distance - 1) * seeds[seed_id]
+        best, best_seed = lent.get(memory_id, (0.0, None))
         if share > best or (share == best and best_seed is not None and seed_rank[seed_id] < seed_rank[best_seed]):
-            lent[values[0]] = (share, seed_id)
-            neighbour[values[0]] = tuple(values[i] for i in LEG_FIELD_INDEXES)
+            lent[memory_id] = (share, seed_id)
+            neighbour[memory_id] = leg_row
     by_id = {memory_id: (combined, entry) for combined, memory_id, entry in scored}
     for memory_id, (share, seed_id) in lent.items():
         if memory_id in by_id:
@@ -111,7 +147,6 @@ def lend_context(scored: list[tuple[float, Any, dict[str, Any]]], candidates: di
         entry["boosts"] = {"context": round(share, 6)}
         entry["context_of"] = seed_id
         by_id[memory_id] = (min(1.0, combined + share), entry)
-    stats["context_ms"] = round((time.perf_counter() - clock) * 1000, 2)
     return sorted(((c, i, e) for i, (c, e) in by_id.items()), key=lambda item: (-item[0], str(item[1])))
 
 
@@ -151,11 +186,13 @@ def merge_candidates(keyword_rows: Sequence[Sequence[Any]], vector_rows: Sequenc
     return candidates
 
 
-def rank_candidates(candidates: dict[Any, dict[str, Any]], now: datetime) -> list[tuple[float, Any, dict[str, Any]]]:
+def rank_candidates(candidates: dict[Any, dict[str, Any]], now: datetime,
+                    constants: RankingConstants = RANKING) -> list[tuple[float, Any, dict[str, Any]]]:
     """(combined, id, entry) of every candidate, best first (ties by id): score fusion times the
     ranking weight, on RRF's scale."""
     semantic_floor, semantic_span = _semantic_range([e["similarity"] for e in candidates.values() if "similarity" in e])
-    scored = [(weighted(entry, _score_fusion(entry, semantic_floor, semantic_span), now), memory_id, entry)
+    scored = [(weighted(entry, _score_fusion(entry, semantic_floor, semantic_span, constants.keyword_weight), now),
+               memory_id, entry)
               for memory_id, entry in candidates.items()]
     return sorted(scored, key=lambda item: (-item[0], str(item[1])))
 
