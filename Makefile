@@ -77,7 +77,36 @@ $(ONNX_STAMP): $(STAMP) memories/search/export_onnx.py memories/search/onnx_embe
 	 || { tail -5 $(VENV)/onnx-export.log; echo "[memoryhub] ONNX export failed (log: $(VENV)/onnx-export.log);" \
 	      "MiniLM will embed with torch, slower; the next make tries again"; }
 
-install: $(STAMP) $(NODE_STAMP) $(CONTRACTS) $(ONNX_STAMP)
+# The TypeScript client (clients/typescript, npm `@memoryhub/client`): its own pinned build tools
+# from its package-lock.json (npm ci, again when the lock changes), then dist/ compiled with tsc
+# (again when a source changes). dist/ is not committed.
+TS_CLIENT := clients/typescript
+TS_CLIENT_DEPS := $(TS_CLIENT)/node_modules/.installed-$(shell cat $(TS_CLIENT)/package-lock.json | cksum | cut -d' ' -f1)
+TS_CLIENT_BUILT := $(TS_CLIENT)/dist/index.js
+
+$(TS_CLIENT_DEPS): $(TS_CLIENT)/package.json $(TS_CLIENT)/package-lock.json
+	@echo "[memoryhub] installing the TypeScript client's build tools (clients/typescript: npm ci)"
+	@command -v npm >/dev/null || { echo "[memoryhub] npm is missing: install Node.js 20 (with npm) first"; exit 1; }
+	@cd $(TS_CLIENT) && npm ci --no-audit --no-fund --loglevel=error
+	@touch $(TS_CLIENT_DEPS)
+
+$(TS_CLIENT_BUILT): $(TS_CLIENT_DEPS) $(TS_CLIENT)/tsconfig.json $(wildcard $(TS_CLIENT)/src/*.ts)
+	@echo "[memoryhub] building the TypeScript client (clients/typescript: tsc to dist/)"
+	@cd $(TS_CLIENT) && npm run build --silent
+	@touch $(TS_CLIENT_BUILT)
+
+# The Python client (clients/python, `memoryhub-client[langgraph]`) in the service's venv, for its
+# tests (tests/clients). Editable, so the suite always runs the source; constrained by
+# requirements.txt, so nothing the service pins moves. Again when its pyproject.toml changes.
+PY_CLIENT_STAMP := $(VENV)/.py-client-$(shell cat clients/python/pyproject.toml | cksum | cut -d' ' -f1)
+
+$(PY_CLIENT_STAMP): $(STAMP) clients/python/pyproject.toml
+	@echo "[memoryhub] installing the Python client (clients/python, with its LangGraph extra)"
+	@$(PY) -m pip install --disable-pip-version-check --quiet -c requirements.txt -e "./clients/python[langgraph]"
+	@rm -f $(VENV)/.py-client-*
+	@touch $(PY_CLIENT_STAMP)
+
+install: $(STAMP) $(NODE_STAMP) $(CONTRACTS) $(ONNX_STAMP) $(TS_CLIENT_BUILT) $(PY_CLIENT_STAMP)
 
 # The browser tests (tests/e2e) drive Debian's chromium through Playwright; install it when missing.
 browser:
