@@ -191,10 +191,11 @@ def memory_batch_create(*, stack: Stack, items: Sequence[dict[str, Any]], source
 @transaction.atomic
 def memory_update(*, memory: Memory, payload: dict[str, Any], source: str, partial: bool = True,
                   client_version: int | None = None, client_updated_at: datetime | None = None,
-                  author: Author | None = None) -> Memory:
+                  author: Author | None = None, reason: str = "") -> Memory:
     """Apply a change to a memory (PATCH semantics by default). No-op changes keep the version.
 
-    `client_version` / `client_updated_at` are the Kernle echo fields.
+    `client_version` / `client_updated_at` are the Kernle echo fields. `reason` is kept on the
+    revision (the server's own words, e.g. the guardian request a correction answers).
     """
     policy = stack_policy(memory.stack)  # from the caller's row: its stack (and school) are usually loaded
     # Consent and pause (docs/consent.md), from the same row: the write kernel's gate, before the lock.
@@ -226,7 +227,7 @@ def memory_update(*, memory: Memory, payload: dict[str, Any], source: str, parti
         memory.client_version = client_version
     if client_updated_at is not None:
         memory.client_updated_at = client_updated_at
-    return save_change(memory, before=before, source=source, author=changed_by, action="update",
+    return save_change(memory, before=before, source=source, author=changed_by, action="update", reason=reason,
                        fields=[*changed, *echo_changed],
                        text_changed=text_changed, bytes_delta=bytes_delta, original_text=normalized.original_text)
 

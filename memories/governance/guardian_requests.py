@@ -6,8 +6,9 @@
   see and the text they believe is right) or a deletion (one memory, or the whole stack). It is due
   `Organization.guardian_request_days` days later.
 * `request_approve` — a school admin approves: a correction becomes a revision written through the
-  one write path (memories.services.memory_update, source "dashboard") whose author names the
-  request (its agent label `guardian request #<id>`); a deletion runs the erasure service
+  one write path (memories.services.memory_update, source "dashboard") whose reason and author name
+  the request (`correction asked for in guardian request #<id>`; the author's agent label
+  `guardian request #<id>`); a deletion runs the erasure service
   (memories.governance.erasure) for the memory or the whole stack, and the request keeps the
   certificate's id.
 * `request_decline` — a school admin declines with a reason the guardian reads on their page.
@@ -234,7 +235,7 @@ def request_approve(*, principal: Principal, row: GuardianRequest, ip: str | Non
         if locked.kind == GuardianRequest.Kind.CORRECTION and memory is not None:
             author = Author(path=Path.DASHBOARD, user_id=principal.user.pk, user=principal.user.email, agent=label)
             memory_update(memory=memory, payload={CORRECTABLE[memory.kind]: locked.text}, source=REQUEST_SOURCE,
-                          author=author)
+                          author=author, reason=f"correction asked for in {label}")
         elif locked.kind == GuardianRequest.Kind.DELETION:
             requested_by = f"{label} from {person_label(locked.requested_by, guardian=True)}"[:1000]
             certificate = (memory_erase_request(principal=principal, memory=memory, requested_by=requested_by, ip=ip)
