@@ -89,6 +89,7 @@ def test_a_correction_is_asked_queued_approved_as_a_revision_naming_the_request(
     assert memory.text == CORRECTED
     revision = MemoryRevision.objects.get(memory=memory)
     assert revision.author["agent"] == f"guardian request #{row.pk}"
+    assert revision.reason == f"correction asked for in guardian request #{row.pk}"
     assert revision.author["user"] == "head@riverside.example"
     row.refresh_from_db()
     assert row.status == "approved" and row.text == "" and row.decided_by == cast["admin"]
@@ -226,3 +227,8 @@ def test_the_due_days_are_a_privacy_setting_and_the_policy_names_consent_when_re
                                                       "empty_grants_policy": "school"})
     assert form.status_code == 400
 
+
+def test_the_children_list_counts_each_childs_memories() -> None:
+    cast = _cast()
+    page = cast["family"].get("/dashboard/family/").content.decode()
+    assert "1 memory" in page and "no tutor has" not in page
