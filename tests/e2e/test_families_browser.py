@@ -9,11 +9,13 @@ from collections.abc import Callable
 from urllib.parse import urlsplit
 
 import pytest
+from django.core import mail
 
 from accounts.authors import Author, Path
 from accounts.models import Membership
+from memories.models import Memory
 from memories.services import memory_create
-from stacks.models import GuardianLink
+from stacks.models import GuardianLink, GuardianRequest
 from tests.e2e.browser import WatchedPage, check_page, sign_in
 from tests.factories import make_org, make_stack, make_user
 
@@ -30,6 +32,11 @@ def test_a_parent_is_invited_joins_and_sees_only_their_child(open_page: Callable
     other = make_stack(org, "noah-king", display_name="Noah King")
     memory_create(stack=child, kind="note", payload={"content": "Mia likes fractions explained with pizza"},
                   source="api", author=Author(path=Path.API, agent="maths-tutor", key_name="Mia's tutor"))
+    tutor = Author(path=Path.API, agent="maths-tutor", key_name="Mia's tutor")
+    wrong = memory_create(stack=child, kind="note", payload={"content": "Mia reads at year 2 level"}, source="api",
+                          author=tutor)
+    unwanted = memory_create(stack=child, kind="note", payload={"content": "Mia was upset about her grandmother"},
+                             source="api", author=tutor)
 
     admin_page = open_page()
     sign_in(admin_page, dashboard_url, admin.email, PASSWORD)
@@ -63,7 +70,8 @@ def test_a_parent_is_invited_joins_and_sees_only_their_child(open_page: Callable
     page.get_by_role("searchbox", name="Search memories").fill("pizza")
     page.get_by_role("button", name="Search").click()
     check_page(watched, "family-child-search")
-    assert page.get_by_role("list", name="Search results").get_by_role("listitem").count() == 1
+    hits = page.get_by_role("list", name="Search results").get_by_role("listitem")
+    assert "pizza" in hits.first.inner_text()  # best first (by meaning too: the other memories may follow)
 
     for name, path in (("family-other-child", f"/dashboard/family/{other.slug}/"),
                        ("family-staff-student-page", f"/dashboard/students/{child.slug}/"),
@@ -71,3 +79,49 @@ def test_a_parent_is_invited_joins_and_sees_only_their_child(open_page: Callable
         assert watched.goto(f"{dashboard_url}{path}") == 404, path
         check_page(watched, name, status=404)
         assert "Noah King" not in page.content()
+
+    # Requests (docs/guardians.md "Requests"): the parent asks for a correction and a deletion ...
+    child_url = f"{dashboard_url}/dashboard/family/{child.slug}/"
+    watched.goto(child_url)
+    page.locator(f"#memory-{wrong.pk}").get_by_role("link", name="Ask about this memory").click()
+    check_page(watched, "family-ask-about-memory")
+    page.get_by_label("What it should say").fill("Mia reads at year 4 level")
+    page.get_by_role("button", name="Ask for this correction").click()
+    check_page(watched, "family-correction-asked")
+    page.locator(f"#memory-{unwanted.pk}").get_by_role("link", name="Ask about this memory").click()
+    page.get_by_role("button", name="Ask to delete this memory").click()
+    check_page(watched, "family-deletion-asked")
+    requests = page.locator("#requests")
+    assert requests.get_by_text("open").count() == 2 and "the school answers by" in requests.inner_text()
+    correction, deletion = GuardianRequest.objects.order_by("pk")
+
+    # ... the admin decides both from the Requests queue ...
+    admin_page.goto(f"{dashboard_url}/dashboard/")
+    admin_page.page.get_by_role("link", name="Requests", exact=True).click()
+    check_page(admin_page, "requests-queue")
+    for row in (correction, deletion):
+        admin_page.page.get_by_role("link", name=f"#{row.pk}", exact=True).click()
+        check_page(admin_page, f"request-{row.kind}")
+        admin_page.page.get_by_role("button", name="Approve").click()
+        check_page(admin_page, f"request-{row.kind}-approved")
+        admin_page.page.get_by_role("link", name="← Requests").click()
+
+    # ... the revision names the request ...
+    admin_page.goto(f"{dashboard_url}/dashboard/students/{child.slug}/memories/{wrong.pk}/")
+    check_page(admin_page, "corrected-memory-revisions")
+    assert f"guardian request #{correction.pk}" in admin_page.page.locator(".revision-author").first.inner_text()
+
+    # ... the parent reads the certificate from their page, and the erased memory is gone everywhere.
+    deletion.refresh_from_db()
+    certificate_link = f"/dashboard/family/{child.slug}/requests/{deletion.pk}/certificate"
+    assert any(certificate_link in message.body for message in mail.outbox)
+    watched.goto(child_url)
+    assert "year 4 level" in page.content() and "grandmother" not in page.content()
+    page.locator("#requests").get_by_role("link", name="Certificate of erasure").click()
+    check_page(watched, "family-certificate")
+    assert str(deletion.certificate_ref) in page.content() and "valid" in page.content()
+    watched.goto(f"{child_url}?q=grandmother")
+    check_page(watched, "family-search-erased")
+    assert "upset about her grandmother" not in page.content()
+    assert not Memory.objects.filter(pk=unwanted.pk).exists()
+    assert watched.goto(f"{dashboard_url}/dashboard/family/{child.slug}/memories/{unwanted.pk}/request") == 404
