@@ -129,7 +129,11 @@ def test_sync_client_covers_what_an_agent_does(hub_url: str, school: School, oth
         with MemoryHub(hub_url, issued["key"]) as ben:
             assert ben.remember("ben", content="First day")["kind"] == "note"
         admin.revoke_key(issued["key_id"])
-        for call in (lambda: admin.stack("carol"), lambda: admin.search("carol", "pizza")):
+        across = admin.search_school("pizza diagrams", limit=5)["results"]
+        assert across and {hit["stack"] for hit in across} == {"alice"}
+        assert admin.search_school("pizza", stacks=["bob"])["results"] == []
+        for call in (lambda: admin.stack("carol"), lambda: admin.search("carol", "pizza"),
+                     lambda: admin.search_school("pizza", stacks=["carol"])):
             with pytest.raises(NotFound):
                 call()
 

@@ -181,6 +181,12 @@ def search(stack: str, query: str, limit: int, options: Mapping[str, Any]) -> Ca
     return Call("POST", _stack(stack, "search"), body=body)
 
 
+def search_school(query: str, limit: int, stacks: Sequence[str] | None,
+                  options: Mapping[str, Any]) -> Call[models.SearchResponse]:
+    body = {"query": query, "limit": limit, "stacks": list(stacks) if stacks else None, **options}
+    return Call("POST", "/api/v1/search", body={k: v for k, v in body.items() if v is not None})
+
+
 def load(stack: str, budget: int | None, item_chars: int | None, no_truncate: bool) -> Call[models.LoadResult]:
     return Call("GET", _stack(stack, "load"), params={
         "budget": budget, "item_chars": item_chars, "no_truncate": "true" if no_truncate else None})

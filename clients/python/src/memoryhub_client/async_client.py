@@ -112,8 +112,14 @@ class AsyncMemoryHub:
         Options: `kinds`, `tags` (any of), `created_after`, `created_before`, `min_similarity`."""
         return await self.send(_calls.search(stack, query, limit, options))
 
+    async def search_school(self, query: str, limit: int = 10, *, stacks: Sequence[str] | None = None,
+                            **options: Any) -> models.SearchResponse:
+        """A school key: search across the school's stacks (`stacks`: only these), as its privacy
+        grants allow; each hit names its ``stack``. Options as for :meth:`search`."""
+        return await self.send(_calls.search_school(query, limit, stacks, options))
+
     async def load(self, stack: str, budget: int = 8000, *, item_chars: int | None = None,
-             no_truncate: bool = False) -> models.LoadResult:
+                   no_truncate: bool = False) -> models.LoadResult:
         """What fits in `budget` tokens: the checkpoint, boot config, then memories by priority."""
         return await self.send(_calls.load(stack, budget, item_chars, no_truncate))
 
@@ -126,7 +132,7 @@ class AsyncMemoryHub:
         return await self.send(_calls.ingest(stack, kind, fields))
 
     async def save_session(self, stack: str, session_id: str,
-                     **fields: Any) -> models.SessionStored | models.SessionDryRun:
+                           **fields: Any) -> models.SessionStored | models.SessionDryRun:
         """Store a session (``summary``, ``tool_name``, ``success``, ``tags``, …) as an episode and
         its memory card; ``dry_run=True`` returns the card and stores nothing."""
         return await self.send(_calls.session(stack, session_id, fields))
@@ -183,7 +189,7 @@ class AsyncMemoryHub:
         return self._pages(_calls.keys(page_size))
 
     async def issue_key(self, name: str = "", *, stack_id: str | None = None, read_only: bool = False,
-                  expires_at: str | None = None, stack_agent: bool = False) -> models.KeyCreated:
+                        expires_at: str | None = None, stack_agent: bool = False) -> models.KeyCreated:
         """A new key (its secret is in ``key``, shown once): school-wide, or bound to `stack_id`."""
         return await self.send(_calls.key_issue({"name": name, "stack_id": stack_id, "read_only": read_only,
                                            "expires_at": expires_at, "stack_agent": stack_agent}))

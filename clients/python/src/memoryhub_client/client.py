@@ -117,6 +117,12 @@ class MemoryHub:
         Options: `kinds`, `tags` (any of), `created_after`, `created_before`, `min_similarity`."""
         return self.send(_calls.search(stack, query, limit, options))
 
+    def search_school(self, query: str, limit: int = 10, *, stacks: Sequence[str] | None = None,
+                      **options: Any) -> models.SearchResponse:
+        """A school key: search across the school's stacks (`stacks`: only these), as its privacy
+        grants allow; each hit names its ``stack``. Options as for :meth:`search`."""
+        return self.send(_calls.search_school(query, limit, stacks, options))
+
     def load(self, stack: str, budget: int = 8000, *, item_chars: int | None = None,
              no_truncate: bool = False) -> models.LoadResult:
         """What fits in `budget` tokens: the checkpoint, boot config, then memories by priority."""
