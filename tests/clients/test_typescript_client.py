@@ -12,6 +12,7 @@ meet a 429 and see the client wait for its Retry-After (clients/typescript/READM
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import threading
@@ -32,6 +33,14 @@ pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 CLIENT_DIR = Path(__file__).resolve().parent.parent.parent / "clients" / "typescript"
 NODE_TESTS = ["test/scenario.test.mjs", "test/transport.test.mjs", "test/schema-drift.test.mjs"]
+README = CLIENT_DIR.parent.parent / "README.md"
+
+
+def _readme_snippet() -> str:
+    """The TypeScript example in the README's "Connect your agent"."""
+    match = re.search(r"^\* \*\*TypeScript\*\*.*?^  ```js\n(.*?)^  ```", README.read_text(), re.S | re.M)
+    assert match, "README.md's Connect your agent has no TypeScript example"
+    return "\n".join(line.removeprefix("  ") for line in match.group(1).splitlines())
 
 
 def _npm(*args: str) -> None:
@@ -104,3 +113,11 @@ def test_typescript_client_scenario_and_schema(live_server: Any, settings: Any) 
                           capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stdout[-20000:] + done.stderr[-5000:]
     assert "fail 0" in done.stdout, done.stdout
+
+    # The README's example, as a reader would run it (inside the package, "@memoryhub/client" is
+    # the package itself), after the scenario: the stack has memories to find.
+    snippet = CLIENT_DIR / "dist" / "readme-snippet.mjs"
+    snippet.write_text(_readme_snippet())
+    done = subprocess.run(["node", str(snippet)], cwd=CLIENT_DIR, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "pizza" in done.stdout and "budget_used" in done.stdout, done.stdout
