@@ -12,7 +12,7 @@ from django.contrib import admin
 from django.http import HttpRequest
 
 from accounts.admin import ReadOnlyAdmin
-from stacks.models import GuardianLink, Stack, StackConsent, TeacherAssignment
+from stacks.models import GuardianLink, GuardianRequest, Stack, StackConsent, TeacherAssignment
 
 
 class TeacherAssignmentInline(admin.TabularInline):
@@ -69,3 +69,13 @@ class StackConsentAdmin(ReadOnlyAdmin):
     list_filter = ["action", "method"]
     search_fields = ["stack__slug", "stack__organization__slug"]
     list_select_related = ["stack", "by_user"]
+
+
+@admin.register(GuardianRequest)
+class GuardianRequestAdmin(ReadOnlyAdmin):
+    """Guardians' requests are decided by school admins on the dashboard (audited), not here."""
+
+    list_display = ["id", "stack", "kind", "scope", "status", "requested_by", "due_at", "decided_at"]
+    list_filter = ["kind", "status"]
+    search_fields = ["stack__slug", "stack__organization__slug"]
+    list_select_related = ["stack", "requested_by"]

@@ -31,7 +31,7 @@ from memories.models import (
 )
 from memories.reads.access_log import AccessPath, record_access
 from memories.services import CheckpointInput, boot_config_set, checkpoint_save, memory_create, memory_update
-from stacks.models import GuardianLink, StackConsent
+from stacks.models import GuardianLink, GuardianRequest, StackConsent
 from teleport.models import Snapshot, TeleportCode
 from tests.actors import School
 from tests.factories import make_user
@@ -86,6 +86,8 @@ def everything(school: School, settings: Any) -> dict[str, Any]:
     TeleportCode.objects.create(snapshot=snapshot, code_hash="d" * 64, created_at=now, expires_at=now)
     GuardianLink.objects.create(user=make_user(school.org, role="guardian"), stack=school.stack)
     StackConsent.objects.create(stack=school.stack, action="given", method="paper", by_user=school.admin)
+    GuardianRequest.objects.create(organization=school.org, stack=school.stack, kind="deletion", scope="stack",
+                                   due_at=now)
     reader = author_of(Principal(user=school.admin, organization=school.org), path=Path.API)
     record_access(stack_id=school.stack.pk, author=reader, path=AccessPath.GET, memory_ids=[memory.pk])
     return {"memory": memory}
