@@ -1,11 +1,13 @@
 """The Python client (clients/python, `memoryhub_client`) against a live MemoryHub on the test
 database: a sync and an async scenario over every call family, search by meaning, a 429 retried
-after its Retry-After, the error contract as exceptions, isolation, the schema-drift check, the
-README's snippet, and a clean `pip install ./clients/python` (docs/api.md §1, clients/python/README.md)."""
+after its Retry-After, the error contract as exceptions, isolation, the schema-drift checks (the
+models' fields and every route the client calls), the README's snippet, and a clean
+`pip install ./clients/python` (docs/api.md §1, clients/python/README.md)."""
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
 import re
 import subprocess
@@ -17,7 +19,8 @@ from typing import Any
 
 import httpx
 import pytest
-from memoryhub_client import AsyncMemoryHub, MemoryHub, NotFound, UnknownField
+from memoryhub_client import AsyncMemoryHub, MemoryHub, NotFound, UnknownField, _calls
+from memoryhub_client._calls import Call
 from memoryhub_client.models import SCHEMA_COMPONENTS
 
 from memories.models import Memory
@@ -231,6 +234,42 @@ def test_models_match_the_live_openapi_schema(hub_url: str) -> None:
             if hints[key] != expected:
                 problems.append(f"{name}.{key}: client {hints[key]} schema {expected}")
     assert not problems, "\n".join(problems)
+
+
+# One call of every request builder in memoryhub_client._calls, with sample arguments.
+EVERY_CALL: dict[str, Call[Any]] = {
+    "remember": _calls.remember("s", "note", {}), "batch": _calls.batch("s", []), "get": _calls.get("s", "m"),
+    "update": _calls.update("s", "m", {}), "forget": _calls.forget("s", "m", "r"), "recover": _calls.recover("s", "m"),
+    "protect": _calls.protect("s", "m", True),
+    "memories": _calls.memories("s", kinds=None, tags=None, forgotten=None, created_after=None, created_before=None,
+                                page_size=None),
+    "search": _calls.search("s", "q", 10, {}), "search_school": _calls.search_school("q", 10, None, {}),
+    "load": _calls.load("s", 8000, None, False), "memory_md": _calls.memory_md("s"),
+    "ingest": _calls.ingest("s", "note", {}),
+    "session": _calls.session("s", "id", {}), "checkpoint_save": _calls.checkpoint_save("s", {}),
+    "checkpoint_latest": _calls.checkpoint_latest("s"), "checkpoint_history": _calls.checkpoint_history("s", None),
+    "boot_config": _calls.boot_config("s"), "boot_get": _calls.boot_get("s", "k"),
+    "boot_set": _calls.boot_set("s", "k", "v"),
+    "boot_delete": _calls.boot_delete("s", "k"), "sync_push": _calls.sync_push("s", []),
+    "sync_pull": _calls.sync_pull("s", None, None), "stacks": _calls.stacks(None), "stack_get": _calls.stack_get("s"),
+    "stack_create": _calls.stack_create("s", "", "student"), "keys": _calls.keys(None),
+    "key_issue": _calls.key_issue({}),
+    "key_revoke": _calls.key_revoke("k"), "key_cycle": _calls.key_cycle("k"),
+}
+
+
+def test_every_call_the_client_makes_is_a_route_of_the_live_schema(hub_url: str) -> None:
+    """The other half of drift: each request builder's method and path is an operation of /api/schema/."""
+    builders = {name for name, function in vars(_calls).items()
+                if inspect.isfunction(function) and str(function.__annotations__.get("return", "")).startswith("Call[")
+                and name not in ("page", "next_page")}  # the pages of a list, not routes of their own
+    assert builders == set(EVERY_CALL), "add the new builder to EVERY_CALL"
+    paths = httpx.get(f"{hub_url}/api/schema/", params={"format": "json"}, timeout=60).json()["paths"]
+    routes = [(re.compile("^" + re.sub(r"\\{[^}]+\\}", "[^/]+", re.escape(path)) + "$"), {m.upper() for m in ops})
+              for path, ops in paths.items()]
+    missing = [f"{name}: {call.method} {call.path}" for name, call in EVERY_CALL.items()
+               if not any(pattern.match(call.path) and call.method in methods for pattern, methods in routes)]
+    assert not missing, missing
 
 
 _PRIMITIVES: dict[str, Any] = {"string": str, "integer": int, "number": float, "boolean": bool}
