@@ -10,3 +10,9 @@ class MemoriesConfig(AppConfig):
         # registers when imported (memories.writes.effects, docs/architecture.md §5.3): in every
         # process, before its first write commits.
         import memories.changes.publish  # noqa: F401
+
+        # A student's erasure also clears the corrections their guardians proposed (docs/guardians.md "Requests").
+        from memories.governance.erasure import register_stack_eraser
+        from memories.governance.guardian_requests import requests_erase_for_stack
+
+        register_stack_eraser(requests_erase_for_stack)

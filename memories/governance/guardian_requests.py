@@ -292,3 +292,10 @@ def _admin_emails(organization_id: int) -> list[str]:
         organization_id=organization_id, role=Membership.Role.ADMIN, user__is_active=True)
         .values_list("user__email", flat=True) if email]
 
+
+def requests_erase_for_stack(stack_id: int) -> dict[str, int]:
+    """The stack erasure's eraser (memories.governance.erasure.register_stack_eraser): the corrections
+    guardians proposed for the erased student are memory text too, so they go; the requests stay (the
+    school's record that they were made, and how they were answered)."""
+    cleared = GuardianRequest.objects.filter(stack_id=stack_id).exclude(text="").update(text="")
+    return {"guardian_request_texts": cleared}

@@ -232,3 +232,16 @@ def test_the_children_list_counts_each_childs_memories() -> None:
     cast = _cast()
     page = cast["family"].get("/dashboard/family/").content.decode()
     assert "1 memory" in page and "no tutor has" not in page
+
+
+def test_erasing_the_student_clears_the_corrections_proposed_for_them(django_capture_on_commit_callbacks: Any) -> None:
+    cast = _cast()
+    with django_capture_on_commit_callbacks(execute=True):
+        _ask(cast, cast["memory"], kind="correction", text=CORRECTED)
+    response = cast["staff"].post(f"/dashboard/students/{cast['child'].slug}/erase",
+                                  {"confirm": cast["child"].slug, "requested_by": "the school"})
+    assert response.status_code == 302
+    row = GuardianRequest.objects.get()
+    assert row.text == "" and row.status == "open"  # the record stays; the proposed text is gone
+    cert = ErasureCertificate.objects.get(stack_ref=cast["child"].pk)
+    assert cert.counts.get("guardian_request_texts") == 1
