@@ -36,6 +36,7 @@ from dashboard.access import ADMINS, GUARDIANS, dashboard_page, request_ip
 from dashboard.views.student import archive_download, memory_md_download
 from memories.governance.guardian_digest import digest_subscribe, digest_subscribed
 from memories.governance.guardian_requests import requests_for_guardian
+from memories.governance.privacy_settings import school_policy
 from memories.privacy.grants import audience_for
 from memories.reads.access_log import AccessPath, record_principal_access
 from memoryhub.errors import DomainError
@@ -85,6 +86,7 @@ def child(request: HttpRequest, principal: Principal, slug: str) -> HttpResponse
     context: dict[str, Any] = {"stack": stack, "form": form, "page": None, "live_seq": live_seq,
                                "family_controls": _family_controls_available(),
                                "requests": requests_for_guardian(principal, stack),
+                               "policy": school_policy(principal.organization),
                                "granted_only": principal.organization.guardian_view == "granted"}
     if not form.is_valid():
         return render(request, "dashboard/families/child.html", context, status=400)

@@ -129,6 +129,13 @@ def _of(organization: Organization) -> PrivacySettings:
     )
 
 
+def school_policy(organization: Organization) -> list[PolicySection]:
+    """The school's written policy as its settings make it, for whoever may read it (a guardian's
+    child page shows it: docs/guardians.md); the settings themselves stay the admins'."""
+    return policy_sections(_of(organization), school=organization.name,
+                           access_log_days=organization.access_log_retention_days)
+
+
 def privacy_settings_get(principal: Principal) -> PrivacySettings:
     """The caller's school's settings (school admins and school keys; anyone else 403)."""
     ensure_may_manage_organization(principal)

@@ -67,6 +67,8 @@ def test_a_parent_is_invited_joins_and_sees_only_their_child(open_page: Callable
     page.get_by_role("link", name="Mia Jones").click()
     check_page(watched, "family-child")
     assert "pizza" in page.content() and "maths-tutor" in page.content()
+    page.get_by_text("What is kept, for how long, who sees it").click()  # the school's written policy
+    assert page.get_by_role("heading", name="How long it is kept").is_visible()
     page.get_by_role("searchbox", name="Search memories").fill("pizza")
     page.get_by_role("button", name="Search").click()
     check_page(watched, "family-child-search")
@@ -123,5 +125,9 @@ def test_a_parent_is_invited_joins_and_sees_only_their_child(open_page: Callable
     watched.goto(f"{child_url}?q=grandmother")
     check_page(watched, "family-search-erased")
     assert "upset about her grandmother" not in page.content()
+    for path in (f"/dashboard/family/{child.slug}/MEMORY.md", f"/api/v1/stacks/{child.slug}/memories"):
+        answer = page.request.get(f"{dashboard_url}{path}")  # the downloads and the API, as the parent
+        assert answer.ok and "grandmother" not in answer.text(), path
+    assert "year 4 level" in page.request.get(f"{dashboard_url}/api/v1/stacks/{child.slug}/memories").text()
     assert not Memory.objects.filter(pk=unwanted.pk).exists()
     assert watched.goto(f"{dashboard_url}/dashboard/family/{child.slug}/memories/{unwanted.pk}/request") == 404
