@@ -24,6 +24,7 @@ from django.shortcuts import redirect, render
 from django.template import TemplateDoesNotExist
 from django.template.loader import select_template
 from django.urls import reverse
+from django.utils import timezone
 from django.utils.cache import add_never_cache_headers
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
@@ -37,6 +38,7 @@ from dashboard.views.student import archive_download, memory_md_download
 from memories.governance.guardian_digest import digest_subscribe, digest_subscribed
 from memories.governance.guardian_requests import requests_for_guardian
 from memories.governance.privacy_settings import school_policy
+from memories.lifecycle.decay_pass import forgetting_candidates
 from memories.privacy.grants import audience_for
 from memories.reads.access_log import AccessPath, record_principal_access
 from memoryhub.errors import DomainError
@@ -46,6 +48,7 @@ from stacks.selectors import stack_for_principal, stacks_visible_to
 # The consent and pause controls another part of the families feature adds to a child's page
 # (docs/consent.md); the page includes them only when that template exists.
 FAMILY_CONTROLS = "dashboard/families/_family_controls.html"
+FADING_SHOWN = 5  # the memories the next decay pass will forget, shown on a child's page
 
 
 def _family_controls_available() -> bool:
@@ -107,6 +110,11 @@ def child(request: HttpRequest, principal: Principal, slug: str) -> HttpResponse
     else:
         context["page"] = reads.memory_page(stack, filters, audience=audience)
         shown = [memory.pk for memory in context["page"]]
+    # What the next decay pass will forget (the pass's own rule), as this guardian may read it.
+    next_pass = reads.next_decay_pass_at(timezone.now())
+    fading = forgetting_candidates(stack=stack, now=next_pass, limit=FADING_SHOWN, audience=audience)
+    context.update(next_pass_at=next_pass, fading=fading)
+    shown += [memory.pk for memory in fading]
     record_principal_access(principal, via=Path.DASHBOARD, stack_id=stack.pk, path=AccessPath.DASHBOARD,
                             memory_ids=shown)
     return render(request, "dashboard/families/child.html", context)

@@ -245,3 +245,14 @@ def test_erasing_the_student_clears_the_corrections_proposed_for_them(django_cap
     assert row.text == "" and row.status == "open"  # the record stays; the proposed text is gone
     cert = ErasureCertificate.objects.get(stack_ref=cast["child"].pk)
     assert cert.counts.get("guardian_request_texts") == 1
+
+
+def test_the_child_page_shows_what_the_next_decay_pass_forgets_and_the_schools_policy() -> None:
+    cast = _cast()
+    old = memory_create(stack=cast["child"], kind="note", payload={"content": "an old note nobody used"},
+                        source="test")
+    Memory.objects.filter(pk=old.pk).update(created_at=timezone.now() - timedelta(days=900))
+    page = cast["family"].get(f"/dashboard/family/{cast['child'].slug}/").content.decode()
+    fading = page[page.index('id="fading"'):page.index('id="school-policy"')]
+    assert "an old note nobody used" in fading and SECRET_TEXT not in fading
+    assert "How long it is kept" in page and "Riverside Primary" in page
