@@ -291,13 +291,14 @@ def cross_validation(args: argparse.Namespace, dataset: dict[str, Any]) -> None:
             served[f"{q.conversation}:{q.text}"] = [h.memory.record_id for h in hits]
         now = timezone.now()
         same, total = cv.agreement(questions, served, convs, RANKING, now)
-        print(f"\nagreement: the replay of today's constants gives the service's own top 10 for {same} of {total} "
+        print(f"\nagreement: the replay of the served constants gives the service's own top 10 for {same} of {total} "
               f"questions")
         grid = cv.GRID if args.grid == "full" else cv.SMALL_GRID
-        points = cv.grid_points(RANKING, grid)
-        today = next((i for i, p in enumerate(points) if p == RANKING), None)
+        before = cv.before_constants()
+        points = cv.grid_points(before, grid)
+        today = next((i for i, p in enumerate(points) if p == before), None)
         if today is None:
-            points.append(RANKING)
+            points.append(before)
             today = len(points) - 1
         log(f"{len(points)} grid points x {len(questions)} questions")
         began = time.monotonic()
@@ -312,8 +313,22 @@ def cross_validation(args: argparse.Namespace, dataset: dict[str, Any]) -> None:
         everything = cv.cross_validate(scores, questions, today, train_on_all=True, plateau=plateau).chosen[0]
         print("\nchosen on all five conversations (what the service would ship): "
               + " ".join(f"{k}={getattr(points[everything], k)}" for k in grid))
-        for name, rows in cv.constant_curves(scores, questions, points, RANKING, grid, names).items():
-            print_table(f"{name}: R@10 on each fold's training conversations, the other constants at today's "
+        shipped = next((i for i, p in enumerate(points) if p == RANKING), None)
+        if shipped is not None:
+            fold_of = np.array([q.conversation for q in questions])
+            per_fold = {names[f]: float(scores[shipped, fold_of == f, 1].mean()) for f in sorted(set(fold_of.tolist()))}
+            print("served constants, R@10 per fold (in-sample: chosen on all five): "
+                  + ", ".join(f"{n} {v:.3f}" for n, v in per_fold.items())
+                  + f"; mean of folds {np.mean(list(per_fold.values())):.3f}")
+        if len(grid) == 2:
+            first, second = grid
+            at = {(getattr(p, first), getattr(p, second)): i for i, p in enumerate(points)}
+            for metric, label in ((1, "R@10"), (2, "MRR")):
+                print_table(f"{label} on all five conversations per grid point (rows {first}, columns {second})", [
+                    {first: a, **{str(b): f"{scores[at[a, b], :, metric].mean():.3f}" for b in grid[second]}}
+                    for a in grid[first]])
+        for name, rows in cv.constant_curves(scores, questions, points, before, grid, names).items():
+            print_table(f"{name}: R@10 on each fold's training conversations, the other constants at v2's "
                         f"values (* = that fold's optimum)", rows)
         if args.signals:
             from bench import retrieval_signals
