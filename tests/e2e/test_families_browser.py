@@ -1,7 +1,8 @@
 """Families in real Chromium (docs/guardians.md): an admin invites a parent from the student page's
 Guardians panel (htmx), the parent joins from the link in their own browser, lands on "Your
-children", reads their child's memories, and meets "no such page" everywhere else. Every page is
-checked by tests/e2e/browser.py's `check_page` (axe-core, CSP, console, hosts, screenshot)."""
+children", reads their child's memories, and meets "no such page" everywhere else; a parent named
+in a roster import joins from the e-mailed link and sees their two children, not a third. Every page
+is checked by tests/e2e/browser.py's `check_page` (axe-core, CSP, console, hosts, screenshot)."""
 
 from __future__ import annotations
 
@@ -10,12 +11,13 @@ from urllib.parse import urlsplit
 
 import pytest
 from django.core import mail
+from playwright.sync_api import FilePayload
 
 from accounts.authors import Author, Path
 from accounts.models import Membership
 from memories.models import Memory
 from memories.services import memory_create
-from stacks.models import GuardianLink, GuardianRequest
+from stacks.models import GuardianLink, GuardianRequest, Stack
 from tests.e2e.browser import WatchedPage, check_page, sign_in
 from tests.factories import make_org, make_stack, make_user
 
@@ -131,3 +133,51 @@ def test_a_parent_is_invited_joins_and_sees_only_their_child(open_page: Callable
     assert "year 4 level" in page.request.get(f"{dashboard_url}/api/v1/stacks/{child.slug}/memories").text()
     assert not Memory.objects.filter(pk=unwanted.pk).exists()
     assert watched.goto(f"{dashboard_url}/dashboard/family/{child.slug}/memories/{unwanted.pk}/request") == 404
+
+
+def test_a_parent_named_in_a_roster_import_joins_and_sees_their_two_children_only(
+        open_page: Callable[[], WatchedPage], dashboard_url: str) -> None:
+    """docs/guardians.md "Guardians in the roster": the plain CSV's `guardian_email` column names one
+    parent for two brothers and another family for a third pupil; one invitation per family."""
+    org = make_org("Hillcrest Primary")
+    admin = make_user(org, role=Membership.Role.ADMIN, email="office@hillcrest.example", username="")
+    roster = "\n".join(["student_id,name,grade,guardian_email",
+                        "leo-park,Leo Park,3,kim@hillcrest.example",
+                        "max-park,Max Park,5,kim@hillcrest.example",
+                        "ivy-stone,Ivy Stone,4,ruth@hillcrest.example"]) + "\n"
+
+    admin_page = open_page()
+    sign_in(admin_page, dashboard_url, admin.email, PASSWORD)
+    admin_page.goto(f"{dashboard_url}/dashboard/roster/")
+    upload: FilePayload = {"name": "roster.csv", "mimeType": "text/csv", "buffer": roster.encode()}
+    admin_page.page.get_by_label("Roster CSV file").set_input_files(files=upload)
+    admin_page.page.get_by_role("button", name="Preview import").click()
+    check_page(admin_page, "roster-guardians-preview")
+    rows = admin_page.page.locator("#roster-plan tbody tr")
+    assert "invite guardian kim@hillcrest.example" in rows.nth(0).inner_text()
+    assert "kim@hillcrest.example" in rows.nth(1).inner_text()  # the brother joins the same invitation
+    assert "invite guardian ruth@hillcrest.example" in rows.nth(2).inner_text()
+    assert not mail.outbox  # a preview sends nothing
+    admin_page.page.get_by_role("button", name="Apply import").click()
+    check_page(admin_page, "roster-guardians-applied")
+    assert "2 guardian invitations created, 2 e-mailed" in admin_page.page.content()
+
+    (invitation,) = [message for message in mail.outbox if message.to == ["kim@hillcrest.example"]]
+    link = next(line.strip() for line in invitation.body.splitlines() if "/invitations/" in line)
+    watched = open_page()
+    page = watched.page
+    watched.goto(link)
+    check_page(watched, "roster-guardian-invitation")
+    page.get_by_label("New password").fill("lunchbox-on-the-stairs-4")
+    page.get_by_label("Confirm password").fill("lunchbox-on-the-stairs-4")
+    page.get_by_role("button", name="Join school").click()
+    check_page(watched, "roster-guardian-children")
+    assert urlsplit(page.url).path == "/dashboard/family/"
+    children = page.get_by_role("list", name="Your children").get_by_role("link")
+    assert sorted(children.all_inner_texts()) == ["Leo Park", "Max Park"], children.all_inner_texts()
+    assert "Ivy Stone" not in page.content()
+
+    ivy = Stack.objects.get(organization=org, slug="ivy-stone")
+    assert watched.goto(f"{dashboard_url}/dashboard/family/{ivy.slug}/") == 404
+    check_page(watched, "roster-guardian-third-child", status=404)
+    assert "Ivy Stone" not in page.content()
