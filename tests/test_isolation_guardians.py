@@ -233,3 +233,43 @@ def test_requests_reach_only_their_own_family_and_school() -> None:
     assert f'data-request="{row.pk}"' not in school_b_admin.get("/dashboard/requests/").content.decode()
     row.refresh_from_db()
     assert row.status == GuardianRequest.Status.OPEN
+
+
+@pytest.mark.django_db
+def test_the_family_routes_that_name_no_stack_reach_only_their_own_role_and_school() -> None:
+    """The weekly digest's toggle is the signed-in guardian's own (staff get 404; it changes no other
+    family's setting); the Requests queue is a 404 for a guardian and a teacher (another school's
+    admin sees their own, without it) and a request's page a 404 for all three — the request stays
+    open (docs/guardians.md "Requests")."""
+    cast = world()
+    own, other = cast["stacks"]["A1"], cast["stacks"]["A2"]
+    school_a = own.organization
+    other_family = GuardianLink.objects.get(stack=other).user
+    row = GuardianRequest.objects.create(organization=school_a, stack=own, kind="deletion", scope="stack",
+                                         requested_by=cast["guardian"], due_at=own.created_at)
+    teacher = make_user(school_a, role=Membership.Role.TEACHER)
+    school_b_admin = make_user(cast["stacks"]["B1"].organization, role=Membership.Role.ADMIN)
+    outsiders = {"teacher": teacher, "school B admin": school_b_admin, "guardian": cast["guardian"]}
+    for who, user in outsiders.items():
+        client = Client()
+        client.force_login(user)
+        for method, path, body in (("get", "/dashboard/requests/", None),
+                                   ("get", "/dashboard/requests/?status=all", None),
+                                   ("get", f"/dashboard/requests/{row.pk}/", None),
+                                   ("post", f"/dashboard/requests/{row.pk}/", {"action": "approve"}),
+                                   ("post", f"/dashboard/requests/{row.pk}/", {"action": "decline", "reason": "no"})):
+            throttle_state_clear()
+            response = getattr(client, method)(path, body) if body else client.get(path)
+            queue = path.startswith("/dashboard/requests/?") or path == "/dashboard/requests/"
+            expected = 200 if queue and user is school_b_admin else 404  # their own school's (empty) queue
+            assert response.status_code == expected, f"{who}: {method.upper()} {path}: {response.status_code}"
+            assert f'data-request="{row.pk}"'.encode() not in response.content, f"{who}: {path}"
+        if user is not cast["guardian"]:
+            assert client.post("/dashboard/families/digest", {"weekly_digest": "on"}).status_code == 404, who
+    row.refresh_from_db()
+    assert row.status == GuardianRequest.Status.OPEN
+    assert not Membership.objects.filter(weekly_digest=True).exists(), "staff changed a digest setting"
+    assert cast["client"].post("/dashboard/families/digest", {"weekly_digest": "on"}).status_code == 302
+    subscribed = Membership.objects.filter(weekly_digest=True)
+    assert list(subscribed.values_list("user_id", flat=True)) == [cast["guardian"].pk]
+    assert not Membership.objects.get(user=other_family).weekly_digest
