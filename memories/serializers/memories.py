@@ -6,6 +6,7 @@ memories.serializers.records.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 from django.utils import timezone
@@ -61,6 +62,53 @@ class MemorySerializer(serializers.ModelSerializer):
     def get_awaiting_embedding(self, obj: Memory) -> bool:
         return obj.embedded_version is None  # the embedding jobs' own definition of the backlog
 
+    def to_representation(self, instance: Memory) -> dict[str, Any]:
+        """The memory as `memory_json` builds it: the same document as the fields above would make
+        (tests/memories/test_memory_json.py holds them equal), without building them per request."""
+        return memory_json(instance)
+
+
+def _timestamp(value: datetime | None) -> str | None:
+    """A timestamp as DRF's DateTimeField writes it under USE_TZ with TIME_ZONE UTC."""
+    if value is None:
+        return None
+    text = value.astimezone(UTC).isoformat()
+    return text[:-6] + "Z" if text.endswith("+00:00") else text
+
+
+def memory_json(memory: Memory) -> dict[str, Any]:
+    """One memory as the API returns it (`MemorySerializer`'s document, docs/api.md §2).
+
+    Built directly: DRF builds a ModelSerializer's thirty-odd fields anew for every serializer
+    it makes, which was most of a write's serialization cost (docs/benchmarks.md "Web CPU").
+    """
+    written_by = memory.written_by or {}
+    return {
+        "id": str(memory.id), "kind": memory.kind, "record_id": memory.record_id, "text": memory.text,
+        "data": memory.data, "extra": memory.extra, "tags": [str(t) for t in memory.tags],
+        "confidence": float(memory.confidence), "source_type": memory.source_type,
+        "source_entity": memory.source_entity,
+        "derived_from": [str(v) for v in memory.derived_from],
+        "source_episodes": [str(v) for v in memory.source_episodes],
+        "emotional_valence": float(memory.emotional_valence), "emotional_arousal": float(memory.emotional_arousal),
+        "emotional_tags": [str(v) for v in memory.emotional_tags],
+        "subject_ids": [str(v) for v in memory.subject_ids],
+        "access_grants": [str(v) for v in memory.access_grants],
+        "consent_grants": [str(v) for v in memory.consent_grants],
+        "strength": float(memory.strength), "times_accessed": int(memory.times_accessed),
+        "last_accessed": _timestamp(memory.last_accessed), "is_protected": bool(memory.is_protected),
+        "forgotten": memory.forgotten_at is not None, "forgotten_at": _timestamp(memory.forgotten_at),
+        "forgotten_reason": memory.forgotten_reason, "expires_at": _timestamp(memory.expires_at),
+        "version": int(memory.version), "created_at": _timestamp(memory.created_at),
+        "updated_at": _timestamp(memory.server_updated_at), "size_bytes": int(memory.size_bytes),
+        "awaiting_embedding": memory.embedded_version is None, "redaction_report": memory.redaction_report,
+        "written_by": {name: (int(value) if name == "user_id" else str(value))
+                       for name, value in written_by.items() if name in _AUTHOR_MEMBERS},
+    }
+
+
+_AUTHOR_MEMBERS = frozenset(AuthorSerializer().fields)
+
 
 class RevisionSerializer(serializers.ModelSerializer):
     """One change of a memory: the version it changed, what it did and who did it (the state before
@@ -86,6 +134,9 @@ class MemoryDetailSerializer(MemorySerializer):
     @extend_schema_field(RevisionSerializer(many=True))
     def get_revisions(self, obj: Memory) -> list[dict[str, Any]]:
         return list(RevisionSerializer(memory_revisions(obj), many=True).data)
+
+    def to_representation(self, instance: Memory) -> dict[str, Any]:
+        return {**memory_json(instance), "revisions": self.get_revisions(instance)}
 
 
 class MemoryListQuerySerializer(serializers.Serializer):
