@@ -66,8 +66,11 @@ def dashboard_page(*, roles: frozenset[str] = STAFF) -> Callable[[DashboardView]
             try:
                 return view(request, principal, *args, **kwargs)
             except DomainError as error:
-                return refusal(request, status=error.status, code=error.code, message=error.message,
-                               fields=error.fields)
+                response = refusal(request, status=error.status, code=error.code, message=error.message,
+                                   fields=error.fields)
+                if error.retry_after is not None:  # a busy lane says when to come back, as the API does
+                    response["Retry-After"] = str(error.retry_after)
+                return response
 
         return page
 

@@ -32,6 +32,7 @@ from memories.reads.usage import growth_chart, stack_usage
 from memories.selectors import boot_config_entries, memories_list, memory_agents, memory_get
 from memories.sessions.cards import session_cards
 from memoryhub.errors import NotFound
+from memoryhub.lanes import enter_bulk_lane, release_when_streamed
 from memoryhub.streaming import streamed_content
 from stacks.models import Stack
 from stacks.selectors import stack_for_principal
@@ -132,13 +133,14 @@ def memory_action(request: HttpRequest, principal: Principal, slug: str, memory_
 @dashboard_page(roles=STAFF)
 def export_json(request: HttpRequest, principal: Principal, slug: str) -> HttpResponseBase:
     stack = stack_for_principal(principal, slug)
+    enter_bulk_lane(request, stack.organization_id)
     now = timezone.now()
     reads.audit_export(principal=principal, stack=stack, ip=request_ip(request), export_format="json")
     audience = audience_for(principal, stack_id=stack.pk)
     chunks = reads.memories_json_chunks(stack=stack, now=now, audience=audience)
     record_principal_access(principal, via=Path.DASHBOARD, stack_id=stack.pk, path=AccessPath.EXPORT,
                             memory_ids=memories_list(stack=stack, audience=audience).values_list("id", flat=True))
-    content = streamed_content(request, chunks)
+    content = streamed_content(request, release_when_streamed(request, chunks))
     response = StreamingHttpResponse(content, content_type="application/json; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="{reads.export_filename(stack, now, ".json")}"'
     response["Cache-Control"] = "private, no-store"
@@ -161,7 +163,9 @@ def export_markdown(request: HttpRequest, principal: Principal, slug: str) -> Ht
 def archive_download(request: HttpRequest, principal: Principal, stack: Stack) -> HttpResponseBase:
     """`stack`'s portable archive for this viewer (a stack the access decision gave them): only what
     their privacy grants admit (memories.privacy.grants), the access log only for those who may
-    read it; audited, and recorded in the access log, as theirs."""
+    read it; audited, and recorded in the access log, as theirs. Bulk work: it waits for, or is
+    refused by, the bulk lane before anything is recorded (docs/architecture.md §5.7)."""
+    enter_bulk_lane(request, stack.organization_id)
     now = timezone.now()
     reads.audit_export(principal=principal, stack=stack, ip=request_ip(request), export_format="zip")
     audience = audience_for(principal, stack_id=stack.pk)
@@ -169,7 +173,8 @@ def archive_download(request: HttpRequest, principal: Principal, stack: Stack) -
                             include_access_log=may_read_access_log(principal, stack))
     record_principal_access(principal, via=Path.DASHBOARD, stack_id=stack.pk, path=AccessPath.EXPORT,
                             memory_ids=archive_memory_ids(stack=stack, audience=audience))
-    response = StreamingHttpResponse(streamed_content(request, chunks), content_type="application/zip")
+    response = StreamingHttpResponse(streamed_content(request, release_when_streamed(request, chunks)),
+                                     content_type="application/zip")
     response["Content-Disposition"] = f'attachment; filename="{archive_filename(stack, now)}"'
     response["Cache-Control"] = "private, no-store"
     return response

@@ -13,13 +13,14 @@ from typing import Any
 import pytest
 import redis
 
+from accounts.models import AuditEvent
 from memories.models import Memory
 from memoryhub import lanes
 from memoryhub.asgi import SingleHopASGIHandler
 from memoryhub.lanes import BulkFairShare, BulkLane, BulkLaneFull, GradientLimit
 from memoryhub.worker_priority import PRESSURE_KEY, pressure_reader
 from stacks.services import personal_account_register
-from tests.factories import bearer_client
+from tests.factories import bearer_client, make_org, make_stack, make_user, session_client
 
 SCHOOL_A, SCHOOL_B = 1, 2
 
@@ -214,3 +215,26 @@ def test_a_lane_holding_bulk_back_marks_the_pressure_the_runner_reads(settings: 
         bulk.observe_interactive("search", 0.200)
     assert bulk.gradient.limit < 4 and pressed()
     redis.Redis.from_url(settings.REDIS_URL).delete(PRESSURE_KEY)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("download", ["archive.zip", "export.json"])
+def test_a_dashboard_download_waits_in_the_bulk_lane_and_a_refusal_records_nothing(
+        full_lane: Callable[[], None], download: str) -> None:
+    org = make_org()
+    stack = make_stack(org)
+    browser = session_client(make_user(org))
+    url = f"/dashboard/students/{stack.slug}/{download}"
+    refused = browser.get(url)
+    assert refused.status_code == 503
+    assert 1 <= int(refused["Retry-After"]) <= 30
+    assert "busy" in refused.content.decode().lower() or "retry" in refused.content.decode().lower()
+    assert not AuditEvent.objects.filter(action="stack.exported").exists()
+    full_lane()
+    served = browser.get(url)
+    assert served.status_code == 200
+    assert lanes._lane is not None and lanes._lane.running == 1  # held while the body streams
+    assert AuditEvent.objects.filter(action="stack.exported").count() == 1
+    b"".join(served.streaming_content)  # type: ignore[attr-defined]
+    served.close()
+    assert lanes._lane.running == 0
