@@ -333,7 +333,7 @@ def cross_validation(args: argparse.Namespace, dataset: dict[str, Any]) -> None:
         if args.signals:
             from bench import retrieval_signals
 
-            retrieval_signals.run(questions, convs, names, now, scores, points, today, log=log,
+            retrieval_signals.run(questions, convs, names, now, log=log,
                                   only=() if args.signals == "all" else args.signals.split(","))
 
 

@@ -21,6 +21,10 @@ into memories.search, and this module keeps only what is still being measured.
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # a part of retrieval_quality.py --cv --signals, not a benchmark of its own
+    print("bench/retrieval_signals.py: run bench/retrieval_quality.py --cv --signals")
+    raise SystemExit(0)
+
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -208,8 +212,7 @@ SIGNAL_GRIDS: dict[str, dict[str, tuple[Any, ...]]] = {
 
 
 def run(questions: Sequence[cv.Question], conversations: Sequence[cv.Conversation], names: Sequence[str],
-        now: datetime, base_scores: np.ndarray, base_points: Sequence[Any], today: int,
-        log: Callable[[str], None], only: Sequence[str] = ()) -> None:
+        now: datetime, log: Callable[[str], None], only: Sequence[str] = ()) -> None:
     """Cross-validate each signal (with BASE_GRID, each point judged by its plateau) against the
     same grid without it."""
     fold_of = np.array([q.conversation for q in questions])
