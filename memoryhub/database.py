@@ -1,10 +1,24 @@
 """The default database's libpq connection string, for the PostgreSQL tools (pg_dump) and plain
-psycopg clients that run beside Django (memoryhub/backup.py)."""
+psycopg clients that run beside Django (memoryhub/backup.py); and the compiled `timestamptz`
+loader every connection reads with (`use_compiled_timestamps`)."""
 
 from __future__ import annotations
 
+import datetime as dt
+from typing import Any
+
+from django.conf import settings
 from django.db import connections
+from django.db.backends.base.base import BaseDatabaseWrapper
+from psycopg.abc import AdaptContext, Buffer
+from psycopg.adapt import Loader
 from psycopg.conninfo import make_conninfo
+
+_compiled: Any
+try:
+    from psycopg_binary import _psycopg as _compiled
+except ImportError:  # psycopg's pure-Python build: Django's loader stays
+    _compiled = None
 
 _LIBPQ_KEYS = ("dbname", "user", "password", "host", "port", "sslmode", "sslrootcert", "sslcert", "sslkey")
 
@@ -12,3 +26,33 @@ _LIBPQ_KEYS = ("dbname", "user", "password", "host", "port", "sslmode", "sslroot
 def database_conninfo(alias: str = "default") -> str:
     params = connections[alias].get_connection_params()
     return make_conninfo(**{key: str(value) for key, value in params.items() if key in _LIBPQ_KEYS and value})
+
+
+class UtcTimestamptzLoader(Loader):
+    """Reads `timestamptz` with psycopg's compiled loader, for connections whose session time zone
+    is UTC (Django sets it to TIME_ZONE on every new connection; docs/operations.md §12 "Timestamps").
+
+    Django registers a pure-Python loader that parses each value in Python and then re-attaches the
+    time zone; psycopg's compiled loader already returns the instant with `datetime.timezone.utc`,
+    the very value Django's would. `timezone` is what Django compares before registering its own
+    loader again on a cursor, so with this one in place it does not.
+    """
+
+    timezone = dt.UTC
+
+    def __init__(self, oid: int, context: AdaptContext | None = None) -> None:
+        super().__init__(oid, context)
+        # The compiled loader's bound method itself, so no Python frame runs per value.
+        self.load = _compiled.TimestamptzLoader(oid, context).load  # type: ignore[method-assign]
+
+    def load(self, data: Buffer) -> dt.datetime:  # replaced per instance, above
+        raise NotImplementedError
+
+
+def use_compiled_timestamps(sender: object, connection: BaseDatabaseWrapper, **kwargs: object) -> None:
+    """`connection_created` receiver: PostgreSQL connections in UTC read `timestamptz` with
+    `UtcTimestamptzLoader` (DB_COMPILED_TIMESTAMPS=false leaves Django's loader in place)."""
+    if (_compiled is None or connection.vendor != "postgresql" or not settings.USE_TZ
+            or not settings.DB_COMPILED_TIMESTAMPS or connection.timezone != dt.UTC):
+        return
+    connection.connection.adapters.register_loader("timestamptz", UtcTimestamptzLoader)

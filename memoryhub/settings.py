@@ -120,6 +120,9 @@ DATABASES = {"default": _database(DATABASE_URL)}
 # plan (memories/search/context.py, docs/algorithms.md §7.5 "Cost"). Off for a transaction-pooling
 # PgBouncer in front of PostgreSQL, which does not carry one session's SQL-level PREPARE to the next.
 DB_PREPARED_STATEMENTS = env_bool("DB_PREPARED_STATEMENTS", True)
+# Timestamps are read with psycopg's compiled loader instead of Django's Python one (memoryhub.database,
+# docs/operations.md §12); false puts Django's back.
+DB_COMPILED_TIMESTAMPS = env_bool("DB_COMPILED_TIMESTAMPS", True)
 # Web and worker processes freeze what they load at start out of the garbage collector's walks
 # (memoryhub/interpreter.py); false leaves CPython's collector as it is.
 PYTHON_GC_TUNING = env_bool("PYTHON_GC_TUNING", True)
