@@ -70,7 +70,9 @@ class RosterFormat(StrEnum):
 
     @property
     def label(self) -> str:
-        return "OneRoster 1.1 users.csv" if self is RosterFormat.ONEROSTER else "student_id,name,grade,teacher_email"
+        if self is RosterFormat.ONEROSTER:
+            return "OneRoster 1.1 users.csv"
+        return "plain CSV: student_id, name, grade, teacher_email (and guardian_email, optional)"
 
 
 class Outcome(StrEnum):
@@ -137,6 +139,11 @@ class RosterPlan:
     def counts(self) -> dict[str, int]:
         counted = Counter(row.outcome.value for row in self.rows)
         return {outcome.value: counted.get(outcome.value, 0) for outcome in Outcome}
+
+    @property
+    def guardian_invitations(self) -> int:
+        """Invitations applying would create and e-mail (one per family, however many children)."""
+        return sum(step.action == "invite" for row in self.rows for step in row.guardian_steps)
 
     @property
     def errors(self) -> list[PlannedRow]:

@@ -158,7 +158,8 @@ def _preview_page(request: HttpRequest, plan: RosterPlan, *, token: str, filenam
     if status is None:
         status = 200 if plan.ok else 402 if plan.quota_exceeded and not plan.errors else 400
     return render(request, "dashboard/roster/preview.html", {
-        "plan": plan, "counts": plan.counts, "token": token, "filename": filename,
+        "plan": plan, "counts": plan.counts, "invitations": plan.guardian_invitations, "token": token,
+        "filename": filename,
         "shown_rows": plan.rows[:PREVIEW_ROWS_SHOWN], "hidden_rows": max(0, len(plan.rows) - PREVIEW_ROWS_SHOWN),
         "import_form": ImportForm(), "nav_section": NAV_SECTION,
     }, status=status)

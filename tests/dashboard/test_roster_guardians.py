@@ -32,6 +32,8 @@ def test_a_plain_roster_invites_each_family_once_for_all_its_children(school: Sc
     page = response.content.decode()
     assert response.status_code == 200 and outcomes(response) == {2: "create", 3: "create", 4: "create"}
     assert "invite guardian mum@example.test" in page and "link guardian known@example.test" in page
+    assert "and e-mails 1 guardian invitation." in page  # one per family, however many children
+    assert "guardian_email, optional" in page  # the format as read
     assert not Invitation.objects.exists()  # a preview writes nothing
     assert apply(admin, token_of(response)).status_code == 302
 
