@@ -127,6 +127,14 @@ def invitation_create(*, organization: Organization, email: str, role: str, prin
     return NewInvitation(invitation=invitation, token=token)
 
 
+def invitation_children(invitation: Invitation) -> list[str]:
+    """The students a guardian invitation is for, by name: what the invited parent is shown before
+    joining (an invitation for staff names none)."""
+    if invitation.role != Membership.Role.GUARDIAN:
+        return []
+    return [stack.display_name or stack.slug for stack in invitation.guardian_of.order_by("display_name", "slug")]
+
+
 def invitation_email_send(*, invitation: Invitation, link: str) -> bool:
     """Email the invitation link (settings.EMAIL_BACKEND: the console by default, SMTP when
     configured). False when the mail could not be handed over: the admin still has the link."""

@@ -27,6 +27,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 
 from accounts.invitations import (
     NewInvitation,
+    invitation_children,
     invitation_create,
     invitation_email_send,
     invitation_for_principal,
@@ -206,7 +207,7 @@ def invitation_accept(request: HttpRequest, token: str) -> HttpResponse:
     matching = signed_in is not None and signed_in.email.lower() == invitation.email.lower()
     return render(request, "dashboard/people/invitation.html", {
         "invitation": invitation, "organization": invitation.organization, "form": form,
-        "has_account": has_account, "signed_in": signed_in, "matching": matching,
-        "refusal_message": refusal_message,
+        "children": invitation_children(invitation), "has_account": has_account, "signed_in": signed_in,
+        "matching": matching, "refusal_message": refusal_message,
     }, status=status)
 

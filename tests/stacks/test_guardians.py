@@ -53,6 +53,8 @@ def test_an_invitation_links_the_guardian_to_every_student_it_names_and_no_other
     assert (second["status"], second["invitation_url"], second["invitation_id"]) == (
         "added_to_pending", None, first["invitation_id"])
     assert len(mail.outbox) == 1
+    page = Client().get(f"/invitations/{token}/").content.decode()
+    assert "guardian of <strong>alice, bob</strong>" in page  # the children it is for, before joining
 
     accept(first["invitation_url"])
 
