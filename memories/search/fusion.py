@@ -5,13 +5,13 @@
                   t = days since last review or creation, S = its effective stability)
     recency     = 0.95 ^ min(age in days, 30)
     weight      = (0.6 + 0.4·retention) · (0.6 + 0.4·confidence) · (0.85 + 0.15·recency)
-    fused       = (2/60) · (0.6·keyword + 0.4·semantic)      keyword: BM25 / the leg's best,
+    fused       = (2/60) · (0.4·keyword + 0.6·semantic)      keyword: BM25 / the leg's best,
                                                              semantic: the cosine min-max scaled
     combined    = min(1, fused · weight / (2/60))            ∈ [0, 1]
 
 so a memory first in both legs, fully retained, fully confident and new scores 1.0 (the scale of
 reciprocal rank fusion, 1/(RRF_K + rank) per leg, which the ranking used before; §7.2). The best
-hits then lend 0.6 of their score to the turns just before and after them (0.3 two away;
+hits then lend 0.3 of their score to the turns just before and after them (0.15 two away;
 memories.search.context); `SearchHit.boosts` says so.
 """
 
@@ -40,12 +40,12 @@ def ranking_weight(*, retention: float, confidence: float, age_days: float) -> f
 
 # Neighbouring-turn context (memories.search.context, docs/algorithms.md §7.5): the best
 # CONTEXT_SEEDS hits each lend CONTEXT_SHARE of their combined score to the memory just before and
-# just after them in the same session, and half that to the turns two away. The share is chosen by
-# leave-one-conversation-out cross-validation together with KEYWORD_WEIGHT (§7.6 has the grid and
-# each fold's choice); the window, decay and seeds are fixed (§7.5, §7.6: flat on every fold).
+# just after them in the same session, and half that to the turns two away. Chosen on the LoCoMo dev
+# split (§7.5); the cross-validated alternative, and why it is not served, is §7.6. The window,
+# decay and seeds are flat on every fold (§7.6).
 # 5 seeds, not 10: the same recall, and the neighbour statement makes half the index scans.
 CONTEXT_SEEDS = 5
-CONTEXT_SHARE = 0.6
+CONTEXT_SHARE = 0.3
 CONTEXT_WINDOW = 2  # turns on each side
 CONTEXT_DECAY = 0.5  # the share's factor per further turn: the second turn away gets half
 
@@ -54,8 +54,8 @@ CONTEXT_DECAY = 0.5  # the share's factor per further turn: the second turn away
 # keyword hit, the cosine min-max over the vector leg's candidates - then mixed with KEYWORD_WEIGHT,
 # and put on RRF's scale (a hit first in both legs gets 2/RRF_K) so `combined` reads as before.
 # FUSION_DEPTH: candidates per leg. 30 (= the over-fetch at limit 10) kept the dev split's recall
-# of deeper lists and costs less per leg (§7.5). KEYWORD_WEIGHT: cross-validated with CONTEXT_SHARE (§7.6).
-KEYWORD_WEIGHT = 0.6
+# of deeper lists and costs less per leg (§7.5). KEYWORD_WEIGHT: §7.5, and §7.6 for the cross-validated one.
+KEYWORD_WEIGHT = 0.4
 FUSION_DEPTH = 30
 
 

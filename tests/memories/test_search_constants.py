@@ -30,7 +30,7 @@ def candidates() -> dict[str, dict[str, Any]]:
 
 def test_the_served_constants_are_the_documented_ones() -> None:
     assert (RANKING.keyword_weight, RANKING.context_share, RANKING.context_window, RANKING.context_decay,
-            RANKING.context_seeds, RANKING.fusion_depth) == (0.6, 0.6, 2, 0.5, 5, 30)
+            RANKING.context_seeds, RANKING.fusion_depth) == (0.4, 0.3, 2, 0.5, 5, 30)
 
 
 def test_a_constants_value_changes_the_fusion_and_the_share_lent_and_nothing_else() -> None:
