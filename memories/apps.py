@@ -11,8 +11,10 @@ class MemoriesConfig(AppConfig):
         # process, before its first write commits.
         import memories.changes.publish  # noqa: F401
 
-        # A student's erasure also clears the corrections their guardians proposed (docs/guardians.md "Requests").
-        from memories.governance.erasure import register_stack_eraser
-        from memories.governance.guardian_requests import requests_erase_for_stack
+        # Erasing a student or one memory also clears the corrections guardians proposed for it
+        # (docs/guardians.md "Requests").
+        from memories.governance.erasure import register_memory_eraser, register_stack_eraser
+        from memories.governance.guardian_requests import requests_erase_for_memory, requests_erase_for_stack
 
         register_stack_eraser(requests_erase_for_stack)
+        register_memory_eraser(requests_erase_for_memory)

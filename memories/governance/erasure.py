@@ -73,6 +73,17 @@ def register_stack_eraser(eraser: StackEraser) -> None:
     if eraser not in _stack_erasers:
         _stack_erasers.append(eraser)
 
+
+# The same for one memory: `eraser(stack_id, memory_id) -> {label: rows changed}`, run once the
+# memory is gone; its counts go on the certificate.
+MemoryEraser = Callable[[int, Any], dict[str, int]]
+_memory_erasers: list[MemoryEraser] = []
+
+
+def register_memory_eraser(eraser: MemoryEraser) -> None:
+    if eraser not in _memory_erasers:
+        _memory_erasers.append(eraser)
+
 # One batch: pick memories, leave a tombstone of each, delete their revisions, salience rows, kept
 # originals and themselves, and say what went, by kind (with the ids, for the batch's change
 # event) — one statement. Every FK to the memory row is deferrable (Django's default), so the sibling deletes
@@ -278,6 +289,9 @@ def erasure_run(cert_id: Any) -> ErasureCertificate:
             ErasureCertificate.objects.filter(pk=cert.pk).update(counts=counts)
             if erased < ERASE_BATCH or memory_id:
                 break
+        if memory_id:
+            for memory_eraser in _memory_erasers:
+                counts.update({label: n for label, n in memory_eraser(cert.stack_ref, memory_id).items() if n})
         if cert.scope == ErasureCertificate.Scope.STACK:
             with transaction.atomic():
                 # The stack's change history goes too (when its agents wrote: activity, like the

@@ -293,6 +293,14 @@ def _admin_emails(organization_id: int) -> list[str]:
         .values_list("user__email", flat=True) if email]
 
 
+def requests_erase_for_memory(stack_id: int, memory_id: Any) -> dict[str, int]:
+    """The memory erasure's eraser (memories.governance.erasure.register_memory_eraser): a correction
+    proposed for the erased memory is its text too; the request itself stays, as for a stack."""
+    cleared = (GuardianRequest.objects.filter(stack_id=stack_id, memory_ref=memory_id).exclude(text="")
+               .update(text=""))
+    return {"guardian_request_texts": cleared}
+
+
 def requests_erase_for_stack(stack_id: int) -> dict[str, int]:
     """The stack erasure's eraser (memories.governance.erasure.register_stack_eraser): the corrections
     guardians proposed for the erased student are memory text too, so they go; the requests stay (the

@@ -247,6 +247,22 @@ def test_erasing_the_student_clears_the_corrections_proposed_for_them(django_cap
     assert cert.counts.get("guardian_request_texts") == 1
 
 
+def test_erasing_one_memory_clears_the_correction_proposed_for_it_only(
+        django_capture_on_commit_callbacks: Any) -> None:
+    cast = _cast()
+    other = memory_create(stack=cast["child"], kind="note", payload={"content": "another note"}, source="test")
+    with django_capture_on_commit_callbacks(execute=True):
+        _ask(cast, cast["memory"], kind="correction", text=CORRECTED)
+        _ask(cast, other, kind="correction", text="keep this proposal")
+    response = cast["staff"].post(f"/dashboard/students/{cast['child'].slug}/memories/{cast['memory'].pk}/erase",
+                                  {"confirm": "erase", "requested_by": "the school"})
+    assert response.status_code == 302, response.content.decode()[:500]
+    texts = dict(GuardianRequest.objects.values_list("memory_ref", "text"))
+    assert texts == {cast["memory"].pk: "", other.pk: "keep this proposal"}
+    cert = ErasureCertificate.objects.get(memory_ref=cast["memory"].pk)
+    assert cert.counts.get("guardian_request_texts") == 1
+
+
 def test_the_child_page_shows_what_the_next_decay_pass_forgets_and_the_schools_policy() -> None:
     cast = _cast()
     old = memory_create(stack=cast["child"], kind="note", payload={"content": "an old note nobody used"},
