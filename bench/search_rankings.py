@@ -15,6 +15,15 @@ searches as the service does. Nothing in the service imports this module.
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # a library of the search benchmarks, not a benchmark of its own
+    import argparse
+
+    argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Run it through bench/retrieval_quality.py (--ablation) or bench/search.py.").parse_args()
+    print("bench/search_rankings.py: run bench/retrieval_quality.py --ablation or bench/search.py")
+    raise SystemExit(0)
+
 import time
 from collections.abc import Sequence
 from typing import Any
