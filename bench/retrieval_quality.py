@@ -8,9 +8,11 @@ conversation logger would: `created_at` 30 s after the previous turn, a session 
 previous session (kept within the last day, so the decay weighting of §7.2 hardly differs between
 turns). Every question with evidence is asked; evidence recall@k = the share of a question's
 evidence turns found in the top k, averaged over questions; MRR = 1 / rank of the first evidence
-turn (0 when none is in the top 10). Category 5 (adversarial: the answer is not in the
-conversation) has no evidence to find and is skipped. Categories as LoCoMo numbers them:
-1 multi-hop, 2 temporal, 3 open-domain, 4 single-hop.
+turn (0 when none is in the top 10). Categories as LoCoMo numbers them: 1 multi-hop, 2 temporal,
+3 open-domain, 4 single-hop, 5 adversarial (the question asks about something the conversation
+does not say, but its evidence turns are the ones it is about). Every category is asked and has a
+table of its own; the totals are printed for all five and for categories 1-4 alone (the 759
+questions of the runs before the adversarial ones were asked, docs/algorithms.md §7.5).
 
 Baselines:
 * BM25 - Okapi BM25 (k1 = 1.2, b = 0.75) over lowercase word tokens, in Python;
@@ -53,7 +55,8 @@ from bench.harness import bench_environment, log, print_table
 
 DEFAULT_DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "locomo-dev.json"
 TOKEN = re.compile(r"[a-z0-9]+")
-CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop"}
+CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop", 5: "adversarial"}
+FIRST_FOUR = -1  # the totals key of categories 1-4 (0: all questions)
 TURN_SPACING = timedelta(seconds=30)
 SESSION_SPACING = timedelta(hours=1)
 
@@ -188,7 +191,7 @@ def main() -> None:
             rows = dict(Memory.objects.filter(stack=stack).values_list("record_id", "embedding"))
             matrix = np.stack([np.asarray(rows[i], dtype=np.float32) for i in ids])
             bm25 = BM25(texts)
-            questions = [q for q in conversation["qa"] if q.get("category") != 5 and q.get("evidence")]
+            questions = [q for q in conversation["qa"] if q.get("evidence")]
             if args.limit_questions:
                 questions = questions[: args.limit_questions]
             log(f"conversation {conversation['id']}: {len(ids)} turns, {len(questions)} questions")
@@ -217,7 +220,7 @@ def main() -> None:
                 latency["plain vector"].append((time.perf_counter() - began) * 1000)
                 category = int(qa.get("category", 0))
                 for method in methods:
-                    for cat in (category, 0):  # 0: all questions
+                    for cat in (category, 0, *((FIRST_FOUR,) if category != 5 else ())):
                         scores.setdefault((method, cat, "R@5"), []).append(recall(found[method], evidence, 5))
                         scores.setdefault((method, cat, "R@10"), []).append(recall(found[method], evidence, 10))
                         scores.setdefault((method, cat, "MRR"), []).append(reciprocal_rank(found[method], evidence))
@@ -238,15 +241,20 @@ def main() -> None:
         print_table(title, [
             {"method": m, "R@5": mean(m, 0, "R@5"), "R@10": mean(m, 0, "R@10"), "MRR": mean(m, 0, "MRR"),
              "p50 ms": p(latency[m], 0.5), "p95 ms": p(latency[m], 0.95)} for m in methods])
+        n = len(scores.get((methods[0], FIRST_FOUR, "R@5"), []))
+        print_table(f"categories 1-4 ({n} questions; comparable with the runs that skipped category 5)", [
+            {"method": m, "R@5": mean(m, FIRST_FOUR, "R@5"), "R@10": mean(m, FIRST_FOUR, "R@10"),
+             "MRR": mean(m, FIRST_FOUR, "MRR")} for m in methods])
         for cat, name in CATEGORIES.items():
             n = len(scores.get((methods[0], cat, "R@5"), []))
             print_table(f"category {cat} {name} ({n} questions)", [
                 {"method": m, "R@5": mean(m, cat, "R@5"), "R@10": mean(m, cat, "R@10"), "MRR": mean(m, cat, "MRR")}
                 for m in methods])
         today, before = methods[0], methods[1]
-        print(f"\nload + embed (or reuse) {load_s:.1f}s. Goal: R@10 >= 0.75 (today {mean(today, 0, 'R@10'):.3f}, "
-              f"before {mean(before, 0, 'R@10'):.3f}); R@5 >= 0.65 (today {mean(today, 0, 'R@5'):.3f}, before "
-              f"{mean(before, 0, 'R@5'):.3f}); search p95 today / before "
+        print(f"\nload + embed (or reuse) {load_s:.1f}s. Goal (categories 1-4): R@10 >= 0.75 (today "
+              f"{mean(today, FIRST_FOUR, 'R@10'):.3f}, before {mean(before, FIRST_FOUR, 'R@10'):.3f}); R@5 >= 0.65 "
+              f"(today {mean(today, FIRST_FOUR, 'R@5'):.3f}, before {mean(before, FIRST_FOUR, 'R@5'):.3f}); "
+              f"search p95 today / before "
               f"{p(latency[today], 0.95) / p(latency[before], 0.95):.2f}x")
 
 
