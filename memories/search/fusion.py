@@ -5,14 +5,16 @@
                   t = days since last review or creation, S = its effective stability)
     recency     = 0.95 ^ min(age in days, 30)
     weight      = (0.6 + 0.4·retention) · (0.6 + 0.4·confidence) · (0.85 + 0.15·recency)
-    fused       = (2/60) · (0.4·keyword + 0.6·semantic)      keyword: BM25 / the leg's best,
-                                                             semantic: the cosine min-max scaled
+    fused       = (2/60) · (0.5·keyword + 0.5·semantic)      keyword: BM25 / max(the leg's best, the
+                                                             query's weight), semantic: the cosine
+                                                             min-max scaled
     combined    = min(1, fused · weight / (2/60))            ∈ [0, 1]
 
 so a memory first in both legs, fully retained, fully confident and new scores 1.0 (the scale of
 reciprocal rank fusion, 1/(RRF_K + rank) per leg, which the ranking used before; §7.2). The best
-hits then lend 0.3 of their score to the turns just before and after them (0.15 two away;
-memories.search.context); `SearchHit.boosts` says so.
+hits then lend 0.6 of their score to the turns just before and after them (0.3 two away;
+memories.search.context), shares from several hits adding up, but never past the hit that lent
+the most (§7.6); `SearchHit.boosts` says so.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from memories.lifecycle.decay import DecayState, memory_retrievability
 from memories.models import Memory
 from memories.privacy.grants import Audience
 from memories.search.context import memories_from_rows, neighbour_rows
+from memories.search.keyword_leg import QUERY_WEIGHT
 from memories.search.query import LEG_FIELD_INDEXES, SCORE, SearchHit, SearchQuery, scope_filters
 
 RRF_K = 60
@@ -40,12 +43,13 @@ def ranking_weight(*, retention: float, confidence: float, age_days: float) -> f
 
 # Neighbouring-turn context (memories.search.context, docs/algorithms.md §7.5): the best
 # CONTEXT_SEEDS hits each lend CONTEXT_SHARE of their combined score to the memory just before and
-# just after them in the same session, and half that to the turns two away. Chosen on the LoCoMo dev
-# split (§7.5); the cross-validated alternative, and why it is not served, is §7.6. The window,
-# decay and seeds are flat on every fold (§7.6).
+# just after them in the same session, and half that to the turns two away; a memory lent by several
+# hits gets the sum, never above the score of the best hit that lent to it (`apply_context`). The
+# share is chosen by leave-one-conversation-out cross-validation (§7.6); the window, decay and seeds
+# are §7.5's, flat on every fold (§7.6).
 # 5 seeds, not 10: the same recall, and the neighbour statement makes half the index scans.
 CONTEXT_SEEDS = 5
-CONTEXT_SHARE = 0.3
+CONTEXT_SHARE = 0.6
 CONTEXT_WINDOW = 2  # turns on each side
 CONTEXT_DECAY = 0.5  # the share's factor per further turn: the second turn away gets half
 
@@ -54,8 +58,10 @@ CONTEXT_DECAY = 0.5  # the share's factor per further turn: the second turn away
 # keyword hit, the cosine min-max over the vector leg's candidates - then mixed with KEYWORD_WEIGHT,
 # and put on RRF's scale (a hit first in both legs gets 2/RRF_K) so `combined` reads as before.
 # FUSION_DEPTH: candidates per leg. 30 (= the over-fetch at limit 10) kept the dev split's recall
-# of deeper lists and costs less per leg (§7.5). KEYWORD_WEIGHT: §7.5, and §7.6 for the cross-validated one.
-KEYWORD_WEIGHT = 0.4
+# of deeper lists and costs less per leg (§7.5). KEYWORD_WEIGHT: cross-validated (§7.6) on a grid
+# bounded at 0.5, the bound set so that a memory answering by meaning stays above one that only
+# shares a word with the question in a small store; §7.6 says what a higher bound would choose.
+KEYWORD_WEIGHT = 0.5
 FUSION_DEPTH = 30
 
 
@@ -120,35 +126,45 @@ def lend_context(scored: list[tuple[float, Any, dict[str, Any]]], candidates: di
 def apply_context(scored: list[tuple[float, Any, dict[str, Any]]], candidates: dict[Any, dict[str, Any]],
                   neighbours: Iterable[tuple[Any, int, Any, Sequence[Any]]], now: datetime,
                   constants: RankingConstants = RANKING) -> list[tuple[float, Any, dict[str, Any]]]:
-    """The ranking after context (§7.5): each of the best `context_seeds` hits lends
+    """The ranking after context (§7.5, §7.6): each of the best `context_seeds` hits lends
     context_share · context_decay^(distance - 1) of its combined score to each neighbour,
     `neighbours` = (seed id, distance, neighbour id, its leg row) as memories.search.context reads
-    them (in any order). A memory lent by two seeds keeps the larger share (between equal shares,
-    the better-ranked seed's). No database work: the benchmark replays it on cached neighbours."""
+    them (in any order). A memory lent by several seeds gets the sum of their shares (a turn
+    between two hits), added to its own score but never past the score of the best seed that
+    lent to it (its `context_of`), and context never lowers a score: a memory lent context never
+    ranks above the hit that lent it. Ties go to the higher own score (before context), so a seed
+    stays above the neighbour that reached its score. No database work: the benchmark replays it
+    on cached neighbours."""
     seeds = {memory_id: combined for combined, memory_id, _ in scored[:constants.context_seeds]}
-    seed_rank = {memory_id: rank for rank, memory_id in enumerate(seeds)}
-    lent: dict[Any, tuple[float, Any]] = {}
+    seed_rank = {memory_id: rank for rank, memory_id in enumerate(seeds)}  # best score first
+    shares: dict[Any, list[float]] = {}
+    lender: dict[Any, Any] = {}
     neighbour: dict[Any, Sequence[Any]] = {}
     for seed_id, distance, memory_id, leg_row in neighbours:
         if seed_id not in seeds or distance > constants.context_window:
             continue
-        share = constants.context_share * constants.context_decay ** (distance - 1) * seeds[seed_id]
-        best, best_seed = lent.get(memory_id, (0.0, None))
-        if share > best or (share == best and best_seed is not None and seed_rank[seed_id] < seed_rank[best_seed]):
-            lent[memory_id] = (share, seed_id)
-            neighbour[memory_id] = leg_row
+        shares.setdefault(memory_id, []).append(
+            constants.context_share * constants.context_decay ** (distance - 1) * seeds[seed_id])
+        if memory_id not in lender or seed_rank[seed_id] < seed_rank[lender[memory_id]]:
+            lender[memory_id] = seed_id
+        neighbour[memory_id] = leg_row
     by_id = {memory_id: (combined, entry) for combined, memory_id, entry in scored}
-    for memory_id, (share, seed_id) in lent.items():
+    own = {memory_id: combined for combined, memory_id, _ in scored}
+    for memory_id, lent in shares.items():
+        seed_id = lender[memory_id]
         if memory_id in by_id:
             combined, entry = by_id[memory_id]
-        else:  # found by neither leg: only its neighbour's share puts it in the ranking
+        else:  # found by neither leg: only its neighbours' shares put it in the ranking
             combined, entry = 0.0, candidates.setdefault(memory_id, {"row": neighbour[memory_id]})
             retention, weight = retention_and_weight(neighbour[memory_id], now)
             entry.update(fused=0.0, retention=retention, weight=weight)
-        entry["boosts"] = {"context": round(share, 6)}
-        entry["context_of"] = seed_id
-        by_id[memory_id] = (min(1.0, combined + share), entry)
-    return sorted(((c, i, e) for i, (c, e) in by_id.items()), key=lambda item: (-item[0], str(item[1])))
+        raised = min(combined + sum(sorted(lent)), seeds[seed_id])  # sorted: the same sum in any order
+        if raised > combined:
+            entry["boosts"] = {"context": round(raised - combined, 6)}
+            entry["context_of"] = seed_id
+            by_id[memory_id] = (raised, entry)
+    return sorted(((c, i, e) for i, (c, e) in by_id.items()),
+                  key=lambda item: (-item[0], -own.get(item[1], 0.0), str(item[1])))
 
 
 def retention_and_weight(row: Sequence[Any], now: datetime) -> tuple[float, float]:
@@ -170,7 +186,13 @@ def merge_candidates(keyword_rows: Sequence[Sequence[Any]], vector_rows: Sequenc
     it into `similarities` (by primary key, rows the keyword leg already admitted), so the fusion
     does not count it as 0."""
     candidates: dict[Any, dict[str, Any]] = {}
-    best_keyword = max((float(row[SCORE + 1]) for row in keyword_rows), default=0.0) or 1.0
+    # BM25 scaled by the leg's best score, or by the query's weight when the best scores less: the
+    # best hit is a full keyword match only when it holds the query's words (QUERY_WEIGHT, §7.6), so
+    # one shared common word does not outweigh a memory that answers by meaning.
+    # Rows without the weight (the benchmark's ts_rank baseline) are scaled by the best alone.
+    best_keyword = max((float(row[SCORE + 1]) for row in keyword_rows), default=0.0)
+    best_keyword = max([best_keyword, *(float(row[QUERY_WEIGHT]) for row in keyword_rows
+                                        if len(row) > QUERY_WEIGHT)]) or 1.0
     for rank, row in enumerate(keyword_rows):
         entry = candidates.setdefault(row[0], {"row": row})
         entry["keyword_rank"] = rank

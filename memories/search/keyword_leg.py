@@ -3,7 +3,8 @@
 One scan of the scope finds every memory holding any query term (for plain words; websearch
 syntax - quotes, `or`, -exclusions - keeps its strict meaning) and scores it by BM25, from the
 tsvector itself: no copy of it per row, no set-returning function for a short query. Returns rows
-of the shape memories.search.query.LEG_COLUMNS + the every-term flag + the score, best first.
+of the shape memories.search.query.LEG_COLUMNS + the every-term flag + the score + the query's
+weight (QUERY_WEIGHT), best first.
 """
 
 from __future__ import annotations
@@ -18,6 +19,14 @@ from django.db import connection
 from memories.privacy.grants import Audience
 from memories.search.query import LEG_COLUMNS, SCORE, SearchQuery, fetch_rows, is_plain, scope_filters
 from stacks.models import Stack
+
+# The last column of the leg's rows: the query's weight - the BM25 of a memory of average length
+# holding each query lexeme once (tf = 1, dl = avgdl: each adds exactly its idf), a lexeme no matched
+# row holds counted at the mean idf of those some row holds (Σ found idf · lexemes / found lexemes).
+# Fusion scales the leg's scores by it when the best hit scores less (memories.search.fusion.
+# merge_candidates): a best hit that holds one word of a question whose other words the stack lacks
+# is not a full keyword match (docs/algorithms.md §7.6).
+QUERY_WEIGHT = SCORE + 2
 
 # Each scan ranks at most this many matching rows: a query whose terms occur in more rows than
 # that is not selective, and its keyword ranking carries little (docs/algorithms.md §7.1).
@@ -48,8 +57,12 @@ def _bm25_keyword_sql(where: str, tsquery_sql: str, *, all_terms_sql: str, lexem
     tfs = ", ".join(f"CASE WHEN m.search_vector @@ %(term_{i})s::tsquery THEN {_tf_sql(i)} ELSE 0 END AS tf_{i}"
                     for i in range(lexemes))
     df = ", ".join(f"count(*) FILTER (WHERE h.tf_{i} > 0) AS df_{i}" for i in range(lexemes))
-    idf = ", ".join(f"ln(1 + (greatest(scope_rows, df_{i}) - df_{i} + 0.5::float8) / (df_{i} + 0.5::float8)) "
-                    f"AS idf_{i}" for i in range(lexemes))
+    idfs = [f"ln(1 + (greatest(scope_rows, df_{i}) - df_{i} + 0.5::float8) / (df_{i} + 0.5::float8))"
+            for i in range(lexemes)]
+    idf = ", ".join(f"{expression} AS idf_{i}" for i, expression in enumerate(idfs))
+    found = " + ".join(f"CASE WHEN df_{i} > 0 THEN {expression} ELSE 0 END" for i, expression in enumerate(idfs))
+    present = " + ".join(f"CASE WHEN df_{i} > 0 THEN 1 ELSE 0 END" for i in range(lexemes))
+    weight = f"({found}) * {lexemes} / greatest({present}, 1)"
     # tf·(k1+1)/(tf + norm), written as (k1+1) - (k1+1)·norm/(tf + norm) so tf is read once. An
     # absent lexeme (tf 0) adds exactly 0 without a CASE: norm ≥ k1·(1 - b) > 0 and x/x is exactly 1.
     score = " + ".join(f"s.idf_{i} * ({BM25_K1} + 1) * (1 - n.norm / (h.tf_{i} + n.norm))" for i in range(lexemes))
@@ -62,8 +75,8 @@ def _bm25_keyword_sql(where: str, tsquery_sql: str, *, all_terms_sql: str, lexem
              stats AS (SELECT greatest(avg(dl), 1) AS avgdl, count(*) AS matched,
                               %(scope_rows)s::bigint AS scope_rows, {df} FROM matched h),
              -- MATERIALIZED: computed once, not folded into every row's score.
-             idf AS MATERIALIZED (SELECT avgdl, matched, scope_rows, {idf} FROM stats)
-        SELECT {LEG_COLUMNS.replace("m.", "h.")}, h.all_terms, ({score}) AS score, s.matched
+             idf AS MATERIALIZED (SELECT avgdl, matched, scope_rows, {idf}, {weight} AS query_weight FROM stats)
+        SELECT {LEG_COLUMNS.replace("m.", "h.")}, h.all_terms, ({score}) AS score, s.query_weight, s.matched
           FROM matched h CROSS JOIN idf s
                CROSS JOIN LATERAL (SELECT {BM25_K1} * (1 - {BM25_B} + {BM25_B} * h.dl / s.avgdl) AS norm) n
          ORDER BY score DESC, h.id
@@ -116,7 +129,9 @@ def _bm25_unnest_sql(where: str, tsquery_sql: str, *, all_terms_sql: str, limit:
                                   / (t.tf + {BM25_K1} * (1 - {BM25_B} + {BM25_B} * t.dl / s.avgdl))) AS score
                    FROM terms t JOIN idf i USING (lexeme) CROSS JOIN stats s
                   GROUP BY t.id)
-        SELECT {LEG_COLUMNS.replace("m.", "h.")}, h.all_terms, coalesce(b.score, 0) AS score, s.matched
+        SELECT {LEG_COLUMNS.replace("m.", "h.")}, h.all_terms, coalesce(b.score, 0) AS score,
+               (SELECT coalesce(sum(idf), 0) * cardinality(%(lexemes)s::text[]) / greatest(count(*), 1) FROM idf)
+                 AS query_weight, s.matched
           FROM matched h CROSS JOIN stats s LEFT JOIN bm25 b ON b.id = h.id
          ORDER BY score DESC, h.id
          LIMIT {int(limit)}

@@ -123,7 +123,8 @@ def test_bm25_prefers_the_rare_term_to_a_repeated_common_one(school: dict[str, A
     rare = turn(stack, "The homework on photosynthesis is due Friday.", t0 + timedelta(hours=20))
     hits = search([stack.pk], "photosynthesis homework")
     assert hits[0].memory.pk == rare.pk
-    assert hits[0].keyword_score == 1.0
+    # It holds both words once, at about the matched rows' mean length: about the query's weight.
+    assert hits[0].keyword_score is not None and hits[0].keyword_score > 0.85
     # Term-frequency saturation: four repeats of the common word do not outrank the rare one.
     assert all(h.keyword_score is not None and h.keyword_score < 0.5 for h in hits[1:])
 
@@ -140,9 +141,11 @@ def test_the_turn_two_away_gets_half_the_share(school: dict[str, Any], t0: datet
     assert hits[far.pk].context_of == seed.pk
 
 
-def bm25_reference(stack: Stack, query: str) -> dict[Any, float]:
+def bm25_reference(stack: Stack, query: str) -> tuple[dict[Any, float], float]:
     """Okapi BM25 of every memory of `stack` that holds a query lexeme, straight from the tsvector's
-    own positions (unnest, the way the first v2 counted them): what the keyword leg must compute."""
+    own positions (unnest, the way the first v2 counted them): what the keyword leg must compute;
+    and the query's weight (keyword_leg.QUERY_WEIGHT): Σ idf of the query lexemes some memory holds,
+    a lexeme none holds counted at their mean."""
     with connection.cursor() as cursor:
         cursor.execute("SELECT tsvector_to_array(to_tsvector('english', %s))", [query])
         lexemes = set(cursor.fetchone()[0])
@@ -154,12 +157,12 @@ def bm25_reference(stack: Stack, query: str) -> dict[Any, float]:
     matched = {memory_id for memory_id, _ in tf}
     avgdl = sum(length[m] for m in matched) / len(matched)
     df = {lexeme: sum(1 for m in matched if (m, lexeme) in tf) for lexeme in lexemes}
+    idf = {t: math.log(1 + (len(length) - df[t] + 0.5) / (df[t] + 0.5)) for t in lexemes if df[t]}
     scores = {}
     for m in matched:
         norm = BM25_K1 * (1 - BM25_B + BM25_B * length[m] / avgdl)
-        scores[m] = sum(math.log(1 + (len(length) - df[t] + 0.5) / (df[t] + 0.5)) * tf[m, t] * (BM25_K1 + 1)
-                        / (tf[m, t] + norm) for t in lexemes if (m, t) in tf)
-    return scores
+        scores[m] = sum(idf[t] * tf[m, t] * (BM25_K1 + 1) / (tf[m, t] + norm) for t in lexemes if (m, t) in tf)
+    return scores, sum(idf.values()) * len(lexemes) / max(len(idf), 1)
 
 
 @pytest.mark.parametrize("inline_max", [keyword_leg.BM25_INLINE_MAX_LEXEMES, 0], ids=["inline", "long-query"])
@@ -179,14 +182,65 @@ def test_the_keyword_leg_is_exact_bm25_with_term_frequencies(school: dict[str, A
     for i, text in enumerate(texts):
         turn(stack, text, t0 + timedelta(hours=i))  # unembedded: the keyword leg alone ranks
     query = "pizza dinner tonight"
-    expected = bm25_reference(stack, query)
+    expected, weight = bm25_reference(stack, query)
     hits = search([stack.pk], query, limit=10)
-    best = max(expected.values())
+    scale = max(*expected.values(), weight)
     assert {h.memory.pk for h in hits} == set(expected)
     for hit in hits:
-        assert hit.keyword_score == pytest.approx(expected[hit.memory.pk] / best, rel=1e-9)
+        assert hit.keyword_score == pytest.approx(expected[hit.memory.pk] / scale, rel=1e-9)
     # The repeats count (saturated): three "pizza" beat one in an otherwise shorter memory.
     assert ids(hits)[0] == Memory.objects.get(stack=stack, text__startswith="Pizza, pizza").pk
+
+
+@pytest.mark.parametrize("inline_max", [keyword_leg.BM25_INLINE_MAX_LEXEMES, 0], ids=["inline", "long-query"])
+def test_a_best_keyword_hit_holding_part_of_the_query_is_not_a_full_match(school: dict[str, Any], t0: datetime,
+                                                                           monkeypatch: pytest.MonkeyPatch,
+                                                                           inline_max: int) -> None:
+    """The leg's scores are scaled by the query's weight (Σ idf of its words the stack holds) when
+    the best hit scores less: two memories holding one rare query word each are half matches, not
+    both "the best"; a memory holding both is a full match (docs/algorithms.md §7.6)."""
+    monkeypatch.setattr(keyword_leg, "BM25_INLINE_MAX_LEXEMES", inline_max)
+    stack = school["stack"]
+    halves = [turn(stack, "Notes on photosynthesis for the test.", t0),
+              turn(stack, "Notes on volcanoes for the test.", t0 + timedelta(hours=1))]
+    for i in range(4):
+        turn(stack, f"Notes on week {i} for the test.", t0 + timedelta(hours=2 + i))
+    hits = {h.memory.pk: h for h in search([stack.pk], "photosynthesis volcanoes")}
+    expected, weight = bm25_reference(stack, "photosynthesis volcanoes")
+    for half in halves:
+        assert hits[half.pk].keyword_score == pytest.approx(expected[half.pk] / weight, rel=1e-9)
+        assert 0.4 < (hits[half.pk].keyword_score or 0) < 0.6
+    # A word the stack lacks counts at the found words' mean: holding one of three is a third of a match.
+    hits = {h.memory.pk: h for h in search([stack.pk], "photosynthesis volcanoes earthquakes")}
+    expected, weight = bm25_reference(stack, "photosynthesis volcanoes earthquakes")
+    assert weight == pytest.approx(1.5 * bm25_reference(stack, "photosynthesis volcanoes")[1])
+    for half in halves:
+        assert hits[half.pk].keyword_score == pytest.approx(expected[half.pk] / weight, rel=1e-9)
+    both = turn(stack, "Notes on photosynthesis and volcanoes for the test.", t0 + timedelta(hours=7))
+    hits = {h.memory.pk: h for h in search([stack.pk], "photosynthesis volcanoes")}
+    expected, weight = bm25_reference(stack, "photosynthesis volcanoes")
+    assert hits[both.pk].keyword_score == pytest.approx(expected[both.pk] / max(*expected.values(), weight), rel=1e-9)
+    assert (hits[both.pk].keyword_score or 0) > 0.9  # a little longer than the mean: a little under the weight
+    assert all((hits[half.pk].keyword_score or 1) < 0.6 for half in halves)
+
+
+def test_a_turn_between_two_hits_gets_both_shares_but_never_outranks_its_lender(school: dict[str, Any],
+                                                                               t0: datetime) -> None:
+    stack = school["stack"]
+    strong = turn(stack, "The volcano model erupted with baking soda and vinegar.", t0)
+    between = turn(stack, "Wow, what happened next?", t0 + timedelta(seconds=20))
+    weak = turn(stack, "We cleaned the volcano afterwards.", t0 + timedelta(seconds=40))
+    hits = search([stack.pk], "volcano baking soda")
+    order = ids(hits)
+    by_id = {h.memory.pk: h for h in hits}
+    lent = by_id[between.pk]
+    assert lent.keyword_rank is None and lent.semantic_rank is None and lent.context_of == strong.pk
+    assert by_id[strong.pk].boosts == {}  # the weaker hit two turns away cannot lift it
+    # The shares use the lenders' own scores (before context): the weak hit's, less what it was lent.
+    lenders = by_id[strong.pk].combined_score, by_id[weak.pk].combined_score - by_id[weak.pk].boosts.get("context", 0)
+    # Both shares, capped at the score of the hit that lent the most.
+    assert lent.combined_score == pytest.approx(min(CONTEXT_SHARE * sum(lenders), lenders[0]), abs=1e-6)
+    assert order.index(strong.pk) < order.index(between.pk)
 
 
 def test_the_term_literals_find_quotes_and_backslashes_in_a_tsvector() -> None:
