@@ -12,9 +12,10 @@ the replay of the served constants gives the service's own top 10 (the `agreemen
 
 Cross-validation: for each conversation (a fold), the constants are chosen on the other four (the
 grid point with the best mean R@10 over their questions, ties by R@5, then MRR, each point judged
-by its plateau) and scored on the held-out one. "before" is ranking v2's constants
-(before_constants) on every fold; "after" the constants each fold chose without seeing its own
-conversation.
+by its plateau) and scored on the held-out one. "before" is the ranking served before §7.6's
+change - v2's constants (before_constants) with v2's keyword scale and context (`replay_before`,
+kept here for the comparison) - on every fold; "after" the constants each fold chose without
+seeing its own conversation.
 """
 
 from __future__ import annotations
@@ -32,9 +33,11 @@ import numpy as np
 
 MAX_DEPTH = 60  # keyword rows read per question: the deepest FUSION_DEPTH of any grid
 CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop", 5: "adversarial"}
+# The keyword weight's grid stops at 0.5: above it a note sharing a name with the question outranks
+# the note that answers it by meaning in a small store of notes (docs/algorithms.md §7.6).
 GRID: dict[str, tuple[Any, ...]] = {
-    "keyword_weight": (0.3, 0.4, 0.5, 0.6, 0.7),
-    "context_share": (0.2, 0.3, 0.4, 0.5),
+    "keyword_weight": (0.3, 0.4, 0.5),
+    "context_share": (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8),
     "context_decay": (0.5, 0.75),
     "context_seeds": (5, 10),
     "fusion_depth": (30, 50),
@@ -42,15 +45,16 @@ GRID: dict[str, tuple[Any, ...]] = {
 # The constants tuned by default (--grid small): the two the ranking is most sensitive to; the
 # others keep their values (docs/algorithms.md §7.6 says why fewer constants).
 SMALL_GRID: dict[str, tuple[Any, ...]] = {
-    "keyword_weight": (0.3, 0.4, 0.5, 0.6, 0.7),
-    "context_share": (0.2, 0.3, 0.4, 0.5, 0.6, 0.7),
+    "keyword_weight": (0.3, 0.4, 0.5),
+    "context_share": (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8),
 }
+LEGS_VERSION = "bm25 + query weight"  # in the legs cache's key: rows cached by older code are read again
 LIMIT = 10
 
 
 def before_constants() -> Any:
     """Ranking v2's constants as chosen on the whole dev split (docs/algorithms.md §7.5), the
-    "before" of every cross-validation table, whatever the service ranks with now."""
+    "before" of every cross-validation table (with `replay_before`), whatever the service ranks with now."""
     from memories.search.fusion import RankingConstants
 
     return RankingConstants(keyword_weight=0.4, fusion_depth=30, context_seeds=5, context_share=0.3,
@@ -114,7 +118,8 @@ def read_legs(conversations: Sequence[tuple[Any, Conversation]], questions: Sequ
     from memories.search.keyword_leg import SCOPE_MEMORIES_SQL, KeywordInputs, keyword_leg, query_lexemes
     from memories.search.query import SearchQuery, is_plain
 
-    key = hashlib.sha256(repr((get_embedder().model_id, [sorted(map(str, c.order)) for _, c in conversations],
+    key = hashlib.sha256(repr((LEGS_VERSION, get_embedder().model_id,
+                               [sorted(map(str, c.order)) for _, c in conversations],
                                [(q["conversation"], q["question"]) for q in questions])).encode()).hexdigest()
     if cache_path is not None and cache_path.exists():
         cached = pickle.loads(cache_path.read_bytes())  # noqa: S301 - our own file, written below
@@ -150,11 +155,38 @@ def replay(q: Question, conversation: Conversation, constants: Any, now: datetim
     return [conversation.record_ids[i] for _, i in replay_scored(q, conversation, constants, now)[:LIMIT]]
 
 
+def replay_before(q: Question, conversation: Conversation, constants: Any, now: datetime) -> list[str]:
+    """The ranking served before docs/algorithms.md §7.6's change: BM25 scaled by the leg's best
+    score alone, and a memory lent context by several seeds keeping the larger share, added to its
+    own score (capped at 1). The "before" of the cross-validation tables."""
+    return [conversation.record_ids[i] for _, i in replay_scored(q, conversation, constants, now, before=True)[:LIMIT]]
+
+
+def _context_before(scored: list[Any], candidates: dict[Any, dict[str, Any]], neighbours: Sequence[Any],
+                    now: datetime, constants: Any) -> list[Any]:
+    seeds = {memory_id: combined for combined, memory_id, _ in scored[:constants.context_seeds]}
+    seed_rank = {memory_id: rank for rank, memory_id in enumerate(seeds)}
+    lent: dict[Any, tuple[float, Any]] = {}
+    for seed_id, distance, memory_id, _ in neighbours:
+        if seed_id not in seeds or distance > constants.context_window:
+            continue
+        share = constants.context_share * constants.context_decay ** (distance - 1) * seeds[seed_id]
+        best, best_seed = lent.get(memory_id, (0.0, None))
+        if share > best or (share == best and best_seed is not None and seed_rank[seed_id] < seed_rank[best_seed]):
+            lent[memory_id] = (share, seed_id)
+    by_id = {memory_id: (combined, entry) for combined, memory_id, entry in scored}
+    for memory_id, (share, _) in lent.items():
+        combined, entry = by_id.get(memory_id, (0.0, {}))
+        by_id[memory_id] = (min(1.0, combined + share), entry)
+    return sorted(((c, i, e) for i, (c, e) in by_id.items()), key=lambda item: (-item[0], str(item[1])))
+
+
 def replay_scored(q: Question, conversation: Conversation, constants: Any, now: datetime,
-                  *, vector: np.ndarray | None = None) -> list[tuple[float, Any]]:
-    """(combined, memory id) best first; `vector`: other cosines than the question's (feedback)."""
+                  *, vector: np.ndarray | None = None, before: bool = False) -> list[tuple[float, Any]]:
+    """(combined, memory id) best first; `vector`: other cosines than the question's (feedback);
+    `before`: the ranking served before §7.6's change (`replay_before`)."""
     from memories.search.fusion import apply_context, merge_candidates, rank_candidates
-    from memories.search.query import DEFAULT_MIN_SIMILARITY, over_fetch
+    from memories.search.query import DEFAULT_MIN_SIMILARITY, SCORE, over_fetch
 
     depth = max(over_fetch(LIMIT), constants.fusion_depth)
     cosines = q.cosines if vector is None else vector
@@ -167,13 +199,15 @@ def replay_scored(q: Question, conversation: Conversation, constants: Any, now: 
     keyword_rows = q.keyword_rows[:depth]
     position = _positions(conversation)
     similarities = {row[0]: float(cosines[position[row[0]]]) for row in keyword_rows}
+    if before:  # the leg's rows without the query's weight: BM25 scaled by the best alone
+        keyword_rows = [row[:SCORE + 2] for row in keyword_rows]
     candidates = merge_candidates(keyword_rows, vector_rows, similarities)
     scored = rank_candidates(candidates, now, constants)
     if q.plain:
         seeds = [memory_id for _, memory_id, _ in scored[:constants.context_seeds]]
         lent = [(seed, distance, other, conversation.leg_rows[other])
                 for seed in seeds for distance, other in conversation.neighbours[seed]]
-        scored = apply_context(scored, candidates, lent, now, constants)
+        scored = (_context_before if before else apply_context)(scored, candidates, lent, now, constants)
     return [(combined, memory_id) for combined, memory_id, _ in scored]
 
 
@@ -216,7 +250,7 @@ class CrossValidation:
     folds: list[int]  # conversation index per fold
     chosen: list[int]  # grid point chosen per fold (on the other folds)
     after: np.ndarray  # (question, metric): each question scored with its fold's chosen point
-    before: np.ndarray  # (question, metric): today's constants
+    before: np.ndarray  # (question, metric): the ranking served before (replay_before)
 
 
 def grid_neighbours(points: Sequence[Any], grid: Mapping[str, Sequence[Any]]) -> list[list[int]]:
@@ -239,13 +273,13 @@ def grid_neighbours(points: Sequence[Any], grid: Mapping[str, Sequence[Any]]) ->
     return out
 
 
-def cross_validate(scores: np.ndarray, questions: Sequence[Question], today: int, *,
+def cross_validate(scores: np.ndarray, questions: Sequence[Question], before: np.ndarray, *,
                    train_on_all: bool = False, plateau: list[list[int]] | None = None) -> CrossValidation:
     """Leave one conversation out: per fold, the grid point with the best mean R@10 (then R@5, MRR)
     on the other conversations' questions; the held-out questions scored with it. `train_on_all`:
     one "fold" trained on every question (what the service would ship), nothing held out.
     `plateau` (grid_neighbours): a point is judged by the mean of its plateau's figures, so a
-    flat stretch beats a lone peak."""
+    flat stretch beats a lone peak. `before`: (question, metric) of the ranking compared with."""
     folds = sorted({q.conversation for q in questions})
     if train_on_all:
         folds = [-1]
@@ -261,7 +295,7 @@ def cross_validate(scores: np.ndarray, questions: Sequence[Question], today: int
                                                       round(means[p, 2], 9), -p))
         chosen.append(best)
         after[~train] = scores[best, ~train]
-    return CrossValidation(folds=folds, chosen=chosen, after=after, before=scores[today])
+    return CrossValidation(folds=folds, chosen=chosen, after=after, before=before)
 
 
 def fold_table(cv: CrossValidation, questions: Sequence[Question], names: Sequence[str], points: Sequence[Any],
@@ -299,7 +333,7 @@ def category_table(cv: CrossValidation, questions: Sequence[Question]) -> list[d
 
 def constant_curves(scores: np.ndarray, questions: Sequence[Question], points: Sequence[Any], base: Any,
                     grid: Mapping[str, Sequence[Any]], names: Sequence[str]) -> dict[str, list[dict[str, Any]]]:
-    """Per constant, its curve on each fold's training conversations with the others at today's
+    """Per constant, its curve on each fold's training conversations with the others at `base`'s
     values (mean R@10 per value; * marks that fold's optimum), and its value at each fold's joint
     optimum is in the fold table's `chosen`."""
     fold_of = np.array([q.conversation for q in questions])
@@ -322,7 +356,7 @@ def constant_curves(scores: np.ndarray, questions: Sequence[Question], points: S
 
 def agreement(questions: Iterable[Question], served: dict[str, list[str]], conversations: Sequence[Conversation],
               constants: Any, now: datetime) -> tuple[int, int]:
-    """How many questions' replayed top 10 (today's constants) equal the service's, of how many."""
+    """How many questions' replayed top 10 (the served constants) equal the service's, of how many."""
     same = total = 0
     for q in questions:
         key = f"{q.conversation}:{q.text}"

@@ -16,9 +16,10 @@ into memories.search, and this module keeps only what is still being measured.
   vector by `rerank_beta` as prf does, but only the candidates the legs found are re-scored (no
   second scan), then ranked again and lent context;
 * diversity: the n-th hit of the same session on the page counts (1 - `diversity`)^(n-1);
-* adaptive: the keyword weight scaled by how peaked each leg's top scores are;
-* below_seed: a memory lent context never ranks above the hit that lent it (its score capped just
-  below the lender's score before context).
+* adaptive: the keyword weight scaled by how peaked each leg's top scores are.
+
+(below_seed - a memory lent context never ranks above the hit that lent it - was measured here and
+is now the service's context, memories.search.fusion.apply_context.)
 """
 
 from __future__ import annotations
@@ -56,7 +57,6 @@ class Signals(RankingConstants):
     rerank_beta: float = 0.0
     diversity: float = 0.0
     adaptive: bool = False
-    below_seed: bool = False
 
 
 def _speaker_and_words(text: str) -> tuple[str, str]:
@@ -164,34 +164,8 @@ def reranked(q: cv.Question, conversation: cv.Conversation, constants: Any, now:
     return [(combined, memory_id) for combined, memory_id, _ in scored]
 
 
-def _below_seed(q: cv.Question, conversation: cv.Conversation, constants: Any,
-                now: datetime) -> list[tuple[float, Any]]:
-    from memories.search import fusion
-
-    original = fusion.apply_context
-
-    def capped(scored: list[Any], candidates: Any, neighbours: Any, now: datetime,
-               c: Any = fusion.RANKING) -> list[Any]:
-        before = {memory_id: combined for combined, memory_id, _ in scored}
-        out = []
-        for combined, memory_id, entry in original(scored, candidates, neighbours, now, c):
-            seed = entry.get("context_of")
-            if seed is not None and seed in before:
-                combined = min(combined, before[seed] - 1e-9)
-            out.append((combined, memory_id, entry))
-        return sorted(out, key=lambda item: (-item[0], str(item[1])))
-
-    fusion.apply_context = capped  # type: ignore[assignment]
-    try:
-        return cv.replay_scored(q, conversation, constants, now)
-    finally:
-        fusion.apply_context = original
-
-
 def signalled(q: cv.Question, conversation: cv.Conversation, constants: Any, now: datetime) -> list[str]:
-    if constants.below_seed:
-        scored = _below_seed(q, conversation, constants, now)
-    elif constants.rerank_beta:
+    if constants.rerank_beta:
         scored = reranked(q, conversation, constants, now)
     else:
         scored = _boosted(q, conversation, constants, now)
@@ -237,7 +211,6 @@ SIGNAL_GRIDS: dict[str, dict[str, tuple[Any, ...]]] = {
     "rerank": {"rerank_beta": (0.0, 0.25, 0.5, 1.0)},
     "diversity": {"diversity": (0.0, 0.1, 0.2, 0.4)},
     "adaptive": {"adaptive": (False, True)},
-    "below_seed": {"below_seed": (False, True)},
 }
 
 
@@ -253,7 +226,7 @@ def run(questions: Sequence[cv.Question], conversations: Sequence[cv.Conversatio
         log(f"signal {name}: {len(points)} points")
         scores = cv.score_grid(questions, conversations, points, now, ranker=signalled)
         plateau = cv.grid_neighbours(points, {**BASE_GRID, **grid})
-        results[name] = (cv.cross_validate(scores, questions, 0, plateau=plateau), points, grid)
+        results[name] = (cv.cross_validate(scores, questions, scores[0], plateau=plateau), points, grid)
     rows = []
     for name, (result, points, grid) in results.items():
         per_fold = [result.after[fold_of == f].mean(axis=0) for f in folds]
