@@ -9,6 +9,7 @@ weight (QUERY_WEIGHT), best first.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -39,7 +40,8 @@ BM25_K1 = 1.2
 BM25_B = 0.75
 
 
-def _bm25_keyword_sql(where: str, tsquery_sql: str, *, all_terms_sql: str, lexemes: int, limit: int) -> str:
+def _bm25_keyword_sql(where: str, tsquery_sql: str, *, all_terms_sql: str, lexemes: int, limit: int,
+                      scope_scan: bool = False) -> str:
     """The keyword leg scored by BM25 rather than ts_rank (docs/algorithms.md §7.5).
 
     tf = the lexeme's positions in the memory's tsvector, dl = the tsvector's length (distinct
@@ -70,7 +72,7 @@ def _bm25_keyword_sql(where: str, tsquery_sql: str, *, all_terms_sql: str, lexem
         WITH matched AS MATERIALIZED (
                  SELECT {LEG_COLUMNS}, {all_terms_sql} AS all_terms, length(m.search_vector)::float8 AS dl, {tfs}
                    FROM memories_memory m
-                  WHERE {where} AND numnode({tsquery_sql}) > 0 AND m.search_vector @@ {tsquery_sql}
+                  WHERE {where} AND numnode({tsquery_sql}) > 0 AND {_matches(tsquery_sql, scope_scan)}
                   LIMIT %(cap)s),
              stats AS (SELECT greatest(avg(dl), 1) AS avgdl, count(*) AS matched,
                               %(scope_rows)s::bigint AS scope_rows, {df} FROM matched h),
@@ -106,14 +108,14 @@ def _tf_sql(i: int) -> str:
 BM25_INLINE_MAX_LEXEMES = 32
 
 
-def _bm25_unnest_sql(where: str, tsquery_sql: str, *, all_terms_sql: str, limit: int) -> str:
+def _bm25_unnest_sql(where: str, tsquery_sql: str, *, all_terms_sql: str, limit: int, scope_scan: bool = False) -> str:
     """`_bm25_keyword_sql`'s scores, by unnesting each matched row's query lexemes (the long-query form)."""
     return f"""
         WITH matched AS MATERIALIZED (
                  SELECT {LEG_COLUMNS}, {all_terms_sql} AS all_terms, length(m.search_vector)::float8 AS dl,
                         ts_filter(setweight(m.search_vector, 'A', %(lexemes)s::text[]), '{{a}}') AS query_terms
                    FROM memories_memory m
-                  WHERE {where} AND numnode({tsquery_sql}) > 0 AND m.search_vector @@ {tsquery_sql}
+                  WHERE {where} AND numnode({tsquery_sql}) > 0 AND {_matches(tsquery_sql, scope_scan)}
                   LIMIT %(cap)s),
              terms AS MATERIALIZED (
                  SELECT h.id, u.lexeme, coalesce(array_length(u.positions, 1), 1) AS tf, h.dl
@@ -166,7 +168,15 @@ class KeywordInputs:
     scope_rows: int
 
 
-def _keyword_sql(where: str, tsquery_sql: str, *, all_terms_sql: str, limit: int, lexemes: int) -> str:
+def _matches(tsquery_sql: str, scope_scan: bool) -> str:
+    """The scan's match condition. `scope_scan`: written as the function behind `@@`, which the
+    planner cannot answer from the GIN index, so it reads the scope's own rows through the stack
+    B-tree (`scope_scan_is_cheaper`; docs/algorithms.md §7.1 says how to undo it)."""
+    return f"ts_match_vq(m.search_vector, {tsquery_sql})" if scope_scan else f"m.search_vector @@ {tsquery_sql}"
+
+
+def _keyword_sql(where: str, tsquery_sql: str, *, all_terms_sql: str, limit: int, lexemes: int,
+                 scope_scan: bool = False) -> str:
     """The leg's statement for a query of `lexemes` lexemes: the per-lexeme form, or the unnest
     form above BM25_INLINE_MAX_LEXEMES.
 
@@ -174,10 +184,13 @@ def _keyword_sql(where: str, tsquery_sql: str, *, all_terms_sql: str, limit: int
     estimate its selectivity: a common word makes it scan the stack's rows through the stack
     B-tree instead of walking the table-wide GIN posting lists of every stack. The inner LIMIT
     caps how many matching rows get a score (and lets the scan stop there); `matched` says
-    whether the cap was reached."""
+    whether the cap was reached. The planner's own choice between the two underrates the GIN walk
+    when the terms are common in other stacks; `scope_scan` makes it for the OR scan
+    (`scope_scan_is_cheaper`)."""
     if lexemes > BM25_INLINE_MAX_LEXEMES:
-        return _bm25_unnest_sql(where, tsquery_sql, all_terms_sql=all_terms_sql, limit=limit)
-    return _bm25_keyword_sql(where, tsquery_sql, all_terms_sql=all_terms_sql, lexemes=lexemes, limit=limit)
+        return _bm25_unnest_sql(where, tsquery_sql, all_terms_sql=all_terms_sql, limit=limit, scope_scan=scope_scan)
+    return _bm25_keyword_sql(where, tsquery_sql, all_terms_sql=all_terms_sql, lexemes=lexemes, limit=limit,
+                             scope_scan=scope_scan)
 
 
 def keyword_leg(query: SearchQuery, stack_ids: Sequence[int], fetch: int, audience: Audience | None,
@@ -214,7 +227,8 @@ def keyword_leg(query: SearchQuery, stack_ids: Sequence[int], fetch: int, audien
         return [row[:-1] for row in fetch_rows(strict_sql, params)]
     loose = f"replace({strict}::text, ' & ', ' | ')::tsquery"
     loose_sql = _keyword_sql(where, loose, all_terms_sql="false" if below_cap else f"(m.search_vector @@ {strict})",
-                             limit=fetch, lexemes=len(lexemes))
+                             limit=fetch, lexemes=len(lexemes),
+                             scope_scan=scope_scan_is_cheaper(lexemes, inputs.scope_rows))
     rows = fetch_rows(loose_sql, params)
     complete = not rows or int(rows[0][-1]) < KEYWORD_RANK_CAP
     first_tier = [row[:-1] for row in rows if row[SCORE]]
@@ -259,6 +273,26 @@ def _term_stats() -> tuple[dict[str, float], float]:
         cached = (time.monotonic(), dict(zip(lexemes or [], freqs or [], strict=False)), float(rows or 0))
         _TERM_STATS[connection.alias] = cached
     return cached[1], cached[2]
+
+
+# Decoding one posting of the table-wide GIN into the scan's bitmap costs about a fifteenth of
+# reading one of the scope's rows through the stack B-tree and testing its tsvector (docs/algorithms.md §7.1).
+GIN_POSTING_COST_IN_ROWS = 1 / 15
+
+
+def scope_scan_is_cheaper(lexemes: Sequence[str], scope_rows: int) -> bool:
+    """Whether the OR scan should read the scope's own rows rather than walk the GIN posting lists
+    of the query's terms. The walk decodes every posting of every term, in every stack, before the
+    first row is read; the scope scan reads rows until KEYWORD_RANK_CAP of them match, so a term
+    common across the table (long lists) makes it the cheaper one even in a large stack. From the
+    table's statistics (`_term_stats`); a term ANALYZE did not list among the most common counts
+    as rare, which keeps the GIN walk (docs/algorithms.md §7.1)."""
+    freqs, table_rows = _term_stats()
+    shares = [freqs.get(lexeme, 0.0) for lexeme in lexemes]
+    postings = sum(shares) * table_rows
+    missing = math.prod(1 - share for share in shares)  # the share of rows holding none of the terms
+    rows_read = scope_rows if missing >= 1 else min(scope_rows, KEYWORD_RANK_CAP / (1 - missing))
+    return rows_read < postings * GIN_POSTING_COST_IN_ROWS
 
 
 def strict_scan_is_cheap(lexemes: Sequence[str]) -> bool:

@@ -399,6 +399,51 @@ def test_the_every_term_rescan_runs_only_when_a_query_term_is_rare_in_the_table(
     assert rare_scans == 2  # the capped scan reached the cap with no every-term match: rescan
 
 
+def test_terms_common_in_other_stacks_scan_the_stacks_own_rows_with_the_same_hits(
+        school: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A word that fills other stacks' memories makes the table-wide GIN walk decode all their
+    postings before a row of this stack is read: the OR scan reads the stack's own rows instead
+    (docs/algorithms.md §7.1). A rare word keeps the GIN walk. The hits are the same either way."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from memories.search import keyword_leg
+    from memories.search.keyword_leg import query_lexemes, scope_scan_is_cheaper
+
+    stack = school["stack"]
+    for i in range(40):
+        add(school["other"], f"fractions homework sheet {i}", embed=False)
+    found = [add(stack, "fractions homework with pizza", embed=False), add(stack, "homework done early", embed=False)]
+    add(stack, "football on Saturday", embed=False)
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE memories_memory")
+    keyword_leg._TERM_STATS.clear()  # a process rereads the statistics at most once a minute
+    # At this size a posting costs as much as a row; the real ratio is for tables of millions.
+    monkeypatch.setattr("memories.search.keyword_leg.GIN_POSTING_COST_IN_ROWS", 1.0)
+    assert scope_scan_is_cheaper(query_lexemes("fractions homework"), scope_rows=3)
+    assert not scope_scan_is_cheaper(query_lexemes("zeppelin pizza"), scope_rows=3)  # rare: the GIN walk
+    assert not scope_scan_is_cheaper(query_lexemes("fractions homework"), scope_rows=10_000)  # a large scope
+
+    def keyword_statement(text: str) -> tuple[list[str], str]:
+        with CaptureQueriesContext(connection) as queries:
+            result = search_memories(stack_ids=[stack.pk], query=SearchQuery(text=text, min_similarity=0.0))
+        [sql] = [q["sql"] for q in queries.captured_queries if "WITH matched AS MATERIALIZED" in q["sql"]]
+        return ids(result.hits), sql
+
+    hits, sql = keyword_statement("fractions homework")
+    assert "ts_match_vq(m.search_vector" in sql
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN " + sql)
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+    assert "memories_search_vector_gin" not in plan
+    assert hits[:2] == [str(m.pk) for m in found]  # (then the turn next to them, lent context)
+    monkeypatch.setattr("memories.search.keyword_leg.scope_scan_is_cheaper", lambda lexemes, scope_rows: False)
+    gin_hits, gin_sql = keyword_statement("fractions homework")
+    assert "ts_match_vq" not in gin_sql and gin_hits == hits
+    _, rare_sql = keyword_statement("zeppelin pizza")
+    assert "ts_match_vq" not in rare_sql
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_stack_with_its_own_index_walks_it_and_one_that_shrank_is_ranked_exactly() -> None:
     from django.db import connection
