@@ -20,7 +20,7 @@ import httpx  # noqa: E402
 import psutil  # noqa: E402
 
 from bench.harness import percentiles, print_table  # noqa: E402
-from bench.soak_agents import MIX, LivePage, Recorder  # noqa: E402
+from bench.soak_agents import BULK_PUSH, MIX, LivePage, Recorder  # noqa: E402
 from memoryhub.worker_priority import AWAITING_VECTORS  # noqa: E402
 
 
@@ -146,7 +146,7 @@ def report_soak(args: argparse.Namespace, recorder: Recorder, baseline: Recorder
         return [s.ms for s in samples if 200 <= s.status < 300]
 
     rows, goals = [], []
-    for op in MIX.weights:
+    for op in [*MIX.weights, BULK_PUSH]:
         samples = loaded.get(op, [])
         ok = ok_ms(samples)
         figures, start, end = percentiles(ok), percentiles(ok_ms(quiet.get(op, []))), percentiles(
@@ -158,8 +158,9 @@ def report_soak(args: argparse.Namespace, recorder: Recorder, baseline: Recorder
                      "unloaded p95, grown stacks": end["p95"] if end["n"] else float("nan"),
                      # the same answers timed from when this process actually sent them
                      "p95 from send": percentiles([s.ms - s.late_ms for s in samples if 200 <= s.status < 300])["p95"]})
-        goals.append((f"{op}: p95 {figures['p95']:.0f} ms <= 3x unloaded p95 {start['p95']:.0f} ms",
-                      figures["p95"] <= 3 * start["p95"]))
+        if op != BULK_PUSH:  # the bulk lane may be slower: reported, no goal
+            goals.append((f"{op}: p95 {figures['p95']:.0f} ms <= 3x unloaded p95 {start['p95']:.0f} ms",
+                          figures["p95"] <= 3 * start["p95"]))
     total = len(recorder.samples)
     print_table(f"soak: {args.agents} agents, {elapsed:.0f} s, open loop (an operation every 1-2 s each); "
                 f"{total:,} requests = {total / elapsed:.1f}/s", rows)
