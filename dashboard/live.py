@@ -49,6 +49,7 @@ from channels.layers import get_channel_layer
 from django.conf import settings
 from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_KEY, load_backend
 from django.contrib.auth.signals import user_logged_out
+from django.contrib.humanize.templatetags.humanize import naturaltime
 from django.db import transaction
 from django.db.models import Sum
 from django.db.models.signals import post_delete, post_save
@@ -58,7 +59,6 @@ from django.template.loader import render_to_string
 from django.utils import timezone
 from django.utils.crypto import constant_time_compare
 from django.utils.formats import number_format
-from django.utils.timesince import timesince
 
 from accounts.authors import Path
 from accounts.models import Membership, User
@@ -261,7 +261,7 @@ def _merged(events: Sequence[ChangeEvent]) -> Change | None:
 def _when(value: datetime | None) -> dict[str, str] | None:
     if value is None:
         return None
-    return {"iso": value.isoformat(), "text": f"{timesince(value)} ago"}
+    return {"iso": value.isoformat(), "text": str(naturaltime(value))}  # as the pages' naturaltime says it
 
 
 def _stack_figures(stack: Stack) -> dict[str, Any]:
