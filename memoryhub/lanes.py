@@ -36,6 +36,7 @@ import redis
 from django.conf import settings
 from django.http import HttpRequest, HttpResponseBase, JsonResponse
 
+from memoryhub.cpu_priority import lower_for_bulk
 from memoryhub.errors import DomainError, error_body
 from memoryhub.metrics import BULK_LANE_LIMIT, BULK_LANE_REFUSALS, BULK_LANE_RUNNING, BULK_LANE_WAITING
 from memoryhub.worker_priority import PRESSURE_KEY
@@ -299,6 +300,7 @@ def enter_bulk_lane(request: HttpRequest, school: int) -> None:
     request.bulk_lane = True  # type: ignore[attr-defined]
     if lane is not None:
         request.bulk_release = lane.acquire(school)  # type: ignore[attr-defined]
+        request.bulk_priority_restore = lower_for_bulk()  # type: ignore[attr-defined]
 
 
 def bulk_request(request: HttpRequest) -> bool:
@@ -362,6 +364,9 @@ class LaneMiddleware:
         try:
             response = self.get_response(request)
         finally:
+            restore_priority = getattr(request, "bulk_priority_restore", None)
+            if restore_priority is not None:
+                restore_priority()  # on this thread, before its connection goes back to the pool
             release = getattr(request, "bulk_release", None)
             if release is not None:
                 release()

@@ -427,6 +427,9 @@ LANES_TOLERANCE = env_int("LANES_TOLERANCE_PERCENT", 200, minimum=110) / 100
 LANES_QUEUE = env_int("LANES_QUEUE", 8, minimum=0)
 LANES_MAX_WAIT_SECONDS = env_int("LANES_MAX_WAIT_SECONDS", 2, minimum=0)
 LANES_BULK_BYTES = env_int("LANES_BULK_BYTES", 32 * 1024, minimum=1)
+# While a bulk request runs, its thread and its PostgreSQL backend run at this CPU niceness
+# (memoryhub.cpu_priority; 0: off).
+LANES_BULK_NICE = env_int("LANES_BULK_NICE", 10, minimum=0, maximum=19)
 # An interactive request still waiting for a thread after this long is answered 503 with
 # Retry-After instead of being served after its client has given up (memoryhub.asgi).
 LANES_INTERACTIVE_DEADLINE_SECONDS = env_int("LANES_INTERACTIVE_DEADLINE_SECONDS", 10, minimum=1)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import time
+import uuid
 from collections import namedtuple
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -160,3 +161,10 @@ def wait_for_health(base_url: str, *, alive: Callable[[], bool], log: Path, time
             pass
         time.sleep(0.2)
     raise AssertionError(f"the web server did not answer /health in {timeout:.0f} s:\n" + log.read_text()[-4000:])
+
+
+def kernle_note_inserts(count: int) -> list[dict[str, Any]]:
+    """`count` kernle push operations, each inserting a new note."""
+    return [{"operation": "insert", "table": "notes", "record_id": str(uuid.uuid4()), "local_updated_at": None,
+             "version": 1, "data": {"content": f"Fractions practice, part {i}", "note_type": "note"}}
+            for i in range(count)]

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -20,7 +19,7 @@ from memoryhub.asgi import SingleHopASGIHandler
 from memoryhub.lanes import BulkFairShare, BulkLane, BulkLaneFull, GradientLimit
 from memoryhub.worker_priority import PRESSURE_KEY, pressure_reader
 from stacks.services import personal_account_register
-from tests.factories import bearer_client, make_org, make_stack, make_user, session_client
+from tests.factories import bearer_client, kernle_note_inserts, make_org, make_stack, make_user, session_client
 
 SCHOOL_A, SCHOOL_B = 1, 2
 
@@ -136,24 +135,18 @@ def full_lane(monkeypatch: pytest.MonkeyPatch, settings: Any) -> Iterator[Callab
     release()
 
 
-def notes(count: int) -> list[dict[str, Any]]:
-    return [{"operation": "insert", "table": "notes", "record_id": str(uuid.uuid4()), "local_updated_at": None,
-             "version": 1, "data": {"content": f"Fractions practice, part {i}", "note_type": "note"}}
-            for i in range(count)]
-
-
 @pytest.mark.django_db
 def test_a_bulk_push_past_the_lane_is_503_with_retry_after_and_stores_nothing(
         full_lane: Callable[[], None]) -> None:
     account = personal_account_register(stack_id="flood", email="flood@example.test")
     client = bearer_client(account.secret)
-    body = {"stack_id": "flood", "operations": notes(20)}
+    body = {"stack_id": "flood", "operations": kernle_note_inserts(20)}
     refused = client.post("/sync/push", body, format="json")
     assert refused.status_code == 503, refused.content
     assert refused.json()["error"]["code"] == "bulk_lane_full"
     assert 1 <= int(refused["Retry-After"]) <= 30
     assert Memory.objects.count() == 0
-    small = client.post("/sync/push", {"stack_id": "flood", "operations": notes(1)}, format="json")
+    small = client.post("/sync/push", {"stack_id": "flood", "operations": kernle_note_inserts(1)}, format="json")
     assert small.status_code == 200  # interactive: not behind the bulk lane
     assert client.post("/api/v1/stacks/flood/search", {"query": "fractions"}, format="json").status_code == 200
     full_lane()
@@ -238,3 +231,4 @@ def test_a_dashboard_download_waits_in_the_bulk_lane_and_a_refusal_records_nothi
     b"".join(served.streaming_content)  # type: ignore[attr-defined]
     served.close()
     assert lanes._lane.running == 0
+

@@ -1,0 +1,115 @@
+"""Background work runs at a lower CPU priority than interactive work, in PostgreSQL too
+(docs/architecture.md §5.7 "CPU priority").
+
+* **Bulk requests** (`lower_for_bulk`). The bulk lane bounds how many bulk requests run; this
+  decides who gets a core first while they do. From a request's admission to the lane until its view
+  returns, the thread serving it and the PostgreSQL backend serving its connection run at niceness
+  `LANES_BULK_NICE`; then both go back to what they were.
+
+With every core busy the kernel then runs the interactive requests' threads and backends first and
+gives background work what they leave, instead of an equal share; work that waits is only delayed.
+Going back to a higher priority needs CAP_SYS_NICE (root has it; so does a service given it, e.g.
+systemd's `AmbientCapabilities=CAP_SYS_NICE`). Without it, or off Linux, nothing is lowered. A
+backend is reniced only when PostgreSQL runs on this machine (its host is loopback or a socket, and
+the process with the backend's pid is a `postgres`), since a remote backend's pid means nothing
+here. `LANES_BULK_NICE=0` keeps bulk requests at the interactive priority.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import os
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from django.conf import settings
+from django.db import connection
+
+logger = logging.getLogger(__name__)
+
+_LOCAL_HOSTS = ("", "localhost", "127.0.0.1", "::1")
+
+
+@functools.cache
+def can_restore_priority() -> bool:
+    """Whether this process may lower a niceness it raised: tried once, on a thread of its own."""
+    if not sys.platform.startswith("linux"):
+        return False
+    allowed = False
+
+    def probe() -> None:
+        nonlocal allowed
+        tid = threading.get_native_id()
+        before = os.getpriority(os.PRIO_PROCESS, tid)
+        try:
+            os.setpriority(os.PRIO_PROCESS, tid, min(19, before + 1))
+            os.setpriority(os.PRIO_PROCESS, tid, before)
+            allowed = True
+        except OSError:
+            allowed = False
+
+    thread = threading.Thread(target=probe, name="nice-probe")
+    thread.start()
+    thread.join()
+    if not allowed:
+        logger.info("bulk work keeps the interactive CPU priority: raising a priority back needs CAP_SYS_NICE")
+    return allowed
+
+
+def _database_is_local() -> bool:
+    host = str(settings.DATABASES["default"].get("HOST") or "")
+    return host in _LOCAL_HOSTS or host.startswith("/")
+
+
+def _local_backend_pid() -> int | None:
+    """The pid of this thread's PostgreSQL backend when it is a process of this machine."""
+    if not _database_is_local():
+        return None
+    connection.ensure_connection()
+    pid = connection.connection.info.backend_pid
+    try:
+        is_postgres = Path(f"/proc/{pid}/comm").read_text().strip() == "postgres"
+    except OSError:
+        return None
+    return pid if is_postgres else None
+
+
+def _set_nice(pid: int, nice: int) -> bool:
+    try:
+        os.setpriority(os.PRIO_PROCESS, pid, nice)
+    except OSError:
+        return False
+    return True
+
+
+def lower_for_bulk() -> Callable[[], None]:
+    """Run this thread and its database backend at `LANES_BULK_NICE`; returns the call that puts
+    both back (call it on this thread, before its connection goes back to the pool)."""
+    nice = settings.LANES_BULK_NICE
+    if nice <= 0 or not can_restore_priority():
+        return lambda: None
+    tid = threading.get_native_id()
+    thread_before = os.getpriority(os.PRIO_PROCESS, tid)
+    _set_nice(tid, max(nice, thread_before))
+    backend = _local_backend_pid()
+    backend_before = None
+    if backend is not None:
+        with contextlib.suppress(OSError):
+            backend_before = os.getpriority(os.PRIO_PROCESS, backend)
+            if not _set_nice(backend, max(nice, backend_before)):
+                backend_before = None
+
+    def restore() -> None:
+        _set_nice(tid, thread_before)
+        if backend is not None and backend_before is not None and not _set_nice(backend, backend_before):
+            # A backend left at low priority must not serve interactive requests from the pool.
+            logger.warning("could not restore a database backend's CPU priority; closing its connection")
+            with contextlib.suppress(Exception):
+                connection.connection.close()
+
+    return restore
+
