@@ -8,6 +8,7 @@ from celery import Celery
 from celery.signals import before_task_publish, setup_logging, task_postrun, task_prerun, worker_process_init
 
 from memoryhub import requestid
+from memoryhub.cpu_priority import backend_follows_worker
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "memoryhub.settings")
 
@@ -41,6 +42,8 @@ def _settle_worker_heap(**_: object) -> None:
 
 
 worker_process_init.connect(_settle_worker_heap)
+# Each task: the worker's database backend yields the cores as the worker does.
+task_prerun.connect(backend_follows_worker)
 app.autodiscover_tasks()
 # Infrastructure tasks live in the project package, which is not an installed app; the lifecycle
 # room's tasks in a sub-package, which autodiscovery (`<app>.tasks` only) does not visit.

@@ -5,6 +5,10 @@
   decides who gets a core first while they do. From a request's admission to the lane until its view
   returns, the thread serving it and the PostgreSQL backend serving its connection run at niceness
   `LANES_BULK_NICE`; then both go back to what they were.
+* **The worker's backends** (`backend_follows_worker`). The runner moves the worker's niceness
+  with the embedding lag (memoryhub.worker_priority); before each task, the backend of the worker's
+  connection is given the same niceness, so its statements (a batch of vectors into the HNSW index)
+  yield like the worker's own Python does.
 
 With every core busy the kernel then runs the interactive requests' threads and backends first and
 gives background work what they leave, instead of an equal share; work that waits is only delayed.
@@ -12,7 +16,8 @@ Going back to a higher priority needs CAP_SYS_NICE (root has it; so does a servi
 systemd's `AmbientCapabilities=CAP_SYS_NICE`). Without it, or off Linux, nothing is lowered. A
 backend is reniced only when PostgreSQL runs on this machine (its host is loopback or a socket, and
 the process with the backend's pid is a `postgres`), since a remote backend's pid means nothing
-here. `LANES_BULK_NICE=0` keeps bulk requests at the interactive priority.
+here. `LANES_BULK_NICE=0` keeps bulk requests at the interactive priority; `WORKER_CPU_NICE=0`
+the worker and its backends.
 """
 
 from __future__ import annotations
@@ -113,3 +118,15 @@ def lower_for_bulk() -> Callable[[], None]:
 
     return restore
 
+
+def backend_follows_worker(**_: object) -> None:
+    """`task_prerun` in the worker: its connection's backend at the worker process's own niceness."""
+    if not can_restore_priority():
+        return
+    backend = _local_backend_pid()
+    if backend is None:
+        return
+    nice = os.getpriority(os.PRIO_PROCESS, 0)
+    with contextlib.suppress(OSError):
+        if os.getpriority(os.PRIO_PROCESS, backend) != nice:
+            _set_nice(backend, nice)

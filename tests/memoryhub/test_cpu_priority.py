@@ -13,6 +13,7 @@ import pytest
 from django.db import connection
 
 from memories.models import Memory
+from memoryhub.cpu_priority import backend_follows_worker
 from stacks.services import personal_account_register
 from tests.factories import bearer_client, kernle_note_inserts
 
@@ -51,3 +52,20 @@ def test_a_bulk_push_runs_at_low_cpu_priority_and_an_interactive_one_does_not(se
     assert priorities and all(p == (thread_before, 0) for p in priorities)
     assert Memory.objects.filter(stack__slug="nice").count() == 21
 
+
+@pytest.mark.django_db
+def test_the_worker_s_backend_takes_the_worker_s_niceness_before_each_task() -> None:
+    seen: list[tuple[int, int]] = []
+
+    def task_at(nice: int) -> None:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, nice)  # what the runner sets on the worker
+        backend_follows_worker()
+        seen.append(priorities_now())
+        os.setpriority(os.PRIO_PROCESS, tid, 0)
+
+    # One thread, one connection: the same backend while the worker yields, then while it is an equal.
+    worker = threading.Thread(target=lambda: (task_at(10), task_at(0), connection.close()))
+    worker.start()
+    worker.join()
+    assert seen == [(10, 10), (0, 0)]
