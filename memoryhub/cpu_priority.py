@@ -32,7 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from django.conf import settings
-from django.db import connection
+from django.db import DatabaseError, connection
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ def can_restore_priority() -> bool:
     thread.start()
     thread.join()
     if not allowed:
-        logger.info("bulk work keeps the interactive CPU priority: raising a priority back needs CAP_SYS_NICE")
+        logger.info("background work keeps the interactive CPU priority: raising a priority back needs CAP_SYS_NICE")
     return allowed
 
 
@@ -97,10 +97,10 @@ def lower_for_bulk() -> Callable[[], None]:
     nice = settings.LANES_BULK_NICE
     if nice <= 0 or not can_restore_priority():
         return lambda: None
+    backend = _local_backend_pid()  # first: a database that cannot answer leaves nothing lowered
     tid = threading.get_native_id()
     thread_before = os.getpriority(os.PRIO_PROCESS, tid)
     _set_nice(tid, max(nice, thread_before))
-    backend = _local_backend_pid()
     backend_before = None
     if backend is not None:
         with contextlib.suppress(OSError):
@@ -123,7 +123,10 @@ def backend_follows_worker(**_: object) -> None:
     """`task_prerun` in the worker: its connection's backend at the worker process's own niceness."""
     if not can_restore_priority():
         return
-    backend = _local_backend_pid()
+    try:
+        backend = _local_backend_pid()
+    except DatabaseError:
+        return  # the task meets the outage itself, and says so
     if backend is None:
         return
     nice = os.getpriority(os.PRIO_PROCESS, 0)
