@@ -64,8 +64,13 @@ def test_the_worker_s_backend_takes_the_worker_s_niceness_before_each_task() -> 
         seen.append(priorities_now())
         os.setpriority(os.PRIO_PROCESS, tid, 0)
 
-    # One thread, one connection: the same backend while the worker yields, then while it is an equal.
-    worker = threading.Thread(target=lambda: (task_at(10), task_at(0), connection.close()))
+    def tasks() -> None:
+        # One thread, one connection: the same backend while the worker yields, then while it is an equal.
+        task_at(10)
+        task_at(0)
+        connection.close()
+
+    worker = threading.Thread(target=tasks)
     worker.start()
     worker.join()
     assert seen == [(10, 10), (0, 0)]
