@@ -231,4 +231,3 @@ def test_a_dashboard_download_waits_in_the_bulk_lane_and_a_refusal_records_nothi
     b"".join(served.streaming_content)  # type: ignore[attr-defined]
     served.close()
     assert lanes._lane.running == 0
-
