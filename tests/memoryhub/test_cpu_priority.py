@@ -13,7 +13,7 @@ import pytest
 from django.db import connection
 
 from memories.models import Memory
-from memoryhub.cpu_priority import backend_follows_worker
+from memoryhub.tasks import ping
 from stacks.services import personal_account_register
 from tests.factories import bearer_client, kernle_note_inserts
 
@@ -60,7 +60,7 @@ def test_the_worker_s_backend_takes_the_worker_s_niceness_before_each_task() -> 
     def task_at(nice: int) -> None:
         tid = threading.get_native_id()
         os.setpriority(os.PRIO_PROCESS, tid, nice)  # what the runner sets on the worker
-        backend_follows_worker()
+        assert ping.apply().get() == "pong"  # run as the worker runs it: task_prerun first
         seen.append(priorities_now())
         os.setpriority(os.PRIO_PROCESS, tid, 0)
 
