@@ -381,6 +381,7 @@ def test_the_every_term_rescan_runs_only_when_a_query_term_is_rare_in_the_table(
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE memories_memory")
     keyword_leg._TERM_STATS.clear()  # a process rereads the statistics at most once a minute
+    keyword_leg._LIVE_ROWS.clear()
     monkeypatch.setattr("memories.search.keyword_leg.STRICT_SCAN_MAX_POSTINGS", 1)
     assert not strict_scan_is_cheap(query_lexemes("fractions pizza"))  # both words are in the statistics
     assert strict_scan_is_cheap(query_lexemes("pizza zeppelin"))  # a word the table never saw is rare
@@ -397,6 +398,45 @@ def test_the_every_term_rescan_runs_only_when_a_query_term_is_rare_in_the_table(
     assert set(common_hits[2:]) <= {str(m.pk) for m in partials}
     _, rare_scans = keyword_scans("pizza zeppelin")
     assert rare_scans == 2  # the capped scan reached the cap with no every-term match: rescan
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_scan_choice_follows_the_tables_growth_before_analyze(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bulk import multiplies the rows holding a common word long before autovacuum analyses the
+    table: the choice between the GIN walk and the stack's own rows reads the live-row count, so
+    it moves with the import instead of walking ever longer posting lists (docs/algorithms.md §7.1)."""
+    import time
+
+    from django.db import connection
+
+    from memories.search import keyword_leg
+    from memories.search.keyword_leg import query_lexemes, scope_scan_is_cheaper
+
+    org = make_org()
+    other = make_stack(org, "importer")
+    for i in range(20):
+        add(other, f"fractions homework sheet {i}", embed=False)
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE memories_memory")
+    keyword_leg._TERM_STATS.clear()
+    keyword_leg._LIVE_ROWS.clear()
+    monkeypatch.setattr("memories.search.keyword_leg.GIN_POSTING_COST_IN_ROWS", 1.0)
+    lexemes = query_lexemes("fractions homework")
+    assert not scope_scan_is_cheaper(lexemes, scope_rows=100)  # 40 postings: the walk is cheaper
+
+    for i in range(100):  # the import: no ANALYZE runs
+        add(other, f"fractions homework sheet {i + 20}", embed=False)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_force_next_flush()")  # the counts this backend committed
+    deadline = time.monotonic() + 10
+    while True:
+        keyword_leg._LIVE_ROWS.clear()
+        if scope_scan_is_cheaper(lexemes, scope_rows=100) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert scope_scan_is_cheaper(lexemes, scope_rows=100)  # 240 postings now: the stack's own rows
+    keyword_leg._TERM_STATS.clear()
+    keyword_leg._LIVE_ROWS.clear()
 
 
 def test_terms_common_in_other_stacks_scan_the_stacks_own_rows_with_the_same_hits(
@@ -418,6 +458,7 @@ def test_terms_common_in_other_stacks_scan_the_stacks_own_rows_with_the_same_hit
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE memories_memory")
     keyword_leg._TERM_STATS.clear()  # a process rereads the statistics at most once a minute
+    keyword_leg._LIVE_ROWS.clear()
     # At this size a posting costs as much as a row; the real ratio is for tables of millions.
     monkeypatch.setattr("memories.search.keyword_leg.GIN_POSTING_COST_IN_ROWS", 1.0)
     assert scope_scan_is_cheaper(query_lexemes("fractions homework"), scope_rows=3)
