@@ -10,8 +10,8 @@ PostgreSQL's, until that age is under half the threshold (the gap keeps it from 
 
 `WorkerPriority` runs in the runner (`make run`), on a thread of its own so a slow or absent database
 never holds up the supervision of the children. It reads one EXISTS per `CHECK_SECONDS` from the
-backlog's partial index: it stops at the first row old enough when the worker is behind, and when it
-is not, the backlog it walks is small. While the web processes hold bulk work back to keep
+backlog's partial index: each stack's oldest awaiting change, one index probe per stack with a
+backlog, however many rows await. While the web processes hold bulk work back to keep
 requests fast (memoryhub.lanes marks it in Redis), the worker keeps yielding even when behind.
 A deployment whose worker runs under systemd or Kubernetes sets its CPU weight there instead.
 """
@@ -35,9 +35,26 @@ if TYPE_CHECKING:
 # ([tool.importlinter] in pyproject.toml), so it is plain SQL here (memoryhub.health reads it too).
 AWAITING_VECTORS = "FROM memories_memory WHERE embedded_version IS NULL AND deleted_at IS NULL"
 
-# Whether some memory has awaited its vector for longer than %(seconds)s since it last changed.
-BEHIND_SQL = (f"SELECT EXISTS (SELECT 1 {AWAITING_VECTORS} "
-              "AND server_updated_at < statement_timestamp() - make_interval(secs => %(seconds)s))")
+# Whether some memory has awaited its vector for longer than %(seconds)s since it last changed: the
+# stacks with a backlog (a loose index scan of the partial index on (stack, server_updated_at)) and
+# each one's oldest awaiting change, one index probe per stack. A plain EXISTS over the awaiting rows
+# with the age as a filter walks the whole backlog whenever none is that old: every row of a bulk
+# import's young backlog, at every look (docs/operations.md §8).
+_AWAITING = "m.embedded_version IS NULL AND m.deleted_at IS NULL"
+BEHIND_SQL = f"""
+WITH RECURSIVE waiting(stack_id) AS (
+    (SELECT m.stack_id FROM memories_memory m WHERE {_AWAITING} ORDER BY m.stack_id LIMIT 1)
+  UNION ALL
+    SELECT (SELECT m.stack_id FROM memories_memory m WHERE {_AWAITING} AND m.stack_id > w.stack_id
+             ORDER BY m.stack_id LIMIT 1)
+      FROM waiting w WHERE w.stack_id IS NOT NULL
+)
+SELECT EXISTS (
+    SELECT 1 FROM waiting w
+     WHERE w.stack_id IS NOT NULL
+       AND (SELECT m.server_updated_at FROM memories_memory m WHERE m.stack_id = w.stack_id AND {_AWAITING}
+             ORDER BY m.server_updated_at LIMIT 1) < statement_timestamp() - make_interval(secs => %(seconds)s))
+"""
 
 CHECK_SECONDS = 5.0
 # Set (with an expiry) by the web processes while they hold bulk work back (memoryhub.lanes).

@@ -125,3 +125,24 @@ def test_while_requests_are_held_back_the_worker_yields_even_when_behind(
     finally:
         priority.close()
         client.delete(PRESSURE_KEY)
+
+
+def test_the_look_finds_an_old_change_in_any_stack(
+        worker: ManagedProcess, watched: tuple[WorkerPriority, list[str]]) -> None:
+    """Behind is any stack's oldest awaiting change, whichever stack holds it: a stack whose changes
+    all came a moment ago (an import) neither hides nor stands for another's old one."""
+    priority, _ = watched
+    assert worker.pid is not None
+    org = make_org()
+    importing, lagging, quiet = (make_stack(org, slug) for slug in ("importing", "lagging", "quiet"))
+    for i in range(20):
+        memory_create(stack=importing, kind="note", payload={"content": f"Sheet {i}"}, source="api")
+    memory_create(stack=quiet, kind="note", payload={"content": "Fresh"}, source="api")
+    old = memory_create(stack=lagging, kind="note", payload={"content": "Long division"}, source="api")
+    memory_create(stack=lagging, kind="note", payload={"content": "Short division"}, source="api")
+    priority.check()
+    assert not priority.catching_up
+
+    behind_by(old, 90)
+    priority.check()
+    assert priority.catching_up and runs_at(worker.pid, 0)
