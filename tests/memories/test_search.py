@@ -418,8 +418,8 @@ def test_the_scan_choice_follows_the_tables_growth_before_analyze(monkeypatch: p
         add(other, f"fractions homework sheet {i}", embed=False)
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE memories_memory")
-    keyword_leg._TERM_STATS.clear()
-    keyword_leg._LIVE_ROWS.clear()
+    monkeypatch.setattr(keyword_leg, "_TERM_STATS", {})  # read afresh here; the process's own afterwards
+    monkeypatch.setattr(keyword_leg, "_LIVE_ROWS", {})
     monkeypatch.setattr("memories.search.keyword_leg.GIN_POSTING_COST_IN_ROWS", 1.0)
     lexemes = query_lexemes("fractions homework")
     assert not scope_scan_is_cheaper(lexemes, scope_rows=100)  # 40 postings: the walk is cheaper
@@ -435,8 +435,6 @@ def test_the_scan_choice_follows_the_tables_growth_before_analyze(monkeypatch: p
             break
         time.sleep(0.2)
     assert scope_scan_is_cheaper(lexemes, scope_rows=100)  # 240 postings now: the stack's own rows
-    keyword_leg._TERM_STATS.clear()
-    keyword_leg._LIVE_ROWS.clear()
 
 
 def test_terms_common_in_other_stacks_scan_the_stacks_own_rows_with_the_same_hits(
