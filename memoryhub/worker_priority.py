@@ -54,7 +54,7 @@ SELECT EXISTS (
      WHERE w.stack_id IS NOT NULL
        AND (SELECT m.server_updated_at FROM memories_memory m WHERE m.stack_id = w.stack_id AND {_AWAITING}
              ORDER BY m.server_updated_at LIMIT 1) < statement_timestamp() - make_interval(secs => %(seconds)s))
-"""
+"""  # noqa: S608 - only the fixed predicate is interpolated; the age is a parameter
 
 CHECK_SECONDS = 5.0
 # Set (with an expiry) by the web processes while they hold bulk work back (memoryhub.lanes).
