@@ -247,48 +247,36 @@ def keyword_leg(query: SearchQuery, stack_ids: Sequence[int], fetch: int, audien
 # keyword ranking carries little anyway.
 STRICT_SCAN_MAX_POSTINGS = 20_000
 
-# The term frequencies ANALYZE keeps for the tsvector column (most_common_elems), and the table's
-# row estimate: what the planner itself knows, read without touching the table. The frequencies change
-# only when the table is analysed (autovacuum: after ~10 % of it changed), so a process rereads them at
-# most once a minute (`_term_stats`) instead of once per search (its cost: docs/algorithms.md §7.1).
+# The term frequencies ANALYZE keeps for the tsvector column (most_common_elems), and the table's rows:
+# what the planner itself knows, read without touching the table. The rows are the larger of ANALYZE's
+# estimate and the cumulative statistics' live-row count, which every committed insert and delete moves
+# within about a second (a crash or a statistics reset sets it back to 0): a bulk import can grow the
+# table tenfold long before ANALYZE runs, and scaling the frequencies by the rows ANALYZE saw would keep
+# a walk of posting lists that have grown as much. A process rereads them at most every few seconds
+# (`_term_stats`), not on every search (the read's cost: docs/algorithms.md §7.1).
 _TERM_STATS_SQL = """
-    SELECT s.most_common_elems::text::text[], s.most_common_elem_freqs, greatest(c.reltuples, 0)
+    SELECT s.most_common_elems::text::text[], s.most_common_elem_freqs,
+           greatest(c.reltuples, pg_stat_get_live_tuples(c.oid), 0)
       FROM pg_class c
       LEFT JOIN pg_stats s ON s.schemaname = current_schema() AND s.tablename = 'memories_memory'
                           AND s.attname = 'search_vector'
      WHERE c.oid = 'memories_memory'::regclass
 """
-_TERM_STATS_SECONDS = 60.0
+_TERM_STATS_SECONDS = 2.0
 _TERM_STATS: dict[str, tuple[float, dict[str, float], float]] = {}  # by database alias
-
-# The table's rows can grow tenfold in a minute (a bulk import) long before ANALYZE runs: scaling the
-# frequencies by the rows ANALYZE saw would keep a walk of posting lists that have grown as much. So the
-# rows are also read from the cumulative statistics' live-row count, which every committed insert and
-# delete moves within about a second - one function call, reread at most every few seconds.
-_LIVE_ROWS_SQL = "SELECT pg_stat_get_live_tuples('memories_memory'::regclass)"
-_LIVE_ROWS_SECONDS = 2.0
-_LIVE_ROWS: dict[str, tuple[float, float]] = {}  # by database alias
 
 
 def _term_stats() -> tuple[dict[str, float], float]:
-    """(the share of rows holding each of the table's most common lexemes, the table's rows: the larger
-    of ANALYZE's estimate and the live-row count, which a crash or a statistics reset sets back to 0)."""
-    now = time.monotonic()
+    """(the share of rows holding each of the table's most common lexemes, the table's rows)."""
     cached = _TERM_STATS.get(connection.alias)
-    if cached is None or now - cached[0] > _TERM_STATS_SECONDS:
+    if cached is None or time.monotonic() - cached[0] > _TERM_STATS_SECONDS:
         with connection.cursor() as cursor:
             cursor.execute(_TERM_STATS_SQL)
             lexemes, freqs, rows = cursor.fetchone()
         # most_common_elem_freqs ends with three summary numbers: zip stops at the last lexeme.
-        cached = (now, dict(zip(lexemes or [], freqs or [], strict=False)), float(rows or 0))
+        cached = (time.monotonic(), dict(zip(lexemes or [], freqs or [], strict=False)), float(rows or 0))
         _TERM_STATS[connection.alias] = cached
-    live = _LIVE_ROWS.get(connection.alias)
-    if live is None or now - live[0] > _LIVE_ROWS_SECONDS:
-        with connection.cursor() as cursor:
-            cursor.execute(_LIVE_ROWS_SQL)
-            live = (now, float(cursor.fetchone()[0] or 0))
-        _LIVE_ROWS[connection.alias] = live
-    return cached[1], max(cached[2], live[1])
+    return cached[1], cached[2]
 
 
 # Decoding one posting of the table-wide GIN into the scan's bitmap costs about a fifteenth of

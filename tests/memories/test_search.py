@@ -380,8 +380,7 @@ def test_the_every_term_rescan_runs_only_when_a_query_term_is_rare_in_the_table(
     partials = [add(stack, f"pizza party number {i}", embed=False) for i in range(6)]
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE memories_memory")
-    keyword_leg._TERM_STATS.clear()  # a process rereads the statistics at most once a minute
-    keyword_leg._LIVE_ROWS.clear()
+    keyword_leg._TERM_STATS.clear()  # a process rereads the statistics at most every few seconds
     monkeypatch.setattr("memories.search.keyword_leg.STRICT_SCAN_MAX_POSTINGS", 1)
     assert not strict_scan_is_cheap(query_lexemes("fractions pizza"))  # both words are in the statistics
     assert strict_scan_is_cheap(query_lexemes("pizza zeppelin"))  # a word the table never saw is rare
@@ -419,7 +418,6 @@ def test_the_scan_choice_follows_the_tables_growth_before_analyze(monkeypatch: p
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE memories_memory")
     monkeypatch.setattr(keyword_leg, "_TERM_STATS", {})  # read afresh here; the process's own afterwards
-    monkeypatch.setattr(keyword_leg, "_LIVE_ROWS", {})
     monkeypatch.setattr("memories.search.keyword_leg.GIN_POSTING_COST_IN_ROWS", 1.0)
     lexemes = query_lexemes("fractions homework")
     assert not scope_scan_is_cheaper(lexemes, scope_rows=100)  # 40 postings: the walk is cheaper
@@ -430,7 +428,7 @@ def test_the_scan_choice_follows_the_tables_growth_before_analyze(monkeypatch: p
         cursor.execute("SELECT pg_stat_force_next_flush()")  # the counts this backend committed
     deadline = time.monotonic() + 10
     while True:
-        keyword_leg._LIVE_ROWS.clear()
+        keyword_leg._TERM_STATS.clear()
         if scope_scan_is_cheaper(lexemes, scope_rows=100) or time.monotonic() > deadline:
             break
         time.sleep(0.2)
@@ -455,8 +453,7 @@ def test_terms_common_in_other_stacks_scan_the_stacks_own_rows_with_the_same_hit
     add(stack, "football on Saturday", embed=False)
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE memories_memory")
-    keyword_leg._TERM_STATS.clear()  # a process rereads the statistics at most once a minute
-    keyword_leg._LIVE_ROWS.clear()
+    keyword_leg._TERM_STATS.clear()  # a process rereads the statistics at most every few seconds
     # At this size a posting costs as much as a row; the real ratio is for tables of millions.
     monkeypatch.setattr("memories.search.keyword_leg.GIN_POSTING_COST_IN_ROWS", 1.0)
     assert scope_scan_is_cheaper(query_lexemes("fractions homework"), scope_rows=3)
