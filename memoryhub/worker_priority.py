@@ -32,29 +32,31 @@ if TYPE_CHECKING:
 # The memories awaiting a current vector: the predicate of the partial index
 # `memories_embedding_backlog` (memories.models), so counting them reads that small index, not the
 # table; keep the two in step. memoryhub is the layer every app stands on and imports none of them
-# ([tool.importlinter] in pyproject.toml), so it is plain SQL here (memoryhub.health reads it too).
-AWAITING_VECTORS = "FROM memories_memory WHERE embedded_version IS NULL AND deleted_at IS NULL"
+# ([tool.importlinter] in pyproject.toml), so it is plain SQL here (memoryhub.health and
+# memories.search.embedding_backlog read it too). The table is `m`.
+AWAITING_VECTORS = "FROM memories_memory m WHERE m.embedded_version IS NULL AND m.deleted_at IS NULL"
 
-# Whether some memory has awaited its vector for longer than %(seconds)s since it last changed: the
-# stacks with a backlog (a loose index scan of the partial index on (stack, server_updated_at)) and
-# each one's oldest awaiting change, one index probe per stack. A plain EXISTS over the awaiting rows
-# with the age as a filter walks the whole backlog whenever none is that old: every row of a bulk
-# import's young backlog, at every look (docs/operations.md §8).
-_AWAITING = "m.embedded_version IS NULL AND m.deleted_at IS NULL"
-BEHIND_SQL = f"""
-WITH RECURSIVE waiting(stack_id) AS (
-    (SELECT m.stack_id FROM memories_memory m WHERE {_AWAITING} ORDER BY m.stack_id LIMIT 1)
+# The stacks with a backlog, as the recursive CTE `waiting(stack_id)` (its last row is NULL): a loose
+# index scan of the partial index on (stack, server_updated_at), one probe a stack however many rows
+# await. And the oldest awaiting change of the stack `w.stack_id`, one more probe.
+BACKLOG_STACKS_CTE = f"""waiting(stack_id) AS (
+    (SELECT m.stack_id {AWAITING_VECTORS} ORDER BY m.stack_id LIMIT 1)
   UNION ALL
-    SELECT (SELECT m.stack_id FROM memories_memory m WHERE {_AWAITING} AND m.stack_id > w.stack_id
-             ORDER BY m.stack_id LIMIT 1)
+    SELECT (SELECT m.stack_id {AWAITING_VECTORS} AND m.stack_id > w.stack_id ORDER BY m.stack_id LIMIT 1)
       FROM waiting w WHERE w.stack_id IS NOT NULL
-)
-SELECT EXISTS (
-    SELECT 1 FROM waiting w
-     WHERE w.stack_id IS NOT NULL
-       AND (SELECT m.server_updated_at FROM memories_memory m WHERE m.stack_id = w.stack_id AND {_AWAITING}
-             ORDER BY m.server_updated_at LIMIT 1) < statement_timestamp() - make_interval(secs => %(seconds)s))
-"""  # noqa: S608 - only the fixed predicate is interpolated; the age is a parameter
+)"""  # noqa: S608 - only fixed text is interpolated
+OLDEST_AWAITING_IN_W = (f"(SELECT m.server_updated_at {AWAITING_VECTORS} AND m.stack_id = w.stack_id "
+                        "ORDER BY m.server_updated_at LIMIT 1)")
+
+# Whether some memory has awaited its vector for longer than %(seconds)s since it last changed: each
+# backlog stack's oldest awaiting change. A plain EXISTS over the awaiting rows with the age as a
+# filter walks the whole backlog whenever none is that old: every row of a bulk import's young
+# backlog, at every look (docs/operations.md §8).
+BEHIND_SQL = f"""
+WITH RECURSIVE {BACKLOG_STACKS_CTE}
+SELECT EXISTS (SELECT 1 FROM waiting w WHERE w.stack_id IS NOT NULL
+                  AND {OLDEST_AWAITING_IN_W} < statement_timestamp() - make_interval(secs => %(seconds)s))
+"""  # noqa: S608 - only fixed text is interpolated; the age is a parameter
 
 CHECK_SECONDS = 5.0
 # Set (with an expiry) by the web processes while they hold bulk work back (memoryhub.lanes).

@@ -27,6 +27,7 @@ from memories.search.embedding_model import (
     deployment_model_verified,
 )
 from memories.search.embeddings import Embedder, get_embedder
+from memoryhub.worker_priority import AWAITING_VECTORS, BACKLOG_STACKS_CTE, OLDEST_AWAITING_IN_W
 
 # Round-robin over the stacks with a backlog, each stack's oldest change first: the rows in order of
 # (their turn in their stack, change time), as `row_number() OVER (PARTITION BY stack_id ORDER BY
@@ -38,30 +39,17 @@ from memories.search.embeddings import Embedder, get_embedder
 # * the lateral: each of those stacks' oldest rows, numbered in turn, read in index order; at most
 #   `limit` + 1 - (the number of heads) of them, since every other head's first turn comes first.
 _ROUND_ROBIN_SQL = f"""
-WITH RECURSIVE waiting(stack_id) AS (
-    (SELECT m.stack_id FROM {Memory._meta.db_table} m
-      WHERE m.embedded_version IS NULL AND m.deleted_at IS NULL ORDER BY m.stack_id LIMIT 1)
-  UNION ALL
-    SELECT (SELECT m.stack_id FROM {Memory._meta.db_table} m
-             WHERE m.embedded_version IS NULL AND m.deleted_at IS NULL AND m.stack_id > w.stack_id
-             ORDER BY m.stack_id LIMIT 1)
-      FROM waiting w WHERE w.stack_id IS NOT NULL
-), heads AS (
-    SELECT w.stack_id,
-           (SELECT m.server_updated_at FROM {Memory._meta.db_table} m
-             WHERE m.stack_id = w.stack_id AND m.embedded_version IS NULL AND m.deleted_at IS NULL
-             ORDER BY m.server_updated_at LIMIT 1) AS oldest
+WITH RECURSIVE {BACKLOG_STACKS_CTE}, heads AS (
+    SELECT w.stack_id, {OLDEST_AWAITING_IN_W} AS oldest
       FROM waiting w WHERE w.stack_id IS NOT NULL
      ORDER BY oldest LIMIT %(limit)s
 )
 SELECT t.id FROM heads h CROSS JOIN LATERAL (
     SELECT m.id, m.server_updated_at, row_number() OVER (ORDER BY m.server_updated_at) AS turn
-      FROM {Memory._meta.db_table} m
-     WHERE m.stack_id = h.stack_id AND m.embedded_version IS NULL AND m.deleted_at IS NULL
-       AND NOT (m.id = ANY(%(exclude)s::uuid[]))
+      {AWAITING_VECTORS} AND m.stack_id = h.stack_id AND NOT (m.id = ANY(%(exclude)s::uuid[]))
      ORDER BY m.server_updated_at LIMIT %(limit)s + 1 - (SELECT count(*) FROM heads)) t
  ORDER BY t.turn, t.server_updated_at LIMIT %(limit)s
-"""  # noqa: S608 - the table name is a constant
+"""  # noqa: S608 - only fixed text is interpolated
 
 
 def embedding_backlog_ids(*, limit: int, exclude: Collection[str] = ()) -> list[str]:
