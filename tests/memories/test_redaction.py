@@ -8,6 +8,7 @@ import io
 import json
 import logging
 import os
+import random
 import subprocess
 import sys
 import uuid
@@ -30,8 +31,17 @@ from memories.changes.feed import event_dict
 from memories.models import BootConfigEntry, ChangeEvent, Checkpoint, Memory, MemoryRevision, RawOriginal
 from memories.privacy.originals import associated_data
 from memories.privacy.redaction.engine import RedactionRefused, redact_secrets, redact_text, redact_value
+from memories.privacy.redaction.folding import fold
 from memories.privacy.redaction.policy import redaction_categories_validated
-from memories.privacy.redaction.rules import PII_CATEGORIES
+from memories.privacy.redaction.rules import CRITICAL as CRITICAL_RULES
+from memories.privacy.redaction.rules import (
+    IDENTIFIER_RULES,
+    PII_CATEGORIES,
+    View,
+    critical_spans,
+    plain_identifier,
+    rule_spans,
+)
 from memories.search.embedding_jobs import memories_embed
 from memories.search.embeddings import HashEmbedder, Vector
 from memoryhub.encryption import parse_keys, seal
@@ -243,6 +253,23 @@ def test_a_public_key_or_certificate_body_is_not_a_private_key() -> None:
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo).decode()
     for body in (_pem_body(public), _pem_body(rsa_public)):
         assert redact_text(body) == body
+
+
+def test_no_identifier_rule_can_match_a_plain_hex_identifier() -> None:
+    """refuse_sensitive_identifier lets UUID-like ids (hex digits and dashes, under 60 characters)
+    through without running the rules: proven here against every rule it would run, so a rule added
+    later that could match one fails this test instead of being skipped in production."""
+    rng = random.Random(7)
+    alphabet = "0123456789abcdefABCDEF-"
+    samples = [str(uuid.uuid4()) for _ in range(200)] + [str(uuid.uuid4()).upper() for _ in range(50)]
+    samples += ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 59))) for _ in range(2000)]
+    samples += ["4111-1111-1111-1111", "0" * 59, "f" * 59, "-" * 59, "deadbeef" * 7 + "abc"]
+    for value in samples:
+        assert plain_identifier(value)
+        view = View(fold(value))
+        assert not [c.name for c in CRITICAL_RULES if critical_spans(c, view)], value
+        assert not [r.name for r in IDENTIFIER_RULES if rule_spans(r, view)], value
+    assert not plain_identifier("a" * 60) and not plain_identifier("note-1") and not plain_identifier("")
 
 
 # --- the canary through every write path ------------------------------------------------------------

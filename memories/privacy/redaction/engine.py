@@ -28,6 +28,7 @@ from memories.privacy.redaction.rules import (
     View,
     auth_value,
     critical_spans,
+    plain_identifier,
     rule_spans,
     suspicious,
 )
@@ -129,6 +130,8 @@ def refuse_sensitive_identifier(value: str, *, field: str) -> str:
     """`value`, an identifier that cannot be rewritten (a record id, a boot-config key name), or
     `SensitiveIdentifier` (400 `sensitive_identifier`) when it holds a secret (a CRITICAL one
     included) or an e-mail address."""
+    if plain_identifier(value):  # a UUID, as kernle's record ids are: no rule can match it
+        return value
     folded = fold(value)
     if not suspicious(folded):
         return value
