@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -32,6 +33,7 @@ from dashboard import live
 from memoryhub.errors import NotFound
 
 T = TypeVar("T")
+logger = logging.getLogger(__name__)
 
 # Overview updates for a burst of events (a class's agents syncing at once) go out together, at
 # most this often per socket.
@@ -112,9 +114,15 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
 
 
 class StackConsumer(LiveConsumer):
-    """A student's page: `ws/stacks/<slug>/?<the page's filters>&since=<seq>`."""
+    """A student's page: `ws/stacks/<slug>/?<the page's filters>&since=<seq>`.
+
+    An event that changes nothing on the page (live.unseen: a vector stored) is held back up to
+    live.UNSEEN_DELAY_SECONDS and goes out with the next change rendered, which covers it."""
 
     sent_seq = 0  # set by the catch-up right after the connect (see _catch_up)
+    unseen_seq = 0  # the newest held-back event's seq
+    unseen_event: dict[str, Any] | None = None
+    unseen_sender: asyncio.Future[None] | None = None
 
     async def authorise(self) -> list[str]:
         self.slug = str(self.scope["url_route"]["kwargs"]["slug"])
@@ -124,6 +132,7 @@ class StackConsumer(LiveConsumer):
             raise NotFound("These filters cannot be used.", code="invalid_filters")
         self.filters = filters
         self.since = live.since_of(query)
+        self.sending = asyncio.Lock()  # one render at a time: each starts from the sent_seq the last reached
         _, stack = await db(live.stack_access)(self.user, self.slug)
         self.stack_id = stack.pk
         return [live.stack_group(stack.pk)]
@@ -159,21 +168,46 @@ class StackConsumer(LiveConsumer):
         # (None: all of them are hidden, so it is told nothing).
         return live.student_message(principal, self.stack_id, self.filters, change), change.seq
 
+    async def disconnect(self, code: int) -> None:
+        if self.unseen_sender is not None:
+            self.unseen_sender.cancel()
+        await super().disconnect(code)
+
     async def stack_change(self, message: dict[str, Any]) -> None:
         event = message.get("event") or {}
         if event.get("stack") != self.slug:
             return  # not this stack's (the group is per stack; a slug is checked anyway)
         published = int(event["seq"])
-        # Not before the catch-up has set where to start: messages are handled one at a time, after
-        # the connect; at or below sent_seq: sent already, with the events before it (published late).
-        while published > self.sent_seq:
-            try:
-                payload, self.sent_seq = await db(self._render_through)(event, published)
-            except NotFound:
-                await self.close(live.CLOSE_NO_ACCESS)
-                return
-            if payload is not None:
-                await self.send_json(payload)
+        if live.unseen(event):
+            if published > self.unseen_seq:
+                self.unseen_seq, self.unseen_event = published, event
+            if self.unseen_sender is None or self.unseen_sender.done():
+                self.unseen_sender = asyncio.ensure_future(self._send_unseen_later())
+            return
+        await self._send_through(event, published)
+
+    async def _send_unseen_later(self) -> None:
+        await asyncio.sleep(live.UNSEEN_DELAY_SECONDS)
+        if self.unseen_event is None:
+            return
+        try:
+            await self._send_through(self.unseen_event, self.unseen_seq)
+        except Exception as exc:  # a task of its own: the next change the page gets covers this one
+            logger.warning("live page: a held-back change was not sent (%s)", type(exc).__name__)
+
+    async def _send_through(self, event: dict[str, Any], published: int) -> None:
+        async with self.sending:
+            # Not before the catch-up has set where to start: messages are handled one at a time,
+            # after the connect; at or below sent_seq: sent already, with the events before it
+            # (published late, or held back and covered by a later change).
+            while published > self.sent_seq:
+                try:
+                    payload, self.sent_seq = await db(self._render_through)(event, published)
+                except NotFound:
+                    await self.close(live.CLOSE_NO_ACCESS)
+                    return
+                if payload is not None:
+                    await self.send_json(payload)
 
 
 class SchoolConsumer(LiveConsumer):

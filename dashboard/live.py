@@ -217,6 +217,15 @@ class Change:
 # has its vector yet. Such an event is sent as its seq only (the page resumes past it), without
 # rendering rows or counting — under bench/soak.py most events a page gets are "embedded".
 UNSEEN_ACTIONS = frozenset({"embedded"})
+# Such an event is held back this long by the socket (dashboard/consumers.py): the next change the
+# page sees covers it (live.changes_through merges everything up to it), so most are never sent
+# alone; a page that sees nothing else in that time is sent the seq on its own.
+UNSEEN_DELAY_SECONDS = 3.0
+
+
+def unseen(event: dict[str, Any]) -> bool:
+    """Does this published event change nothing a student page shows (`UNSEEN_ACTIONS`)?"""
+    return event.get("action") in UNSEEN_ACTIONS
 
 
 def change_of(event: dict[str, Any]) -> Change:
@@ -288,16 +297,16 @@ def student_message(principal: Principal, stack_id: int, filters: reads.MemoryFi
 
 def _student_message(stack_id: int, filters: reads.MemoryFilters, change: Change,
                      audience: Audience | None, *, family: bool = False) -> dict[str, Any] | None:
-    stack = Stack.objects.select_related("organization").get(pk=stack_id)
     message: dict[str, Any] = {"type": "change", "events": list(change.event_ids), "seq": change.seq,
                                "rows": [], "removed": [], "unresolved": 0}
     named = memory_ids(change.memory_ids)
-    ids = _admitted(stack, named, audience)
+    ids = _admitted(stack_id, named, audience)
     working_state = bool(change.topics & {CHECKPOINT, BOOT_CONFIG})
     if named and not ids and not working_state:
         return None  # only memories this viewer may not see: even the fact of the change stays hidden
     if change.actions and change.actions <= UNSEEN_ACTIONS:
         return message  # nothing on the page changes: the seq only
+    stack = Stack.objects.select_related("organization").get(pk=stack_id)
     if len(ids) > RESOLVE_IDS_MAX:
         message["unresolved"] = len(ids)
     elif ids:
@@ -324,12 +333,12 @@ def memory_ids(values: Iterable[str]) -> list[str]:
     return ids
 
 
-def _admitted(stack: Stack, ids: Sequence[str], audience: Audience | None) -> list[str]:
+def _admitted(stack_id: int, ids: Sequence[str], audience: Audience | None) -> list[str]:
     """The ids among `ids` whose memories (live or not) the viewer's grants admit: one query. A row
     that no longer exists is dropped too, since its grants can no longer be read."""
-    if audience is None:
+    if audience is None or not ids:
         return list(ids)
-    admitted = {str(pk) for pk in grants_filter(Memory.objects.filter(stack_id=stack.pk, pk__in=ids), audience)
+    admitted = {str(pk) for pk in grants_filter(Memory.objects.filter(stack_id=stack_id, pk__in=ids), audience)
                 .values_list("pk", flat=True)}
     return [memory_id for memory_id in ids if memory_id in admitted]
 

@@ -207,27 +207,53 @@ async def test_a_change_arrives_as_the_pages_own_rendered_row(school: School) ->
     await communicator.disconnect()
 
 
-async def test_an_embedding_is_sent_as_its_seq_only(school: School) -> None:
+async def _embedded_event(memory: Memory) -> ChangeEvent:
+    """The "embedded" change event of `memory`, once committed."""
+    await write(memories_embed, ids=[memory.pk])  # unless the suite's worker holds it or did it already
+    for _ in range(WAIT * 10):  # whoever stored the vector, its event is committed by now or soon
+        stored = await write(lambda: ChangeEvent.objects.filter(
+            stack_id=memory.stack_id, action="embedded", memory_ids__contains=[str(memory.pk)]).first())
+        if stored is not None:
+            return stored
+        await asyncio.sleep(0.1)
+    raise AssertionError("the memory was never embedded")
+
+
+async def test_an_embedding_is_sent_as_its_seq_only(school: School, monkeypatch: pytest.MonkeyPatch) -> None:
     """A vector stored changes nothing the page shows: the page learns the event's seq (to resume past
     it) and nothing is rendered for it; the memory's own event rendered its row."""
+    monkeypatch.setattr(live, "UNSEEN_DELAY_SECONDS", 0.2)
     _, headers = await signed_in(school.admin)
     communicator, _ = await open_socket(f"/ws/stacks/{school.stack.slug}/", headers)
     memory = await write(note, school.stack, "Long division, step 2")
     created = await next_change(communicator, str(memory.pk))
-    await write(memories_embed, ids=[memory.pk])  # unless the suite's worker holds it or did it already
-    stored = None
-    for _ in range(WAIT * 10):  # whoever stored the vector, its event is committed by now or soon
-        stored = await write(lambda: ChangeEvent.objects.filter(
-            stack=school.stack, action="embedded", memory_ids__contains=[str(memory.pk)]).first())
-        if stored is not None:
-            break
-        await asyncio.sleep(0.1)
-    assert stored is not None, "the memory was never embedded"
+    stored = await _embedded_event(memory)
     while (message := await next_change(communicator))["events"] != [stored.pk]:
         pass
     assert message["seq"] == stored.seq > created["seq"]
     assert message["rows"] == [] and message["removed"] == []
     assert "counts" not in message and "figures" not in message
+    await communicator.disconnect()
+
+
+async def test_an_embedding_goes_out_with_the_next_change_the_page_sees(
+        school: School, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Held back rather than rendered on its own: the next change's message covers it (its event
+    and seq), so the page's resume point still passes it, and no message was sent for it alone."""
+    monkeypatch.setattr(live, "UNSEEN_DELAY_SECONDS", 60.0)
+    _, headers = await signed_in(school.admin)
+    communicator, _ = await open_socket(f"/ws/stacks/{school.stack.slug}/", headers)
+    memory = await write(note, school.stack, "Long division, step 2")
+    await next_change(communicator, str(memory.pk))
+    stored = await _embedded_event(memory)
+    await asyncio.sleep(0.5)  # its publication reaches the socket
+    after = await write(note, school.stack, "Long division, step 3")
+    sent = [await next_change(communicator)]
+    while str(after.pk) not in {row["id"] for row in sent[-1]["rows"]}:
+        sent.append(await next_change(communicator))
+    *sent, message = sent
+    assert stored.pk in message["events"] and message["seq"] > stored.seq
+    assert not [m for m in sent if stored.pk in m["events"]]
     await communicator.disconnect()
 
 
