@@ -53,7 +53,8 @@ figure on that mix: docs/benchmarks.md "Soak"); the default `agents` mix is the 
 with those settings (or `--compare "" --compare-base DIR`: the first runs the code of checkout DIR),
 loaded in turn (A, B, A, B, …, `--rounds` each, `--compare-clients` closed-loop clients) so both meet
 the same background load; medians of requests/s and of the CPU milliseconds the web server and
-PostgreSQL spent per request (a cost figure that background load moves much less).
+PostgreSQL spent per request (a cost figure that background load moves much less). `--compare-pages
+N` keeps N live student pages open during each round, as the soak does (their renders are web CPU).
 """
 
 from __future__ import annotations
@@ -270,10 +271,11 @@ def run_saturate(args: argparse.Namespace) -> int:
 
 
 def measure_round(service: RunnerService, agents: list[Agent], clients: int, seconds: float,
-                  mix: Mix = MIX) -> dict[str, float]:
+                  mix: Mix = MIX, *, cookie: str = "", pages: int = 0) -> dict[str, float]:
     """One closed-loop round: 2xx/s and the CPU milliseconds each role spent per 2xx request."""
     before = cpu_seconds(service.runner.pid)
-    recorder, elapsed = asyncio.run(closed_loop(service.base_url, agents, clients, seconds, mix))
+    recorder, elapsed = asyncio.run(closed_loop(service.base_url, agents, clients, seconds, mix,
+                                                cookie=cookie, pages=pages))
     after = cpu_seconds(service.runner.pid)
     ok = [s for s in recorder.samples if 200 <= s.status < 300]
     row: dict[str, float] = {"2xx per s": len(ok) / elapsed, "non-2xx": len(recorder.samples) - len(ok),
@@ -299,18 +301,20 @@ def run_compare(args: argparse.Namespace) -> int:
     workdirs = [Path(tempfile.mkdtemp(prefix=f"memoryhub-compare-{name}-")) for name in configs]
     try:
         with ExitStack() as stack:
-            services, crowds = {}, {}
+            services, crowds, cookies = {}, {}, {}
             for (name, extra), workdir in zip(configs.items(), workdirs, strict=True):
                 log(f"starting service {name} ({extra or 'default sizing'}) from {code_dirs[name]} in {workdir}")
                 services[name] = stack.enter_context(running_service(workdir, args.embedder, extra, code_dirs[name]))
                 school = services[name].make_school("soak", args.agents)
                 crowds[name] = [Agent(n, a["stack"], a["secret"]) for n, a in enumerate(school["agents"])]
+                cookies[name] = school["cookie"]
                 asyncio.run(seed_and_baseline(services[name].base_url, crowds[name], 1))
             rounds: dict[str, list[dict[str, float]]] = {name: [] for name in configs}
             for n in range(args.rounds):
                 for name in configs:
                     rounds[name].append(measure_round(services[name], crowds[name], args.compare_clients,
-                                                      args.step_seconds, MIXES[args.mix]))
+                                                      args.step_seconds, MIXES[args.mix], cookie=cookies[name],
+                                                      pages=args.compare_pages))
                     log(f"round {n + 1} {name}: {rounds[name][-1]['2xx per s']:.1f} req/s")
             rows = []
             for name, extra in configs.items():
@@ -353,6 +357,8 @@ def main() -> int:
                         help="--compare: run service A from this other checkout (the code before a change)")
     parser.add_argument("--rounds", type=int, default=3, help="--compare: rounds per service")
     parser.add_argument("--compare-clients", type=int, default=4, help="--compare: closed-loop clients")
+    parser.add_argument("--compare-pages", type=int, default=0,
+                        help="--compare: live student pages open during each round, as in the soak")
     args = parser.parse_args()
     if args.compare or args.compare_base:
         return run_compare(args)

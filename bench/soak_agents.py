@@ -310,10 +310,25 @@ def ahead_of_the_service() -> Iterator[str]:
 
 
 async def closed_loop(base_url: str, agents: list[Agent], clients: int, seconds: float,
-                      mix: Mix = MIX) -> tuple[Recorder, float]:
+                      mix: Mix = MIX, *, cookie: str = "", pages: int = 0) -> tuple[Recorder, float]:
     """`clients` clients, each sending its next operation when the last is answered. Each request is
     made as the next agent in turn (client n: agents n, n + clients, …), so the load is spread over
-    every agent's own limits like real traffic, instead of one agent far over its 60 pushes/min."""
+    every agent's own limits like real traffic, instead of one agent far over its 60 pushes/min.
+    With `pages` (and the admin's session `cookie`), that many live student pages stay open
+    meanwhile, on the agents' stacks in turn, as in the soak."""
+    stop = asyncio.Event()
+    ws_base = base_url.replace("http://", "ws://")
+    live = [LivePage(f"{ws_base}/ws/stacks/{agents[n % len(agents)].stack}/", base_url, cookie) for n in range(pages)]
+    page_tasks = [asyncio.create_task(page.run(stop)) for page in live]
+    try:
+        return await _closed_loop(base_url, agents, clients, seconds, mix)
+    finally:
+        stop.set()
+        await asyncio.gather(*page_tasks)
+
+
+async def _closed_loop(base_url: str, agents: list[Agent], clients: int, seconds: float,
+                       mix: Mix) -> tuple[Recorder, float]:
     recorder = Recorder()
     async with async_client(base_url, clients * 2) as http:
         loop = asyncio.get_running_loop()
