@@ -280,6 +280,10 @@ def measure_round(service: RunnerService, agents: list[Agent], clients: int, sec
     ok = [s for s in recorder.samples if 200 <= s.status < 300]
     row: dict[str, float] = {"2xx per s": len(ok) / elapsed, "non-2xx": len(recorder.samples) - len(ok),
                              "p50 ms": percentiles([s.ms for s in ok])["p50"]}
+    if pages:
+        row["page messages per s"] = recorder.page_messages / elapsed
+        if recorder.pages_closed_early:
+            log(f"pages closed early: {recorder.pages_closed_early[0]}")
     for role in ("web", "postgres", "worker"):
         row[f"{role} cpu ms/req"] = 1000 * (after.get(role, 0.0) - before.get(role, 0.0)) / max(len(ok), 1)
     return row

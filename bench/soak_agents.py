@@ -105,6 +105,8 @@ class Recorder:
         self.samples: list[Sample] = []
         self.acknowledged: list[str] = []  # record ids of writes the service acknowledged
         self.loop_lag_ms: list[float] = []  # the load generator's event-loop lag, sampled every 50 ms
+        self.page_messages = 0  # messages the live pages of a closed loop received
+        self.pages_closed_early: list[str] = []
 
     def by_op(self, since: float = 0.0) -> dict[str, list[Sample]]:
         grouped: dict[str, list[Sample]] = defaultdict(list)
@@ -321,10 +323,13 @@ async def closed_loop(base_url: str, agents: list[Agent], clients: int, seconds:
     live = [LivePage(f"{ws_base}/ws/stacks/{agents[n % len(agents)].stack}/", base_url, cookie) for n in range(pages)]
     page_tasks = [asyncio.create_task(page.run(stop)) for page in live]
     try:
-        return await _closed_loop(base_url, agents, clients, seconds, mix)
+        recorder, elapsed = await _closed_loop(base_url, agents, clients, seconds, mix)
     finally:
         stop.set()
         await asyncio.gather(*page_tasks)
+    recorder.page_messages = sum(page.events for page in live)
+    recorder.pages_closed_early = [page.closed_early for page in live if page.closed_early]
+    return recorder, elapsed
 
 
 async def _closed_loop(base_url: str, agents: list[Agent], clients: int, seconds: float,
