@@ -7,7 +7,7 @@ ALLOWED_HOSTS and the session middleware (memoryhub/asgi.py). A handshake withou
 session, or for a stack or page out of the session's reach, is refused (HTTP 403). An open socket
 is closed with CLOSE_SIGNED_OUT (4401) when its session ends and CLOSE_NO_ACCESS (4403) when the
 stack or school goes out of reach: at once on a signal (logout, sessions ended, membership or
-assignment changed — dashboard.live.connect_signals), on any message it would render, and within
+assignment changed — dashboard.live.connect_signals), on any event it would render, and within
 RECHECK_SECONDS whatever happened.
 
 Messages to the client (JSON): `{"type": "change", "events": [...], "seq": n, "rows": [{"id", "html",
@@ -116,20 +116,13 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
 class StackConsumer(LiveConsumer):
     """A student's page: `ws/stacks/<slug>/?<the page's filters>&since=<seq>`.
 
-    When a message goes out (`_sender`): a change right away, unless the page was sent one less than
-    live.MESSAGE_INTERVAL_SECONDS ago (then when that interval is over, with whatever else came
-    meanwhile); an event that changes nothing on the page (live.unseen: a vector stored) after
-    live.UNSEEN_DELAY_SECONDS, unless a change goes out before and covers it. One message covers
-    every event up to the newest that arrived (live.changes_through), so nothing is skipped."""
+    An event that changes nothing on the page (live.unseen: a vector stored) is held back up to
+    live.UNSEEN_DELAY_SECONDS and goes out with the next change rendered, which covers it."""
 
     sent_seq = 0  # set by the catch-up right after the connect (see _catch_up)
-    pending_seq = 0  # the newest event that arrived
-    pending_event: dict[str, Any] | None = None
-    change_pending = False  # a change the page shows is among the pending events
-    unseen_due: float | None = None  # when pending unseen events go out on their own (event-loop time)
-    last_sent = float("-inf")
-    not_before = 0.0  # after a failed send: when to try again
-    sender: asyncio.Future[None] | None = None
+    unseen_seq = 0  # the newest held-back event's seq
+    unseen_event: dict[str, Any] | None = None
+    unseen_sender: asyncio.Future[None] | None = None
 
     async def authorise(self) -> list[str]:
         self.slug = str(self.scope["url_route"]["kwargs"]["slug"])
@@ -139,7 +132,7 @@ class StackConsumer(LiveConsumer):
             raise NotFound("These filters cannot be used.", code="invalid_filters")
         self.filters = filters
         self.since = live.since_of(query)
-        self.wake = asyncio.Event()
+        self.sending = asyncio.Lock()  # one render at a time: each starts from the sent_seq the last reached
         _, stack = await db(live.stack_access)(self.user, self.slug)
         self.stack_id = stack.pk
         return [live.stack_group(stack.pk)]
@@ -148,7 +141,6 @@ class StackConsumer(LiveConsumer):
         message = await db(self._catch_up)()
         if message is not None:
             await self.send_json(message)
-        self.sender = asyncio.ensure_future(self._sender())
 
     def _catch_up(self) -> dict[str, Any] | None:
         """What the page missed after its `since` (nothing without one), and where this socket's
@@ -177,8 +169,8 @@ class StackConsumer(LiveConsumer):
         return live.student_message(principal, self.stack_id, self.filters, change), change.seq
 
     async def disconnect(self, code: int) -> None:
-        if self.sender is not None:
-            self.sender.cancel()
+        if self.unseen_sender is not None:
+            self.unseen_sender.cancel()
         await super().disconnect(code)
 
     async def stack_change(self, message: dict[str, Any]) -> None:
@@ -186,54 +178,36 @@ class StackConsumer(LiveConsumer):
         if event.get("stack") != self.slug:
             return  # not this stack's (the group is per stack; a slug is checked anyway)
         published = int(event["seq"])
-        if published <= self.sent_seq:
-            return  # sent already, with the events before it (published late)
-        if not live.unseen(event):
-            self.change_pending = True
-        elif self.unseen_due is None:
-            self.unseen_due = asyncio.get_running_loop().time() + live.UNSEEN_DELAY_SECONDS
-        if published > self.pending_seq:
-            self.pending_seq, self.pending_event = published, event
-        self.wake.set()
+        if live.unseen(event):
+            if published > self.unseen_seq:
+                self.unseen_seq, self.unseen_event = published, event
+            if self.unseen_sender is None or self.unseen_sender.done():
+                self.unseen_sender = asyncio.ensure_future(self._send_unseen_later())
+            return
+        await self._send_through(event, published)
 
-    async def _sender(self) -> None:
-        """Sends what `stack_change` left pending when it falls due; runs for the socket's life."""
-        loop = asyncio.get_running_loop()
-        while True:
-            await self.wake.wait()
-            self.wake.clear()
-            while self.pending_seq > self.sent_seq and self.pending_event is not None:
-                due = (self.last_sent + live.MESSAGE_INTERVAL_SECONDS if self.change_pending
-                       else self.unseen_due or 0.0)
-                if max(due, self.not_before) > loop.time():
-                    with contextlib.suppress(TimeoutError):  # woken early: a change may come due sooner
-                        await asyncio.wait_for(self.wake.wait(), max(due, self.not_before) - loop.time())
-                    self.wake.clear()
-                    continue
-                # What arrives from here on waits for the next message (the interval starts again).
-                self.change_pending, self.unseen_due = False, None
+    async def _send_unseen_later(self) -> None:
+        await asyncio.sleep(live.UNSEEN_DELAY_SECONDS)
+        if self.unseen_event is None:
+            return
+        try:
+            await self._send_through(self.unseen_event, self.unseen_seq)
+        except Exception as exc:  # a task of its own: the next change the page gets covers this one
+            logger.warning("live page: a held-back change was not sent (%s)", type(exc).__name__)
+
+    async def _send_through(self, event: dict[str, Any], published: int) -> None:
+        async with self.sending:
+            # Not before the catch-up has set where to start: messages are handled one at a time,
+            # after the connect; at or below sent_seq: sent already, with the events before it
+            # (published late, or held back and covered by a later change).
+            while published > self.sent_seq:
                 try:
-                    closed = await self._send_through(self.pending_event, self.pending_seq)
-                except Exception as exc:  # the database or the layer failing: tried again in a second
-                    logger.warning("live page: a change was not sent (%s)", type(exc).__name__)
-                    self.change_pending, self.not_before = True, loop.time() + 1.0
-                    continue
-                if closed:
+                    payload, self.sent_seq = await db(self._render_through)(event, published)
+                except NotFound:
+                    await self.close(live.CLOSE_NO_ACCESS)
                     return
-                self.last_sent = loop.time()
-            self.change_pending, self.unseen_due = False, None  # whatever arrived meanwhile was covered
-
-    async def _send_through(self, event: dict[str, Any], published: int) -> bool:
-        """Everything after sent_seq up to `published`, in messages; True if the socket was closed."""
-        while published > self.sent_seq:
-            try:
-                payload, self.sent_seq = await db(self._render_through)(event, published)
-            except NotFound:
-                await self.close(live.CLOSE_NO_ACCESS)
-                return True
-            if payload is not None:
-                await self.send_json(payload)
-        return False
+                if payload is not None:
+                    await self.send_json(payload)
 
 
 class SchoolConsumer(LiveConsumer):

@@ -257,24 +257,6 @@ async def test_an_embedding_goes_out_with_the_next_change_the_page_sees(
     await communicator.disconnect()
 
 
-async def test_a_burst_of_changes_reaches_the_page_in_two_messages(
-        school: School, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The first change goes out at once; those that follow within the interval go out together when
-    it ends, every row among them."""
-    monkeypatch.setattr(live, "MESSAGE_INTERVAL_SECONDS", 3.0)
-    _, headers = await signed_in(school.admin)
-    communicator, _ = await open_socket(f"/ws/stacks/{school.stack.slug}/", headers)
-    written = [await write(note, school.stack, f"Long division, step {n}") for n in range(5)]
-    first = await next_change(communicator, str(written[0].pk))
-    rows = {row["id"] for row in first["rows"]}
-    second = await next_change(communicator, str(written[-1].pk)) if str(written[-1].pk) not in rows else first
-    rows |= {row["id"] for row in second["rows"]}
-    assert rows == {str(memory.pk) for memory in written}
-    assert second["seq"] == max(await write(lambda: list(
-        ChangeEvent.objects.filter(stack=school.stack).exclude(action="embedded").values_list("seq", flat=True))))
-    await communicator.disconnect()
-
-
 async def test_a_filtered_page_learns_whether_a_change_matches_its_filters(school: School) -> None:
     _, headers = await signed_in(school.admin)
     communicator, _ = await open_socket(f"/ws/stacks/{school.stack.slug}/?kind=belief&forgotten=include", headers)
