@@ -7,7 +7,7 @@ ALLOWED_HOSTS and the session middleware (memoryhub/asgi.py). A handshake withou
 session, or for a stack or page out of the session's reach, is refused (HTTP 403). An open socket
 is closed with CLOSE_SIGNED_OUT (4401) when its session ends and CLOSE_NO_ACCESS (4403) when the
 stack or school goes out of reach: at once on a signal (logout, sessions ended, membership or
-assignment changed — dashboard.live.connect_signals), on any event it would render, and within
+assignment changed — dashboard.live.connect_signals), on any message it would render, and within
 RECHECK_SECONDS whatever happened.
 
 Messages to the client (JSON): `{"type": "change", "events": [...], "seq": n, "rows": [{"id", "html",

@@ -9,7 +9,7 @@ functions they call off the event loop.
   change or `accounts.services.sessions_end` all end it), `principal_for_session` says who the user
   acts as, and `stacks.selectors.stack_for_principal` / `stacks_visible_to` decide the stack — the
   same calls the pages make (dashboard.access, dashboard/views/student.py); nothing here restates a
-  rule. Access is checked at the handshake, again for every event a socket renders, every
+  rule. Access is checked at the handshake, again for every message a socket renders, every
   RECHECK_SECONDS, and at once when a signal below says it may have changed.
 * What: a change event (memories.changes, EVENT_DICT) names memory ids; the student page gets each
   memory rendered with the page's own row partial (templates/dashboard/student/_memory_row.html),
