@@ -187,15 +187,17 @@ class StackConsumer(LiveConsumer):
         await self._send_through(event, published)
 
     async def _send_unseen_later(self) -> None:
-        await asyncio.sleep(live.UNSEEN_DELAY_SECONDS)
-        if self.unseen_event is None:
-            return
-        try:
-            await self._send_through(self.unseen_event, self.unseen_seq)
-        except Exception as exc:  # a task of its own: the next change the page gets covers this one
-            logger.warning("live page: a held-back change was not sent (%s)", type(exc).__name__)
+        # Again while one is left: another may arrive during the send, and a failed send is retried.
+        while self.unseen_event is not None and self.unseen_seq > self.sent_seq:
+            await asyncio.sleep(live.UNSEEN_DELAY_SECONDS)
+            try:
+                if await self._send_through(self.unseen_event, self.unseen_seq):
+                    return  # the socket was closed
+            except Exception as exc:  # a task of its own: logged, and the loop tries again
+                logger.warning("live page: a held-back change was not sent (%s)", type(exc).__name__)
 
-    async def _send_through(self, event: dict[str, Any], published: int) -> None:
+    async def _send_through(self, event: dict[str, Any], published: int) -> bool:
+        """Everything after sent_seq up to `published`, in messages; True if the socket was closed."""
         async with self.sending:
             # Not before the catch-up has set where to start: messages are handled one at a time,
             # after the connect; at or below sent_seq: sent already, with the events before it
@@ -205,9 +207,10 @@ class StackConsumer(LiveConsumer):
                     payload, self.sent_seq = await db(self._render_through)(event, published)
                 except NotFound:
                     await self.close(live.CLOSE_NO_ACCESS)
-                    return
+                    return True
                 if payload is not None:
                     await self.send_json(payload)
+        return False
 
 
 class SchoolConsumer(LiveConsumer):
