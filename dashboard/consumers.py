@@ -156,17 +156,17 @@ class StackConsumer(LiveConsumer):
         # A `since` beyond the stack's newest seq (a page older than a restored backup) must not
         # make the socket skip the events that will come below it.
         self.sent_seq = change.seq if change is not None else min(self.since, live.stack_seq(stack))
-        return live.student_message(principal, stack.pk, self.filters, change) if change is not None else None
+        return live.student_message(principal, stack, self.filters, change) if change is not None else None
 
     def _render_through(self, event: dict[str, Any], published: int) -> tuple[dict[str, Any] | None, int]:
         """The message for everything after `sent_seq` up to the event just published (see
         live.changes_through), and the seq it reaches."""
-        principal, _ = live.stack_access(self.user, str(self.slug))  # still within reach? (NotFound: close)
+        principal, stack = live.stack_access(self.user, str(self.slug))  # still within reach? (NotFound: close)
         # An event no longer stored (pruned, its stack's data erased) is rendered from the message.
         change = live.changes_through(self.stack_id, self.sent_seq, published) or live.change_of(event)
         # The principal's grants decide which of the events' memories this socket is told about
         # (None: all of them are hidden, so it is told nothing).
-        return live.student_message(principal, self.stack_id, self.filters, change), change.seq
+        return live.student_message(principal, stack, self.filters, change), change.seq
 
     async def disconnect(self, code: int) -> None:
         if self.unseen_sender is not None:

@@ -278,35 +278,35 @@ def _stack_figures(stack: Stack) -> dict[str, Any]:
             "storage": filesizeformat(stack.bytes_used), "last_sync": _when(stack.last_sync_at)}
 
 
-def student_message(principal: Principal, stack_id: int, filters: reads.MemoryFilters,
+def student_message(principal: Principal, stack: Stack, filters: reads.MemoryFilters,
                     change: Change) -> dict[str, Any] | None:
     """What a student page needs to show `change` to `principal` (see the module doc), or None when
-    every memory it names is hidden from them: nothing is sent. Shared by every socket on the same
-    stack, filters and grants audience: rendered once per change."""
-    audience = audience_for(principal, stack_id=stack_id)
+    every memory it names is hidden from them: nothing is sent. `stack` as the access check just read
+    it (`stack_access`). Shared by every socket on the same stack, filters and grants audience:
+    rendered once per change."""
+    audience = audience_for(principal, stack_id=stack.pk)
     family = is_family(principal)
     if family:  # a family's page never lists forgotten memories, whatever its query says
         filters = replace(filters, forgotten="exclude")
-    message = _shared((change.event_ids, stack_id, filters, audience, family),
-                      lambda: _student_message(stack_id, filters, change, audience, family=family))
+    message = _shared((change.event_ids, stack.pk, filters, audience, family),
+                      lambda: _student_message(stack, filters, change, audience, family=family))
     if message is not None:  # the rows pushed carry memory text: this viewer was served them
-        record_principal_access(principal, via=Path.DASHBOARD, stack_id=stack_id, path=AccessPath.LIVE,
+        record_principal_access(principal, via=Path.DASHBOARD, stack_id=stack.pk, path=AccessPath.LIVE,
                                 memory_ids=[row["id"] for row in message.get("rows", ())])
     return message
 
 
-def _student_message(stack_id: int, filters: reads.MemoryFilters, change: Change,
+def _student_message(stack: Stack, filters: reads.MemoryFilters, change: Change,
                      audience: Audience | None, *, family: bool = False) -> dict[str, Any] | None:
     message: dict[str, Any] = {"type": "change", "events": list(change.event_ids), "seq": change.seq,
                                "rows": [], "removed": [], "unresolved": 0}
     named = memory_ids(change.memory_ids)
-    ids = _admitted(stack_id, named, audience)
+    ids = _admitted(stack.pk, named, audience)
     working_state = bool(change.topics & {CHECKPOINT, BOOT_CONFIG})
     if named and not ids and not working_state:
         return None  # only memories this viewer may not see: even the fact of the change stays hidden
     if change.actions and change.actions <= UNSEEN_ACTIONS:
         return message  # nothing on the page changes: the seq only
-    stack = Stack.objects.select_related("organization").get(pk=stack_id)
     if len(ids) > RESOLVE_IDS_MAX:
         message["unresolved"] = len(ids)
     elif ids:

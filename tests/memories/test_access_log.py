@@ -333,7 +333,7 @@ def test_a_live_push_is_a_read_by_each_viewer_it_reaches(school: School) -> None
     for viewer in (school.teacher, school.admin):
         principal = principal_for_session(viewer)
         assert principal is not None
-        message = live.student_message(principal, school.stack.pk, filters, change)
+        message = live.student_message(principal, school.stack, filters, change)
         assert message is not None and [row["id"] for row in message["rows"]] == [str(memory.pk)]
 
     rows = _rows(school, memory)

@@ -268,7 +268,7 @@ def test_a_live_event_names_only_admitted_memories(school: School, requester: st
     principal = principal_of_requester(school, requester)
     change = live.Change(event_ids=(1,), seq=1, topics=frozenset({"memory"}),
                          memory_ids=tuple(str(m.pk) for m in cast.memories.values()))
-    message = live.student_message(principal, school.stack.pk, reads.MemoryFilters(), change)
+    message = live.student_message(principal, school.stack, reads.MemoryFilters(), change)
     assert message is not None
     assert cast.labels(row["id"] for row in message["rows"]) == ADMITTED[requester]
     assert message["removed"] == []
@@ -524,14 +524,14 @@ def test_a_live_change_of_hidden_memories_only_sends_nothing(school: School, req
     cast = _cast(school)
     principal = principal_of_requester(school, requester)
     hidden = cast.memories["someone_else"]
-    assert live.student_message(principal, school.stack.pk, reads.MemoryFilters(), _change(hidden)) is None
+    assert live.student_message(principal, school.stack, reads.MemoryFilters(), _change(hidden)) is None
     # Another change that also touched the checkpoint is still sent, without the hidden memory.
-    message = live.student_message(principal, school.stack.pk, reads.MemoryFilters(),
+    message = live.student_message(principal, school.stack, reads.MemoryFilters(),
                                    _change(hidden, topics=frozenset({"memory", "checkpoint"})))
     assert message is not None and message["rows"] == [] and message["unresolved"] == 0
     assert str(hidden.pk) not in json.dumps(message)
     # One visible memory in the change: it is sent, naming only that one.
-    visible = live.student_message(principal, school.stack.pk, reads.MemoryFilters(),
+    visible = live.student_message(principal, school.stack, reads.MemoryFilters(),
                                    _change(hidden, cast.memories["everyone"]))
     assert visible is not None and cast.labels(row["id"] for row in visible["rows"]) == {"everyone"}
 
@@ -541,7 +541,7 @@ def test_a_live_change_too_big_to_resolve_counts_only_admitted_memories(
         school: School, requester: str, monkeypatch: pytest.MonkeyPatch) -> None:
     cast = _cast(school)
     monkeypatch.setattr(live, "RESOLVE_IDS_MAX", 2)
-    message = live.student_message(principal_of_requester(school, requester), school.stack.pk,
+    message = live.student_message(principal_of_requester(school, requester), school.stack,
                                    reads.MemoryFilters(), _change(*cast.memories.values()))
     assert message is not None and message["unresolved"] == len(ADMITTED[requester])
 
