@@ -38,11 +38,13 @@ urlpatterns = [
         name="docs",
     ),
     path("admin/", admin.site.urls),
+    # The agents' routes first: they are most of the requests, and Django walks every pattern of
+    # each include ahead of the one that matches. No route here matches another include's path.
+    path("", include("memories.urls")),
     path("", include("accounts.urls")),
     path("", include("stacks.urls")),
     path("", include("billing.urls")),
     path("", include("dashboard.urls")),
-    path("", include("memories.urls")),
     path("", include("teleport.urls")),
 ]
 
