@@ -53,6 +53,40 @@ def set_session_nice(pid: int, nice: int) -> None:
     set_session_group_nice(pid, nice)
 
 
+def set_session_idle(pid: int, idle: bool) -> None:
+    """Run every thread of the session `pid` leads at the scheduling policy SCHED_IDLE (`idle`) or
+    at the normal SCHED_OTHER (docs/operations.md §8). Sets the threads there are now: one started
+    later takes its creator's policy, so call again for those. Back to SCHED_OTHER needs
+    CAP_SYS_NICE (or an RLIMIT_NICE of 20); without it the threads stay idle. Linux only; elsewhere
+    nothing."""
+    # Beside the niceness, not instead of it: the group's niceness sets the session's share of a busy
+    # machine, the policy how soon a waking thread of normal policy gets a core back (at once from an
+    # idle-policy thread; a nice-10 one may first run out its slice).
+    policy = getattr(os, "SCHED_IDLE" if idle else "SCHED_OTHER", None)
+    if policy is None:
+        return
+    for thread in session_threads(pid):
+        with contextlib.suppress(OSError):  # gone meanwhile, or not ours to change
+            if os.sched_getscheduler(thread) != policy:
+                os.sched_setscheduler(thread, policy, os.sched_param(0))
+
+
+def session_threads(session: int) -> list[int]:
+    """Every thread (its id) of every process in the session `session`, from /proc."""
+    threads: list[int] = []
+    with contextlib.suppress(OSError):
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            try:
+                # After the command's closing ")": state, ppid, pgrp, session, …
+                if int(Path(entry.path, "stat").read_text().rpartition(")")[2].split()[3]) == session:
+                    threads += [int(task) for task in os.listdir(Path(entry.path, "task"))]
+            except (OSError, ValueError, IndexError):
+                continue  # exited while we looked
+    return threads
+
+
 def set_session_group_nice(pid: int | str, nice: int) -> None:
     """The niceness of the scheduling group (autogroup) of the session `pid` ("self": ours) is in,
     for all its processes; nothing where the kernel has no autogroup (or it is not Linux)."""

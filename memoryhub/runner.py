@@ -212,7 +212,15 @@ def main() -> int:
 
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "memoryhub.settings")
     try:
-        from memoryhub.environment import data_dir, env_int, env_str, running_service, runtime_file, static_root
+        from memoryhub.environment import (
+            data_dir,
+            env_bool,
+            env_int,
+            env_str,
+            running_service,
+            runtime_file,
+            static_root,
+        )
 
         data = data_dir()
         host = env_str("HOST", "127.0.0.1")
@@ -229,6 +237,7 @@ def main() -> int:
             "DATABASE_URL")), minimum=1)
         concurrency = env_int("CELERY_CONCURRENCY", cores, minimum=1)
         worker_nice = env_int("WORKER_CPU_NICE", DEFAULT_WORKER_CPU_NICE, minimum=0, maximum=19)
+        worker_idle = env_bool("WORKER_CPU_IDLE", True)
         catch_up_seconds = env_int("EMBEDDING_CATCH_UP_SECONDS", DEFAULT_EMBEDDING_CATCH_UP_SECONDS, minimum=0)
         import memoryhub.settings  # noqa: F401  (validates every setting before anything starts)
     except ImproperlyConfigured as exc:
@@ -360,7 +369,7 @@ def main() -> int:
             # (its thread ends with this process: it only ever changes the worker's niceness)
             WorkerPriority(env["DATABASE_URL"], lambda: worker.pid if worker.running() else None, nice=worker_nice,
                            catch_up_seconds=catch_up_seconds, log=log,
-                           requests_pressed=pressure_reader(env["REDIS_URL"])).run_in_background()
+                           requests_pressed=pressure_reader(env["REDIS_URL"]), idle=worker_idle).run_in_background()
         supervisor.add(ManagedProcess(
             name="beat",
             argv=[python, "-m", "celery", "-A", "memoryhub", "beat", "--loglevel", "INFO",

@@ -3,9 +3,11 @@ it falls behind (docs/operations.md §8).
 
 Requests and embedding share the machine's cores. While the worker keeps up, every millisecond it
 takes from a request is latency an agent waits for and a memory gains nothing from: the worker's
-session runs at `WORKER_CPU_NICE` (the runner's default 10). When the oldest change still awaiting a
+session runs at `WORKER_CPU_NICE` (the runner's default 10) and, unless `WORKER_CPU_IDLE` is off, its
+threads at the scheduling policy SCHED_IDLE, so a waking request takes a core from it at once. When the
+oldest change still awaiting a
 vector is older than `EMBEDDING_CATCH_UP_SECONDS` (default 60), time to searchable is what a school
-waits on: the worker's session goes back to niceness 0, an equal of the web server's and
+waits on: the worker's session goes back to niceness 0 and the normal policy, an equal of the web server's and
 PostgreSQL's, until that age is under half the threshold (the gap keeps it from flapping).
 
 `WorkerPriority` runs in the runner (`make run`), on a thread of its own so a slow or absent database
@@ -24,7 +26,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from memoryhub.embedded import set_session_nice
+from memoryhub.embedded import set_session_idle, set_session_nice
 
 if TYPE_CHECKING:
     import psycopg
@@ -67,15 +69,17 @@ STATEMENT_TIMEOUT_MS = 3000
 
 
 class WorkerPriority:
-    """Sets the worker's session niceness from the embedding lag; `check()` is one look."""
+    """Sets the worker's session niceness (and, with `idle`, its threads' scheduling policy) from the
+    embedding lag; `check()` is one look."""
 
     def __init__(self, database_url: str, worker_pid: Callable[[], int | None], *, nice: int,
                  catch_up_seconds: float, log: Callable[[str], None],
-                 requests_pressed: Callable[[], bool] = lambda: False) -> None:
+                 requests_pressed: Callable[[], bool] = lambda: False, idle: bool = True) -> None:
         self.database_url = database_url
         self.requests_pressed = requests_pressed
         self.worker_pid = worker_pid
         self.nice = nice
+        self.idle = idle
         self.catch_up_seconds = catch_up_seconds
         self.log = log
         self.catching_up = False
@@ -101,6 +105,8 @@ class WorkerPriority:
         # the worker yields even when behind: a flood's backlog waits, requests do not.
         equal = self.catching_up and not self.requests_pressed()
         set_session_nice(pid, 0 if equal else self.nice)
+        if self.idle:  # (at every look too: threads and pool processes started since inherit nothing else)
+            set_session_idle(pid, not equal)
 
     def _behind(self, seconds: float) -> bool | None:
         import psycopg

@@ -25,7 +25,7 @@ def _django_check(**env_overrides: str) -> subprocess.CompletedProcess[str]:
     [("DEBUG", "maybe"), ("DATABASE_URL", "mysql://x@y/z"), ("REDIS_URL", "nope"), ("PORT", "eighty"),
      ("MEMORYHUB_PG_PORT", "70000"), ("SECRET_KEY", "short"), ("EMBEDDING_PROVIDER", "magic"),
      ("PYTHON_GC_TUNING", "sometimes"), ("PYTHON_GIL_SWITCH_MS", "0"), ("WORKER_CPU_NICE", "20"),
-     ("EMBEDDING_CATCH_UP_SECONDS", "-1")],
+     ("WORKER_CPU_IDLE", "sometimes"), ("EMBEDDING_CATCH_UP_SECONDS", "-1")],
 )
 def test_bad_value_fails_at_start_up_naming_the_variable(variable: str, value: str) -> None:
     runner = subprocess.run([sys.executable, "-m", "memoryhub.runner"], cwd=BASE_DIR,
@@ -34,7 +34,7 @@ def test_bad_value_fails_at_start_up_naming_the_variable(variable: str, value: s
     assert "configuration error" in runner.stdout and variable in runner.stdout
     assert "Traceback" not in runner.stdout + runner.stderr
     # The runner's own; the rest are Django settings.
-    if variable not in ("PORT", "WORKER_CPU_NICE", "EMBEDDING_CATCH_UP_SECONDS"):
+    if variable not in ("PORT", "WORKER_CPU_NICE", "WORKER_CPU_IDLE", "EMBEDDING_CATCH_UP_SECONDS"):
         check = _django_check(**{variable: value})
         assert check.returncode != 0
         assert f"configuration error: {variable}" in check.stderr

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
@@ -17,7 +18,7 @@ from memories.models import Memory
 from memories.search.embedding_jobs import memories_embed
 from memories.search.embeddings import get_embedder
 from memories.services import memory_create
-from memoryhub.embedded import ManagedProcess, session_group_nice
+from memoryhub.embedded import ManagedProcess, session_group_nice, session_threads
 from memoryhub.lanes import mark_pressure
 from memoryhub.worker_priority import PRESSURE_KEY, WorkerPriority, pressure_reader
 from tests.factories import database_conninfo, make_org, make_stack
@@ -28,12 +29,24 @@ pytestmark = pytest.mark.django_db(transaction=True)
 NICE = 10
 
 
+# A process standing for the worker: it starts a pool process and a thread of its own, as Celery's does.
+STAND_IN = """
+import subprocess, sys, threading, time
+subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+threading.Thread(target=time.sleep, args=(120,)).start()
+time.sleep(120)
+"""
+
+
 @pytest.fixture
 def worker() -> Iterator[ManagedProcess]:
-    """A process standing for the worker, started at NICE as the runner starts it."""
-    child = ManagedProcess(name="worker", argv=[sys.executable, "-c", "import time; time.sleep(120)"],
-                           cpu_nice=NICE)
+    """The stand-in, started at NICE as the runner starts the worker, once its pool process and thread run."""
+    child = ManagedProcess(name="worker", argv=[sys.executable, "-c", STAND_IN], cpu_nice=NICE)
     child.start()
+    assert child.pid is not None
+    deadline = time.monotonic() + 30
+    while len(session_threads(child.pid)) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
     yield child
     child.stop(timeout=1)
 
@@ -44,7 +57,15 @@ def runs_at(pid: int, nice: int) -> bool:
     (root here); a group's always (None: the kernel has no autogroup)."""
     ours = os.getpriority(os.PRIO_PROCESS, 0)
     own = max(nice, ours) if os.geteuid() == 0 else max(NICE, ours)
-    return os.getpriority(os.PRIO_PROCESS, pid) == own and session_group_nice(pid) in (max(nice, ours), None)
+    return (os.getpriority(os.PRIO_PROCESS, pid) == own and session_group_nice(pid) in (max(nice, ours), None)
+            and policies(pid) == {os.SCHED_IDLE if own else os.SCHED_OTHER})
+
+
+def policies(pid: int) -> set[int]:
+    """The scheduling policies of every thread in the session `pid` leads (its pool process's too)."""
+    threads = session_threads(pid)
+    assert len(threads) >= 3  # the stand-in's two, its pool process's one
+    return {os.sched_getscheduler(thread) for thread in threads}
 
 
 @pytest.fixture
