@@ -366,7 +366,7 @@ def main() -> int:
         )
         supervisor.add(worker)
         if worker_nice and catch_up_seconds:
-            # (its thread ends with this process: it only ever changes the worker's niceness)
+            # (its thread ends with this process: it only ever changes the worker's niceness and policy)
             WorkerPriority(env["DATABASE_URL"], lambda: worker.pid if worker.running() else None, nice=worker_nice,
                            catch_up_seconds=catch_up_seconds, log=log,
                            requests_pressed=pressure_reader(env["REDIS_URL"]), idle=worker_idle).run_in_background()

@@ -4,11 +4,11 @@ it falls behind (docs/operations.md §8).
 Requests and embedding share the machine's cores. While the worker keeps up, every millisecond it
 takes from a request is latency an agent waits for and a memory gains nothing from: the worker's
 session runs at `WORKER_CPU_NICE` (the runner's default 10) and, unless `WORKER_CPU_IDLE` is off, its
-threads at the scheduling policy SCHED_IDLE, so a waking request takes a core from it at once. When the
-oldest change still awaiting a
-vector is older than `EMBEDDING_CATCH_UP_SECONDS` (default 60), time to searchable is what a school
-waits on: the worker's session goes back to niceness 0 and the normal policy, an equal of the web server's and
-PostgreSQL's, until that age is under half the threshold (the gap keeps it from flapping).
+threads at the scheduling policy SCHED_IDLE, so a waking request takes a core from it at once. When
+the oldest change still awaiting a vector is older than `EMBEDDING_CATCH_UP_SECONDS` (default 60),
+time to searchable is what a school waits on: the worker's session goes back to niceness 0 and the
+normal policy, an equal of the web server's and PostgreSQL's, until that age is under half the
+threshold (the gap keeps it from flapping).
 
 `WorkerPriority` runs in the runner (`make run`), on a thread of its own so a slow or absent database
 never holds up the supervision of the children. It reads one EXISTS per `CHECK_SECONDS` from the
@@ -105,7 +105,7 @@ class WorkerPriority:
         # the worker yields even when behind: a flood's backlog waits, requests do not.
         equal = self.catching_up and not self.requests_pressed()
         set_session_nice(pid, 0 if equal else self.nice)
-        if self.idle:  # (at every look too: threads and pool processes started since inherit nothing else)
+        if self.idle:  # every look too: a thread or pool process started since took its creator's policy
             set_session_idle(pid, not equal)
 
     def _behind(self, seconds: float) -> bool | None:

@@ -52,13 +52,16 @@ def worker() -> Iterator[ManagedProcess]:
 
 
 def runs_at(pid: int, nice: int) -> bool:
-    """Whether the process and its session group run at `nice`, as far as this process may set them:
+    """Whether the process and its session group run at `nice`, and its threads at the policy that goes
+    with it, as far as this process may set them:
     never above our own priority, and a process's own priority raised back only with CAP_SYS_NICE
     (root here); a group's always (None: the kernel has no autogroup)."""
     ours = os.getpriority(os.PRIO_PROCESS, 0)
     own = max(nice, ours) if os.geteuid() == 0 else max(NICE, ours)
+    # Its threads yield at SCHED_IDLE; only a privileged runner can put them back at the normal policy.
+    policy = os.SCHED_OTHER if nice == 0 and os.geteuid() == 0 else os.SCHED_IDLE
     return (os.getpriority(os.PRIO_PROCESS, pid) == own and session_group_nice(pid) in (max(nice, ours), None)
-            and policies(pid) == {os.SCHED_IDLE if own else os.SCHED_OTHER})
+            and policies(pid) == {policy})
 
 
 def policies(pid: int) -> set[int]:
