@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -72,6 +73,16 @@ def main() -> int:
     workdir = Path(tempfile.mkdtemp(prefix="memoryhub-worker-policy-"))
     log(f"starting the service in {workdir} with WORKER_CPU_IDLE=off (this script sets the policy)")
     rows: list[dict[str, Any]] = []
+    try:
+        measure(args, workdir, rows)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    report(args, rows)
+    return 0
+
+
+def measure(args: argparse.Namespace, workdir: Path, rows: list[dict[str, Any]]) -> None:
+    """The soak's segments, one row each, the worker's policy alternated."""
     with running_service(workdir, args.embedder, {"WORKER_CPU_IDLE": "off"}) as service:
         school = service.make_school("soak", args.agents)
         agents = [Agent(n, a["stack"], a["secret"]) for n, a in enumerate(school["agents"])]
@@ -99,6 +110,9 @@ def main() -> int:
                         row[f"{role} cores"] = (after.get(role, 0.0) - before.get(role, 0.0)) / elapsed
                     rows.append(row)
                     log(f"round {round_number + 1} {policy}: p95 {overall['p95']:.1f} ms")
+
+
+def report(args: argparse.Namespace, rows: list[dict[str, Any]]) -> None:
     print_table(f"{args.agents} agents, segments of {args.segment_seconds:g} s, the worker's policy alternated", rows)
     by_round: dict[int, dict[str, dict[str, Any]]] = {}
     for row in rows:
@@ -109,7 +123,6 @@ def main() -> int:
                   if pair["normal"][column]]
         print(f"idle / normal, {column}: median {statistics.median(ratios):.2f} "
               f"(rounds: {', '.join(f'{r:.2f}' for r in ratios)})")
-    return 0
 
 
 if __name__ == "__main__":
