@@ -120,8 +120,7 @@ class StackConsumer(LiveConsumer):
     live.UNSEEN_DELAY_SECONDS and goes out with the next change rendered, which covers it."""
 
     sent_seq = 0  # set by the catch-up right after the connect (see _catch_up)
-    unseen_seq = 0  # the newest held-back event's seq
-    unseen_event: dict[str, Any] | None = None
+    unseen_event: dict[str, Any] | None = None  # the newest held-back event
     unseen_sender: asyncio.Future[None] | None = None
 
     async def authorise(self) -> list[str]:
@@ -179,8 +178,8 @@ class StackConsumer(LiveConsumer):
             return  # not this stack's (the group is per stack; a slug is checked anyway)
         published = int(event["seq"])
         if live.unseen(event):
-            if published > self.unseen_seq:
-                self.unseen_seq, self.unseen_event = published, event
+            if self.unseen_event is None or published > int(self.unseen_event["seq"]):
+                self.unseen_event = event
             if self.unseen_sender is None or self.unseen_sender.done():
                 self.unseen_sender = asyncio.ensure_future(self._send_unseen_later())
             return
@@ -188,10 +187,11 @@ class StackConsumer(LiveConsumer):
 
     async def _send_unseen_later(self) -> None:
         # Again while one is left: another may arrive during the send, and a failed send is retried.
-        while self.unseen_event is not None and self.unseen_seq > self.sent_seq:
+        while self.unseen_event is not None and int(self.unseen_event["seq"]) > self.sent_seq:
             await asyncio.sleep(live.UNSEEN_DELAY_SECONDS)
+            event = self.unseen_event
             try:
-                if await self._send_through(self.unseen_event, self.unseen_seq):
+                if await self._send_through(event, int(event["seq"])):
                     return  # the socket was closed
             except Exception as exc:  # a task of its own: logged, and the loop tries again
                 logger.warning("live page: a held-back change was not sent (%s)", type(exc).__name__)
