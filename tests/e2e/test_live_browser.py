@@ -151,7 +151,11 @@ def test_the_page_shows_what_the_cli_writes_live_and_nothing_twice_after_a_recon
                         json={"reason": "shared by mistake"}, headers={"Authorization": f"Bearer {secret}"})
     assert answer.status_code == 200, answer.text
     row_of(page, FACTS[1]).wait_for(state="detached", timeout=LIVE_MS)
-    assert tab_count(page, "note") == "(2)"
+    assert tab_count(page, "note") == "(2)" and tab_count(page, "") == "(2)"
+    # The header counts what the stack stores, forgotten memories included, and says so.
+    stored = page.locator(".student-stats .card", has=page.locator('[data-live-figure="memories"]'))
+    assert stored.locator('[data-live-figure="memories"]').inner_text() == "3"
+    assert "forgotten ones included" in stored.inner_text()
     assert row_of(page, FACTS[0]).count() == 1 and row_of(page, FACTS[2]).count() == 1
     assert page.url.endswith("/dashboard/students/amara/")  # never reloaded
     check_page(watched, "student-forgotten")
