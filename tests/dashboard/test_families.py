@@ -95,6 +95,14 @@ def test_the_child_page_shows_memories_with_their_author_and_the_checkpoint(scho
     assert entry.user_id == guardian.pk
 
 
+def test_the_children_list_counts_what_each_stack_stores(school: School) -> None:
+    guardian = guardian_of(school, school.stack)
+    note(school.stack, "Ada finds long division hard when remainders appear")
+    note(school.stack, "Ada reads a chapter a night")
+    text = client_for(guardian).get("/dashboard/family/").content.decode()
+    assert "2 memories stored" in text
+
+
 @pytest.mark.parametrize("view", ["agent", "granted"])
 def test_what_a_guardian_reads_follows_the_schools_guardian_view(school: School, view: str) -> None:
     Organization.objects.filter(pk=school.org.pk).update(guardian_view=view)
