@@ -19,22 +19,21 @@ the seeds and the share, and memories.search.query builds the WHERE clause.
 
 from __future__ import annotations
 
-import itertools
-import re
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
-from weakref import WeakKeyDictionary
 
-from django.conf import settings
 from django.db import connection
 
 from memories.models import Memory
+from memoryhub.prepared import fetch_prepared
 
 # A pause longer than this between two memories of a stack ends a conversation session. Chat turns
 # are seconds to a few minutes apart; an agent that comes back after a quarter of an hour is in a
 # new conversation, whose opening has nothing to do with the last words of the previous one.
 CONTEXT_MAX_GAP = timedelta(minutes=15)
+# The neighbour statements' prepared names start so (memoryhub.prepared).
+PREPARED_NAME = "memoryhub_context"
 
 
 # Every field but the two large ones a search never shows (the vector and the tsvector), in the
@@ -89,50 +88,13 @@ def neighbour_rows(*, seeds: Sequence[Any], where: str, params: dict[str, Any], 
               "window": window}
     sql = _neighbour_sql(where)
     with connection.cursor() as cursor:
-        if settings.DB_PREPARED_STATEMENTS and (rows := _fetch_prepared(cursor, sql, params)) is not None:
+        # Its parsing and planning cost more than running it, and its plan is the same for every
+        # search (seeds and page rows by primary key, a few (stack, kind, created_at) entries each
+        # side): prepared once per session, with a generic plan (§7.5 "Cost").
+        if (rows := fetch_prepared(cursor, sql, params, name=PREPARED_NAME)) is not None:
             return rows
         cursor.execute(sql, params)
         return cursor.fetchall()
-
-
-# The neighbour statements this process has prepared, by database session (the driver's connection
-# object: a session's prepared statements end with it, and a new session is a new object) and text.
-_PREPARED: WeakKeyDictionary[Any, dict[str, tuple[str, list[str]]]] = WeakKeyDictionary()
-# A search's WHERE clause comes in a few dozen shapes at most (filters x privacy grants); past this
-# many, a session runs further shapes unprepared rather than keep plans without bound.
-MAX_PREPARED_PER_SESSION = 64
-_STATEMENT_NAMES = itertools.count()  # unique per process: a failed first run never reuses a name
-_NAMED_PARAMETER = re.compile(r"%\((\w+)\)s")
-
-
-def _fetch_prepared(cursor: Any, sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]] | None:
-    """Run `sql` (named parameters) as a statement prepared once per database session, with a
-    generic plan. Parsing and planning this statement cost more than running it
-    (docs/algorithms.md §7.5 "Cost"), and its plan is the same for every search - seeds
-    and page rows by primary key, a few (stack, kind, created_at) entries each side - so one plan
-    serves them all. PostgreSQL would keep planning it afresh (its choice between a prepared
-    statement's plans favours per-call plans that know the arrays' lengths), hence SET LOCAL
-    plan_cache_mode, for this transaction only. PREPARE, the setting and EXECUTE go in one round trip.
-    None when the session already holds MAX_PREPARED_PER_SESSION shapes: the caller runs it plain."""
-    statements = _PREPARED.setdefault(connection.connection, {})
-    known = statements.get(sql)
-    prepare = ""
-    if known is None:
-        if len(statements) >= MAX_PREPARED_PER_SESSION:
-            return None
-        names = list(dict.fromkeys(_NAMED_PARAMETER.findall(sql)))
-        positional = _NAMED_PARAMETER.sub(lambda found: f"${names.index(found.group(1)) + 1}", sql)
-        known = (f"memoryhub_context_{next(_STATEMENT_NAMES)}", names)
-        # The text is sent through the driver's parameter binding too: a literal % is doubled.
-        prepare = f"PREPARE {known[0]} AS {positional.replace('%', '%%')};"
-    name, names = known
-    cursor.execute(f"{prepare}SET LOCAL plan_cache_mode = force_generic_plan;"
-                   f"EXECUTE {name}({', '.join(['%s'] * len(names))})", [params[n] for n in names])
-    while cursor.nextset():  # to the EXECUTE's rows, the last result
-        pass
-    rows = list(cursor.fetchall())
-    statements[sql] = known  # only once it ran: a statement that failed is prepared again, by a new name
-    return rows
 
 
 _CONVERTERS: dict[str, list[tuple[int, Any, list[Any]]]] = {}

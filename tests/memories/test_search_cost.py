@@ -14,7 +14,6 @@ from django.utils import timezone
 
 from memories.models import Memory
 from memories.privacy.grants import Audience
-from memories.search import context
 from memories.search.embedding_jobs import memories_embed
 from memories.search.embeddings import embed_query
 from memories.search.hybrid import search_memories
@@ -22,6 +21,7 @@ from memories.search.keyword_leg import KeywordInputs, keyword_leg, query_lexeme
 from memories.search.query import SCORE, SearchQuery
 from memories.search.vector_leg import vector_leg, vector_sql
 from memories.services import memory_create
+from memoryhub import prepared as prepared_statements
 from stacks.models import Stack
 from tests.factories import make_org, make_stack
 
@@ -104,7 +104,8 @@ def test_the_prepared_neighbour_statement_ranks_as_the_plain_one(settings: Any) 
     start = timezone.now() - timedelta(hours=2)
     memories = notes(stack, TOPICS, start)  # 20 s apart: each is its neighbours' neighbouring turn
     Memory.objects.filter(pk=memories[3].pk).update(tags=["food"])
-    context._PREPARED.pop(connection.connection, None)  # as in a new session: earlier tests' shapes are not reused
+    # As in a new session: earlier tests' shapes are not reused.
+    prepared_statements._PREPARED.pop(connection.connection, None)
     before = _prepared_context_statements()
     cases: list[tuple[dict[str, Any], Audience | None]] = [
         ({}, None),
@@ -145,12 +146,12 @@ def test_a_session_holding_its_most_shapes_runs_further_ones_plain(monkeypatch: 
         hits = search_memories(stack_ids=[stack.pk], query=query).hits
         return [(hit.memory.pk, hit.combined_score, hit.context_of) for hit in hits]
 
-    context._PREPARED.pop(connection.connection, None)
-    monkeypatch.setattr(context, "MAX_PREPARED_PER_SESSION", 0)
+    prepared_statements._PREPARED.pop(connection.connection, None)
+    monkeypatch.setattr(prepared_statements, "MAX_PREPARED_PER_SESSION", 0)
     before = _prepared_context_statements()
     plain = ranked()
     assert plain and _prepared_context_statements() == before  # nothing prepared
-    monkeypatch.setattr(context, "MAX_PREPARED_PER_SESSION", 64)
+    monkeypatch.setattr(prepared_statements, "MAX_PREPARED_PER_SESSION", 64)
     assert ranked() == plain
     assert len(set(_prepared_context_statements()) - set(before)) == 1
 
@@ -213,5 +214,6 @@ def test_a_killed_database_session_is_followed_by_one_that_prepares_its_own() ->
         assert cursor.fetchone()[0] != killed
     # What this process holds as prepared on this session is what the server has (the pool may hand
     # out a session earlier tests prepared on; never the killed one's names).
-    registered = {name for name, _ in context._PREPARED.get(connection.connection, {}).values()}
+    registered = {name for name, _ in prepared_statements._PREPARED.get(connection.connection, {}).values()
+                  if name.startswith("memoryhub_context_")}  # (a load's statements may share the session)
     assert registered and registered <= set(_prepared_context_statements())
