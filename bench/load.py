@@ -9,7 +9,9 @@ app under uvicorn (one worker, one client, sequential requests — what one agen
 * **load over HTTP**: `GET …/load?budget=8000` on a stack of `--stack-size` mixed memories (the
   harness mix of every kind) inside a table of `--total` rows: auth, stack access, candidate
   ranking, text fetch, truncation, the access-count UPDATE and JSON rendering.
-* **load in-process**: `memories.reads.load.stack_load` called directly (no HTTP, no auth).
+* **load in-process**: `memories.reads.load.stack_load` called directly (no HTTP, no auth), with
+  its candidates statement prepared (the service's default) and plain (`DB_PREPARED_STATEMENTS`
+  off), interleaved call by call; the ratio is printed.
 * **load over HTTP without the access log**: the same requests to a second server of the same
   app with `MEMORYHUB_ACCESS_LOG=false`, interleaved with the first's request by request, so both
   see the same database and machine (docs/privacy.md "Access log"); the p95 ratio is printed.
@@ -106,11 +108,24 @@ def main() -> None:
                     _timed(samples, lambda c=each: c.get(url_path, params={"budget": args.budget}).raise_for_status())
                 _timed(health, lambda: client.get("/health").raise_for_status())
 
+        from django.conf import settings
+
         in_process: list[float] = []
-        for _ in range(args.warmup):
+        in_process_plain: list[float] = []
+
+        def load_with(prepared: bool) -> None:
+            settings.DB_PREPARED_STATEMENTS = prepared
             stack_load(stack=target, budget=args.budget)
-        for _ in range(args.requests):
-            _timed(in_process, lambda: stack_load(stack=target, budget=args.budget))
+
+        for _ in range(args.warmup):
+            load_with(True)
+            load_with(False)
+        for i in range(args.requests):
+            # Interleaved, alternating which goes first: both meet the same database and machine.
+            pairs = ((in_process, True), (in_process_plain, False))
+            for samples, prepared in pairs if i % 2 else pairs[::-1]:
+                _timed(samples, lambda p=prepared: load_with(p))
+        settings.DB_PREPARED_STATEMENTS = True
 
         by_id: list[float] = []
         newest: list[float] = []
@@ -144,6 +159,7 @@ def main() -> None:
         rows = []
         for name, samples in (("GET load (HTTP)", http_load),
                               ("GET load (HTTP), access log off", http_load_off), ("stack_load in-process", in_process),
+                              ("stack_load in-process, candidates unprepared", in_process_plain),
                               ("baseline: bare SELECT by id", by_id), ("baseline: bare SELECT newest", newest),
                               ("baseline: GET /health (HTTP)", health)):
             p = percentiles(samples)
@@ -155,6 +171,9 @@ def main() -> None:
         ratio = percentiles(http_load_off)["p95"] / p95
         print(f"goal: p95 without the access log >= 0.95 x p95 with it -> {'met' if ratio >= 0.95 else 'NOT met'} "
               f"({ratio:.3f})")
+        prepared, plain = percentiles(in_process), percentiles(in_process_plain)
+        print(f"the prepared candidates statement, in-process: p50 {prepared['p50'] / plain['p50']:.2f}x, "
+              f"p95 {prepared['p95'] / plain['p95']:.2f}x the plain one's")
 
 
 if __name__ == "__main__":

@@ -31,7 +31,8 @@ leave the database, then the head of the text and the few detail fields of the c
 the whole `data`). Four round trips: checkpoint, boot config, settings + candidates, and access
 UPDATE + rows; the last two each one query string that PostgreSQL runs as an implicit transaction
 (no BEGIN / COMMIT round trips), the UPDATE's committed without waiting for the WAL flush when the
-load is not inside a caller's transaction (bench/load.py).
+load is not inside a caller's transaction (bench/load.py). The candidates statement is prepared once
+per database session, with one generic plan (docs/algorithms.md §8.4).
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from django.utils import timezone
 from memories.privacy.grants import Audience, grants_sql
 from memories.records.vocabulary import CHECKPOINT_EPISODE_TAGS, CHECKPOINT_OBJECTIVE_PREFIX
 from memories.selectors import checkpoint_context_text, checkpoint_latest, checkpoint_warnings
+from memoryhub.prepared import fetch_prepared
 from stacks.models import Stack
 
 DEFAULT_BUDGET = 8000
@@ -65,6 +67,12 @@ ECHO_WORDS = 8
 LOAD_MIN_STRENGTH = 0.5
 FADING_STRENGTH = 0.8
 CANDIDATE_RANDOM_PAGE_COST = 1.1
+# The candidates statements' prepared names start so (memoryhub.prepared).
+PREPARED_NAME = "memoryhub_load"
+# The prepared statement's one plan serves every stack, so it must be the walk of the (stack, kind,
+# created_at) index per kind, stopped by the limit. Planned for an average stack, a table of many
+# small stacks would get bitmap scans instead, which read and sort a large stack's whole kind.
+_ONE_PLAN_SQL = "SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off; "
 # Loads of one memory less than this apart count as one access (docs/algorithms.md §3.1): an agent
 # that reloads its memory every turn of a conversation is using it once, not fifty times, and the
 # access factor of salience is meant to reward use spread over time. It also bounds the cost: each
@@ -365,11 +373,19 @@ def stack_load(*, stack: Stack, budget: int | None = None, item_chars: int | Non
         # Sent with the query in one round trip (client-side binding allows several statements).
         settings_sql = f"SET LOCAL random_page_cost = {CANDIDATE_RANDOM_PAGE_COST}; "
         grants, grant_params = grants_sql(audience, "memories_memory") if audience is not None else ("", {})
-        cursor.execute(settings_sql + _candidates_sql(f"AND {grants}" if grants else ""),
-                       {"cap": cap, "stack": stack.pk, "now": now, "budget": max(remaining, 0), **grant_params})
-        while cursor.description is None and cursor.nextset():
-            pass  # past the SET statements to the candidates
-        candidates = cursor.fetchall()
+        candidates_sql = _candidates_sql(f"AND {grants}" if grants else "")
+        params = {"cap": cap, "stack": stack.pk, "now": now, "budget": max(remaining, 0), **grant_params}
+        # Planning this statement costs more than running it on a small stack: prepared once per
+        # session, with one generic plan for every stack (docs/algorithms.md §8.4). Only as its own
+        # transaction: inside a caller's, the planner settings it is sent with would last until the
+        # caller's commit.
+        candidates = fetch_prepared(cursor, candidates_sql, params, name=PREPARED_NAME,
+                                    settings_sql=settings_sql + _ONE_PLAN_SQL) if own_transaction else None
+        if candidates is None:
+            cursor.execute(settings_sql + candidates_sql, params)
+            while cursor.description is None and cursor.nextset():
+                pass  # past the SET statements to the candidates
+            candidates = cursor.fetchall()
 
         # The greedy walk, in priority order. Rows the query left out are ones that cannot fit.
         chosen: list[tuple[uuid.UUID, float]] = []

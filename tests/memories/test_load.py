@@ -14,8 +14,10 @@ from django.utils import timezone
 
 from accounts.throttles import throttle_state_clear
 from memories.models import Memory
+from memories.privacy.grants import Audience
 from memories.reads import load
 from memories.services import CheckpointInput, boot_config_set, checkpoint_save, memory_create, memory_forget
+from memoryhub import prepared as prepared_statements
 from tests.actors import School
 from tests.factories import make_org, make_stack, sql_value
 
@@ -247,6 +249,74 @@ def test_load_in_its_own_transaction_commits_counts_and_scopes_its_settings() ->
     # SET LOCAL ended with the load's own transaction.
     assert sql_value("SHOW synchronous_commit") == sync_before
     assert sql_value("SHOW random_page_cost") == cost_before
+    assert sql_value("SHOW plan_cache_mode") == "auto" and sql_value("SHOW enable_bitmapscan") == "on"
     load.stack_load(stack=stack, budget=8000)  # within the access resolution: not counted again
     note.refresh_from_db()
     assert note.times_accessed == 1 and note.last_accessed is not None
+
+
+def _prepared_candidates_statements() -> dict[str, tuple[int, int]]:
+    """This database session's prepared candidates statements: name -> (generic plans, custom plans)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT name, generic_plans, custom_plans FROM pg_prepared_statements "
+                       "WHERE name LIKE %s", [f"{load.PREPARED_NAME}_%"])
+        return {name: (generic, custom) for name, generic, custom in cursor.fetchall()}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_prepared_candidates_statement_loads_as_the_plain_one(school: School, settings: Any) -> None:
+    """The candidates statement is prepared once per database session and run with a generic plan
+    (docs/algorithms.md §8.4). Whatever the budget, the item size and the requester, a load
+    returns exactly what the plain statement gives, and from its second run on the session executes
+    the prepared plan instead of parsing and planning the statement again."""
+    _mixed_stack(school.stack)
+    memory_create(stack=school.stack, kind="value", source="test",
+                  payload={"name": "hidden", "statement": "kept from staff", "priority": 100,
+                           "access_grants": ["human:someone-else"]})
+    prepared_statements._PREPARED.pop(connection.connection, None)  # as in a new session
+    before = _prepared_candidates_statements()
+    staff = Audience(entity_ids=("role:teacher", "*"), empty_admits=True)
+    cases: list[dict[str, Any]] = [{"budget": 8000}, {"budget": 300}, {"budget": 2500, "item_chars": 40},
+                                   {"budget": 8000, "audience": staff}]
+
+    def loaded(case: dict[str, Any]) -> tuple[Any, ...]:
+        result = load.stack_load(stack=school.stack, track_access=False, **case)
+        return ([(item.id, item.text, item.score, item.tokens) for item in result.memories], result.echoes,
+                result.budget_used, result.excluded_count)
+
+    for case in cases:
+        settings.DB_PREPARED_STATEMENTS = False
+        plain = loaded(case)
+        settings.DB_PREPARED_STATEMENTS = True
+        assert loaded(case) == plain, case  # the first run prepares the statement
+        assert loaded(case) == plain, case  # the second executes it
+        assert plain[0], case
+    everyone, staff_only = loaded(cases[0]), loaded(cases[3])
+    assert len(staff_only[0]) == len(everyone[0]) - 1  # the grants did apply in the prepared statement
+    prepared = {name: plans for name, plans in _prepared_candidates_statements().items() if name not in before}
+    # One statement per grants shape, not one per load; every run of it on the generic plan.
+    assert sorted(prepared.values()) == [(3, 0), (7, 0)], prepared
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_generic_candidates_plan_walks_each_kinds_index(school: School) -> None:
+    """The one plan every stack's load runs (§8.4): a walk of the (stack, kind, created_at) index
+    per kind, stopped by its limit; no other read of the memories table, so no stack is sorted whole."""
+    _mixed_stack(school.stack, per_kind=3)
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE memories_memory")
+    load.stack_load(stack=school.stack)  # prepares it on this session
+    name, names = prepared_statements._PREPARED[connection.connection][load._candidates_sql()]
+    values: dict[str, Any] = {"cap": load.DEFAULT_ITEM_CHARS, "stack": school.stack.pk, "now": timezone.now(),
+                              "budget": load.DEFAULT_BUDGET}
+    with connection.cursor() as cursor:
+        # The settings each EXECUTE is sent with: a plan made again (after an ANALYZE) is made under them.
+        cursor.execute(f"SET LOCAL random_page_cost = {load.CANDIDATE_RANDOM_PAGE_COST}; {load._ONE_PLAN_SQL}"
+                       "SET LOCAL plan_cache_mode = force_generic_plan; "
+                       f"EXPLAIN EXECUTE {name}({', '.join(['%s'] * len(names))})", [values[n] for n in names])
+        while cursor.nextset():
+            pass
+        plan = [row[0] for row in cursor.fetchall()]
+    reads = [line.strip() for line in plan if " on memories_memory" in line]
+    assert len(reads) == len(load.LOAD_KINDS), plan
+    assert all(read.startswith("->  Index Scan using memories_stack_kind_created") for read in reads), reads
