@@ -112,6 +112,7 @@ def main() -> None:
 
         in_process: list[float] = []
         in_process_plain: list[float] = []
+        configured = settings.DB_PREPARED_STATEMENTS
 
         def load_with(prepared: bool) -> None:
             settings.DB_PREPARED_STATEMENTS = prepared
@@ -122,10 +123,10 @@ def main() -> None:
             load_with(False)
         for i in range(args.requests):
             # Interleaved, alternating which goes first: both meet the same database and machine.
-            pairs = ((in_process, True), (in_process_plain, False))
-            for samples, prepared in pairs if i % 2 else pairs[::-1]:
-                _timed(samples, lambda p=prepared: load_with(p))
-        settings.DB_PREPARED_STATEMENTS = True
+            both = ((in_process, True), (in_process_plain, False))
+            for timings, prepared in both if i % 2 else both[::-1]:
+                _timed(timings, lambda p=prepared: load_with(p))
+        settings.DB_PREPARED_STATEMENTS = configured
 
         by_id: list[float] = []
         newest: list[float] = []
@@ -171,9 +172,9 @@ def main() -> None:
         ratio = percentiles(http_load_off)["p95"] / p95
         print(f"goal: p95 without the access log >= 0.95 x p95 with it -> {'met' if ratio >= 0.95 else 'NOT met'} "
               f"({ratio:.3f})")
-        prepared, plain = percentiles(in_process), percentiles(in_process_plain)
-        print(f"the prepared candidates statement, in-process: p50 {prepared['p50'] / plain['p50']:.2f}x, "
-              f"p95 {prepared['p95'] / plain['p95']:.2f}x the plain one's")
+        with_prepared, with_plain = percentiles(in_process), percentiles(in_process_plain)
+        print(f"the prepared candidates statement, in-process: p50 {with_prepared['p50'] / with_plain['p50']:.2f}x, "
+              f"p95 {with_prepared['p95'] / with_plain['p95']:.2f}x the plain one's")
 
 
 if __name__ == "__main__":
