@@ -7,6 +7,9 @@ trying to write is a 403 (it can already see the stack); writing to an archived 
 
 from __future__ import annotations
 
+from typing import TypeGuard
+
+from django.db import connection
 from django.db.models import QuerySet
 
 from accounts.models import Membership, Organization
@@ -59,20 +62,52 @@ def visible_stack(principal: Principal, slug: object, *, lock: bool = False) -> 
     if not plausible_identifier(slug, max_length=100):
         # PostgreSQL cannot even compare a NUL byte; such an id names nothing.
         return None
-    queryset = stacks_visible_to(principal).filter(slug=slug)
-    if lock:
-        # Lock only the stack row (a teacher's lookup joins their assignment, which stays free).
-        queryset = queryset.select_for_update(of=("self",))
-    # (organization, slug) is unique: no ORDER BY to find the one row. The stack's school is the
-    # caller's (the visibility filter says so), already loaded with the caller: no join for it.
-    # This lookup runs on every API request, so the join and the ordering it skips are worth it.
-    stack = next(iter(queryset[:1]), None)
+    if principal.api_key is not None:
+        stack = _key_stack(principal, slug, lock=lock)
+    else:
+        queryset = stacks_visible_to(principal).filter(slug=slug)
+        if lock:
+            # Lock only the stack row (a teacher's lookup joins their assignment, which stays free).
+            queryset = queryset.select_for_update(of=("self",))
+        # (organization, slug) is unique: no ORDER BY to find the one row.
+        stack = next(iter(queryset[:1]), None)
     if stack is not None:
+        # The stack's school is the caller's (the visibility filter says so), already loaded with
+        # the caller: no join for it.
         stack.organization = principal.organization
     return stack
 
 
-def plausible_identifier(value: object, *, max_length: int) -> bool:
+def _key_stack_sql(*, bound: bool, lock: bool) -> str:
+    table = connection.ops.quote_name(Stack._meta.db_table)
+    columns = ", ".join(connection.ops.quote_name(field.column) for field in Stack._meta.concrete_fields)
+    where = "organization_id = %s AND slug = %s" + (" AND id = %s" if bound else "")
+    # Only the model's own table and column names are interpolated; every value is a parameter.
+    return f"SELECT {columns} FROM {table} WHERE {where} LIMIT 1" + (" FOR UPDATE" if lock else "")  # noqa: S608
+
+
+# A key's lookup is the first statement of every agent request. It is stacks_visible_to's rule for
+# keys (the key's school; its one stack if bound), written out once so that the request does not
+# build and compile a queryset for it (docs/architecture.md §7.2); tests/stacks/test_selectors.py
+# holds it to the queryset's answer for every kind of caller.
+_KEY_STACK_SQL = {(bound, lock): _key_stack_sql(bound=bound, lock=lock)
+                  for bound in (False, True) for lock in (False, True)}
+_STACK_ATTNAMES = [field.attname for field in Stack._meta.concrete_fields]
+
+
+def _key_stack(principal: Principal, slug: str, *, lock: bool) -> Stack | None:
+    bound_stack_id = principal.bound_stack_id
+    bound = bound_stack_id is not None
+    params: list[int | str] = [principal.organization.pk, slug]
+    if bound_stack_id is not None:
+        params.append(bound_stack_id)
+    with connection.cursor() as cursor:
+        cursor.execute(_KEY_STACK_SQL[bound, lock], params)
+        row = cursor.fetchone()
+    return None if row is None else Stack.from_db(connection.alias, _STACK_ATTNAMES, row)
+
+
+def plausible_identifier(value: object, *, max_length: int) -> TypeGuard[str]:
     """Could `value` name a row at all? (A string of sane length without NUL bytes.)"""
     return isinstance(value, str) and 0 < len(value) <= max_length and "\x00" not in value
 

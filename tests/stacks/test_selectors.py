@@ -1,0 +1,80 @@
+"""The stack lookup every API request makes: a key's is one written-out statement, and it must give
+what the visibility queryset gives (docs/architecture.md §7.2)."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection, transaction
+from django.forms.models import model_to_dict
+from django.test.utils import CaptureQueriesContext
+
+from accounts.principal import Principal
+from stacks.models import Stack
+from stacks.selectors import stacks_visible_to, visible_stack
+from tests.factories import make_key, make_org, make_stack
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def key_principal(org, stack: Stack | None = None, *, read_only: bool = False) -> Principal:
+    key, _ = make_key(org, stack=stack, read_only=read_only)
+    return Principal(user=key.user, organization=org, api_key=key, read_only=read_only,
+                     bound_stack_id=stack.pk if stack is not None else None)
+
+
+def pk_of(stack: Stack | None) -> int | None:
+    return None if stack is None else stack.pk
+
+
+def as_queryset_sees(principal: Principal, slug: str) -> Stack | None:
+    return stacks_visible_to(principal).filter(slug=slug).first()
+
+
+def test_a_keys_lookup_gives_the_visibility_querysets_answer_for_every_kind_of_key() -> None:
+    org, other = make_org(), make_org()
+    mine = make_stack(org, "s1", display_name="Ada", bytes_used=4096)
+    sibling = make_stack(org, "s2", status=Stack.Status.ARCHIVED)
+    foreign = make_stack(other, "s1")  # the same slug in another school
+    principals = [key_principal(org, mine), key_principal(org, mine, read_only=True), key_principal(org),
+                  key_principal(org, sibling), key_principal(other, foreign), key_principal(other)]
+    checked = 0
+    for principal in principals:
+        for slug in ("s1", "s2", "s3"):
+            expected = as_queryset_sees(principal, slug)
+            found = visible_stack(principal, slug)
+            if expected is None:
+                assert found is None, (principal, slug)
+                continue
+            assert found is not None and found.pk == expected.pk
+            assert model_to_dict(found) == model_to_dict(expected)  # every column, not just the id
+            assert found.organization is principal.organization  # the caller's, with no query
+            checked += 1
+    assert checked == 7  # each bound key its one stack (4), the school keys their schools' stacks (2 + 1)
+    # A bound key never reaches its school's other stacks, nor a stack of the same slug elsewhere.
+    assert visible_stack(principals[0], "s2") is None
+    assert pk_of(visible_stack(principals[4], "s1")) == foreign.pk
+
+
+def test_a_keys_lookup_is_one_statement_and_locks_only_when_asked() -> None:
+    org = make_org()
+    stack = make_stack(org, "s1")
+    principal = key_principal(org, stack)
+    with CaptureQueriesContext(connection) as plain:
+        assert pk_of(visible_stack(principal, "s1")) == stack.pk
+    assert len(plain.captured_queries) == 1
+    assert "FOR UPDATE" not in plain.captured_queries[0]["sql"]
+    with transaction.atomic(), CaptureQueriesContext(connection) as locking:
+        assert pk_of(visible_stack(principal, "s1", lock=True)) == stack.pk
+        with connection.cursor() as cursor:  # the row is held by this transaction
+            cursor.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'transactionid' AND pid = pg_backend_pid()")
+            assert cursor.fetchone()[0] == 1
+    assert "FOR UPDATE" in locking.captured_queries[0]["sql"]
+
+
+@pytest.mark.parametrize("slug", ["", "x" * 101, "s1\x00", 7, None])
+def test_a_slug_that_names_nothing_is_not_looked_up(slug: object) -> None:
+    org = make_org()
+    principal = key_principal(org, make_stack(org, "s1"))
+    with CaptureQueriesContext(connection) as queries:
+        assert visible_stack(principal, slug) is None
+    assert queries.captured_queries == []
