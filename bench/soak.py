@@ -47,6 +47,9 @@ does not keep up with borrows from the backlog. `--mix probe` runs the mix of th
 (pushes of 10 operations, pulls and searches 4:2:4), the one the peak's goal was set on (its first
 figure on that mix: docs/benchmarks.md "Soak"); the default `agents` mix is the soak's, heavier
 (loads, native writes, pushes of up to 500).
+`--costs` runs each operation of the mix alone, in turn (closed loop, `--compare-clients` clients,
+`--rounds` rounds of `--step-seconds`), and prints what one request of each costs the web server,
+PostgreSQL and the worker in CPU milliseconds, and the mix's weighted sum: where a core goes.
 `--web-workers` / `--concurrency` size the service for an A/B of WEB_WORKERS and CELERY_CONCURRENCY.
 
 `--compare NAME=VALUE[,…]` is that A/B on a busy machine: two services side by side, the second
@@ -339,6 +342,49 @@ def run_compare(args: argparse.Namespace) -> int:
             shutil.rmtree(workdir, ignore_errors=True)
 
 
+def run_costs(args: argparse.Namespace) -> int:
+    """What each operation of the mix costs on its own: closed-loop rounds of one operation at a
+    time, in turn (`--rounds` of each, medians), with the CPU milliseconds the web server and
+    PostgreSQL spent per request. A push carries the mix's own sizes (the bulk lane's included).
+    Not the worker's: it embeds the rounds' writes during the later rounds, whatever they run
+    (`embedding_throughput.py` has the model's cost per memory)."""
+    import shutil
+    import statistics
+
+    import psycopg
+
+    workdir = Path(tempfile.mkdtemp(prefix="memoryhub-costs-"))
+    mix = MIXES[args.mix]
+    try:
+        with running_service(workdir, args.embedder, {}) as service:
+            school = service.make_school("soak", args.agents)
+            agents = [Agent(n, a["stack"], a["secret"]) for n, a in enumerate(school["agents"])]
+            asyncio.run(seed_and_baseline(service.base_url, agents, 1))
+            rounds: dict[str, list[dict[str, float]]] = {op: [] for op in mix.weights}
+            for n in range(args.rounds):
+                for op in mix.weights:
+                    rounds[op].append(measure_round(service, agents, args.compare_clients, args.step_seconds,
+                                                    Mix({op: 1}, mix.push_sizes)))
+                    log(f"round {n + 1} {op}: {rounds[op][-1]['2xx per s']:.1f} req/s")
+            columns = ("2xx per s", "non-2xx", "p50 ms", "web cpu ms/req", "postgres cpu ms/req")
+            medians = {op: {column: statistics.median(r[column] for r in measured) for column in columns}
+                       for op, measured in rounds.items()}
+            share = sum(mix.weights.values())
+            weighted = {column: sum(medians[op][column] * weight / share for op, weight in mix.weights.items())
+                        for column in columns[-2:]}
+            rows: list[dict[str, Any]] = [{"operation": op, **row} for op, row in medians.items()]
+            rows.append({"operation": f"the {args.mix} mix (weighted)", **weighted})
+            with psycopg.connect(service.database_url) as conn:
+                grown = conn.execute("SELECT avg(memory_count) FROM stacks_stack").fetchone()
+            print_table(f"costs: each operation alone, {args.rounds} rounds of {args.step_seconds:g} s, "
+                        f"{args.compare_clients} closed-loop clients, {args.agents} stacks of {SEED_MEMORIES} "
+                        f"memories at the start and {float(grown[0] if grown else 0):.0f} on average at the end "
+                        "(medians; CPU ms per 2xx request)", rows)
+        return 0
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--agents", type=int, default=100, help="agents, each with its own stack and key")
@@ -363,7 +409,11 @@ def main() -> int:
     parser.add_argument("--compare-clients", type=int, default=4, help="--compare: closed-loop clients")
     parser.add_argument("--compare-pages", type=int, default=0,
                         help="--compare: live student pages open during each round, as in the soak")
+    parser.add_argument("--costs", action="store_true",
+                        help="each operation of --mix alone, in turn: requests/s and CPU ms per request")
     args = parser.parse_args()
+    if args.costs:
+        return run_costs(args)
     if args.compare or args.compare_base:
         return run_compare(args)
     return run_saturate(args) if args.saturate else run_soak(args)
