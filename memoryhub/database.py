@@ -1,10 +1,12 @@
 """The default database's libpq connection string, for the PostgreSQL tools (pg_dump) and plain
-psycopg clients that run beside Django (memoryhub/backup.py); and the compiled `timestamptz`
-loader every connection reads with (`use_compiled_timestamps`)."""
+psycopg clients that run beside Django (memoryhub/backup.py); the compiled `timestamptz` loader
+every connection reads with (`use_compiled_timestamps`); and id lists sent as one literal
+(`uuid_array`)."""
 
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Sequence
 from typing import Any
 
 from django.conf import settings
@@ -21,6 +23,13 @@ except ImportError:  # psycopg's pure-Python build: Django's loader stays
     _compiled = None
 
 _LIBPQ_KEYS = ("dbname", "user", "password", "host", "port", "sslmode", "sslrootcert", "sslcert", "sslkey")
+
+
+def uuid_array(ids: Sequence[Any]) -> str:
+    """Ids as a uuid[] literal for `%s::uuid[]`: the driver adapts a Python list of UUIDs by
+    inspecting it element by element (costly on a search's and a load's path, docs/algorithms.md
+    §7.5), a string it sends as is."""
+    return "{" + ",".join(str(memory_id) for memory_id in ids) + "}"
 
 
 def database_conninfo(alias: str = "default") -> str:

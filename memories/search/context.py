@@ -26,6 +26,7 @@ from typing import Any
 from django.db import connection
 
 from memories.models import Memory
+from memoryhub.database import uuid_array
 from memoryhub.prepared import fetch_prepared
 
 # A pause longer than this between two memories of a stack ends a conversation session. Chat turns
@@ -66,12 +67,6 @@ def _neighbour_sql(where: str) -> str:
                 SELECT NULL, NULL, a.id FROM unnest(%(also)s::uuid[]) AS a(id)) h
           JOIN memories_memory m ON m.id = h.id
     """  # noqa: S608 - only fixed clauses are interpolated; values are parameters
-
-
-def uuid_array(ids: Sequence[Any]) -> str:
-    """Ids as a uuid[] literal for `%s::uuid[]`: the driver adapts a Python list of UUIDs by
-    inspecting it element by element (costly per search, docs/algorithms.md §7.5), a string it sends as is."""
-    return "{" + ",".join(str(memory_id) for memory_id in ids) + "}"
 
 
 def neighbour_rows(*, seeds: Sequence[Any], where: str, params: dict[str, Any], window: int = 1,

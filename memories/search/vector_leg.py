@@ -25,7 +25,6 @@ from typing import Any
 from django.db import connection, transaction
 
 from memories.privacy.grants import Audience
-from memories.search.context import uuid_array
 from memories.search.embeddings import Vector, embed_query, get_embedder, vector_literal
 from memories.search.query import (
     LEG_COLUMNS,
@@ -37,6 +36,7 @@ from memories.search.query import (
     skipped_model_mismatch,
 )
 from memories.search.vector_indexes import stacks_with_vector_index
+from memoryhub.database import uuid_array
 
 HNSW_MAX_EF_SEARCH = 1000  # pgvector's upper bound for hnsw.ef_search
 STACK_INDEX_MIN_EF_SEARCH = 240  # a per-stack index's walk width (see vector_leg)
