@@ -52,6 +52,7 @@ from django.utils import timezone
 from memories.privacy.grants import Audience, grants_sql
 from memories.records.vocabulary import CHECKPOINT_EPISODE_TAGS, CHECKPOINT_OBJECTIVE_PREFIX
 from memories.selectors import checkpoint_context_text, checkpoint_latest, checkpoint_warnings
+from memoryhub.database import uuid_array
 from memoryhub.prepared import fetch_prepared
 from stacks.models import Stack
 
@@ -409,7 +410,7 @@ def stack_load(*, stack: Stack, budget: int | None = None, item_chars: int | Non
             touch = track_access and bool(chosen_ids)
             touch_sql = ((_ASYNC_COMMIT_SQL if own_transaction else "") + _TOUCH_SQL) if touch else ""
             cursor.execute(touch_sql + _ROWS_SQL,
-                           {"head": cap + 1, "ids": wanted, "chosen": chosen_ids, "now": now,
+                           {"head": cap + 1, "ids": uuid_array(wanted), "chosen": uuid_array(chosen_ids), "now": now,
                             "resolution": ACCESS_RESOLUTION_SECONDS})
             while cursor.description is None and cursor.nextset():
                 pass  # past the UPDATE to the rows
