@@ -48,8 +48,8 @@ does not keep up with borrows from the backlog. `--mix probe` runs the mix of th
 figure on that mix: docs/benchmarks.md "Soak"); the default `agents` mix is the soak's, heavier
 (loads, native writes, pushes of up to 500).
 `--costs` runs each operation of the mix alone, in turn (closed loop, `--compare-clients` clients,
-`--rounds` rounds of `--step-seconds`), and prints what one request of each costs the web server,
-PostgreSQL and the worker in CPU milliseconds, and the mix's weighted sum: where a core goes.
+`--rounds` rounds of `--step-seconds`), and prints what one request of each costs the web server
+and PostgreSQL in CPU milliseconds, and the mix's weighted sum: where a core goes.
 `--web-workers` / `--concurrency` size the service for an A/B of WEB_WORKERS and CELERY_CONCURRENCY.
 
 `--compare NAME=VALUE[,…]` is that A/B on a busy machine: two services side by side, the second
