@@ -14,6 +14,7 @@ from django.utils import timezone
 
 from memories.models import Memory
 from memories.privacy.grants import Audience
+from memories.search import context
 from memories.search.embedding_jobs import memories_embed
 from memories.search.embeddings import embed_query
 from memories.search.hybrid import search_memories
@@ -91,7 +92,7 @@ def _prepared_context_statements() -> dict[str, tuple[int, int]]:
     """This database session's prepared neighbour statements: name -> (generic plans, custom plans)."""
     with connection.cursor() as cursor:
         cursor.execute("SELECT name, generic_plans, custom_plans FROM pg_prepared_statements "
-                       "WHERE name LIKE 'memoryhub_context_%'")
+                       "WHERE name LIKE %s", [f"{context.PREPARED_NAME}_%"])
         return {name: (generic, custom) for name, generic, custom in cursor.fetchall()}
 
 
@@ -215,5 +216,5 @@ def test_a_killed_database_session_is_followed_by_one_that_prepares_its_own() ->
     # What this process holds as prepared on this session is what the server has (the pool may hand
     # out a session earlier tests prepared on; never the killed one's names).
     registered = {name for name, _ in prepared_statements._PREPARED.get(connection.connection, {}).values()
-                  if name.startswith("memoryhub_context_")}  # (a load's statements may share the session)
+                  if name.startswith(f"{context.PREPARED_NAME}_")}  # (a load's statements may share the session)
     assert registered and registered <= set(_prepared_context_statements())
