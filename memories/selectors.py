@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Literal
 
+from django.db import connection
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
@@ -116,6 +117,34 @@ def checkpoint_episode_q() -> Q:
 
 def checkpoint_latest(*, stack: Stack) -> Checkpoint | None:
     return Checkpoint.objects.filter(stack_id=stack.pk).order_by("-created_at", "-id").first()
+
+
+_CHECKPOINT_FIELDS = tuple(Checkpoint._meta.concrete_fields)
+_CHECKPOINT_ATTNAMES = [field.attname for field in _CHECKPOINT_FIELDS]
+# The two reads a load starts with, written out and sent as one query string: `checkpoint_latest`'s
+# row and the boot config in key order. tests/memories/test_load.py holds them to the querysets.
+_WORKING_STATE_SQL = (
+    f"SELECT {', '.join(f'{field.column}' for field in _CHECKPOINT_FIELDS)} "  # noqa: S608 (model metadata only)
+    f"FROM {Checkpoint._meta.db_table} WHERE stack_id = %(stack)s ORDER BY created_at DESC, id DESC LIMIT 1; "
+    f"SELECT key, value FROM {BootConfigEntry._meta.db_table} WHERE stack_id = %(stack)s ORDER BY key"
+)
+
+
+def working_state(*, stack: Stack) -> tuple[Checkpoint | None, list[tuple[str, str]]]:
+    """The stack's latest checkpoint (`checkpoint_latest`) and its boot config as (key, value) in key
+    order, in one round trip: what every load reads before it ranks memories (docs/algorithms.md §8.4).
+    WHY written out: both querysets were compiled on every load, and each took a round trip."""
+    with connection.cursor() as cursor:
+        cursor.execute(_WORKING_STATE_SQL, {"stack": stack.pk})
+        row = cursor.fetchone()
+        cursor.nextset()
+        boot = [(key, value) for key, value in cursor.fetchall()]
+    if row is None:
+        return None, boot
+    # Each column as its field reads it from the database (the JSON ones arrive as text).
+    values = [field.from_db_value(value, None, connection) if hasattr(field, "from_db_value") else value
+              for field, value in zip(_CHECKPOINT_FIELDS, row, strict=True)]
+    return Checkpoint.from_db(connection.alias, _CHECKPOINT_ATTNAMES, values), boot
 
 
 def checkpoint_history(*, stack: Stack) -> QuerySet[Checkpoint]:

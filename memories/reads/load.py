@@ -51,7 +51,7 @@ from django.utils import timezone
 
 from memories.privacy.grants import Audience, grants_sql
 from memories.records.vocabulary import CHECKPOINT_EPISODE_TAGS, CHECKPOINT_OBJECTIVE_PREFIX
-from memories.selectors import checkpoint_context_text, checkpoint_latest, checkpoint_warnings
+from memories.selectors import checkpoint_context_text, checkpoint_warnings, working_state
 from memoryhub.database import uuid_array
 from memoryhub.prepared import fetch_prepared
 from stacks.models import Stack
@@ -337,7 +337,7 @@ def stack_load(*, stack: Stack, budget: int | None = None, item_chars: int | Non
     remaining = total
 
     checkpoint_out: dict[str, Any] | None = None
-    checkpoint = checkpoint_latest(stack=stack)
+    checkpoint, boot_config = working_state(stack=stack)
     if checkpoint is not None:
         full = checkpoint_text(checkpoint)
         text = truncate_at_word(full, _chars_for_tokens(remaining))
@@ -351,7 +351,7 @@ def stack_load(*, stack: Stack, budget: int | None = None, item_chars: int | Non
         }
 
     boot: dict[str, str] = {}
-    for key, value in stack.boot_config.order_by("key").values_list("key", "value"):
+    for key, value in boot_config:
         tokens = estimate_tokens(f"{key}: {value}")
         if tokens <= remaining:
             boot[key] = value

@@ -13,7 +13,8 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from accounts.throttles import throttle_state_clear
-from memories.models import Memory
+from memories import selectors
+from memories.models import Checkpoint, Memory
 from memories.privacy.grants import Audience
 from memories.reads import load
 from memories.services import CheckpointInput, boot_config_set, checkpoint_save, memory_create, memory_forget
@@ -320,3 +321,30 @@ def test_the_generic_candidates_plan_walks_each_kinds_index(school: School) -> N
     reads = [line.strip() for line in plan if " on memories_memory" in line]
     assert len(reads) == len(load.LOAD_KINDS), plan
     assert all(read.startswith("->  Index Scan using memories_stack_kind_created") for read in reads), reads
+
+
+def test_working_state_reads_what_the_querysets_read_in_one_round_trip(school: School) -> None:
+    """The checkpoint and boot config a load starts with (memories.selectors.working_state): the
+    queryset's latest checkpoint, field by field, and the boot config in key order; nothing of
+    another stack; one query string."""
+    assert selectors.working_state(stack=school.stack) == (None, [])
+    saved = timezone.now() - timedelta(hours=2)
+    checkpoint_save(stack=school.stack, checkpoint=CheckpointInput(task="old", progress="x"))
+    checkpoint_save(stack=school.stack, checkpoint=CheckpointInput(
+        task="Long division", progress="half way", next_step="remainders", blocker="none",
+        context={"text": "carry the one", "nested": {"n": [1, 2]}}, pending=["check 3", "check 4"], saved_at=saved))
+    checkpoint_save(stack=school.other_stack, checkpoint=CheckpointInput(task="someone else's"))
+    boot_config_set(stack=school.stack, key="tone", value="warm")
+    boot_config_set(stack=school.stack, key="name", value="Ada")
+    boot_config_set(stack=school.other_stack, key="secret", value="not yours")
+
+    with CaptureQueriesContext(connection) as queries:
+        checkpoint, boot = selectors.working_state(stack=school.stack)
+    assert len(queries) == 1
+    expected = selectors.checkpoint_latest(stack=school.stack)
+    assert checkpoint is not None and expected is not None and expected.task == "Long division"
+    fields = [field.attname for field in Checkpoint._meta.concrete_fields]
+    assert [getattr(checkpoint, name) for name in fields] == [getattr(expected, name) for name in fields]
+    assert checkpoint.context == {"text": "carry the one", "nested": {"n": [1, 2]}} and checkpoint.saved_at == saved
+    assert boot == list(school.stack.boot_config.order_by("key").values_list("key", "value")) == [
+        ("name", "Ada"), ("tone", "warm")]
