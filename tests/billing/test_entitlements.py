@@ -31,6 +31,7 @@ def test_storage_is_counted_per_organization_across_stacks() -> None:
     org.save()
     make_stack(make_org(), bytes_used=9 * MB)  # another school's usage does not count
     assert entitlements.storage_used(organization=org) == 9 * MB
+    assert entitlements.storage_used(organization=make_org()) == 0  # no stacks yet
     assert entitlements.storage_remaining(organization=org) == 1 * MB
     entitlements.ensure_can_store(stack=stack, additional_bytes=1 * MB)
     with pytest.raises(QuotaExceeded) as excinfo:
