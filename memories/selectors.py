@@ -124,7 +124,7 @@ _CHECKPOINT_ATTNAMES = [field.attname for field in _CHECKPOINT_FIELDS]
 # The two reads a load starts with, written out and sent as one query string: `checkpoint_latest`'s
 # row and the boot config in key order. tests/memories/test_load.py holds them to the querysets.
 _WORKING_STATE_SQL = (
-    f"SELECT {', '.join(f'{field.column}' for field in _CHECKPOINT_FIELDS)} "  # noqa: S608 (model metadata only)
+    f"SELECT {', '.join(field.column for field in _CHECKPOINT_FIELDS)} "  # noqa: S608 (model metadata only)
     f"FROM {Checkpoint._meta.db_table} WHERE stack_id = %(stack)s ORDER BY created_at DESC, id DESC LIMIT 1; "
     f"SELECT key, value FROM {BootConfigEntry._meta.db_table} WHERE stack_id = %(stack)s ORDER BY key"
 )

@@ -142,7 +142,7 @@ class _Subscriber(NamedTuple):
 
 
 # Written out: it runs once per change event, in the web processes right after their writes and in
-# the workers after each stored vector, and compiling the queryset cost more than running it
+# the workers after each batch of stored vectors, and compiling the queryset cost more than running it
 # (docs/benchmarks.md "Figures behind code choices"). Django loads jsonb as text: decoded here as the
 # JSONField would. tests/webhooks/test_delivery.py covers what it must select: enabled endpoints of
 # the event's school, by their subscriptions.
