@@ -31,6 +31,7 @@ from accounts.selectors import (
     api_key_for_token,
     api_key_hash,
     issuer_role_of,
+    plausible_key_id,
     principal_for_session,
 )
 from accounts.services import api_key_rehash
@@ -136,7 +137,7 @@ class BearerAuthentication(authentication.BaseAuthentication):
         credential = parts[1]
         if credential.startswith(API_KEY_PREFIX):
             return self._authenticate_key(credential, generation)
-        return self._authenticate_jwt(credential)
+        return self._authenticate_jwt(credential, generation)
 
     def _authenticate_key(self, secret: str, generation: bytes | None) -> tuple[User, Principal]:
         digest = api_key_hash(secret)
@@ -161,12 +162,20 @@ class BearerAuthentication(authentication.BaseAuthentication):
         key_cache.remember(digest, generation, match)
         return match.key.user, principal_for_key(match.key)
 
-    def _authenticate_jwt(self, raw: str) -> tuple[User, Principal]:
+    def _authenticate_jwt(self, raw: str, generation: bytes | None = None) -> tuple[User, Principal]:
         try:
             token: Any = AccessToken(raw)  # type: ignore[arg-type]
         except TokenError:
             raise NotAuthenticated("Invalid or expired token.", code="invalid_token") from None
-        match = api_key_for_token(token.get("key_id"))
+        key_id = token.get("key_id")
+        # The key a token names is remembered by its id, under the same rules as a key's secret
+        # (accounts/key_cache.py); the token's own claims are checked against it on every use.
+        entry = key_cache.token_entry(key_id) if plausible_key_id(key_id) else None
+        match = key_cache.lookup(entry, generation) if entry is not None else None
+        if match is None:
+            match = api_key_for_token(key_id)
+            if match is not None and entry is not None:
+                key_cache.remember(entry, generation, match)
         # A token dies with the key it was issued from (revoked, cycled out or expired), and is
         # refused when any claim it was bound to at issue no longer matches that key.
         if match is None or any(token.get(claim) != value for claim, value in _bound_claims(match.key).items()):

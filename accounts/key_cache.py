@@ -3,10 +3,12 @@
 WHY: finding a key by its secret is a four-table query (key, user, organization, stack, plus the
 issuer-reach EXISTS) that Django compiles and PostgreSQL plans anew on every request, a large share
 of the web process's CPU under bench/soak.py's mix (docs/configuration.md, `AUTH_KEY_CACHE_SECONDS`).
-A key that verified a moment ago is remembered here for `settings.AUTH_KEY_CACHE_SECONDS`.
+A key that verified a moment ago is remembered here for `settings.AUTH_KEY_CACHE_SECONDS`, and so
+is the key an access token names (kernle's client sends its token, not its key, on every sync).
 
 Why this stays safe (access dies with its grant, accounts/selectors.py):
-* Keyed by the secret's keyed hash (the digest the lookup computes anyway), never the secret.
+* Keyed by the secret's keyed hash (the digest the lookup computes anyway), never the secret; a
+  token's key by the key's public id, once the token's signature and expiry have verified.
 * Only a full success is remembered: a live, unexpired key whose issuer still reaches what it is
   bound to, found under the current pepper. Failures are never cached (their cost is the
   failure limits' business, accounts/throttles.py).
@@ -67,8 +69,15 @@ def generation_key() -> str:
     return cache.make_and_validate_key(GENERATION_KEY)
 
 
+def token_entry(key_id: str) -> str:
+    """Where the key an access token names is remembered: by its public id, apart from the secrets'
+    digests (64 hex characters)."""
+    return f"token:{key_id}"
+
+
 def lookup(digest: str, generation: bytes | None) -> KeyMatch | None:
-    """The remembered match for `digest` under the current `generation`, as a fresh copy; else None."""
+    """The remembered match for `digest` (or a `token_entry`) under the current `generation`, as a
+    fresh copy; else None."""
     entry = _entries.get(digest)
     if entry is None:
         return None

@@ -14,6 +14,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from accounts import key_cache
+from accounts.authentication import access_token_for_key
 from accounts.models import ApiKey, Membership
 from accounts.selectors import api_key_hash
 from accounts.services import api_key_revoke, membership_role_change
@@ -134,3 +135,49 @@ def test_every_request_gets_its_own_copy_and_the_secret_is_not_kept() -> None:
     assert second.key.organization.tier != "changed by one request"
     assert all(secret.encode() not in entry.payload and entry_key != secret
                for entry_key, entry in key_cache._entries.items())
+
+
+def token_client(key: ApiKey) -> Any:
+    """A client holding an access token issued from `key`, as kernle's client does after login."""
+    return bearer_client(str(access_token_for_key(key)))
+
+
+def test_the_key_a_token_names_is_not_looked_up_again() -> None:
+    org = make_org()
+    key, _ = make_key(org, stack=make_stack(org, "s1"))
+    client = token_client(key)
+    assert key_queries(client) == (200, 1)
+    assert key_queries(client) == (200, 0)
+    assert key_queries(token_client(key)) == (200, 0)  # another token of the same key
+    assert "token:" + key.public_id in key_cache._entries and str(access_token_for_key(key)) not in str(
+        list(key_cache._entries))
+
+
+def test_a_revocation_ends_a_remembered_tokens_access_on_the_next_request() -> None:
+    key, _ = make_key(make_org())
+    client = token_client(key)
+    assert key_queries(client) == (200, 1)
+    api_key_revoke(key=key)
+    assert client.get(ENDPOINT).status_code == 401
+
+
+def test_a_token_still_must_match_the_remembered_key() -> None:
+    """The cache holds the key, not the token: each token's bound claims are checked on every use."""
+    org, elsewhere = make_org(), make_org()  # (made first: a new school's save empties the cache)
+    key, _ = make_key(org, stack=make_stack(org, "s1"))
+    assert key_queries(token_client(key)) == (200, 1)
+    forged_scope = access_token_for_key(key)
+    forged_scope["read_only"] = True  # signed, but bound to a scope the key does not have
+    assert key_queries(bearer_client(str(forged_scope))) == (401, 0)
+    other_school = access_token_for_key(key)
+    other_school["org_id"] = elsewhere.public_id
+    assert key_queries(bearer_client(str(other_school))) == (401, 0)
+
+
+def test_a_change_by_another_process_ends_a_remembered_tokens_access_through_the_generation() -> None:
+    key, _ = make_key(make_org())
+    client = token_client(key)
+    assert key_queries(client) == (200, 1)
+    ApiKey.objects.filter(pk=key.pk).update(revoked_at=timezone.now())  # a bare UPDATE: no signal here
+    redis().incr(key_cache.generation_key())  # what the other process's post_save does after commit
+    assert client.get(ENDPOINT).status_code == 401
