@@ -22,6 +22,8 @@ one stack-bound API key per agent, seeds every stack with 50 memories, then:
   `ws/stacks/<stack>/`, on the stacks being written), counting the change events they receive;
 * each agent has its own key and, through a trusted local proxy (`TRUSTED_PROXIES`), its own
   address, as agents behind a load balancer would: per-key and per-address limits apply to each;
+  it logs in first (`POST /auth/login`) and its kernle pushes and pulls send the access token, as
+  kernle's client does; its native API calls send the key;
 * at the end: every acknowledged write is checked against the database (exactly once), the
   embedding backlog is read at the middle and the end, and `/metrics` is scraped before and after.
 

@@ -83,11 +83,21 @@ class Agent:
     secret: str
     since: str | None = None
     headers: dict[str, str] = field(default_factory=dict)
+    # What its kernle pushes and pulls send: the access token from its login, as kernle's client
+    # does (`log_in`); its key until then. The native API's calls send the key.
+    sync_headers: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # Its own address behind the trusted proxy: 10.<high>.<low>.1 (per-address limits are per agent).
         self.headers = {"Authorization": f"Bearer {self.secret}",
                         "X-Forwarded-For": f"10.{self.index // 250}.{self.index % 250}.1"}
+        self.sync_headers = self.headers
+
+    async def log_in(self, http: httpx.AsyncClient) -> None:
+        """`POST /auth/login` with its key, as `kernle auth login` does; its syncs then send the token."""
+        response = await http.post("/auth/login", headers=self.headers)
+        response.raise_for_status()
+        self.sync_headers = {**self.headers, "Authorization": f"Bearer {response.json()['token']}"}
 
 
 @dataclass
@@ -145,12 +155,12 @@ async def operate(http: httpx.AsyncClient, agent: Agent, op: str, rng: random.Ra
             # Counted apart from the interactive pushes: the service runs it in the bulk lane.
             op = "push" if len(body) < BULK_PUSH_BYTES else BULK_PUSH
             response = await http.post("/sync/push", content=body,
-                                       headers={**agent.headers, "Content-Type": "application/json"})
+                                       headers={**agent.sync_headers, "Content-Type": "application/json"})
             if response.status_code == 200 and not response.json().get("conflicts"):
                 acked = [o["record_id"] for o in ops]
         elif op == "pull":
             response = await http.post("/sync/pull", json={"stack_id": agent.stack, "since": agent.since},
-                                       headers=agent.headers)
+                                       headers=agent.sync_headers)
             if response.status_code == 200:
                 agent.since = response.json().get("server_time", agent.since)
         elif op == "search":
@@ -176,7 +186,8 @@ def async_client(base_url: str, connections: int) -> httpx.AsyncClient:
 
 
 async def seed_and_baseline(base_url: str, agents: list[Agent], samples: int) -> tuple[Recorder, Recorder]:
-    """Seed every stack, warm up, then each operation alone, one at a time: the unloaded baseline."""
+    """Log every agent in, seed every stack, warm up, then each operation alone, one at a time: the
+    unloaded baseline."""
     rng = random.Random(7)
     seeding, baseline = Recorder(), Recorder()
     async with async_client(base_url, 16) as http:
@@ -184,6 +195,7 @@ async def seed_and_baseline(base_url: str, agents: list[Agent], samples: int) ->
 
         async def seed(agent: Agent) -> None:
             async with gate:
+                await agent.log_in(http)
                 await operate(http, agent, "push", rng, seeding, time.monotonic(), push_ops=SEED_MEMORIES)
 
         await asyncio.gather(*(seed(a) for a in agents))
