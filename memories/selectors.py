@@ -25,6 +25,7 @@ from accounts.principal import Principal
 from memories.models import BootConfigEntry, Checkpoint, ErasureCertificate, Memory, MemoryKind, MemoryRevision
 from memories.privacy.grants import Audience, grants_filter
 from memories.records.vocabulary import CHECKPOINT_EPISODE_TAGS, CHECKPOINT_OBJECTIVE_PREFIX
+from memoryhub.database import ModelRows
 from memoryhub.errors import Forbidden, InvalidInput, NotFound
 from stacks.models import Stack
 from stacks.selectors import ensure_writable, stack_for_principal, stacks_visible_to
@@ -119,12 +120,11 @@ def checkpoint_latest(*, stack: Stack) -> Checkpoint | None:
     return Checkpoint.objects.filter(stack_id=stack.pk).order_by("-created_at", "-id").first()
 
 
-_CHECKPOINT_FIELDS = tuple(Checkpoint._meta.concrete_fields)
-_CHECKPOINT_ATTNAMES = [field.attname for field in _CHECKPOINT_FIELDS]
+_CHECKPOINT_ROWS = ModelRows(Checkpoint)
 # The two reads a load starts with, written out and sent as one query string: `checkpoint_latest`'s
 # row and the boot config in key order. tests/memories/test_load.py holds them to the querysets.
 _WORKING_STATE_SQL = (
-    f"SELECT {', '.join(field.column for field in _CHECKPOINT_FIELDS)} "  # noqa: S608 (model metadata only)
+    f"SELECT {_CHECKPOINT_ROWS.columns} "  # noqa: S608 (model metadata only)
     f"FROM {Checkpoint._meta.db_table} WHERE stack_id = %(stack)s ORDER BY created_at DESC, id DESC LIMIT 1; "
     f"SELECT key, value FROM {BootConfigEntry._meta.db_table} WHERE stack_id = %(stack)s ORDER BY key"
 )
@@ -139,12 +139,7 @@ def working_state(*, stack: Stack) -> tuple[Checkpoint | None, list[tuple[str, s
         row = cursor.fetchone()
         cursor.nextset()
         boot = [(key, value) for key, value in cursor.fetchall()]
-    if row is None:
-        return None, boot
-    # Each column as its field reads it from the database (the JSON ones arrive as text).
-    values = [field.from_db_value(value, None, connection) if hasattr(field, "from_db_value") else value
-              for field, value in zip(_CHECKPOINT_FIELDS, row, strict=True)]
-    return Checkpoint.from_db(connection.alias, _CHECKPOINT_ATTNAMES, values), boot
+    return (None if row is None else _CHECKPOINT_ROWS.instance(row)), boot
 
 
 def checkpoint_history(*, stack: Stack) -> QuerySet[Checkpoint]:

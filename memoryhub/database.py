@@ -1,7 +1,7 @@
 """The default database's libpq connection string, for the PostgreSQL tools (pg_dump) and plain
 psycopg clients that run beside Django (memoryhub/backup.py); the compiled `timestamptz` loader
-every connection reads with (`use_compiled_timestamps`); and id lists sent as one literal
-(`uuid_array`)."""
+every connection reads with (`use_compiled_timestamps`); id lists sent as one literal
+(`uuid_array`); and a model's rows read through a written-out statement (`ModelRows`)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from django.conf import settings
-from django.db import connections
+from django.db import connection, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models import Model
 from psycopg.abc import AdaptContext, Buffer
 from psycopg.adapt import Loader
 from psycopg.conninfo import make_conninfo
@@ -30,6 +31,28 @@ def uuid_array(ids: Sequence[Any]) -> str:
     inspecting it element by element (costly on a search's and a load's path, docs/algorithms.md
     §7.5), a string it sends as is."""
     return "{" + ",".join(str(memory_id) for memory_id in ids) + "}"
+
+
+class ModelRows:
+    """A model's rows read through a written-out statement on the default database: `columns`, its
+    concrete columns in field order (quoted), to SELECT; `instance(row)`, the model instance of one
+    such row, each value converted as the ORM converts it when it reads the field (Django loads
+    jsonb as text: a JSONField decodes it). For the hot lookups whose querysets cost more to compile
+    than to run (docs/architecture.md §7.2)."""
+
+    def __init__(self, model: type[Model]) -> None:
+        fields = model._meta.concrete_fields
+        self.model = model
+        self.columns = ", ".join(connection.ops.quote_name(field.column) for field in fields)
+        self._attnames = [field.attname for field in fields]
+        self._converters = [(index, field.from_db_value) for index, field in enumerate(fields)
+                            if hasattr(field, "from_db_value")]
+
+    def instance(self, row: Sequence[Any]) -> Any:
+        values = list(row)
+        for index, convert in self._converters:
+            values[index] = convert(values[index], None, connection)
+        return self.model.from_db(connection.alias, self._attnames, values)
 
 
 def database_conninfo(alias: str = "default") -> str:

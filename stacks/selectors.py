@@ -20,6 +20,7 @@ from accounts.selectors import (
     ensure_teacher_may_manage_keys,
 )
 from accounts.tiers import tier_for
+from memoryhub.database import ModelRows
 from memoryhub.errors import Conflict, Forbidden, NotFound, QuotaExceeded
 from stacks.models import Stack
 
@@ -78,12 +79,15 @@ def visible_stack(principal: Principal, slug: object, *, lock: bool = False) -> 
     return stack
 
 
+_STACK_ROWS = ModelRows(Stack)
+
+
 def _key_stack_sql(*, bound: bool, lock: bool) -> str:
     table = connection.ops.quote_name(Stack._meta.db_table)
-    columns = ", ".join(connection.ops.quote_name(field.column) for field in Stack._meta.concrete_fields)
     where = "organization_id = %s AND slug = %s" + (" AND id = %s" if bound else "")
     # Only the model's own table and column names are interpolated; every value is a parameter.
-    return f"SELECT {columns} FROM {table} WHERE {where} LIMIT 1" + (" FOR UPDATE" if lock else "")  # noqa: S608
+    return (f"SELECT {_STACK_ROWS.columns} FROM {table} WHERE {where} LIMIT 1"  # noqa: S608
+            + (" FOR UPDATE" if lock else ""))
 
 
 # A key's lookup is the first statement of every agent request. It is stacks_visible_to's rule for
@@ -92,7 +96,6 @@ def _key_stack_sql(*, bound: bool, lock: bool) -> str:
 # holds it to the queryset's answer for every kind of caller.
 _KEY_STACK_SQL = {(bound, lock): _key_stack_sql(bound=bound, lock=lock)
                   for bound in (False, True) for lock in (False, True)}
-_STACK_ATTNAMES = [field.attname for field in Stack._meta.concrete_fields]
 
 
 def _key_stack(principal: Principal, slug: str, *, lock: bool) -> Stack | None:
@@ -104,7 +107,7 @@ def _key_stack(principal: Principal, slug: str, *, lock: bool) -> Stack | None:
     with connection.cursor() as cursor:
         cursor.execute(_KEY_STACK_SQL[bound, lock], params)
         row = cursor.fetchone()
-    return None if row is None else Stack.from_db(connection.alias, _STACK_ATTNAMES, row)
+    return None if row is None else _STACK_ROWS.instance(row)
 
 
 def plausible_identifier(value: object, *, max_length: int) -> TypeGuard[str]:
