@@ -178,7 +178,8 @@ MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     # Static files answer here, before sessions and CSRF, in every mode (memoryhub/staticfiles.py).
     "memoryhub.staticfiles.StaticFilesMiddleware",
-    "django.middleware.gzip.GZipMiddleware",
+    # Whole responses at RESPONSE_GZIP_LEVEL, streamed ones as Django does (memoryhub.compression).
+    "memoryhub.compression.GZipMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -536,6 +537,8 @@ AUTH_FAILURE_LIMITS = {
 # keys, people, schools, memberships or teacher assignments invalidates it at once everywhere; this
 # only bounds writes that bypass model signals. 0 turns the cache off.
 AUTH_KEY_CACHE_SECONDS = env_int("AUTH_KEY_CACHE_SECONDS", 10, minimum=0)
+# The gzip level of whole responses (memoryhub.compression); 0: the proxy compresses, or nothing does.
+RESPONSE_GZIP_LEVEL = env_int("RESPONSE_GZIP_LEVEL", 1, minimum=0, maximum=9)
 
 # Name the "kind" enums explicitly: several components have a field called "kind".
 SPECTACULAR_SETTINGS.setdefault("ENUM_NAME_OVERRIDES", {}).update({  # type: ignore[attr-defined]
