@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import cache
@@ -181,8 +180,7 @@ def _kind_candidates_sql(rank: int, kind: str, grants: str) -> str:
     # `grants`: the privacy-grants predicate for a requester other than the stack's own credentials
     # (memories.privacy.grants), inside each branch and before its LIMIT; empty for the stack's own.
     return f"""(SELECT id, created_at, {rank} AS kind_rank, '{kind}'::text AS kind, {_score_sql(kind)} AS score,
-            ceil(floor(LEAST(length(text), %(cap)s) / 4) * 1.3)::int AS bound,
-            LEAST(length(text), %(cap)s) AS chars
+            ceil(floor(LEAST(length(text), %(cap)s) / 4) * 1.3)::int AS bound
      FROM memories_memory
      WHERE stack_id = %(stack)s AND kind = '{kind}'
        AND deleted_at IS NULL AND forgotten_at IS NULL
@@ -203,7 +201,7 @@ _CANDIDATES_SQL_TEMPLATE = f"""
 WITH scored AS (
     {{scored}}
 ), ranked AS (
-    SELECT id, kind, score, bound, chars,
+    SELECT id, kind, score, bound,
            row_number() OVER w AS pos,
            sum(bound) OVER w AS cum
     FROM scored
@@ -214,7 +212,7 @@ WITH scored AS (
            count(*) AS total
     FROM ranked
 )
-SELECT r.id, r.kind, r.score, r.chars, p.total
+SELECT r.id::text, r.kind, r.score, r.bound, p.total
 FROM ranked r CROSS JOIN prefix p
 WHERE r.cum <= %(budget)s
    OR r.pos < p.first_out + {ECHO_LIMIT * 2}
@@ -294,7 +292,7 @@ _TOUCH_SQL = ("UPDATE memories_memory m SET times_accessed = m.times_accessed + 
               "FOR NO KEY UPDATE SKIP LOCKED) free WHERE m.id = free.id; ")
 _ASYNC_COMMIT_SQL = "SET LOCAL synchronous_commit = off; "
 _ROWS_SQL = f"""
-SELECT id, kind, record_id, created_at, left(text, %(head)s), {_details_sql()}
+SELECT id::text, kind, record_id, created_at, left(text, %(head)s), {_details_sql()}
 FROM memories_memory
 WHERE id = ANY(%(ids)s::uuid[])
 """  # noqa: S608 (module constants only)
@@ -389,10 +387,11 @@ def stack_load(*, stack: Stack, budget: int | None = None, item_chars: int | Non
             candidates = cursor.fetchall()
 
         # The greedy walk, in priority order. Rows the query left out are ones that cannot fit.
-        chosen: list[tuple[uuid.UUID, float]] = []
-        echoes: list[tuple[uuid.UUID, str, float]] = []
-        for memory_id, kind, score, chars, _total in candidates:
-            bound = token_estimate_for_length(chars)  # upper bound: truncation never lengthens
+        # Ids come as text: they only go back into SQL and out in JSON, never need a UUID object.
+        # `bound` is the token estimate of the text cut to `cap` (truncation never lengthens).
+        chosen: list[tuple[str, float]] = []
+        echoes: list[tuple[str, str, float]] = []
+        for memory_id, kind, score, bound, _total in candidates:
             if remaining > 0 and bound <= remaining:
                 chosen.append((memory_id, score))
                 remaining -= bound
@@ -400,7 +399,7 @@ def stack_load(*, stack: Stack, budget: int | None = None, item_chars: int | Non
                 echoes.append((memory_id, kind, score))
         excluded = (candidates[0][4] - len(chosen)) if candidates else 0
 
-        rows: dict[uuid.UUID, tuple[Any, ...]] = {}
+        rows: dict[str, tuple[Any, ...]] = {}
         chosen_ids = [memory_id for memory_id, _ in chosen]
         wanted = chosen_ids + [memory_id for memory_id, _, _ in echoes]
         if wanted:
@@ -429,7 +428,7 @@ def stack_load(*, stack: Stack, budget: int | None = None, item_chars: int | Non
             tokens = estimate_tokens(text)
             used -= token_estimate_for_length(min(len(head), cap)) - tokens
             items.append(LoadedItem(
-                id=str(memory_id), kind=kind, record_id=record_id, text=text, score=round(score, 4),
+                id=memory_id, kind=kind, record_id=record_id, text=text, score=round(score, 4),
                 tokens=tokens, truncated=len(head) > cap, created_at=created_at,
                 details={name: details.get(name) for name in _ITEM_FIELDS.get(kind, ())},
             ))
@@ -441,7 +440,7 @@ def stack_load(*, stack: Stack, budget: int | None = None, item_chars: int | Non
             continue
         words = row[4].split()
         hint = " ".join(words[:ECHO_WORDS]) + ("..." if len(words) > ECHO_WORDS else "")
-        echo_out.append({"id": str(memory_id), "kind": kind, "hint": hint, "score": round(score, 4)})
+        echo_out.append({"id": memory_id, "kind": kind, "hint": hint, "score": round(score, 4)})
 
     return LoadResult(
         budget_total=total, budget_used=used, item_chars=cap, checkpoint=checkpoint_out, boot_config=boot,
