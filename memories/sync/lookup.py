@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterable
 from typing import Any
 
 import psycopg
@@ -19,6 +18,7 @@ from django.db import DatabaseError, connection, transaction
 
 from memories.models import Memory
 from memories.writes.sets import array_literal
+from memoryhub.database import ModelRows
 from stacks.models import Stack
 
 logger = logging.getLogger(__name__)
@@ -35,9 +35,11 @@ logger = logging.getLogger(__name__)
 # statistics of the two columns that decide it (at most once a minute), and if that is not possible
 # the plain join is used, which is linear in the stack but never per key. What each plan costs:
 # docs/benchmarks.md "Figures behind code choices".
-# The embedding (1.5 kB) and the tsvector are never needed here; raw() leaves them deferred.
-_EXISTING_COLUMNS = ", ".join(
-    f"m.{f.column}" for f in Memory._meta.concrete_fields if f.column not in ("embedding", "search_vector"))
+# The embedding (1.5 kB) and the tsvector are never needed here: left deferred. The rows become
+# memories through ModelRows, not `raw()`, whose per-call setup (the result's columns matched to the
+# model's, each field's converters looked up) cost more than the probe itself on a small push.
+_EXISTING_ROWS = ModelRows(Memory, defer=("embedding", "search_vector"), table_alias="m")
+_EXISTING_COLUMNS = _EXISTING_ROWS.columns
 # Built from the model's column names only; every value is a bound parameter.
 _EXISTING_PROBE_SQL = (
     f"SELECT {_EXISTING_COLUMNS} FROM unnest(%s::varchar[], %s::varchar[]) AS k(kind, record_id) "  # noqa: S608
@@ -122,7 +124,7 @@ def _probe_is_safe(stack: Stack, params: list[Any]) -> bool:
     return True
 
 
-def _lookup_existing(stack: Stack, keys: set[tuple[str, str]]) -> Iterable[Memory]:
+def _lookup_existing(stack: Stack, keys: set[tuple[str, str]]) -> list[Memory]:
     """The stored rows (any state: live, forgotten, deleted) of `keys` = {(kind, record_id)} in
     `stack`, in no particular order; keys with no row are simply absent. The sync engine's one read."""
     kinds, record_ids = zip(*keys, strict=True)
@@ -130,5 +132,7 @@ def _lookup_existing(stack: Stack, keys: set[tuple[str, str]]) -> Iterable[Memor
     params = [array_literal(kinds), array_literal(record_ids), stack.pk]
     # Over a small stack a join costs no more than probes, whatever its plan.
     probe = stack.memory_count >= _PROBE_CHECK_MIN_ROWS and _probe_is_safe(stack, params)
-    return Memory.objects.raw(_EXISTING_PROBE_SQL if probe else _EXISTING_JOIN_SQL, params)
+    with connection.cursor() as cursor:
+        cursor.execute(_EXISTING_PROBE_SQL if probe else _EXISTING_JOIN_SQL, params)
+        return [_EXISTING_ROWS.instance(row) for row in cursor.fetchall()]
 

@@ -97,6 +97,28 @@ def test_both_lookup_queries_find_the_same_rows(probe: bool, monkeypatch: pytest
     assert run_pushes(large=True) == expected
 
 
+@pytest.mark.parametrize("probe", [True, False])
+def test_the_lookup_reads_every_stored_field_as_the_orm_does(probe: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sync, "_probe_is_safe", lambda stack, params: probe)
+    reg = personal_account_register(stack_id="fields", email="fields@example.test")
+    response = bearer_client(reg.secret).post("/sync/push", {"stack_id": "fields", "operations": [
+        note("n0", 0, "fractions with a ruler", ["quiz", "maths"]), note("n1", 1, "pizza slices", [])]}, format="json")
+    assert response.status_code == 200, response.content
+    stack = Stack.objects.get(pk=reg.stack.pk)
+    stack.memory_count = sync._PROBE_CHECK_MIN_ROWS if probe else 0
+    found = sync._lookup_existing(stack, {("note", "n0"), ("note", "n1"), ("note", "never-pushed")})
+    assert sorted(memory.record_id for memory in found) == ["n0", "n1"]
+    deferred = {"embedding", "search_vector"}
+    for memory in found:
+        stored = Memory.objects.defer(*deferred).get(pk=memory.pk)
+        assert memory.get_deferred_fields() == deferred and not memory._state.adding
+        assert {field.attname: getattr(memory, field.attname) for field in Memory._meta.concrete_fields
+                if field.name not in deferred} == {field.attname: getattr(stored, field.attname)
+                                                    for field in Memory._meta.concrete_fields
+                                                    if field.name not in deferred}
+    assert next(m for m in found if m.record_id == "n0").data["content"] == "fractions with a ruler"
+
+
 def _hold_the_statistics_lock() -> None:
     """Take the lock ANALYZE needs (SHARE UPDATE EXCLUSIVE) in the test's own transaction, waiting
     for whoever holds it now. The refresh gives up after 50 ms behind another holder — on a busy
