@@ -2,10 +2,9 @@
 deployment sets (`RESPONSE_GZIP_LEVEL`, docs/configuration.md).
 
 Django compresses at gzip level 6. On the API's JSON that is a large share of a big response's web
-CPU after the database (a load of a few hundred memories), and level 1 does the same job in about a
-quarter of the time for a body about a tenth larger (docs/benchmarks.md "Figures behind code
-choices"); it is nginx's default level too. 0 turns compression off, for a deployment whose proxy
-compresses.
+CPU after the database (a load of a few hundred memories), and level 1 does the same job in a
+fraction of the time for a slightly larger body (docs/benchmarks.md "Figures behind code choices");
+it is nginx's default level too. 0 turns compression off, for a deployment whose proxy compresses.
 
 Everything else is Django's rule: bodies under 200 bytes, bodies already encoded and clients that do
 not accept gzip are left alone; a body is only replaced when the compressed one is shorter; `Vary`
@@ -18,15 +17,15 @@ from __future__ import annotations
 
 import gzip
 import io
+import re
 import secrets
 
 from django.conf import settings
 from django.http import HttpRequest, HttpResponseBase
 from django.middleware.gzip import GZipMiddleware as DjangoGZipMiddleware
 from django.utils.cache import patch_vary_headers
-from django.utils.regex_helper import _lazy_re_compile
 
-_ACCEPTS_GZIP = _lazy_re_compile(r"\bgzip\b")
+_ACCEPTS_GZIP = re.compile(r"\bgzip\b")
 MIN_BODY_BYTES = 200  # Django's: shorter bodies are not worth compressing
 
 
