@@ -21,7 +21,7 @@ import re
 import secrets
 
 from django.conf import settings
-from django.http import HttpRequest, HttpResponseBase
+from django.http import HttpRequest, HttpResponse, HttpResponseBase
 from django.middleware.gzip import GZipMiddleware as DjangoGZipMiddleware
 from django.utils.cache import patch_vary_headers
 
@@ -45,7 +45,7 @@ class GZipMiddleware(DjangoGZipMiddleware):
         level = settings.RESPONSE_GZIP_LEVEL
         if level == 0:
             return response
-        if response.streaming:
+        if not isinstance(response, HttpResponse):  # streamed (StreamingHttpResponse, FileResponse)
             return super().process_response(request, response)
         if len(response.content) < MIN_BODY_BYTES or response.has_header("Content-Encoding"):
             return response

@@ -24,8 +24,8 @@ def _with_notes(school: School, count: int = 30) -> None:
 
 
 def _load(school: School, encoding: str | None) -> tuple[bytes, dict[str, str]]:
-    headers = {"HTTP_ACCEPT_ENCODING": encoding} if encoding is not None else {}
-    response = school.agent.get(school.stack_url("load"), **headers)
+    url = school.stack_url("load")
+    response = school.agent.get(url) if encoding is None else school.agent.get(url, HTTP_ACCEPT_ENCODING=encoding)
     assert response.status_code == 200
     return response.content, dict(response.headers)
 
