@@ -129,7 +129,7 @@ def _lookup_existing(stack: Stack, keys: set[tuple[str, str]]) -> list[Memory]:
     `stack`, in no particular order; keys with no row are simply absent. The sync engine's one read."""
     kinds, record_ids = zip(*keys, strict=True)
     # Arrays passed as one literal each: psycopg adapts a list of strings element by element.
-    params = [array_literal(kinds), array_literal(record_ids), stack.pk]
+    params: list[Any] = [array_literal(kinds), array_literal(record_ids), stack.pk]
     # Over a small stack a join costs no more than probes, whatever its plan.
     probe = stack.memory_count >= _PROBE_CHECK_MIN_ROWS and _probe_is_safe(stack, params)
     with connection.cursor() as cursor:
