@@ -106,6 +106,12 @@ def memory_agents(*, stack: Stack, audience: Audience | None = None) -> list[str
     return sorted({label for label in labels if isinstance(label, str) and label})
 
 
+# A memory's row without its two large columns (the vector and the tsvector), under the alias `m`:
+# what the written-out statements that read whole memories select and build memories from (a
+# search's page and neighbours, memories.search.context; a push's stored rows, memories.sync.lookup).
+MEMORY_ROWS = ModelRows(Memory, defer=("embedding", "search_vector"), table_alias="m")
+
+
 # --- checkpoints -----------------------------------------------------------------------------------
 
 def checkpoint_episode_q() -> Q:

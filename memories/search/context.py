@@ -26,6 +26,7 @@ from typing import Any
 from django.db import connection
 
 from memories.models import Memory
+from memories.selectors import MEMORY_ROWS
 from memoryhub.database import uuid_array
 from memoryhub.prepared import fetch_prepared
 
@@ -39,9 +40,7 @@ PREPARED_NAME = "memoryhub_context"
 
 # Every field but the two large ones a search never shows (the vector and the tsvector), in the
 # order `neighbour_rows` returns them.
-MEMORY_FIELDS: tuple[Any, ...] = tuple(f for f in Memory._meta.concrete_fields
-                                       if f.column not in ("embedding", "search_vector"))
-_MEMORY_COLUMNS = ", ".join(f"m.{f.column}" for f in MEMORY_FIELDS)
+MEMORY_FIELDS: tuple[Any, ...] = MEMORY_ROWS.fields
 
 
 def _neighbour_sql(where: str) -> str:
@@ -58,7 +57,7 @@ def _neighbour_sql(where: str) -> str:
     before = side.format(where=where, op="<", op2=">=", sign="-", direction="DESC")
     after = side.format(where=where, op=">", op2="<=", sign="+", direction="ASC")
     return f"""
-        SELECT h.seed_id, h.distance, {_MEMORY_COLUMNS}
+        SELECT h.seed_id, h.distance, {MEMORY_ROWS.columns}
           FROM (SELECT s.id AS seed_id, n.distance, n.id
                   FROM memories_memory s
                   CROSS JOIN LATERAL ({before} UNION ALL {after}) n
@@ -92,39 +91,7 @@ def neighbour_rows(*, seeds: Sequence[Any], where: str, params: dict[str, Any], 
         return cursor.fetchall()
 
 
-_CONVERTERS: dict[str, list[tuple[int, Any, list[Any]]]] = {}
-
-
-def _converters() -> list[tuple[int, Any, list[Any]]]:
-    """(index, column, converters) of the MEMORY_FIELDS that need converting, looked up once per
-    database alias: the lookup walks every field, a cost on every search when done per call."""
-    found_by_alias = _CONVERTERS.get(connection.alias)
-    if found_by_alias is None:
-        found_by_alias = []
-        for i, field in enumerate(MEMORY_FIELDS):
-            column = field.get_col(Memory._meta.db_table)
-            found = [*connection.ops.get_db_converters(column), *field.get_db_converters(connection)]
-            if found:
-                found_by_alias.append((i, column, found))
-        _CONVERTERS[connection.alias] = found_by_alias
-    return found_by_alias
-
-
-_MEMORY_ATTNAMES = [f.attname for f in MEMORY_FIELDS]
-
-
 def memories_from_rows(rows: Sequence[Sequence[Any]]) -> list[Memory]:
-    """Memories from MEMORY_FIELDS' column values, through the converters the ORM would apply (the
-    JSON fields' parse), with the vector and the tsvector deferred."""
-    if not rows:
-        return []
-    converters = _converters()
-    names = _MEMORY_ATTNAMES
-    memories = []
-    for row in rows:
-        values = list(row)
-        for i, column, found in converters:
-            for convert in found:
-                values[i] = convert(values[i], column, connection)
-        memories.append(Memory.from_db(connection.alias, names, values))
-    return memories
+    """Memories from MEMORY_FIELDS' column values, each converted as the ORM reads it (the JSON
+    fields' parse), with the vector and the tsvector deferred."""
+    return [MEMORY_ROWS.instance(row) for row in rows]

@@ -17,8 +17,8 @@ from django.core.cache import cache
 from django.db import DatabaseError, connection, transaction
 
 from memories.models import Memory
+from memories.selectors import MEMORY_ROWS
 from memories.writes.sets import array_literal
-from memoryhub.database import ModelRows
 from stacks.models import Stack
 
 logger = logging.getLogger(__name__)
@@ -35,19 +35,18 @@ logger = logging.getLogger(__name__)
 # statistics of the two columns that decide it (at most once a minute), and if that is not possible
 # the plain join is used, which is linear in the stack but never per key. What each plan costs:
 # docs/benchmarks.md "Figures behind code choices".
-# The embedding (1.5 kB) and the tsvector are never needed here: left deferred. The rows become
-# memories through ModelRows, not `raw()`, whose per-call setup (the result's columns matched to the
-# model's, each field's converters looked up) cost more than the probe itself on a small push.
-_EXISTING_ROWS = ModelRows(Memory, defer=("embedding", "search_vector"), table_alias="m")
-_EXISTING_COLUMNS = _EXISTING_ROWS.columns
+# The embedding (1.5 kB) and the tsvector are never needed here: MEMORY_ROWS leaves them deferred.
+# The rows become memories through it, not `raw()`, whose per-call setup (the result's columns
+# matched to the model's, each field's converters looked up) cost more than the probe itself on a
+# small push.
 # Built from the model's column names only; every value is a bound parameter.
 _EXISTING_PROBE_SQL = (
-    f"SELECT {_EXISTING_COLUMNS} FROM unnest(%s::varchar[], %s::varchar[]) AS k(kind, record_id) "  # noqa: S608
+    f"SELECT {MEMORY_ROWS.columns} FROM unnest(%s::varchar[], %s::varchar[]) AS k(kind, record_id) "  # noqa: S608
     "CROSS JOIN LATERAL (SELECT * FROM memories_memory m WHERE m.stack_id = %s AND m.kind = k.kind "
     "AND m.record_id = k.record_id LIMIT 1) m"
 )
 _EXISTING_JOIN_SQL = (
-    f"SELECT {_EXISTING_COLUMNS} FROM unnest(%s::varchar[], %s::varchar[]) AS k(kind, record_id) "  # noqa: S608
+    f"SELECT {MEMORY_ROWS.columns} FROM unnest(%s::varchar[], %s::varchar[]) AS k(kind, record_id) "  # noqa: S608
     "JOIN memories_memory m ON m.stack_id = %s AND m.kind = k.kind AND m.record_id = k.record_id"
 )
 _UNIQUE_INDEX = "memories_memory_record_unique"
@@ -134,5 +133,5 @@ def _lookup_existing(stack: Stack, keys: set[tuple[str, str]]) -> list[Memory]:
     probe = stack.memory_count >= _PROBE_CHECK_MIN_ROWS and _probe_is_safe(stack, params)
     with connection.cursor() as cursor:
         cursor.execute(_EXISTING_PROBE_SQL if probe else _EXISTING_JOIN_SQL, params)
-        return [_EXISTING_ROWS.instance(row) for row in cursor.fetchall()]
+        return [MEMORY_ROWS.instance(row) for row in cursor.fetchall()]
 
