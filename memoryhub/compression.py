@@ -17,15 +17,14 @@ from __future__ import annotations
 
 import gzip
 import io
-import re
 import secrets
 
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, HttpResponseBase
 from django.middleware.gzip import GZipMiddleware as DjangoGZipMiddleware
+from django.middleware.gzip import re_accepts_gzip
 from django.utils.cache import patch_vary_headers
 
-_ACCEPTS_GZIP = re.compile(r"\bgzip\b")
 MIN_BODY_BYTES = 200  # Django's: shorter bodies are not worth compressing
 
 
@@ -50,7 +49,7 @@ class GZipMiddleware(DjangoGZipMiddleware):
         if len(response.content) < MIN_BODY_BYTES or response.has_header("Content-Encoding"):
             return response
         patch_vary_headers(response, ("Accept-Encoding",))
-        if not _ACCEPTS_GZIP.search(request.META.get("HTTP_ACCEPT_ENCODING", "")):
+        if not re_accepts_gzip.search(request.META.get("HTTP_ACCEPT_ENCODING", "")):
             return response
         compressed = gzip_body(response.content, level, max_random_bytes=self.max_random_bytes)
         if len(compressed) >= len(response.content):
