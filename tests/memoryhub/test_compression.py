@@ -62,8 +62,8 @@ def test_the_level_is_the_deployment_s_choice(school: School, settings: Settings
 
 
 def test_small_bodies_and_clients_without_gzip_are_left_alone(school: School) -> None:
-    small = school.agent.get(school.stack_url("checkpoint"), HTTP_ACCEPT_ENCODING="gzip")
-    assert len(small.content) < 200 and "Content-Encoding" not in small.headers
+    small = school.agent.get(school.stack_url("boot-config"), HTTP_ACCEPT_ENCODING="gzip")
+    assert small.status_code == 200 and len(small.content) < 200 and "Content-Encoding" not in small.headers
     _with_notes(school, 5)
     body, headers = _load(school, "br, identity")
     assert "Content-Encoding" not in headers and len(_memories(body)) == 5
