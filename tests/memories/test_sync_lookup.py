@@ -109,13 +109,14 @@ def test_the_lookup_reads_every_stored_field_as_the_orm_does(probe: bool, monkey
     found = sync._lookup_existing(stack, {("note", "n0"), ("note", "n1"), ("note", "never-pushed")})
     assert sorted(memory.record_id for memory in found) == ["n0", "n1"]
     deferred = {"embedding", "search_vector"}
+
+    def values(memory: Memory) -> dict[str, Any]:
+        return {field.attname: getattr(memory, field.attname) for field in Memory._meta.concrete_fields
+                if field.name not in deferred}
+
     for memory in found:
-        stored = Memory.objects.defer(*deferred).get(pk=memory.pk)
         assert memory.get_deferred_fields() == deferred and not memory._state.adding
-        assert {field.attname: getattr(memory, field.attname) for field in Memory._meta.concrete_fields
-                if field.name not in deferred} == {field.attname: getattr(stored, field.attname)
-                                                    for field in Memory._meta.concrete_fields
-                                                    if field.name not in deferred}
+        assert values(memory) == values(Memory.objects.defer(*deferred).get(pk=memory.pk))
     assert next(m for m in found if m.record_id == "n0").data["content"] == "fractions with a ruler"
 
 
