@@ -49,6 +49,8 @@ does not keep up with borrows from the backlog. `--mix probe` runs the mix of th
 (pushes of 10 operations, pulls and searches 4:2:4), the one the peak's goal was set on (its first
 figure on that mix: docs/benchmarks.md "Soak"); the default `agents` mix is the soak's, heavier
 (loads, native writes, pushes of up to 500).
+`--saturate --compare-base DIR` finds the peak of the code in checkout DIR with this load generator: run it
+and the plain `--saturate` one after the other for a before/after.
 `--costs` runs each operation of the mix alone, in turn (closed loop, `--compare-clients` clients,
 `--rounds` rounds of `--step-seconds`), and prints what one request of each costs the web server
 and PostgreSQL in CPU milliseconds, and the mix's weighted sum: where a core goes.
@@ -201,14 +203,16 @@ def run_saturate(args: argparse.Namespace) -> int:
     import psycopg
 
     workdir = Path(tempfile.mkdtemp(prefix="memoryhub-saturate-"))
+    code_dir = Path(args.compare_base).resolve() if args.compare_base else BASE_DIR
     extra = {"WEB_WORKERS": str(args.web_workers)} if args.web_workers else {}
     if args.concurrency:
         extra["CELERY_CONCURRENCY"] = str(args.concurrency)
     mix = MIXES[args.mix]
-    log(f"starting the service (runner) in {workdir}; embedder {args.embedder}; {extra or 'default sizing'}; "
-        f"mix {args.mix}: {mix.weights}, {mix.memories_per_request():.1f} memories written a request")
+    log(f"starting the service (runner) from {code_dir} in {workdir}; embedder {args.embedder}; "
+        f"{extra or 'default sizing'}; mix {args.mix}: {mix.weights}, {mix.memories_per_request():.1f} memories "
+        "written a request")
     try:
-        with running_service(workdir, args.embedder, extra) as service:
+        with running_service(workdir, args.embedder, extra, code_dir=code_dir) as service:
             school = service.make_school("soak", args.agents)
             agents = [Agent(n, a["stack"], a["secret"]) for n, a in enumerate(school["agents"])]
             asyncio.run(seed_and_baseline(service.base_url, agents, 1))
@@ -406,7 +410,8 @@ def main() -> int:
     parser.add_argument("--compare", default="", metavar="NAME=VALUE[,…]",
                         help="A/B: a second service with these settings, loaded in turn with the first")
     parser.add_argument("--compare-base", default="", metavar="DIR",
-                        help="--compare: run service A from this other checkout (the code before a change)")
+                        help="--compare: run service A from this other checkout (the code before a change); "
+                             "--saturate: find that checkout's peak, with this load generator")
     parser.add_argument("--rounds", type=int, default=3, help="--compare: rounds per service")
     parser.add_argument("--compare-clients", type=int, default=4, help="--compare: closed-loop clients")
     parser.add_argument("--compare-pages", type=int, default=0,
@@ -416,7 +421,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.costs:
         return run_costs(args)
-    if args.compare or args.compare_base:
+    if args.compare or (args.compare_base and not args.saturate):
         return run_compare(args)
     return run_saturate(args) if args.saturate else run_soak(args)
 
