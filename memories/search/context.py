@@ -38,11 +38,6 @@ CONTEXT_MAX_GAP = timedelta(minutes=15)
 PREPARED_NAME = "memoryhub_context"
 
 
-# Every field but the two large ones a search never shows (the vector and the tsvector), in the
-# order `neighbour_rows` returns them.
-MEMORY_FIELDS: tuple[Any, ...] = MEMORY_ROWS.fields
-
-
 def _neighbour_sql(where: str) -> str:
     """(seed_id, distance, id) of the `%(window)s` memories just before and just after each seed,
     then (NULL, NULL, id) for each memory `%(also)s` names, and the columns of all of them read in
@@ -70,9 +65,9 @@ def _neighbour_sql(where: str) -> str:
 
 def neighbour_rows(*, seeds: Sequence[Any], where: str, params: dict[str, Any], window: int = 1,
                    also: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-    """(seed id, distance, *MEMORY_FIELDS) for the `window` memories just before and just after
+    """(seed id, distance, *MEMORY_ROWS.fields) for the `window` memories just before and just after
     each seed (distance 1 = adjacent), within CONTEXT_MAX_GAP of the seed, same stack and kind,
-    passing `where` (over alias `m`) - and (None, None, *MEMORY_FIELDS) for the memories `also`
+    passing `where` (over alias `m`) - and (None, None, *MEMORY_ROWS.fields) for the memories `also`
     names, in no particular order: the search reads its page in the same statement, so context costs it no round
     trip of its own. Rows stay tuples (a model instance costs far more than a tuple, and most
     neighbours never reach the page): `memory_from_row` makes the few that do into memories."""
@@ -92,6 +87,6 @@ def neighbour_rows(*, seeds: Sequence[Any], where: str, params: dict[str, Any], 
 
 
 def memories_from_rows(rows: Sequence[Sequence[Any]]) -> list[Memory]:
-    """Memories from MEMORY_FIELDS' column values, each converted as the ORM reads it (the JSON
+    """Memories from MEMORY_ROWS.fields' column values, each converted as the ORM reads it (the JSON
     fields' parse), with the vector and the tsvector deferred."""
     return [MEMORY_ROWS.instance(row) for row in rows]

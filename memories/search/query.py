@@ -24,7 +24,7 @@ from django.utils import timezone
 
 from memories.models import Memory
 from memories.privacy.grants import Audience, grants_sql
-from memories.search.context import MEMORY_FIELDS
+from memories.selectors import MEMORY_ROWS
 
 MAX_LIMIT = 100
 MAX_QUERY_CHARS = 2000
@@ -132,8 +132,8 @@ def scope_filters(query: SearchQuery, params: dict[str, Any], audience: Audience
 LEG_COLUMNS = ("m.id, m.stability, m.confidence, m.created_at, m.last_reviewed_at, m.kind, m.times_accessed, "
                "m.emotional_valence, m.emotional_arousal")
 SCORE = 9  # index of the leg's own score column (after LEG_COLUMNS)
-# Where each leg column sits in a context row (memories.search.context.MEMORY_FIELDS).
-LEG_FIELD_INDEXES = tuple([f.column for f in MEMORY_FIELDS].index(column.removeprefix("m."))
+# Where each leg column sits in a context row (memories.selectors.MEMORY_ROWS, its fields in order).
+LEG_FIELD_INDEXES = tuple([f.column for f in MEMORY_ROWS.fields].index(column.removeprefix("m."))
                           for column in LEG_COLUMNS.split(", "))
 
 
