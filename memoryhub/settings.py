@@ -129,6 +129,8 @@ PYTHON_GC_TUNING = env_bool("PYTHON_GC_TUNING", True)
 # How long a web process's busy thread keeps the GIL from a thread whose database or Redis answer
 # has come back (memoryhub/interpreter.py); CPython's own is 5.
 PYTHON_GIL_SWITCH_MS = env_int("PYTHON_GIL_SWITCH_MS", 1, minimum=1, maximum=100)
+# Each response says where its time went: app, cpu and db durations (memoryhub.timing).
+SERVER_TIMING = env_bool("SERVER_TIMING", True)
 # An optional streaming replica (docs/production.md §4): the read-only pages that can show data a
 # moment old read it through memoryhub.replica.read_alias(); writes, access decisions, sync pull
 # and anything inside a transaction stay on the primary. Unset: no "replica" alias is used at all.
@@ -171,6 +173,8 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     # First: counts and times every request, whatever the middleware below answer (memoryhub.metrics).
     "memoryhub.metrics.MetricsMiddleware",
+    # Where the request's time went, in its Server-Timing header (memoryhub.timing).
+    "memoryhub.timing.ServerTimingMiddleware",
     # The request id on every log line of the request and of the tasks it queues (memoryhub.requestid).
     "memoryhub.requestid.RequestIdMiddleware",
     # Times interactive requests for the bulk lane's limit and frees a bulk request's place (memoryhub.lanes).
