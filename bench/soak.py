@@ -32,7 +32,9 @@ ratio, the unloaded p95 measured again after the soak on the stacks it grew), ev
 status, the RSS of each process at the start, the middle and the end, and the goals with
 PASS/FAIL: no response >= 500; nothing lost or duplicated; p95 of every operation <= 3x its unloaded
 p95 (the bulk lane's pushes: reported, no goal); no process's RSS growing > 20 % over the second
-half. Also, to read those figures by: the p95
+half. Also, to read those figures by: where the slowest 5 % of each operation spent their time
+against its fastest half (the service's `Server-Timing`: its CPU, its database statements, waiting
+inside it, and the rest outside it; docs/operations.md §13), the p95
 of all operations in each tenth of the run, each operation's p95 timed from when it was actually
 sent, how late this load generator's own event loop ran (it shares the cores: its lateness is in
 every figure, none of it the service's), the cores each part used during the soak, and the cores

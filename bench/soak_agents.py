@@ -10,6 +10,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import sys
 import time
 import uuid
@@ -108,6 +109,8 @@ class Sample:
     status: int  # 0: no answer (timeout / connection error)
     error: str = ""
     late_ms: float = 0.0  # how late this load generator started it (its own event loop's lag)
+    # The service's own account of it, from its Server-Timing header: (app, cpu, db) milliseconds.
+    served: tuple[float, float, float] | None = None
 
 
 class Recorder:
@@ -142,6 +145,15 @@ def kernle_ops(rng: random.Random, stack: str, count: int) -> list[dict[str, Any
     return ops
 
 
+_SERVER_TIMING = re.compile(r"app;dur=([\d.]+), cpu;dur=([\d.]+), db;dur=([\d.]+)")
+
+
+def server_timing(header: str) -> tuple[float, float, float] | None:
+    """(app, cpu, db) milliseconds from the service's Server-Timing header (memoryhub.timing)."""
+    match = _SERVER_TIMING.match(header)
+    return None if match is None else (float(match[1]), float(match[2]), float(match[3]))
+
+
 async def operate(http: httpx.AsyncClient, agent: Agent, op: str, rng: random.Random, recorder: Recorder,
                   scheduled: float, *, push_ops: int | None = None, mix: Mix = MIX) -> None:
     """One operation of `agent`; its latency is counted from `scheduled`."""
@@ -174,9 +186,11 @@ async def operate(http: httpx.AsyncClient, agent: Agent, op: str, rng: random.Ra
             if response.status_code == 201:
                 acked = [str(response.json()["id"])]
         status, error = response.status_code, ("" if response.status_code < 400 else response.text[:160])
+        served = server_timing(response.headers.get("server-timing", ""))
     except httpx.HTTPError as exc:
-        status, error = 0, type(exc).__name__
-    recorder.samples.append(Sample(op, scheduled, (time.monotonic() - scheduled) * 1000, status, error, late_ms))
+        status, error, served = 0, type(exc).__name__, None
+    recorder.samples.append(Sample(op, scheduled, (time.monotonic() - scheduled) * 1000, status, error, late_ms,
+                                   served))
     recorder.acknowledged.extend(acked)
 
 

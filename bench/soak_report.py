@@ -137,6 +137,29 @@ def stored_counts(database_url: str, record_ids: list[str]) -> Counter[str]:
     return counts
 
 
+def print_where_the_time_went(loaded: dict[str, list[Any]]) -> None:
+    """The slowest 5 % of each operation against its fastest half, split by the service's own
+    Server-Timing (memoryhub.timing): its thread's CPU, its database statements, the rest of its
+    time waiting inside the service (for a core, the GIL, Redis), and what the client waited
+    outside it (the HTTP server, the network, this load generator). Means, in ms."""
+    rows = []
+    for op in [*MIX.weights, BULK_PUSH]:
+        timed = sorted((s for s in loaded.get(op, []) if 200 <= s.status < 300 and s.served), key=lambda s: s.ms)
+        if len(timed) < 20:
+            continue
+        row: dict[str, Any] = {"operation": op}
+        for label, part in (("slow", timed[int(len(timed) * 0.95):]), ("fast half", timed[:len(timed) // 2])):
+            client = sum(s.ms for s in part) / len(part)
+            app, cpu, db = (sum(s.served[i] for s in part) / len(part) for i in range(3))
+            row.update({f"{label}: client": client, f"{label}: cpu": cpu, f"{label}: db": db,
+                        f"{label}: waiting": app - cpu - db, f"{label}: outside": client - app})
+        rows.append(row)
+    if rows:
+        print_table("where the time went: the slowest 5 % of each operation (slow) and its fastest half, "
+                    "ms, means; cpu, db and waiting are inside the service (its Server-Timing), outside is "
+                    "the rest of what the client waited", rows)
+
+
 def report_soak(args: argparse.Namespace, recorder: Recorder, baseline: Recorder, pages: list[LivePage],
                 elapsed: float, rss: dict[str, dict[str, float]], backlogs: dict[str, int],
                 metrics: dict[str, dict[str, float]], stored: Counter[str], after: Recorder) -> bool:
@@ -164,6 +187,7 @@ def report_soak(args: argparse.Namespace, recorder: Recorder, baseline: Recorder
     total = len(recorder.samples)
     print_table(f"soak: {args.agents} agents, {elapsed:.0f} s, open loop (an operation every 1-2 s each); "
                 f"{total:,} requests = {total / elapsed:.1f}/s", rows)
+    print_where_the_time_went(loaded)
     # Latency over the run, in tenths: a slow start (the seed's embedding backlog) or a worsening
     # (the stacks grow) shows here, not in the run's one p95.
     started = min((s.started for s in recorder.samples), default=0.0)
