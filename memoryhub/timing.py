@@ -48,6 +48,9 @@ class _StatementClock:
 
 
 class ServerTimingMiddleware:
+    """Times the rest of the middleware chain and the view, and sets the header on an authenticated
+    caller's response (see the module docstring)."""
+
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponseBase]) -> None:
         self.get_response = get_response
         self.enabled = settings.SERVER_TIMING
