@@ -6,6 +6,7 @@ import re
 
 import pytest
 from django.db import connection
+from django.http import HttpResponseBase
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 from rest_framework.test import APIClient
@@ -17,9 +18,9 @@ _TIMING = re.compile(r'app;dur=(?P<app>[\d.]+), cpu;dur=(?P<cpu>[\d.]+), '
                      r'db;dur=(?P<db>[\d.]+);desc="(?P<statements>\d+) statements?"')
 
 
-def timings(response: object) -> dict[str, float]:
-    match = _TIMING.fullmatch(response["Server-Timing"])  # type: ignore[index]
-    assert match is not None, response["Server-Timing"]  # type: ignore[index]
+def timings(response: HttpResponseBase) -> dict[str, float]:
+    match = _TIMING.fullmatch(response["Server-Timing"])
+    assert match is not None, response["Server-Timing"]
     return {name: float(value) for name, value in match.groupdict().items()}
 
 
