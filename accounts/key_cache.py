@@ -118,7 +118,9 @@ def forget_all() -> None:
         _entries.clear()
 
 
-def _bump_generation() -> None:
+def forget_everywhere() -> None:
+    """End what every process remembers: this one's entries now, the others' on their next request
+    (the generation). For a change that skips model signals (docs/operations.md §5 "Key cache")."""
     forget_all()
     try:
         redis_client(write=True).incr(generation_key())
@@ -134,7 +136,7 @@ def _changed(sender: Any, using: str | None = None, **_: Any) -> None:
     forget_all()
     # After commit: bumping earlier would let another process re-read (and remember) the old rows
     # before they change. Outside a transaction on_commit runs at once.
-    transaction.on_commit(_bump_generation, using=using)
+    transaction.on_commit(forget_everywhere, using=using)
 
 
 def connect() -> None:

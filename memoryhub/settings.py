@@ -539,8 +539,10 @@ AUTH_FAILURE_LIMITS = {
 }
 # How long a web process remembers an API key that verified (accounts/key_cache.py): any change to
 # keys, people, schools, memberships or teacher assignments invalidates it at once everywhere; this
-# only bounds writes that bypass model signals. 0 turns the cache off.
-AUTH_KEY_CACHE_SECONDS = env_int("AUTH_KEY_CACHE_SECONDS", 10, minimum=0)
+# only bounds writes that bypass model signals (none of ours takes access away: docs/operations.md
+# §5 "Key cache"), so it is sized for the quiet agent: one that calls every few seconds should not
+# pay the lookup every few calls. 0 turns the cache off.
+AUTH_KEY_CACHE_SECONDS = env_int("AUTH_KEY_CACHE_SECONDS", 60, minimum=0)
 # The gzip level of whole responses (memoryhub.compression); 0: the proxy compresses, or nothing does.
 RESPONSE_GZIP_LEVEL = env_int("RESPONSE_GZIP_LEVEL", 1, minimum=0, maximum=9)
 

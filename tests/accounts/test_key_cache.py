@@ -118,6 +118,18 @@ def test_an_entry_lives_at_most_its_lifetime(settings: Any) -> None:
     assert client.get(ENDPOINT).status_code == 401
 
 
+def test_an_operator_ends_every_entry_after_a_revocation_by_hand() -> None:
+    key, secret = make_key(make_org())
+    client = bearer_client(secret)
+    assert key_queries(client) == (200, 1)
+    ApiKey.objects.filter(pk=key.pk).update(revoked_at=timezone.now())  # SQL by hand: no signal
+    assert client.get(ENDPOINT).status_code == 200  # remembered, for up to the lifetime
+    before = generation()
+    key_cache.forget_everywhere()
+    assert generation() != before  # the other processes drop theirs on their next request
+    assert client.get(ENDPOINT).status_code == 401
+
+
 def test_an_entry_never_outlives_the_keys_expiry() -> None:
     key, secret = make_key(make_org())
     ApiKey.objects.filter(pk=key.pk).update(expires_at=timezone.now() + timedelta(seconds=0.5))
