@@ -20,6 +20,7 @@ from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import DatabaseError, DataError, InterfaceError, OperationalError
 from django.http import Http404, HttpRequest, HttpResponseBase, JsonResponse
+from psycopg.errors import LockNotAvailable
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from rest_framework import exceptions as drf
@@ -141,9 +142,17 @@ def _as_messages(value: Any) -> list[Any]:
     return [str(value)]
 
 
+# A statement of this request waited for a row or table lock longer than the process's
+# `lock_timeout` (DB_LOCK_TIMEOUT_MS, docs/operations.md §6 "Lock waits"): another change holds it.
+BUSY = "busy"
+
+
 def unavailable_part(exc: BaseException) -> str | None:
     """The backing service `exc` says is unreachable ("the database": down, or no pooled connection
-    free within the pool's timeout; "the cache": Redis), or None for any other error."""
+    free within the pool's timeout; "the cache": Redis), `BUSY` for a lock wait cut short, or None
+    for any other error."""
+    if isinstance(exc, OperationalError) and isinstance(exc.__cause__, LockNotAvailable):
+        return BUSY
     if isinstance(exc, (OperationalError, InterfaceError)):
         return "the database"
     if isinstance(exc, (RedisConnectionError, RedisTimeoutError)):
@@ -152,10 +161,14 @@ def unavailable_part(exc: BaseException) -> str | None:
 
 
 def _unavailable(part: str, exc: BaseException, response_class: Callable[..., HttpResponseBase]) -> HttpResponseBase:
-    logger.warning("%s unavailable: %s", part, type(exc).__name__)
-    response = response_class(
-        error_body("service_unavailable", f"{part} is unavailable; retry shortly"), status=503
-    )
+    if part == BUSY:
+        logger.warning("a lock wait passed the lock timeout (%s)", type(exc).__name__)
+        body = error_body(BUSY, "Another change to the same data is still in progress; retry after the time in "
+                                "Retry-After. Nothing of this request was applied.")
+    else:
+        logger.warning("%s unavailable: %s", part, type(exc).__name__)
+        body = error_body("service_unavailable", f"{part} is unavailable; retry shortly")
+    response = response_class(body, status=503)
     response["Retry-After"] = str(retry_after_seconds(part))
     # Logged above as a WARNING naming the part; Django would add an ERROR line per request.
     response._has_been_logged = True  # type: ignore[attr-defined]

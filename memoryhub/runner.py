@@ -48,6 +48,8 @@ READY_TIMEOUT_SECONDS = 180.0
 # memoryhub.worker_priority, docs/operations.md §8).
 DEFAULT_WORKER_CPU_NICE = 10
 DEFAULT_EMBEDDING_CATCH_UP_SECONDS = 60
+# A web request's statements wait at most this long for a lock (docs/operations.md §6 "Lock waits").
+DEFAULT_WEB_LOCK_TIMEOUT_MS = 10_000
 
 
 # Connections kept free of the pools' budget: `manage.py` commands, backups, beat, the health
@@ -239,6 +241,7 @@ def main() -> int:
         worker_nice = env_int("WORKER_CPU_NICE", DEFAULT_WORKER_CPU_NICE, minimum=0, maximum=19)
         worker_idle = env_bool("WORKER_CPU_IDLE", True)
         catch_up_seconds = env_int("EMBEDDING_CATCH_UP_SECONDS", DEFAULT_EMBEDDING_CATCH_UP_SECONDS, minimum=0)
+        web_lock_timeout_ms = env_int("DB_LOCK_TIMEOUT_MS", DEFAULT_WEB_LOCK_TIMEOUT_MS, minimum=0)
         import memoryhub.settings  # noqa: F401  (validates every setting before anything starts)
     except ImproperlyConfigured as exc:
         log(f"configuration error: {exc}")
@@ -261,6 +264,8 @@ def main() -> int:
     logs = data / "logs"
     runtime = runtime_file(data)
     env = dict(os.environ)  # EMBEDDING_PROVIDER included: every child reads the same one (settings)
+    # The lock timeout is the web's alone: the worker's jobs and the migrations may wait on purpose.
+    env.pop("DB_LOCK_TIMEOUT_MS", None)
     # Prometheus metrics of every web and worker process, added up by /metrics (memoryhub.metrics);
     # emptied at each start, as the client library requires (old processes' files would count).
     metrics_dir = Path(env.setdefault("PROMETHEUS_MULTIPROC_DIR", str(data / "metrics")))
@@ -354,7 +359,8 @@ def main() -> int:
                   "--ws-max-size", str(256 * 1024),
                   # SIGTERM: stop accepting, let requests in flight finish for up to this long.
                   "--timeout-graceful-shutdown", str(int(GRACEFUL_WEB_SECONDS))],
-            env=env, cwd=BASE_DIR, stop_timeout=GRACEFUL_WEB_SECONDS + 5,
+            env=dict(env, DB_LOCK_TIMEOUT_MS=str(web_lock_timeout_ms)), cwd=BASE_DIR,
+            stop_timeout=GRACEFUL_WEB_SECONDS + 5,
         ))
         worker = ManagedProcess(
             name="worker",

@@ -95,6 +95,11 @@ REDIS_URL = env_url(
 # carry over and each request would open a new connection. A psycopg connection pool
 # per process does: DB_POOL_MAX_SIZE=0 turns it off (then DB_CONN_MAX_AGE applies).
 DB_POOL_MAX_SIZE = env_int("DB_POOL_MAX_SIZE", 10, minimum=0)
+# How long a statement of this process waits for a row or table lock before it fails (PostgreSQL's
+# lock_timeout; 0: without end). The runner gives it to its web processes only (10 s): a request is
+# then answered 503 `busy` with Retry-After instead of hanging behind a stuck lock holder, while the
+# worker's jobs and migrations may wait as long as they must (docs/operations.md §6 "Lock waits").
+DB_LOCK_TIMEOUT_MS = env_int("DB_LOCK_TIMEOUT_MS", 0, minimum=0)
 
 
 def _database(url: str) -> dict[str, Any]:
@@ -106,6 +111,9 @@ def _database(url: str) -> dict[str, Any]:
     )
     options = database.setdefault("OPTIONS", {})
     options.setdefault("connect_timeout", 5)
+    if DB_LOCK_TIMEOUT_MS:
+        # A startup parameter: set once per connection, nothing sent per request.
+        options["options"] = f"{options.get('options', '')} -c lock_timeout={DB_LOCK_TIMEOUT_MS}".strip()
     if DB_POOL_MAX_SIZE:
         options["pool"] = {
             "min_size": 1,

@@ -76,6 +76,14 @@ def test_runner_serves_recovers_from_redis_death_and_stops_everything(tmp_path: 
         assert {name: check["ok"] for name, check in checks.items()} == {
             "database": True, "redis": True, "celery": True}
 
+        # The lock timeout is the web processes' alone (docs/operations.md §6 "Lock waits").
+        parts = {child: " ".join(child.cmdline()) for child in psutil.Process(runner.pid).children(recursive=True)}
+        webs = [child for child, cmdline in parts.items() if "uvicorn" in cmdline]
+        workers = [child for child, cmdline in parts.items() if "celery" in cmdline and " worker " in cmdline]
+        assert webs and workers
+        assert {child.environ().get("DB_LOCK_TIMEOUT_MS") for child in webs} == {"10000"}
+        assert {child.environ().get("DB_LOCK_TIMEOUT_MS") for child in workers} == {None}
+
         redis_url = f"redis://127.0.0.1:{redis_port}/0"
         celery = Celery(broker=redis_url, backend=redis_url)
         assert celery.send_task("memoryhub.ping").get(timeout=30) == "pong"
