@@ -118,22 +118,13 @@ def test_jwt_is_hs256_signed_with_the_jwt_signing_key_and_names_user_school_stac
 def test_with_the_database_unreachable_authentication_fails_closed_with_503() -> None:
     """Point the connection at a closed port (a real refused connection): the key cannot be
     checked, so the answer is 503 with Retry-After — never a 200 and never a 500."""
-    from django.db import connection
-
     from memoryhub.embedded import free_port
+    from tests.connections import connection_settings
 
     _, secret = make_key(make_org())
-    original_port = connection.settings_dict["PORT"]
-    connection.close()
-    connection.close_pool()  # type: ignore[attr-defined]  # (postgres backend; stubs lack it) reconnect with new settings
-    connection.settings_dict["PORT"] = str(free_port())
-    try:
+    with connection_settings(PORT=str(free_port())):
         response = bearer_client(secret).get(ENDPOINT)
         register = APIClient().post("/auth/register", {"stack_id": "db-down"}, format="json")
-    finally:
-        connection.close()
-        connection.close_pool()  # type: ignore[attr-defined]
-        connection.settings_dict["PORT"] = original_port
     assert response.status_code == 503, response.content
     assert response["Retry-After"] and response.json()["error"]["code"] == "service_unavailable"
     assert register.status_code == 503

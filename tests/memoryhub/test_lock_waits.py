@@ -22,6 +22,7 @@ import memoryhub.settings as settings_module
 from memories.models import Memory
 from memoryhub.database import database_conninfo
 from stacks.models import Stack
+from tests.connections import connection_settings
 from tests.factories import bearer_client, make_key, make_org, make_stack
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -29,28 +30,13 @@ pytestmark = pytest.mark.django_db(transaction=True)
 LOCK_TIMEOUT_MS = 300
 
 
-def _reconnect() -> None:
-    connection.close()
-    if getattr(connection, "pool", None) is not None:
-        connection.close_pool()  # type: ignore[attr-defined]  # then new connections, with the options set
-
-
 @pytest.fixture
 def web_lock_timeout(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """This process's connections opened as the runner's web processes open theirs."""
     monkeypatch.setattr(settings_module, "DB_LOCK_TIMEOUT_MS", LOCK_TIMEOUT_MS)
-    options = connection.settings_dict["OPTIONS"]
-    before = options.get("options")
-    options["options"] = settings_module._database(settings_module.DATABASE_URL)["OPTIONS"]["options"]
-    _reconnect()
-    try:
+    web_options = settings_module._database(settings_module.DATABASE_URL)["OPTIONS"]["options"]
+    with connection_settings(OPTIONS={**connection.settings_dict["OPTIONS"], "options": web_options}):
         yield
-    finally:
-        if before is None:
-            options.pop("options", None)
-        else:
-            options["options"] = before
-        _reconnect()
 
 
 def _push(slug: str, content: str) -> dict[str, Any]:

@@ -47,6 +47,7 @@ from memoryhub.embedded import EmbeddedPostgres, free_port, pgserver_bin
 from memoryhub.replica import read_alias
 from stacks.selectors import stacks_visible_to
 from tests.actors import School
+from tests.connections import connection_settings
 
 pytestmark = pytest.mark.slow  # a second PostgreSQL and settings processes
 
@@ -91,24 +92,12 @@ def standby(django_db_setup: None) -> Iterator[EmbeddedPostgres]:
 @pytest.fixture
 def replica(standby: EmbeddedPostgres) -> Iterator[EmbeddedPostgres]:
     """The `replica` alias pointed at the standby, and the read-only paths told to use it."""
-    settings_dict = connections.settings["replica"]
-    saved = {key: settings_dict[key] for key in ("HOST", "PORT")}
-    _drop_replica_connections()
-    settings_dict.update(HOST="127.0.0.1", PORT=str(standby.port))
-    try:
-        with override_settings(DATABASE_READ_ALIAS="replica"):
-            yield standby
-    finally:
-        _replay(resume=True)
-        _drop_replica_connections()
-        settings_dict.update(saved)
-
-
-def _drop_replica_connections() -> None:
-    connection = connections["replica"]
-    connection.close()
-    if getattr(connection, "pool", None) is not None:
-        connection.close_pool()  # type: ignore[attr-defined]  # PostgreSQL's wrapper has it
+    with connection_settings("replica", HOST="127.0.0.1", PORT=str(standby.port)):
+        try:
+            with override_settings(DATABASE_READ_ALIAS="replica"):
+                yield standby
+        finally:
+            _replay(resume=True)
 
 
 def _sql(alias: str, statement: str) -> object:
