@@ -98,9 +98,10 @@ def _prepared_context_statements() -> dict[str, tuple[int, int]]:
 
 def test_the_prepared_neighbour_statement_ranks_as_the_plain_one(settings: Any) -> None:
     """The neighbouring-turn statement is prepared once per database session and run with a generic
-    plan (§7.5 "Cost"). Whatever the filters and the requester, a search ranks exactly as with the
-    plain statement - the same hits, scores and lent context - and from its second run on the
-    session executes the prepared plan instead of parsing and planning the statement again."""
+    plan (§7.5 "Cost"). Whatever the filters and the requester, a search ranks as with the plain
+    statement - the same hits in the same order, the scores to float rounding, the same lent
+    context - and from its second run on the session executes the prepared plan instead of parsing
+    and planning the statement again."""
     stack = make_stack(make_org(), "alice")
     start = timezone.now() - timedelta(hours=2)
     memories = notes(stack, TOPICS, start)  # 20 s apart: each is its neighbours' neighbouring turn
@@ -126,8 +127,11 @@ def test_the_prepared_neighbour_statement_ranks_as_the_plain_one(settings: Any) 
         settings.DB_PREPARED_STATEMENTS = False
         plain = ranked(filters, audience)
         settings.DB_PREPARED_STATEMENTS = True
-        assert ranked(filters, audience) == plain, filters  # the first run prepares the statement
-        assert ranked(filters, audience) == plain, filters  # the second executes it
+        # Scores to the float rounding of another plan (seen once: 0.551453 against 0.551454).
+        same = [(pk, pytest.approx(score, abs=1e-5), context, pytest.approx(boosts, abs=1e-5))
+                for pk, score, context, boosts in plain]
+        assert ranked(filters, audience) == same, filters  # the first run prepares the statement
+        assert ranked(filters, audience) == same, filters  # the second executes it
         assert plain, filters
         lent += sum(1 for hit in plain if hit[2] is not None)
     assert lent  # the neighbouring turns did lend scores: the statement's answer was used
