@@ -18,7 +18,7 @@ from django.db import DatabaseError, connection, transaction
 
 from memories.models import Memory
 from memories.selectors import MEMORY_ROWS
-from memories.writes.sets import array_literal
+from memories.writes.columns import array_literal
 from stacks.models import Stack
 
 logger = logging.getLogger(__name__)

@@ -35,6 +35,7 @@ from typing import Any
 from django.db import DEFAULT_DB_ALIAS, connections
 
 from memories.models import CHANGE_SEQUENCE, ChangeEvent, Memory
+from memories.writes.columns import array_literal
 from memories.writes.effects import Committed, Queued
 from memoryhub.environment import env_bool
 
@@ -92,13 +93,6 @@ def _run(cursor: Any, sql: str, params: dict[str, Any], along: Statement | None)
         return
     cursor.execute(f"{along.sql}; {sql}", {**along.params, **params})
     cursor.nextset()
-
-
-def _array_literal(items: Sequence[str]) -> str:
-    """A Postgres text[] literal, every element quoted. Sent as one text parameter: psycopg's list
-    adapter inspects each element first, a cost on the write's path for a push's 500 ids."""
-    quoted = ('"' + item.replace("\\", "\\\\").replace('"', '\\"') + '"' for item in items)
-    return "{" + ",".join(quoted) + "}"
 
 
 @dataclass
@@ -178,7 +172,7 @@ def record_change(*, stack_id: int, topic: str, source: str, changes: Iterable[t
             fresh = [i for i in dict.fromkeys(ids) if i not in pending.ids]
             merged = pending.actions | actions
             _run(cursor, _EXTEND_SQL.format(seq=", seq = GREATEST(seq, " + _STAMPED_SEQ + ")" if stamped else ""),
-                 {"ids": _array_literal(fresh), "action": _event_action(merged), "id": pending.event_id,
+                 {"ids": array_literal(fresh), "action": _event_action(merged), "id": pending.event_id,
                   "stack": stack_id}, along)
             along = None  # it ran, whatever the UPDATE found
             if cursor.rowcount:
@@ -189,7 +183,7 @@ def record_change(*, stack_id: int, topic: str, source: str, changes: Iterable[t
         unique = list(dict.fromkeys(ids))
         _run(cursor, _INSERT_SQL.format(seq=_STAMPED_SEQ if stamped else _FRESH_SEQ),
              {"stack": stack_id, "topic": topic, "action": _event_action(actions), "source": source,
-              "ids": _array_literal(unique)}, along)
+              "ids": array_literal(unique)}, along)
         event_id = int(cursor.fetchone()[0])
     state.events[key] = _Pending(event_id=event_id, actions=actions, ids=set(unique))
     if state.unit is None:

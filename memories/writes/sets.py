@@ -12,9 +12,7 @@ costs more than everything else done per record, and a new row never needs to be
 
 from __future__ import annotations
 
-import json
 import logging
-import operator
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -27,7 +25,7 @@ from accounts.authors import Author
 from memories.models import Memory, MemoryKind, MemoryRevision, NextChangeSeq
 from memories.privacy.originals import keep_originals
 from memories.records.normalize import NormalizedMemory
-from memories.writes.columns import ARRAY_COLUMNS, COPY_COLUMNS, COPY_TYPES, JSON_COLUMNS, SET_UPDATE_COLUMNS
+from memories.writes.columns import COPY_COLUMNS, COPY_TYPES, SET_UPDATE_COLUMNS, new_row_values
 from memories.writes.hooks import after_commit
 from memories.writes.rows import counters_statement
 
@@ -177,9 +175,6 @@ def _original_of(record: RecordWrite, live: bool, originals: dict[Any, str], sta
 # types come from the model (`columns`).
 
 _COPY_OK = None not in COPY_TYPES  # a column psycopg cannot dump: the ORM writes new rows instead
-_copy_values = operator.itemgetter(*COPY_COLUMNS)
-_JSON_POSITIONS = [i for i, c in enumerate(COPY_COLUMNS) if c in JSON_COLUMNS]
-_ARRAY_POSITIONS = [i for i, c in enumerate(COPY_COLUMNS) if c in ARRAY_COLUMNS]
 _COPY_SQL = f"COPY {Memory._meta.db_table} ({', '.join(COPY_COLUMNS)}) FROM STDIN"
 
 
@@ -193,26 +188,4 @@ def _insert_new(records: list[RecordWrite]) -> None:
         with raw_cursor.copy(_COPY_SQL) as copy:
             copy.set_types(list(COPY_TYPES))
             for record in records:
-                values = list(_copy_values(record.row.__dict__))  # attribute names == columns here
-                filled_from = record.normalized
-                for i in _JSON_POSITIONS:
-                    value = values[i]
-                    # The JSON rendered while validating, while the row still holds that very object.
-                    if filled_from is not None and value is filled_from.data and filled_from.data_json is not None:
-                        values[i] = filled_from.data_json
-                    elif (filled_from is not None and value is filled_from.extra
-                          and filled_from.extra_json is not None):
-                        values[i] = filled_from.extra_json
-                    else:
-                        values[i] = json.dumps(value, ensure_ascii=False)
-                for i in _ARRAY_POSITIONS:
-                    values[i] = array_literal(values[i])
-                copy.write_row(values)
-
-
-def array_literal(items: Sequence[str]) -> str:
-    """A Postgres text[] literal; every element quoted, so commas, braces and NULL stay text."""
-    if not items:
-        return "{}"
-    quoted = ('"' + item.replace("\\", "\\\\").replace('"', '\\"') + '"' for item in items)
-    return "{" + ",".join(quoted) + "}"
+                copy.write_row(new_row_values(record.row.__dict__, record.normalized))

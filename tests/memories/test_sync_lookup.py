@@ -21,7 +21,7 @@ from django.db import connection
 from accounts.throttles import throttle_state_clear
 from memories.models import Memory, MemoryRevision
 from memories.sync import lookup as sync
-from memories.writes.sets import array_literal
+from memories.writes.columns import array_literal
 from stacks.models import Stack
 from stacks.services import personal_account_register
 from tests.factories import bearer_client, other_connection
