@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from django.db import transaction
+from django.db import DEFAULT_DB_ALIAS, connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
@@ -20,7 +20,7 @@ from accounts.authors import Author
 from memories.models import Memory, MemoryKind, MemoryRevision, NextChangeSeq, StackDailyActivity
 from memories.privacy.originals import keep_originals
 from memories.records.normalize import NormalizedMemory
-from memories.writes.columns import SNAPSHOT_COLUMNS
+from memories.writes.columns import COPY_COLUMNS, SNAPSHOT_COLUMNS, new_row_values
 from memories.writes.gate import ensure_accepting_writes
 from memories.writes.hooks import SMALL_EMBED_MESSAGE_IDS, after_commit
 from memories.writes.outbox import Statement
@@ -137,6 +137,26 @@ def new_memory(*, stack: Stack, normalized: NormalizedMemory, record_id: str | N
     return memory
 
 
+# New memories' INSERT, written out: compiling the ORM's (Model.save, bulk_create) cost more of a
+# single write's CPU than anything else it does (docs/benchmarks.md "Figures behind code choices").
+# The columns are COPY's (every column the database does not fill), rendered as COPY renders them.
+_INSERT_SQL = f"INSERT INTO {Memory._meta.db_table} ({', '.join(COPY_COLUMNS)}) VALUES "  # noqa: S608 - the model's names
+_INSERT_ROW = "(" + ", ".join(["%s"] * len(COPY_COLUMNS)) + ")"
+
+
+def _insert_rows(memories: Sequence[Memory]) -> None:
+    """INSERT unsaved memories in one statement and leave them as the ORM leaves saved ones: their
+    `change_seq` (the column default) read back, and known to be stored in the default database."""
+    params = [value for memory in memories for value in new_row_values(memory.__dict__)]
+    with connection.cursor() as cursor:
+        cursor.execute(f"{_INSERT_SQL}{', '.join([_INSERT_ROW] * len(memories))} RETURNING change_seq", params)
+        change_seqs = cursor.fetchall()  # in the VALUES' order, as Django's bulk_create relies on too
+    for memory, (change_seq,) in zip(memories, change_seqs, strict=True):
+        memory.change_seq = change_seq
+        memory._state.adding = False
+        memory._state.db = DEFAULT_DB_ALIAS
+
+
 def insert_memories(*, stack: Stack, memories: Sequence[Memory], source: str, stack_locked: bool = False) -> None:
     """Store new memories (built with `new_memory`), all or nothing.
 
@@ -159,10 +179,7 @@ def insert_memories(*, stack: Stack, memories: Sequence[Memory], source: str, st
     now = timezone.now()
     for memory in memories:
         memory.server_updated_at = now
-    if len(memories) == 1:
-        memories[0].save(force_insert=True)
-    else:
-        Memory.objects.bulk_create(memories)
+    _insert_rows(memories)
     originals = {m.pk: getattr(m, _ORIGINAL_TEXT) for m in memories if hasattr(m, _ORIGINAL_TEXT)}
     if originals:
         keep_originals(stack_id=stack.pk, originals=originals)
