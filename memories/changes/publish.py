@@ -11,7 +11,8 @@ the commit:
 2. each is sent to the channel-layer groups `stack.<stack id>` and `school.<organization id>` as
    {"type": "stack.change", "event": event_dict(...)};
 3. each registered event consumer (`effects.register_event_consumer`, e.g. the webhooks fan-out)
-   is called with the `ChangeEvent`, in a savepoint of the claiming transaction;
+   is called with the `ChangeEvent`, in a savepoint of the claiming transaction, unless its
+   condition on the event's stack (asked in the claiming statement itself) says it has nothing to do;
 4. the claim commits. Anything that fails (Redis down, a consumer raising) is logged and the event
    is left unpublished; `events_relay` (Celery beat, every few seconds) publishes it later, in id
    order. Publishing never raises into a write nor makes it wait; a dead Redis costs the publisher
@@ -33,6 +34,7 @@ import time
 from collections.abc import Coroutine, Sequence
 from concurrent.futures import TimeoutError as FutureTimeout
 from datetime import UTC, datetime, timedelta
+from functools import lru_cache
 from typing import Any
 
 from channels.layers import get_channel_layer
@@ -41,7 +43,7 @@ from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, transaction
 from memories.changes.feed import event_dict
 from memories.changes.publisher import Publisher
 from memories.models import ChangeEvent
-from memories.writes.effects import PUBLISH, Committed, event_consumers, register_effect
+from memories.writes.effects import PUBLISH, Committed, RegisteredConsumer, event_consumers, register_effect
 from memories.writes.outbox import REMOVAL_ACTIONS
 from stacks.models import Stack
 
@@ -67,16 +69,16 @@ UPDATE {_EVENT_TABLE} e SET published_at = statement_timestamp()
 FROM claimed k, {Stack._meta.db_table} s
 WHERE e.id = k.id AND s.id = e.stack_id
 RETURNING e.id, e.stack_id, e.seq, e.topic, e.action, e.source, e.memory_ids, e.created_at, e.published_at,
-          s.slug, s.organization_id
-"""  # noqa: S608 - only table names are interpolated
+          s.slug, s.organization_id{{wanted}}
+"""  # noqa: S608 - only table names and the consumers' constant conditions are interpolated
 # The writer's own events, unless an older event of the same stack is stuck waiting for the relay
 # (Redis was down): the relay then publishes them all, in order. An older event only moments old
 # is another process's, being published right now (the embedding worker's, say): no reason to wait.
 STUCK_SECONDS = 2
-_CLAIM_OWN = _CLAIM_SQL.format(where=f"""c.id = ANY(%(ids)s) AND NOT EXISTS (
+_OWN_EVENTS = f"""c.id = ANY(%(ids)s) AND NOT EXISTS (
     SELECT 1 FROM {_EVENT_TABLE} o WHERE o.published_at IS NULL AND o.id < c.id AND o.stack_id = c.stack_id
-      AND o.created_at < statement_timestamp() - interval '{STUCK_SECONDS} seconds')""")  # noqa: S608
-_CLAIM_NEXT = _CLAIM_SQL.format(where="TRUE")
+      AND o.created_at < statement_timestamp() - interval '{STUCK_SECONDS} seconds')"""  # noqa: S608
+_ANY_UNPUBLISHED = "TRUE"
 _UNCLAIM_SQL = f"UPDATE {_EVENT_TABLE} SET published_at = NULL WHERE id = ANY(%s)"  # noqa: S608
 _EVENT_FIELDS = ("id", "stack_id", "seq", "topic", "action", "source", "memory_ids", "created_at", "published_at")
 
@@ -116,6 +118,15 @@ async def _group_send(layer: Any, groups: Sequence[str], message: dict[str, Any]
     await asyncio.gather(*(layer.group_send(group, message) for group in groups))
 
 
+@lru_cache(maxsize=16)
+def _claim_sql(where: str, conditions: tuple[str, ...]) -> str:
+    """The claiming statement for the events `where` selects, answering each consumer's condition
+    (in its order) after the event's columns, its stack's slug and its school. A condition's own `%`
+    is doubled: the statement goes through the driver's parameter binding."""
+    wanted = "".join(f", ({condition.replace('%', '%%')})" for condition in conditions)
+    return _CLAIM_SQL.format(where=where, wanted=wanted)
+
+
 def _event_of(row: Sequence[Any]) -> ChangeEvent:
     event = ChangeEvent.from_db(DEFAULT_DB_ALIAS, list(_EVENT_FIELDS), list(row[:len(_EVENT_FIELDS)]))
     # For consumers: the stack's slug and school without a query (not columns of the event).
@@ -124,7 +135,8 @@ def _event_of(row: Sequence[Any]) -> ChangeEvent:
     return event
 
 
-def _deliver(rows: list[Sequence[Any]], *, timeout: float, isolate: bool) -> list[int]:
+def _deliver(rows: list[Sequence[Any]], consumers: Sequence[RegisteredConsumer], *, timeout: float,
+             isolate: bool) -> list[int]:
     """Send claimed events in id order; returns the ids that must stay unpublished. A channel-layer
     failure stops the batch (Redis is everyone's); a consumer failure holds back that stack only.
     `isolate` (the relay): each consumer call in a savepoint, so one whose database work fails
@@ -152,14 +164,16 @@ def _deliver(rows: list[Sequence[Any]], *, timeout: float, isolate: bool) -> lis
                 layer_down = True
                 failed.append(event.pk)
                 continue
-        for consumer in event_consumers():
+        for consumer, wanted in zip(consumers, row[len(_EVENT_FIELDS) + 2:], strict=True):
+            if not wanted:
+                continue
             try:
                 with transaction.atomic() if isolate else contextlib.nullcontext():
-                    consumer(event)
+                    consumer.consume(event)
             except Exception as exc:
                 if isinstance(exc, DatabaseError) and not isolate:
                     raise  # the claim's transaction is unusable: roll it all back
-                logger.exception("change event consumer %r failed on event %s; left to the relay", consumer,
+                logger.exception("change event consumer %r failed on event %s; left to the relay", consumer.consume,
                                  event.pk)
                 held.add(event.stack_id)
                 failed.append(event.pk)
@@ -167,8 +181,11 @@ def _deliver(rows: list[Sequence[Any]], *, timeout: float, isolate: bool) -> lis
     return failed
 
 
-def _publish(claim_sql: str, params: dict[str, Any], *, timeout: float, relay: bool = False) -> tuple[int, int]:
-    """Claim, deliver and mark one batch in one transaction; (published, left) counts."""
+def _publish(claim_where: str, params: dict[str, Any], *, timeout: float, relay: bool = False) -> tuple[int, int]:
+    """Claim (the events `claim_where` selects), deliver and mark one batch in one transaction;
+    (published, left) counts."""
+    consumers = event_consumers()
+    claim_sql = _claim_sql(claim_where, tuple(consumer.wanted_if for consumer in consumers))
     with transaction.atomic(), connections[DEFAULT_DB_ALIAS].cursor() as cursor:
         if relay:
             cursor.execute("SELECT pg_try_advisory_xact_lock(%s, %s)", list(_RELAY_LOCK))
@@ -178,7 +195,7 @@ def _publish(claim_sql: str, params: dict[str, Any], *, timeout: float, relay: b
         rows = cursor.fetchall()
         if not rows:
             return 0, 0
-        failed = _deliver(rows, timeout=timeout, isolate=relay)
+        failed = _deliver(rows, consumers, timeout=timeout, isolate=relay)
         if failed:
             cursor.execute(_UNCLAIM_SQL, [failed])
     return len(rows) - len(failed), len(failed)
@@ -203,7 +220,7 @@ def _publish_own(event_ids: list[int]) -> None:
     if _layer_loop.down_until > time.monotonic() and get_channel_layer() is not None:
         return  # Redis failed moments ago: the relay publishes these once it is back
     try:
-        _publish(_CLAIM_OWN, {"ids": event_ids, "limit": len(event_ids)}, timeout=PUBLISH_TIMEOUT_SECONDS)
+        _publish(_OWN_EVENTS, {"ids": event_ids, "limit": len(event_ids)}, timeout=PUBLISH_TIMEOUT_SECONDS)
     except Exception as exc:  # the database itself: the write has committed, the relay catches up
         logger.warning("change events %s not published (%s); left to the relay", event_ids, type(exc).__name__)
 
@@ -231,7 +248,7 @@ def events_relay(*, batch_size: int = RELAY_BATCH, max_batches: int = RELAY_MAX_
     writers publishing their own events) never publish the same event twice."""
     published = left = 0
     for _ in range(max_batches):
-        done, kept = _publish(_CLAIM_NEXT, {"limit": batch_size}, timeout=RELAY_TIMEOUT_SECONDS, relay=True)
+        done, kept = _publish(_ANY_UNPUBLISHED, {"limit": batch_size}, timeout=RELAY_TIMEOUT_SECONDS, relay=True)
         published += done
         left += kept
         if kept or done + kept < batch_size:

@@ -12,6 +12,9 @@ which must not be swallowed like an effect's failure:
 * **event consumers** (`register_event_consumer`, e.g. the webhooks fan-out) are called with each
   change event as it is published: by the `PUBLISH` effect right after the commit, or by the relay
   later when that failed (memories.changes.publish), so a consumer never misses a committed write.
+  A consumer may name the events it wants with an SQL condition on the event's stack (`wanted_if`,
+  e.g. "the school has an enabled webhook endpoint"): the statement that claims the events answers
+  it, so a consumer with nothing to do costs no statement of its own.
 
 Units are queued with `transaction.on_commit` (`queue`), Django's public API, so Django's own rule
 applies: a unit queued in a transaction or savepoint that rolls back is dropped, and nothing is
@@ -65,8 +68,18 @@ class Committed:
 Effect = Callable[[Committed], None]
 EventConsumer = Callable[[ChangeEvent], None]
 
+
+@dataclass(frozen=True)
+class RegisteredConsumer:
+    """An event consumer and the SQL condition on the claimed event's stack row `s` under which it
+    wants an event ("TRUE": every event)."""
+
+    consume: EventConsumer
+    wanted_if: str = "TRUE"
+
+
 _effects: list[tuple[int, Effect]] = []
-_consumers: list[EventConsumer] = []
+_consumers: list[RegisteredConsumer] = []
 
 
 def register_effect(effect: Effect, *, stage: int) -> None:
@@ -76,18 +89,19 @@ def register_effect(effect: Effect, *, stage: int) -> None:
         _effects.sort(key=lambda entry: entry[0])  # stable: registration order within a stage
 
 
-def register_event_consumer(consumer: EventConsumer) -> None:
-    """Call `consumer(event)` for every published event from now on (idempotent consumers only)."""
-    if consumer not in _consumers:
-        _consumers.append(consumer)
+def register_event_consumer(consumer: EventConsumer, *, wanted_if: str = "TRUE") -> None:
+    """Call `consumer(event)` for every published event from now on (idempotent consumers only), or
+    only for those whose stack row `s` (`stacks_stack`: `s.id`, `s.organization_id`, …) meets the SQL
+    condition `wanted_if`, a constant of the consumer's own (never built from input)."""
+    if all(registered.consume is not consumer for registered in _consumers):
+        _consumers.append(RegisteredConsumer(consumer, wanted_if))
 
 
 def unregister_event_consumer(consumer: EventConsumer) -> None:
-    if consumer in _consumers:
-        _consumers.remove(consumer)
+    _consumers[:] = [registered for registered in _consumers if registered.consume is not consumer]
 
 
-def event_consumers() -> tuple[EventConsumer, ...]:
+def event_consumers() -> tuple[RegisteredConsumer, ...]:
     return tuple(_consumers)
 
 

@@ -240,6 +240,25 @@ def test_with_redis_unreachable_a_push_succeeds_and_the_relay_publishes_later_ex
     assert listener.receive(timeout=0.5) is None  # exactly once
 
 
+def test_a_consumer_is_called_only_for_the_events_its_condition_on_the_stack_wants(school: School) -> None:
+    wanted: list[int] = []
+
+    def alice_only(event: ChangeEvent) -> None:
+        wanted.append(event.stack_id)
+
+    effects.register_event_consumer(alice_only, wanted_if=f"s.slug = '{school.stack.slug}'")
+    try:
+        memory_create(stack=school.other_stack, kind="note", payload={"content": "bob's"}, source="api")
+        memory_create(stack=school.stack, kind="note", payload={"content": "alice's"}, source="api")
+        assert publish.wait_published()
+    finally:
+        effects.unregister_event_consumer(alice_only)
+    assert wanted == [school.stack.pk]
+    # Both events were published all the same (live pages, other consumers).
+    assert all(event.published_at is not None
+               for event in [*stack_events(school.stack), *stack_events(school.other_stack)])
+
+
 def test_a_failing_consumer_leaves_the_event_to_the_relay_and_never_fails_the_write(school: School) -> None:
     calls: list[int] = []
 
