@@ -75,7 +75,7 @@ RETURNING e.id, e.stack_id, e.seq, e.topic, e.action, e.source, e.memory_ids, e.
 # (Redis was down): the relay then publishes them all, in order. An older event only moments old
 # is another process's, being published right now (the embedding worker's, say): no reason to wait.
 STUCK_SECONDS = 2
-_OWN_EVENTS = f"""c.id = ANY(%(ids)s) AND NOT EXISTS (
+_OWN_EVENTS = f"""c.id = ANY(%(ids)s::bigint[]) AND NOT EXISTS (
     SELECT 1 FROM {_EVENT_TABLE} o WHERE o.published_at IS NULL AND o.id < c.id AND o.stack_id = c.stack_id
       AND o.created_at < statement_timestamp() - interval '{STUCK_SECONDS} seconds')"""  # noqa: S608
 _ANY_UNPUBLISHED = "TRUE"
@@ -220,7 +220,9 @@ def _publish_own(event_ids: list[int]) -> None:
     if _layer_loop.down_until > time.monotonic() and get_channel_layer() is not None:
         return  # Redis failed moments ago: the relay publishes these once it is back
     try:
-        _publish(_OWN_EVENTS, {"ids": event_ids, "limit": len(event_ids)}, timeout=PUBLISH_TIMEOUT_SECONDS)
+        # The ids as one array literal: psycopg's list adapter inspects every element first.
+        ids = "{" + ",".join(str(int(event_id)) for event_id in event_ids) + "}"
+        _publish(_OWN_EVENTS, {"ids": ids, "limit": len(event_ids)}, timeout=PUBLISH_TIMEOUT_SECONDS)
     except Exception as exc:  # the database itself: the write has committed, the relay catches up
         logger.warning("change events %s not published (%s); left to the relay", event_ids, type(exc).__name__)
 
