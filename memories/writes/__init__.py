@@ -34,7 +34,8 @@ leaves the same traces, and they are made here, not re-implemented per writer:
 
 The package, by data flow:
 
-* `columns` — the Memory column sets every writer uses, derived from the model's metadata;
+* `columns` — the Memory column sets every writer uses, derived from the model's metadata, and a new
+  row's values as COPY and INSERT send them;
 * `effects` — the registry of after-commit effects and event consumers; a leaf;
 * `outbox`  — the change-event row, recorded in the writing transaction;
 * `hooks`   — the extension points (transforms, listeners), `after_commit` and the embedding enqueuer;

@@ -1,4 +1,5 @@
-"""The Memory column sets writers use, derived from `Memory._meta.concrete_fields`.
+"""The Memory column sets writers use, derived from `Memory._meta.concrete_fields`, and how a new
+row's values are rendered for the database (`new_row_values`, docs/architecture.md §5).
 
 Each set is "every column of the model, minus named groups", so a new column lands in the sets it
 belongs to without anyone listing it by hand; the groups below say why a column is left out.
