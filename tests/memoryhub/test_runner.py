@@ -85,7 +85,8 @@ def test_runner_serves_recovers_from_redis_death_and_stops_everything(tmp_path: 
         assert {child.environ().get("DB_LOCK_TIMEOUT_MS") for child in workers} == {None}
 
         redis_url = f"redis://127.0.0.1:{redis_port}/0"
-        celery = Celery(broker=redis_url, backend=redis_url)
+        # Not the current app: later tests in this process send through memoryhub's (current_app).
+        celery = Celery(broker=redis_url, backend=redis_url, set_as_current=False)
         assert celery.send_task("memoryhub.ping").get(timeout=30) == "pong"
 
         with psycopg.connect(f"postgresql://postgres@127.0.0.1:{pg_port}/memoryhub", autocommit=True) as conn:
