@@ -43,6 +43,7 @@ from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, transaction
 from memories.changes.feed import event_dict
 from memories.changes.publisher import Publisher
 from memories.models import ChangeEvent
+from memories.writes.columns import array_literal
 from memories.writes.effects import PUBLISH, Committed, RegisteredConsumer, event_consumers, register_effect
 from memories.writes.outbox import REMOVAL_ACTIONS
 from stacks.models import Stack
@@ -220,8 +221,7 @@ def _publish_own(event_ids: list[int]) -> None:
     if _layer_loop.down_until > time.monotonic() and get_channel_layer() is not None:
         return  # Redis failed moments ago: the relay publishes these once it is back
     try:
-        # The ids as one array literal: psycopg's list adapter inspects every element first.
-        ids = "{" + ",".join(str(int(event_id)) for event_id in event_ids) + "}"
+        ids = array_literal([str(int(event_id)) for event_id in event_ids])  # cast to bigint[] in SQL
         _publish(_OWN_EVENTS, {"ids": ids, "limit": len(event_ids)}, timeout=PUBLISH_TIMEOUT_SECONDS)
     except Exception as exc:  # the database itself: the write has committed, the relay catches up
         logger.warning("change events %s not published (%s); left to the relay", event_ids, type(exc).__name__)
