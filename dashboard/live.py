@@ -51,7 +51,7 @@ from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_K
 from django.contrib.auth.signals import user_logged_out
 from django.contrib.humanize.templatetags.humanize import naturaltime
 from django.db import transaction
-from django.db.models import Sum
+from django.db.models import BooleanField, ExpressionWrapper, Sum
 from django.db.models.signals import post_delete, post_save
 from django.http import QueryDict
 from django.template.defaultfilters import filesizeformat
@@ -71,7 +71,7 @@ from memories.changes.feed import events_after, latest_seq
 from memories.models import ChangeEvent, Memory, StackDailyActivity
 from memories.privacy.grants import Audience, audience_for, grants_filter
 from memories.reads.access_log import AccessPath, record_principal_access
-from memories.selectors import boot_config_entries, memories_live
+from memories.selectors import boot_config_entries, live_q
 from memories.writes.outbox import BOOT_CONFIG, CHECKPOINT
 from memoryhub.errors import NotFound
 from stacks.models import Stack, TeacherAssignment
@@ -301,18 +301,21 @@ def _student_message(stack: Stack, filters: reads.MemoryFilters, change: Change,
     message: dict[str, Any] = {"type": "change", "events": list(change.event_ids), "seq": change.seq,
                                "rows": [], "removed": [], "unresolved": 0}
     named = memory_ids(change.memory_ids)
-    ids = _admitted(stack.pk, named, audience)
+    found = _named_rows(stack.pk, named, audience)
+    ids = named if audience is None else [memory_id for memory_id in named if memory_id in found]
     working_state = bool(change.topics & {CHECKPOINT, BOOT_CONFIG})
     if named and not ids and not working_state:
         return None  # only memories this viewer may not see: even the fact of the change stays hidden
     if change.actions and change.actions <= UNSEEN_ACTIONS:
         return message  # nothing on the page changes: the seq only
-    if len(ids) > RESOLVE_IDS_MAX:
+    resolve = len(ids) <= RESOLVE_IDS_MAX
+    existing = {pk: created_at for pk, created_at, live in found.values() if live} if resolve else {}
+    counts, listed = reads.kind_counts_and_listed(stack, filters, audience=audience, ids=existing)
+    if not resolve:
         message["unresolved"] = len(ids)
     elif ids:
-        message.update(_rows(stack, filters, ids, audience,
+        message.update(_rows(stack, ids, existing, listed,
                              row_template=FAMILY_ROW if family else "dashboard/student/_memory_row.html"))
-    counts = reads.kind_counts(stack, filters, audience=audience)
     message.update(counts=counts, total=sum(counts.values()), figures=_stack_figures(stack))
     if CHECKPOINT in change.topics:
         message["checkpoint"] = render_to_string("dashboard/student/_checkpoint.html", reads.checkpoint_panel(stack))
@@ -333,34 +336,32 @@ def memory_ids(values: Iterable[str]) -> list[str]:
     return ids
 
 
-def _admitted(stack_id: int, ids: Sequence[str], audience: Audience | None) -> list[str]:
-    """The ids among `ids` whose memories (live or not) the viewer's grants admit: one query. A row
-    that no longer exists is dropped too, since its grants can no longer be read."""
-    if audience is None or not ids:
-        return list(ids)
-    admitted = {str(pk) for pk in grants_filter(Memory.objects.filter(stack_id=stack_id, pk__in=ids), audience)
-                .values_list("pk", flat=True)}
-    return [memory_id for memory_id in ids if memory_id in admitted]
-
-
-def _rows(stack: Stack, filters: reads.MemoryFilters, ids: Sequence[str],
-          audience: Audience | None, *, row_template: str) -> dict[str, Any]:
-    """Which of `ids` still exist, which match the page's filters (its own rule), and the newest
-    PAGE_SIZE of those rendered: more than a page of them could never all be on the first page.
-    `ids` are already narrowed to what the viewer's grants admit (`_admitted`)."""
+def _named_rows(stack_id: int, ids: Sequence[str],
+                audience: Audience | None) -> dict[str, tuple[uuid.UUID, datetime, bool]]:
+    """The stack's memories among `ids` (live or not) whose grants admit the viewer, by id: (pk,
+    created_at, live?), one statement. An id not found names a row that no longer exists, or one
+    hidden from the viewer: its grants can no longer be read, or do not admit them."""
     if not ids:
-        return {"rows": [], "removed": [], "unresolved": 0}
-    existing = dict(memories_live(stack=stack).filter(pk__in=ids).values_list("pk", "created_at"))
-    # The page's own filter rule (dashboard.student), so "matches" is exactly "the page would list it".
-    matching = set(reads._filtered(stack, filters, audience=audience).filter(pk__in=list(existing))
-                   .values_list("pk", flat=True))
+        return {}
+    rows = (grants_filter(Memory.objects.filter(stack_id=stack_id, pk__in=ids), audience)
+            .annotate(live=ExpressionWrapper(live_q(), output_field=BooleanField()))
+            .values_list("pk", "created_at", "live"))
+    return {str(pk): (pk, created_at, live) for pk, created_at, live in rows}
+
+
+def _rows(stack: Stack, ids: Sequence[str], existing: dict[uuid.UUID, datetime], listed: set[uuid.UUID], *,
+          row_template: str) -> dict[str, Any]:
+    """Of `ids` (narrowed to what the viewer's grants admit), the newest PAGE_SIZE of those that
+    still exist (`existing`: their creation times) rendered, each saying whether the page lists it
+    (`listed`: the page's own filter rule, dashboard.student), and the ids that no longer exist:
+    more than a page of them could never all be on the first page."""
     newest = sorted(existing, key=lambda pk: (existing[pk], str(pk)), reverse=True)[: reads.PAGE_SIZE]
     memories = Memory.objects.filter(pk__in=newest).defer(*reads.LIST_DEFER)
     rows = []
     for memory in sorted(memories, key=lambda m: (m.created_at, str(m.pk)), reverse=True):
         html = render_to_string(row_template, {"memory": memory, "stack": stack})
         rows.append({"id": str(memory.pk), "html": html, "created": memory.created_at.isoformat(),
-                     "matches": memory.pk in matching})
+                     "matches": memory.pk in listed})
     found = {str(pk) for pk in existing}
     return {"rows": rows, "removed": [i for i in ids if i not in found], "unresolved": len(existing) - len(rows)}
 

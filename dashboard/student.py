@@ -21,16 +21,18 @@ counts them), so the page stays fast on a large stack.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+import uuid
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 from datetime import date, datetime, time, timedelta
 from typing import Any
 
 from django import forms
+from django.contrib.postgres.aggregates import ArrayAgg
 from django.core.paginator import EmptyPage, Page, Paginator
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import connection, transaction
-from django.db.models import Count
+from django.db.models import Count, Q, Value
 from django.utils import timezone
 
 from accounts.authors import AGENT_LABEL_MAX, Path, author_of
@@ -163,11 +165,24 @@ def checkpoint_panel(stack: Stack) -> dict[str, Any]:
 def kind_counts(stack: Stack, filters: MemoryFilters, *, audience: Audience | None) -> dict[str, int]:
     """Memories per kind the viewer may see under the current filters but the kind itself (the tabs):
     one grouped COUNT."""
-    rows = (_filtered(stack, filters, audience=audience, with_kind=False).order_by().values("kind")
-            .annotate(n=Count("id")))
+    return kind_counts_and_listed(stack, filters, audience=audience, ids=())[0]
+
+
+def kind_counts_and_listed(stack: Stack, filters: MemoryFilters, *, audience: Audience | None,
+                           ids: Collection[uuid.UUID]) -> tuple[dict[str, int], set[uuid.UUID]]:
+    """`kind_counts`, and which of `ids` the page lists under its filters, its kind tab included
+    (the live page's "matches", dashboard.live): one grouped statement for both."""
+    rows = _filtered(stack, filters, audience=audience, with_kind=False).order_by().values("kind")
+    if ids:
+        # The kind tab narrows the list, not the counts: a listed row is one of `ids` of that kind.
+        listed = Q(pk__in=list(ids), **({"kind": filters.kind} if filters.kind else {}))
+        rows = rows.annotate(n=Count("id"), listed=ArrayAgg("id", filter=listed, default=Value([])))
+    else:
+        rows = rows.annotate(n=Count("id"))
+    found = list(rows)
     counts = dict.fromkeys(MemoryKind.values, 0)
-    counts.update({row["kind"]: row["n"] for row in rows})
-    return counts
+    counts.update({row["kind"]: row["n"] for row in found})
+    return counts, {pk for row in found for pk in row.get("listed", ())}
 
 
 def memory_page(stack: Stack, filters: MemoryFilters, *, audience: Audience | None) -> Page:

@@ -43,11 +43,15 @@ def not_expired(now: datetime | None = None) -> Q:
     return Q(expires_at__isnull=True) | Q(expires_at__gt=now or timezone.now())
 
 
+def live_q(now: datetime | None = None) -> Q:
+    """Stored and unexpired (forgotten ones included): what `memories_live` keeps of a stack."""
+    return Q(deleted_at__isnull=True) & not_expired(now)
+
+
 def memories_live(*, stack: Stack, now: datetime | None = None, audience: Audience | None = None) -> QuerySet[Memory]:
     """The stack's stored, unexpired memories (forgotten ones included) that `audience` may see
     (None: all of them — the stack's own credentials, or a system job)."""
-    live = Memory.objects.filter(stack_id=stack.pk, deleted_at__isnull=True).filter(not_expired(now))
-    return grants_filter(live, audience)
+    return grants_filter(Memory.objects.filter(live_q(now), stack_id=stack.pk), audience)
 
 
 def memory_get(*, stack: Stack, memory_id: uuid.UUID | str, audience: Audience | None = None) -> Memory:

@@ -264,6 +264,11 @@ async def test_a_filtered_page_learns_whether_a_change_matches_its_filters(schoo
     message = await next_change(communicator, str(memory.pk))
     assert message["rows"][0]["matches"] is False
     assert message["counts"]["note"] == 1  # the tabs count every kind under the other filters
+    belief = await write(memory_create, stack=school.stack, kind="belief",
+                         payload={"statement": "Pictures help Ada most"}, source="api")
+    message = await next_change(communicator, str(belief.pk))
+    assert message["rows"][0]["matches"] is True
+    assert message["counts"]["note"] == 1 and message["counts"]["belief"] == 1 and message["total"] == 2
     await communicator.disconnect()
 
 
