@@ -198,7 +198,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
-    "csp.middleware.CSPMiddleware",
+    # The Content-Security-Policy below, built once (memoryhub.csp).
+    "memoryhub.csp.ContentSecurityPolicyMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
     # Who was served which memories: collected during the request, written once the response is
     # sent (memories.reads.access_log; docs/privacy.md "Access log").
@@ -289,9 +290,10 @@ CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
 SECURE_CONTENT_TYPE_NOSNIFF = True
 X_FRAME_OPTIONS = "DENY"
 
-# Content-Security-Policy (django-csp) on every response: scripts, styles and everything else only
-# from our own origin — no inline script or style, no CDN. The dashboard's charts read their data
-# from <script type="application/json"> blocks (json_script), which CSP does not execute.
+# Content-Security-Policy (django-csp's format; set by memoryhub.csp) on every response: scripts,
+# styles and everything else only from our own origin — no inline script or style, no CDN. The
+# dashboard's charts read their data from <script type="application/json"> blocks (json_script),
+# which CSP does not execute.
 CONTENT_SECURITY_POLICY = {
     "DIRECTIVES": {
         "default-src": [csp_constants.SELF],
