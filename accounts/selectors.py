@@ -10,12 +10,14 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from django.conf import settings
+from django.db import connection
 from django.db.models import BooleanField, CharField, Q, QuerySet
 from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
 from accounts.models import ApiKey, AuditEvent, Membership, Organization, User
 from accounts.principal import Principal
+from memoryhub.database import ModelRows
 from memoryhub.errors import Forbidden, NotFound
 from memoryhub.replica import read_alias
 
@@ -167,9 +169,31 @@ def keys_maybe_under_previous_pepper(rotated_at: datetime) -> QuerySet[ApiKey]:
         Q(last_used_at__isnull=True) | Q(last_used_at__lt=rotated_at))
 
 
+_MEMBERSHIP_ROWS = ModelRows(Membership, table_alias="m")
+_ORGANIZATION_ROWS = ModelRows(Organization, table_alias="o")
+# Every dashboard page, session API call and live page message asks it first. Written out once, so
+# that none of them builds and compiles the queryset (docs/architecture.md §7.2); only the models'
+# own table and column names are interpolated. tests/accounts/test_selectors.py holds it to the
+# queryset's answer.
+_MEMBERSHIP_SQL = (
+    f"SELECT {_MEMBERSHIP_ROWS.columns}, {_ORGANIZATION_ROWS.columns}"  # noqa: S608
+    f" FROM {connection.ops.quote_name(Membership._meta.db_table)} m"
+    f" JOIN {connection.ops.quote_name(Organization._meta.db_table)} o ON o.id = m.organization_id"
+    " WHERE m.user_id = %s ORDER BY m.created_at, m.id LIMIT 1")
+
+
 def membership_for_user(user_id: int) -> Membership | None:
-    """The user's membership used for dashboard and session API access (oldest first)."""
-    return Membership.objects.select_related("organization").filter(user_id=user_id).order_by("created_at").first()
+    """The user's membership used for dashboard and session API access (oldest first), its
+    organization loaded with it."""
+    with connection.cursor() as cursor:
+        cursor.execute(_MEMBERSHIP_SQL, [user_id])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    split = len(_MEMBERSHIP_ROWS.fields)
+    membership: Membership = _MEMBERSHIP_ROWS.instance(row[:split])
+    membership.organization = _ORGANIZATION_ROWS.instance(row[split:])
+    return membership
 
 
 def principal_for_session(user: User) -> Principal | None:
