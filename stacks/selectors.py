@@ -7,6 +7,7 @@ trying to write is a 403 (it can already see the stack); writing to an archived 
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import TypeGuard
 
 from django.db import connection
@@ -22,7 +23,7 @@ from accounts.selectors import (
 from accounts.tiers import tier_for
 from memoryhub.database import ModelRows
 from memoryhub.errors import Conflict, Forbidden, NotFound, QuotaExceeded
-from stacks.models import Stack
+from stacks.models import GuardianLink, Stack, TeacherAssignment
 
 
 def stacks_visible_to(principal: Principal) -> QuerySet[Stack]:
@@ -63,15 +64,7 @@ def visible_stack(principal: Principal, slug: object, *, lock: bool = False) -> 
     if not plausible_identifier(slug, max_length=100):
         # PostgreSQL cannot even compare a NUL byte; such an id names nothing.
         return None
-    if principal.api_key is not None:
-        stack = _key_stack(principal, slug, lock=lock)
-    else:
-        queryset = stacks_visible_to(principal).filter(slug=slug)
-        if lock:
-            # Lock only the stack row (a teacher's lookup joins their assignment, which stays free).
-            queryset = queryset.select_for_update(of=("self",))
-        # (organization, slug) is unique: no ORDER BY to find the one row.
-        stack = next(iter(queryset[:1]), None)
+    stack = _stack_lookup(principal, slug, lock=lock)
     if stack is not None:
         # The stack's school is the caller's (the visibility filter says so), already loaded with
         # the caller: no join for it.
@@ -80,32 +73,50 @@ def visible_stack(principal: Principal, slug: object, *, lock: bool = False) -> 
 
 
 _STACK_ROWS = ModelRows(Stack)
+_STACK_TABLE = connection.ops.quote_name(Stack._meta.db_table)
+# A teacher reaches the stacks assigned to them, a guardian their own children's (stacks_visible_to).
+_LINKED_SQL: dict[str, str] = {
+    str(role): (f"EXISTS (SELECT 1 FROM {connection.ops.quote_name(links._meta.db_table)} link"  # noqa: S608
+                f" WHERE link.stack_id = {_STACK_TABLE}.id AND link.user_id = %s)")
+    for role, links in ((Membership.Role.TEACHER, TeacherAssignment), (Membership.Role.GUARDIAN, GuardianLink))}
 
 
-def _key_stack_sql(*, bound: bool, lock: bool) -> str:
-    table = connection.ops.quote_name(Stack._meta.db_table)
-    where = "organization_id = %s AND slug = %s" + (" AND id = %s" if bound else "")
-    # Only the model's own table and column names are interpolated; every value is a parameter.
-    return (f"SELECT {_STACK_ROWS.columns} FROM {table} WHERE {where} LIMIT 1"  # noqa: S608
-            + (" FOR UPDATE" if lock else ""))
+def _reach(principal: Principal) -> tuple[str, list[int]] | None:
+    """stacks_visible_to's rule for this caller beyond "the caller's school", as SQL over the
+    stack's table and its parameters; None: no stack at all."""
+    if principal.api_key is not None:
+        if principal.bound_stack_id is None:
+            return "TRUE", []
+        return f"{_STACK_TABLE}.id = %s", [principal.bound_stack_id]
+    if principal.role == Membership.Role.ADMIN:
+        return "TRUE", []
+    linked = _LINKED_SQL.get(str(principal.role))
+    if linked is not None:
+        return linked, [principal.user.pk]
+    return None  # billing users see no memory at all
 
 
-# A key's lookup is the first statement of every agent request. It is stacks_visible_to's rule for
-# keys (the key's school; its one stack if bound), written out once so that the request does not
-# build and compile a queryset for it (docs/architecture.md §7.2); tests/stacks/test_selectors.py
-# holds it to the queryset's answer for every kind of caller.
-_KEY_STACK_SQL = {(bound, lock): _key_stack_sql(bound=bound, lock=lock)
-                  for bound in (False, True) for lock in (False, True)}
+@lru_cache(maxsize=16)
+def _stack_sql(reach: str, lock: bool) -> str:
+    """The lookup of one stack by school and slug within `reach` (a `_reach` rule). (organization,
+    slug) is unique: no ORDER BY to find the one row. FOR UPDATE locks the stack row only: a
+    teacher's assignment or a guardian's link is read in a subquery, and stays free."""
+    # Only the models' own table and column names are interpolated; every value is a parameter.
+    return (f"SELECT {_STACK_ROWS.columns} FROM {_STACK_TABLE}"  # noqa: S608
+            f" WHERE organization_id = %s AND slug = %s AND {reach} LIMIT 1" + (" FOR UPDATE" if lock else ""))
 
 
-def _key_stack(principal: Principal, slug: str, *, lock: bool) -> Stack | None:
-    bound_stack_id = principal.bound_stack_id
-    bound = bound_stack_id is not None
-    params: list[int | str] = [principal.organization.pk, slug]
-    if bound_stack_id is not None:
-        params.append(bound_stack_id)
+def _stack_lookup(principal: Principal, slug: str, *, lock: bool) -> Stack | None:
+    # Every request's first statement (an agent's, a dashboard page's, a live page message's) is
+    # this lookup. It is stacks_visible_to's rule written out, so that the request does not build
+    # and compile a queryset for it (docs/architecture.md §7.2); tests/stacks/test_selectors.py
+    # holds it to the queryset's answer for every kind of caller.
+    reach = _reach(principal)
+    if reach is None:
+        return None
+    reach_sql, reach_params = reach
     with connection.cursor() as cursor:
-        cursor.execute(_KEY_STACK_SQL[bound, lock], params)
+        cursor.execute(_stack_sql(reach_sql, lock), [principal.organization.pk, slug, *reach_params])
         row = cursor.fetchone()
     return None if row is None else _STACK_ROWS.instance(row)
 

@@ -1,5 +1,5 @@
-"""The stack lookup every API request makes: a key's is one written-out statement, and it must give
-what the visibility queryset gives (docs/architecture.md §7.2)."""
+"""The stack lookup every request makes: one written-out statement, for a key and for staff alike,
+and it must give what the visibility queryset gives (docs/architecture.md §7.2)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,12 @@ from django.db import connection, transaction
 from django.forms.models import model_to_dict
 from django.test.utils import CaptureQueriesContext
 
+from accounts.models import Membership
 from accounts.principal import Principal
-from stacks.models import Stack
+from accounts.selectors import principal_for_session
+from stacks.models import GuardianLink, Stack
 from stacks.selectors import stacks_visible_to, visible_stack
-from tests.factories import make_key, make_org, make_stack
+from tests.factories import assign_teacher, make_key, make_org, make_stack, make_user
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -53,6 +55,36 @@ def test_a_keys_lookup_gives_the_visibility_querysets_answer_for_every_kind_of_k
     # A bound key never reaches its school's other stacks, nor a stack of the same slug elsewhere.
     assert visible_stack(principals[0], "s2") is None
     assert pk_of(visible_stack(principals[4], "s1")) == foreign.pk
+
+
+def test_a_staff_lookup_gives_the_visibility_querysets_answer_for_every_role() -> None:
+    org, other = make_org(), make_org()
+    taught, untaught = make_stack(org, "s1", display_name="Ada"), make_stack(org, "s2")
+    foreign = make_stack(other, "s1")  # the same slug in another school
+    admin, teacher, guardian = (make_user(org, role=role) for role in (
+        Membership.Role.ADMIN, Membership.Role.TEACHER, Membership.Role.GUARDIAN))
+    billing, foreign_admin = make_user(org, role=Membership.Role.BILLING), make_user(other)
+    assign_teacher(teacher, taught)
+    GuardianLink.objects.create(user=guardian, stack=untaught)
+    principals = [principal_for_session(user) for user in (admin, teacher, guardian, billing, foreign_admin)]
+    reached = []
+    for principal in principals:
+        assert principal is not None
+        for slug in ("s1", "s2", "s3"):
+            expected = as_queryset_sees(principal, slug)
+            with CaptureQueriesContext(connection) as queries:
+                found = visible_stack(principal, slug)
+            assert len(queries) <= 1
+            if expected is None:
+                assert found is None, (principal.role, slug)
+                continue
+            assert found is not None and model_to_dict(found) == model_to_dict(expected)
+            assert found.organization is principal.organization
+            reached.append((principal.user.pk, found.pk))
+    # The admin both of their school's stacks, the teacher their assigned one, the guardian their
+    # child's, billing none, the other school's admin only their own.
+    assert reached == [(admin.pk, taught.pk), (admin.pk, untaught.pk), (teacher.pk, taught.pk),
+                       (guardian.pk, untaught.pk), (foreign_admin.pk, foreign.pk)]
 
 
 def test_a_keys_lookup_is_one_statement_and_locks_only_when_asked() -> None:
