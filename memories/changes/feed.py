@@ -6,9 +6,10 @@ from __future__ import annotations
 from datetime import UTC
 from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS, connections
+from django.db import DEFAULT_DB_ALIAS, connection, connections
 
 from memories.models import ChangeEvent, Memory
+from memoryhub.database import ModelRows
 from stacks.models import Stack
 
 _EVENT_TABLE = ChangeEvent._meta.db_table
@@ -21,14 +22,22 @@ def event_dict(event: ChangeEvent, stack_slug: str) -> dict[str, Any]:
             "at": event.created_at.astimezone(UTC).isoformat()}
 
 
+_EVENT_ROWS = ModelRows(ChangeEvent)
+# Every live socket reads it for every change it sends: written out, so that none of them builds
+# and compiles a queryset for it (docs/architecture.md §11). Only the model's own table and column
+# names are interpolated.
+_EVENTS_AFTER_SQL = (f"SELECT {_EVENT_ROWS.columns} FROM {connection.ops.quote_name(_EVENT_TABLE)}"  # noqa: S608
+                     " WHERE stack_id = %s AND seq > %s AND seq <= %s ORDER BY seq LIMIT %s")
+_LAST_SEQ = 2**63 - 1  # bigint's largest: "no upper bound"
+
+
 def events_after(stack: Stack | int, seq: int, limit: int = 500, through: int | None = None) -> list[ChangeEvent]:
     """The stack's events with seq > `seq` (and <= `through`, when given), oldest first, at most
     `limit`: a resume's catch-up, and a live socket's events up to the one just published."""
     stack_id = stack if isinstance(stack, int) else stack.pk
-    events = ChangeEvent.objects.filter(stack_id=stack_id, seq__gt=seq)
-    if through is not None:
-        events = events.filter(seq__lte=through)
-    return list(events.order_by("seq")[:max(0, limit)])
+    with connections[DEFAULT_DB_ALIAS].cursor() as cursor:
+        cursor.execute(_EVENTS_AFTER_SQL, [stack_id, seq, _LAST_SEQ if through is None else through, max(0, limit)])
+        return [_EVENT_ROWS.instance(row) for row in cursor.fetchall()]
 
 
 def latest_seq(stack: Stack | int) -> int:

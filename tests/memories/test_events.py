@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from channels.layers import get_channel_layer
 from django.db import transaction
+from django.forms.models import model_to_dict
 from django.test import override_settings
 from django.utils import timezone
 
@@ -306,6 +307,13 @@ def test_events_after_returns_exactly_the_later_events(school: School) -> None:
     assert [e.pk for e in feed.events_after(school.stack, 0, limit=2)] == [e.pk for e in found[:2]]
     assert feed.events_after(school.stack, found[-1].seq) == []
     assert feed.latest_seq(school.stack) == found[-1].seq
+    # Up to a seq (a live socket's read), each event whole, as the ORM reads it (once published:
+    # the publisher thread stamps published_at meanwhile).
+    assert publish.wait_published()
+    expected = list(ChangeEvent.objects.filter(pk__in=[e.pk for e in found[1:3]]).order_by("seq"))
+    between = feed.events_after(school.stack.pk, found[0].seq, through=found[2].seq)
+    assert [model_to_dict(e) for e in between] == [model_to_dict(e) for e in expected]
+    assert [e.created_at for e in between] == [e.created_at for e in expected]
 
 
 def test_prune_deletes_only_old_published_events(school: School) -> None:
