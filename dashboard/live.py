@@ -71,7 +71,7 @@ from memories.changes.feed import events_after, latest_seq
 from memories.models import ChangeEvent, Memory, StackDailyActivity
 from memories.privacy.grants import Audience, audience_for, grants_filter
 from memories.reads.access_log import AccessPath, record_principal_access
-from memories.selectors import boot_config_entries, live_q
+from memories.selectors import boot_config_entries, live_q, memories_by_id
 from memories.writes.outbox import BOOT_CONFIG, CHECKPOINT
 from memoryhub.errors import NotFound
 from stacks.models import Stack, TeacherAssignment
@@ -356,7 +356,7 @@ def _rows(stack: Stack, ids: Sequence[str], existing: dict[uuid.UUID, datetime],
     (`listed`: the page's own filter rule, dashboard.student), and the ids that no longer exist:
     more than a page of them could never all be on the first page."""
     newest = sorted(existing, key=lambda pk: (existing[pk], str(pk)), reverse=True)[: reads.PAGE_SIZE]
-    memories = Memory.objects.filter(pk__in=newest).defer(*reads.LIST_DEFER)
+    memories = memories_by_id(stack_id=stack.pk, ids=newest)
     rows = []
     for memory in sorted(memories, key=lambda m: (m.created_at, str(m.pk)), reverse=True):
         html = render_to_string(row_template, {"memory": memory, "stack": stack})

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Literal
@@ -25,7 +26,7 @@ from accounts.principal import Principal
 from memories.models import BootConfigEntry, Checkpoint, ErasureCertificate, Memory, MemoryKind, MemoryRevision
 from memories.privacy.grants import Audience, grants_filter
 from memories.records.vocabulary import CHECKPOINT_EPISODE_TAGS, CHECKPOINT_OBJECTIVE_PREFIX
-from memoryhub.database import ModelRows
+from memoryhub.database import ModelRows, uuid_array
 from memoryhub.errors import Forbidden, InvalidInput, NotFound
 from stacks.models import Stack
 from stacks.selectors import ensure_writable, stack_for_principal, stacks_visible_to
@@ -114,6 +115,17 @@ def memory_agents(*, stack: Stack, audience: Audience | None = None) -> list[str
 # what the written-out statements that read whole memories select and build memories from (a
 # search's page and neighbours, memories.search.context; a push's stored rows, memories.sync.lookup).
 MEMORY_ROWS = ModelRows(Memory, defer=("embedding", "search_vector"), table_alias="m")
+_MEMORIES_BY_ID_SQL = (f"SELECT {MEMORY_ROWS.columns} FROM {connection.ops.quote_name(Memory._meta.db_table)} m"  # noqa: S608
+                       " WHERE m.stack_id = %s AND m.id = ANY(%s::uuid[])")
+
+
+def memories_by_id(*, stack_id: int, ids: Sequence[uuid.UUID | str]) -> list[Memory]:
+    """The stack's memories of these ids, in no particular order, read as MEMORY_ROWS (live or
+    not, whatever their grants: the caller has narrowed `ids` to what its reader may see). One
+    written-out statement: a live page reads its rows to render this way for every change."""
+    with connection.cursor() as cursor:
+        cursor.execute(_MEMORIES_BY_ID_SQL, [stack_id, uuid_array(ids)])
+        return [MEMORY_ROWS.instance(row) for row in cursor.fetchall()]
 
 
 # --- checkpoints -----------------------------------------------------------------------------------
