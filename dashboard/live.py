@@ -51,7 +51,7 @@ from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_K
 from django.contrib.auth.signals import user_logged_out
 from django.contrib.humanize.templatetags.humanize import naturaltime
 from django.db import transaction
-from django.db.models import BooleanField, ExpressionWrapper, Sum
+from django.db.models import Sum
 from django.db.models.signals import post_delete, post_save
 from django.http import QueryDict
 from django.template.defaultfilters import filesizeformat
@@ -68,10 +68,10 @@ from accounts.signals import sessions_ended
 from dashboard import student as reads
 from dashboard.access import GUARDIANS, STAFF
 from memories.changes.feed import events_after, latest_seq
-from memories.models import ChangeEvent, Memory, StackDailyActivity
-from memories.privacy.grants import Audience, audience_for, grants_filter
+from memories.models import ChangeEvent, StackDailyActivity
+from memories.privacy.grants import Audience, audience_for
 from memories.reads.access_log import AccessPath, record_principal_access
-from memories.selectors import boot_config_entries, live_q, memories_by_id
+from memories.selectors import boot_config_entries, memories_by_id, memories_named
 from memories.writes.outbox import BOOT_CONFIG, CHECKPOINT
 from memoryhub.errors import NotFound
 from stacks.models import Stack, TeacherAssignment
@@ -301,7 +301,8 @@ def _student_message(stack: Stack, filters: reads.MemoryFilters, change: Change,
     message: dict[str, Any] = {"type": "change", "events": list(change.event_ids), "seq": change.seq,
                                "rows": [], "removed": [], "unresolved": 0}
     named = memory_ids(change.memory_ids)
-    found = _named_rows(stack.pk, named, audience)
+    # The named memories the viewer's grants admit, by id: (pk, created_at, live?).
+    found = {str(row[0]): row for row in memories_named(stack_id=stack.pk, ids=named, audience=audience)}
     ids = named if audience is None else [memory_id for memory_id in named if memory_id in found]
     working_state = bool(change.topics & {CHECKPOINT, BOOT_CONFIG})
     if named and not ids and not working_state:
@@ -334,19 +335,6 @@ def memory_ids(values: Iterable[str]) -> list[str]:
         except (TypeError, ValueError):
             continue
     return ids
-
-
-def _named_rows(stack_id: int, ids: Sequence[str],
-                audience: Audience | None) -> dict[str, tuple[uuid.UUID, datetime, bool]]:
-    """The stack's memories among `ids` (live or not) whose grants admit the viewer, by id: (pk,
-    created_at, live?), one statement. An id not found names a row that no longer exists, or one
-    hidden from the viewer: its grants can no longer be read, or do not admit them."""
-    if not ids:
-        return {}
-    rows = (grants_filter(Memory.objects.filter(stack_id=stack_id, pk__in=ids), audience)
-            .annotate(live=ExpressionWrapper(live_q(), output_field=BooleanField()))
-            .values_list("pk", "created_at", "live"))
-    return {str(pk): (pk, created_at, live) for pk, created_at, live in rows}
 
 
 def _rows(stack: Stack, ids: Sequence[str], existing: dict[uuid.UUID, datetime], listed: set[uuid.UUID], *,

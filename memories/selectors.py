@@ -24,7 +24,7 @@ from django.utils import timezone
 
 from accounts.principal import Principal
 from memories.models import BootConfigEntry, Checkpoint, ErasureCertificate, Memory, MemoryKind, MemoryRevision
-from memories.privacy.grants import Audience, grants_filter
+from memories.privacy.grants import Audience, grants_filter, grants_sql
 from memories.records.vocabulary import CHECKPOINT_EPISODE_TAGS, CHECKPOINT_OBJECTIVE_PREFIX
 from memoryhub.database import ModelRows, uuid_array
 from memoryhub.errors import Forbidden, InvalidInput, NotFound
@@ -115,8 +115,28 @@ def memory_agents(*, stack: Stack, audience: Audience | None = None) -> list[str
 # what the written-out statements that read whole memories select and build memories from (a
 # search's page and neighbours, memories.search.context; a push's stored rows, memories.sync.lookup).
 MEMORY_ROWS = ModelRows(Memory, defer=("embedding", "search_vector"), table_alias="m")
-_MEMORIES_BY_ID_SQL = (f"SELECT {MEMORY_ROWS.columns} FROM {connection.ops.quote_name(Memory._meta.db_table)} m"  # noqa: S608
+_MEMORY_TABLE = connection.ops.quote_name(Memory._meta.db_table)
+_MEMORIES_BY_ID_SQL = (f"SELECT {MEMORY_ROWS.columns} FROM {_MEMORY_TABLE} m"  # noqa: S608
                        " WHERE m.stack_id = %s AND m.id = ANY(%s::uuid[])")
+
+
+# `live_q`'s rule over the alias `m`, for the written-out statements below (its one parameter: now).
+_LIVE_SQL = "m.deleted_at IS NULL AND (m.expires_at IS NULL OR m.expires_at > %(now)s)"
+
+
+def memories_named(*, stack_id: int, ids: Sequence[uuid.UUID | str],
+                   audience: Audience | None) -> list[tuple[uuid.UUID, datetime, bool]]:
+    """(id, created_at, live?) of the stack's memories among `ids` whose grants admit `audience`,
+    live or not (`live_q`), in no particular order: one written-out statement. A live page asks it
+    for every change it renders (dashboard.live)."""
+    if not ids:
+        return []
+    grants, params = grants_sql(audience, "m")
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT m.id, m.created_at, ({_LIVE_SQL}) FROM {_MEMORY_TABLE} m"  # noqa: S608
+                       f" WHERE m.stack_id = %(stack)s AND m.id = ANY(%(ids)s::uuid[]) AND {grants}",
+                       {**params, "stack": stack_id, "ids": uuid_array(ids), "now": timezone.now()})
+        return cursor.fetchall()
 
 
 def memories_by_id(*, stack_id: int, ids: Sequence[uuid.UUID | str]) -> list[Memory]:
