@@ -120,8 +120,9 @@ _MEMORIES_BY_ID_SQL = (f"SELECT {MEMORY_ROWS.columns} FROM {_MEMORY_TABLE} m"  #
                        " WHERE m.stack_id = %s AND m.id = ANY(%s::uuid[])")
 
 
-# `live_q`'s rule over the alias `m`, for the written-out statements below (its one parameter: now).
-_LIVE_SQL = "m.deleted_at IS NULL AND (m.expires_at IS NULL OR m.expires_at > %(now)s)"
+# `live_q`'s rule over the alias `m`, for written-out statements (a search's legs, `memories_named`);
+# its one named parameter is `now`.
+LIVE_SQL = "m.deleted_at IS NULL AND (m.expires_at IS NULL OR m.expires_at > %(now)s)"
 
 
 def memories_named(*, stack_id: int, ids: Sequence[uuid.UUID | str],
@@ -133,7 +134,7 @@ def memories_named(*, stack_id: int, ids: Sequence[uuid.UUID | str],
         return []
     grants, params = grants_sql(audience, "m")
     with connection.cursor() as cursor:
-        cursor.execute(f"SELECT m.id, m.created_at, ({_LIVE_SQL}) FROM {_MEMORY_TABLE} m"  # noqa: S608
+        cursor.execute(f"SELECT m.id, m.created_at, ({LIVE_SQL}) FROM {_MEMORY_TABLE} m"  # noqa: S608
                        f" WHERE m.stack_id = %(stack)s AND m.id = ANY(%(ids)s::uuid[]) AND {grants}",
                        {**params, "stack": stack_id, "ids": uuid_array(ids), "now": timezone.now()})
         return cursor.fetchall()

@@ -24,7 +24,7 @@ from django.utils import timezone
 
 from memories.models import Memory
 from memories.privacy.grants import Audience, grants_sql
-from memories.selectors import MEMORY_ROWS
+from memories.selectors import LIVE_SQL, MEMORY_ROWS
 
 MAX_LIMIT = 100
 MAX_QUERY_CHARS = 2000
@@ -104,9 +104,8 @@ def scope_filters(query: SearchQuery, params: dict[str, Any], audience: Audience
     here, inside each leg's SQL and before its LIMIT, so a hidden memory never takes a slot."""
     clauses = [
         "m.stack_id = ANY(%(stack_ids)s)",
-        "m.deleted_at IS NULL",
+        LIVE_SQL,
         "m.forgotten_at IS NULL",
-        "(m.expires_at IS NULL OR m.expires_at > %(now)s)",
     ]
     params["now"] = timezone.now()
     if audience is not None:
