@@ -11,7 +11,7 @@ from django.db import connection
 from django.forms.models import model_to_dict
 from django.test.utils import CaptureQueriesContext
 
-from accounts.models import Membership
+from accounts.models import Membership, User
 from accounts.selectors import membership_for_user
 from tests.factories import make_org, make_user
 
@@ -31,14 +31,15 @@ def test_the_lookup_gives_the_querysets_answer_oldest_membership_first() -> None
         created_at=Membership.objects.get(user=teacher, organization=second).created_at - dt.timedelta(days=1))
     alone = make_user(first, role=Membership.Role.GUARDIAN)
     nobody = make_user()
+    found: dict[User, Membership] = {}
     for user in (teacher, alone):
-        expected = as_queryset_sees(user.pk)
-        found = membership_for_user(user.pk)
-        assert expected is not None and found is not None
-        assert model_to_dict(found) == model_to_dict(expected)  # every column, not just the id
-        assert model_to_dict(found.organization) == model_to_dict(expected.organization)
-    assert membership_for_user(teacher.pk).organization.pk == first.pk  # type: ignore[union-attr]
-    assert membership_for_user(alone.pk).role == Membership.Role.GUARDIAN  # type: ignore[union-attr]
+        expected, membership = as_queryset_sees(user.pk), membership_for_user(user.pk)
+        assert expected is not None and membership is not None
+        assert model_to_dict(membership) == model_to_dict(expected)  # every column, not just the id
+        assert model_to_dict(membership.organization) == model_to_dict(expected.organization)
+        found[user] = membership
+    assert found[teacher].organization.pk == first.pk
+    assert found[alone].role == Membership.Role.GUARDIAN
     assert membership_for_user(nobody.pk) is None and as_queryset_sees(nobody.pk) is None
 
 
