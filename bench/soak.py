@@ -25,21 +25,24 @@ one stack-bound API key per agent, seeds every stack with 50 memories, then:
   it logs in first (`POST /auth/login`) and its kernle pushes and pulls send the access token, as
   kernle's client does; its native API calls send the key;
 * at the end: every acknowledged write is checked against the database (exactly once), the
-  embedding backlog is read at the middle and the end, and `/metrics` is scraped before and after.
+  embedding backlog is read at the middle and the end, `/metrics` is scraped before and after, and
+  the soak waits up to DRAIN_SECONDS for the backlog to drain.
 
 Reported: throughput and p50/p95/p99 per operation next to its unloaded p95 (and, for reading the
 ratio, the unloaded p95 measured again after the soak on the stacks it grew), every non-2xx by
-status, the RSS of each process at the start, the middle and the end, and the goals with
-PASS/FAIL: no response >= 500; nothing lost or duplicated; p95 of every operation <= 3x its unloaded
-p95 (the bulk lane's pushes: reported, no goal); no process's RSS growing > 20 % over the second
-half. Also, to read those figures by: where the slowest 5 % of each operation spent their time
-against its fastest half (the service's `Server-Timing`: its CPU, its database statements, waiting
-inside it, and the rest outside it; docs/operations.md §13), the p95
-of all operations in each tenth of the run, each operation's p95 timed from when it was actually
-sent, how late this load generator's own event loop ran (it shares the cores: its lateness is in
-every figure, none of it the service's), the cores each part used during the soak, and the cores
-the load would need for the embedding to keep up (the worker's share scaled from the vectors it
-stored to the memories the agents wrote): above the machine's, no setting can meet the goals.
+status, the RSS of each process at the start, the middle and the end, and the goals with PASS/FAIL:
+no response >= 500; nothing lost or duplicated; p95 of every operation <= 3x its unloaded p95 (the
+bulk lane's pushes: reported, no goal); no process's RSS growing > 20 % over the second half; the
+embedding backlog drained once the load ended (it may lag during it). Also, time to searchable
+(write acknowledged -> vector stored) of the soak's writes, p50 and p95, and, to read those figures
+by: where the slowest 5 % of each operation spent their time against its fastest half (the service's
+`Server-Timing`: its CPU, its database statements, waiting inside it, and the rest outside it;
+docs/operations.md §13), the p95 of all operations in each tenth of the run, each operation's p95
+timed from when it was actually sent, how late this load generator's own event loop ran (it shares
+the cores: its lateness is in every figure, none of it the service's), the cores each part used
+during the soak, and the cores the load would need for the embedding to keep up (the worker's share
+scaled from the vectors it stored to the memories the agents wrote): above the machine's, no setting
+can meet the goals.
 
 `--saturate` instead doubles closed-loop clients (each sends its next request when the last is
 answered) until 2xx/s rises by < 5 %, and prints the peak requests/s of the mix with the cores used
@@ -113,8 +116,13 @@ from bench.soak_report import (  # noqa: E402
     report_soak,
     rss_snapshot,
     scrape_metrics,
+    searchable_buckets,
     stored_counts,
 )
+
+# How long the soak waits, once the load has ended, for the embedding backlog to drain: the worker
+# may fall behind under the load (it yields the cores to requests), but must catch up after it.
+DRAIN_SECONDS = 300.0
 
 
 @contextmanager
@@ -126,15 +134,20 @@ def running_service(workdir: Path, embedder: str, extra_env: dict[str, str],
         yield service
 
 
-async def unloaded_again(base_url: str, database_url: str, agents: list[Agent], samples: int,
-                         settle_seconds: float = 180.0) -> Recorder:
+def drain(database_url: str, settle_seconds: float) -> tuple[float, int]:
+    """Wait, up to `settle_seconds`, for the embedding backlog to drain once the load has ended: how
+    long it took, and what was left (0: drained)."""
+    started = time.monotonic()
+    while (left := backlog(database_url)) > 0 and time.monotonic() - started < settle_seconds:
+        time.sleep(2)
+    return time.monotonic() - started, left
+
+
+async def unloaded_again(base_url: str, agents: list[Agent], samples: int) -> Recorder:
     """The unloaded baseline once more after the soak, on the stacks as the soak grew them (many
-    times the seeded size after a long soak), once the embedding backlog has drained (or `settle_seconds`
-    passed): how much of the loaded p95 is the data's growth rather than the load. Informational:
-    the goal compares with the start."""
-    deadline = time.monotonic() + settle_seconds
-    while backlog(database_url) > 0 and time.monotonic() < deadline:
-        await asyncio.sleep(2)
+    times the seeded size after a long soak), once the embedding backlog has drained (`drain`): how
+    much of the loaded p95 is the data's growth rather than the load. Informational: the goal
+    compares with the start."""
     recorder = Recorder()
     async with async_client(base_url, 4) as http:
         await unloaded(http, agents, samples, random.Random(11), recorder)
@@ -156,6 +169,7 @@ def run_soak(args: argparse.Namespace) -> int:
             rss = {"start": rss_snapshot(service.runner.pid)}
             backlogs = {"start": backlog(service.database_url)}
             metrics = {"start": scrape_metrics(service.base_url)}
+            searchable = {"start": searchable_buckets(service.base_url)}
 
             def half() -> None:
                 rss["middle"] = rss_snapshot(service.runner.pid)
@@ -178,10 +192,14 @@ def run_soak(args: argparse.Namespace) -> int:
             backlogs["end"] = backlog(service.database_url)
             metrics["end"] = scrape_metrics(service.base_url)
             stored = stored_counts(service.database_url, recorder.acknowledged + seeding.acknowledged)
-            log("the unloaded baseline again, on the grown stacks, once the embedding backlog has drained")
-            after = asyncio.run(unloaded_again(service.base_url, service.database_url, agents, args.baseline_samples))
+            log(f"waiting up to {DRAIN_SECONDS:.0f} s for the embedding backlog to drain")
+            drained = drain(service.database_url, DRAIN_SECONDS)
+            # After the drain: the vectors the load left behind are its writes' slowest.
+            searchable["end"] = searchable_buckets(service.base_url)
+            log("the unloaded baseline again, on the grown stacks")
+            after = asyncio.run(unloaded_again(service.base_url, agents, args.baseline_samples))
             recorder_ok = report_soak(args, recorder, baseline, pages, elapsed, rss, backlogs, metrics, stored,
-                                      after)
+                                      after, searchable, drained)
             print(f"\nCPU during the soak (cores, of {psutil.cpu_count()}): "
                   + ", ".join(f"{role} {used:.2f}" for role, used in cores.items()))
             print(capacity_line(cores, len(recorder.acknowledged) / elapsed,
