@@ -177,8 +177,7 @@ _ORGANIZATION_ROWS = ModelRows(Organization, table_alias="o")
 # queryset's answer.
 _MEMBERSHIP_SQL = (
     f"SELECT {_MEMBERSHIP_ROWS.columns}, {_ORGANIZATION_ROWS.columns}"  # noqa: S608
-    f" FROM {connection.ops.quote_name(Membership._meta.db_table)} m"
-    f" JOIN {connection.ops.quote_name(Organization._meta.db_table)} o ON o.id = m.organization_id"
+    f" FROM {_MEMBERSHIP_ROWS.table} JOIN {_ORGANIZATION_ROWS.table} ON o.id = m.organization_id"
     " WHERE m.user_id = %s ORDER BY m.created_at, m.id LIMIT 1")
 
 

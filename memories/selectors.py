@@ -115,8 +115,7 @@ def memory_agents(*, stack: Stack, audience: Audience | None = None) -> list[str
 # what the written-out statements that read whole memories select and build memories from (a
 # search's page and neighbours, memories.search.context; a push's stored rows, memories.sync.lookup).
 MEMORY_ROWS = ModelRows(Memory, defer=("embedding", "search_vector"), table_alias="m")
-_MEMORY_TABLE = connection.ops.quote_name(Memory._meta.db_table)
-_MEMORIES_BY_ID_SQL = (f"SELECT {MEMORY_ROWS.columns} FROM {_MEMORY_TABLE} m"  # noqa: S608
+_MEMORIES_BY_ID_SQL = (f"SELECT {MEMORY_ROWS.columns} FROM {MEMORY_ROWS.table}"  # noqa: S608
                        " WHERE m.stack_id = %s AND m.id = ANY(%s::uuid[])")
 
 
@@ -134,7 +133,7 @@ def memories_named(*, stack_id: int, ids: Sequence[uuid.UUID | str],
         return []
     grants, params = grants_sql(audience, "m")
     with connection.cursor() as cursor:
-        cursor.execute(f"SELECT m.id, m.created_at, ({LIVE_SQL}) FROM {_MEMORY_TABLE} m"  # noqa: S608
+        cursor.execute(f"SELECT m.id, m.created_at, ({LIVE_SQL}) FROM {MEMORY_ROWS.table}"  # noqa: S608
                        f" WHERE m.stack_id = %(stack)s AND m.id = ANY(%(ids)s::uuid[]) AND {grants}",
                        {**params, "stack": stack_id, "ids": uuid_array(ids), "now": timezone.now()})
         return cursor.fetchall()
@@ -168,7 +167,7 @@ _CHECKPOINT_ROWS = ModelRows(Checkpoint)
 # row and the boot config in key order. tests/memories/test_load.py holds them to the querysets.
 _WORKING_STATE_SQL = (
     f"SELECT {_CHECKPOINT_ROWS.columns} "  # noqa: S608 (model metadata only)
-    f"FROM {Checkpoint._meta.db_table} WHERE stack_id = %(stack)s ORDER BY created_at DESC, id DESC LIMIT 1; "
+    f"FROM {_CHECKPOINT_ROWS.table} WHERE stack_id = %(stack)s ORDER BY created_at DESC, id DESC LIMIT 1; "
     f"SELECT key, value FROM {BootConfigEntry._meta.db_table} WHERE stack_id = %(stack)s ORDER BY key"
 )
 

@@ -36,16 +36,19 @@ def uuid_array(ids: Sequence[Any]) -> str:
 class ModelRows:
     """A model's rows read through a written-out statement on the default database: `fields`, its
     concrete fields but those named in `defer`; `columns`, their columns in that order (quoted, each
-    prefixed with `table_alias` when one is given), to SELECT; `instance(row)`, the model instance of
-    one such row, each value converted as the ORM converts it when it reads the field (Django loads
-    jsonb as text: a JSONField decodes it). The deferred fields are neither selected nor set: the
-    instance loads them on first use, as after a queryset's `defer()`. For the hot lookups whose
-    querysets cost more to compile than to run (docs/architecture.md §7.2)."""
+    prefixed with `table_alias` when one is given), to SELECT; `table`, the model's table (quoted,
+    followed by `table_alias` when one is given), to select them FROM; `instance(row)`, the model
+    instance of one such row, each value converted as the ORM converts it when it reads the field
+    (Django loads jsonb as text: a JSONField decodes it). The deferred fields are neither selected
+    nor set: the instance loads them on first use, as after a queryset's `defer()`. For the hot
+    lookups whose querysets cost more to compile than to run (docs/architecture.md §7.2)."""
 
     def __init__(self, model: type[Model], *, defer: Sequence[str] = (), table_alias: str = "") -> None:
         self.fields = tuple(field for field in model._meta.concrete_fields if field.name not in defer)
         prefix = f"{connection.ops.quote_name(table_alias)}." if table_alias else ""
         self.model = model
+        self.table = connection.ops.quote_name(model._meta.db_table) + (
+            f" {connection.ops.quote_name(table_alias)}" if table_alias else "")
         self.columns = ", ".join(prefix + connection.ops.quote_name(field.column) for field in self.fields)
         self._converters = [(index, field.from_db_value) for index, field in enumerate(self.fields)
                             if hasattr(field, "from_db_value")]

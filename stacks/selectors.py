@@ -73,11 +73,10 @@ def visible_stack(principal: Principal, slug: object, *, lock: bool = False) -> 
 
 
 _STACK_ROWS = ModelRows(Stack)
-_STACK_TABLE = connection.ops.quote_name(Stack._meta.db_table)
 # A teacher reaches the stacks assigned to them, a guardian their own children's (stacks_visible_to).
 _LINKED_SQL: dict[str, str] = {
     str(role): (f"EXISTS (SELECT 1 FROM {connection.ops.quote_name(links._meta.db_table)} link"  # noqa: S608
-                f" WHERE link.stack_id = {_STACK_TABLE}.id AND link.user_id = %s)")
+                f" WHERE link.stack_id = {_STACK_ROWS.table}.id AND link.user_id = %s)")
     for role, links in ((Membership.Role.TEACHER, TeacherAssignment), (Membership.Role.GUARDIAN, GuardianLink))}
 
 
@@ -87,7 +86,7 @@ def _reach(principal: Principal) -> tuple[str, list[int]] | None:
     if principal.api_key is not None:
         if principal.bound_stack_id is None:
             return "TRUE", []
-        return f"{_STACK_TABLE}.id = %s", [principal.bound_stack_id]
+        return f"{_STACK_ROWS.table}.id = %s", [principal.bound_stack_id]
     if principal.role == Membership.Role.ADMIN:
         return "TRUE", []
     linked = _LINKED_SQL.get(str(principal.role))
@@ -102,7 +101,7 @@ def _stack_sql(reach: str, lock: bool) -> str:
     slug) is unique: no ORDER BY to find the one row. FOR UPDATE locks the stack row only: a
     teacher's assignment or a guardian's link is read in a subquery, and stays free."""
     # Only the models' own table and column names are interpolated; every value is a parameter.
-    return (f"SELECT {_STACK_ROWS.columns} FROM {_STACK_TABLE}"  # noqa: S608
+    return (f"SELECT {_STACK_ROWS.columns} FROM {_STACK_ROWS.table}"  # noqa: S608
             f" WHERE organization_id = %s AND slug = %s AND {reach} LIMIT 1" + (" FOR UPDATE" if lock else ""))
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import UTC
 from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS, connection, connections
+from django.db import DEFAULT_DB_ALIAS, connections
 
 from memories.models import ChangeEvent, Memory
 from memoryhub.database import ModelRows
@@ -26,7 +26,7 @@ _EVENT_ROWS = ModelRows(ChangeEvent)
 # Every live socket reads it for every change it sends: written out, so that none of them builds
 # and compiles a queryset for it (docs/architecture.md §11). Only the model's own table and column
 # names are interpolated.
-_EVENTS_AFTER_SQL = (f"SELECT {_EVENT_ROWS.columns} FROM {connection.ops.quote_name(_EVENT_TABLE)}"  # noqa: S608
+_EVENTS_AFTER_SQL = (f"SELECT {_EVENT_ROWS.columns} FROM {_EVENT_ROWS.table}"  # noqa: S608
                      " WHERE stack_id = %s AND seq > %s AND seq <= %s ORDER BY seq LIMIT %s")
 _LAST_SEQ = 2**63 - 1  # bigint's largest: "no upper bound"
 
