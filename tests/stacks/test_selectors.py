@@ -3,6 +3,7 @@ and it must give what the visibility queryset gives (docs/architecture.md §7.2)
 
 from __future__ import annotations
 
+import psycopg
 import pytest
 from django.db import connection, transaction
 from django.forms.models import model_to_dict
@@ -11,7 +12,8 @@ from django.test.utils import CaptureQueriesContext
 from accounts.models import Membership
 from accounts.principal import Principal
 from accounts.selectors import principal_for_session
-from stacks.models import GuardianLink, Stack
+from memoryhub.database import database_conninfo
+from stacks.models import GuardianLink, Stack, TeacherAssignment
 from stacks.selectors import stacks_visible_to, visible_stack
 from tests.factories import assign_teacher, make_key, make_org, make_stack, make_user
 
@@ -110,3 +112,23 @@ def test_a_slug_that_names_nothing_is_not_looked_up(slug: object) -> None:
     with CaptureQueriesContext(connection) as queries:
         assert visible_stack(principal, slug) is None
     assert queries.captured_queries == []
+
+
+def test_a_teachers_locked_lookup_holds_the_stack_row_and_leaves_their_assignment_free() -> None:
+    org = make_org()
+    stack = make_stack(org, "s1")
+    teacher = make_user(org, role=Membership.Role.TEACHER)
+    assign_teacher(teacher, stack)
+    principal = principal_for_session(teacher)
+    assert principal is not None
+    with transaction.atomic():
+        assert pk_of(visible_stack(principal, "s1", lock=True)) == stack.pk
+        # Another session, as a concurrent writer would be: the stack row is taken, the
+        # assignment (read in the lookup's subquery) is not.
+        with psycopg.connect(database_conninfo(), autocommit=True) as other:
+            with pytest.raises(psycopg.errors.LockNotAvailable):
+                other.execute("SELECT 1 FROM stacks_stack WHERE id = %s FOR UPDATE NOWAIT", [stack.pk])
+            assignment = TeacherAssignment._meta.db_table
+            free = other.execute(f"SELECT stack_id FROM {assignment} WHERE stack_id = %s FOR UPDATE NOWAIT",  # noqa: S608
+                                 [stack.pk])
+            assert free.fetchall() == [(stack.pk,)]
