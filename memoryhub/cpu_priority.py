@@ -12,6 +12,10 @@
 
 With every core busy the kernel then runs the interactive requests' threads and backends first and
 gives background work what they leave, instead of an equal share; work that waits is only delayed.
+Every PostgreSQL backend leads a session of its own, so under Linux's autogroup it is alone in its
+scheduling group, which a process's niceness does not weigh against the others: a backend's
+group is given the same niceness as the backend, where this process has CAP_SYS_ADMIN (without it
+the kernel takes one such change a tenth of a second).
 Going back to a higher priority needs CAP_SYS_NICE (root has it; so does a service given it, e.g.
 systemd's `AmbientCapabilities=CAP_SYS_NICE`). Without it, or off Linux, nothing is lowered. A
 backend is reniced only when PostgreSQL runs on this machine (its host is loopback or a socket, and
@@ -33,6 +37,8 @@ from pathlib import Path
 
 from django.conf import settings
 from django.db import DatabaseError, connection
+
+from memoryhub.embedded import session_group_nice, set_session_group_nice
 
 logger = logging.getLogger(__name__)
 
@@ -91,6 +97,37 @@ def _set_nice(pid: int, nice: int) -> bool:
     return True
 
 
+_CAP_SYS_ADMIN = 21
+
+
+@functools.cache
+def may_change_session_groups() -> bool:
+    """Whether this process may set session groups' niceness as often as it likes: without
+    CAP_SYS_ADMIN the kernel takes one change a tenth of a second from all processes together, and a
+    group left lowered would cost its backend's connection."""
+    try:
+        status = Path("/proc/self/status").read_text()
+    except OSError:
+        return False
+    effective = next((line.split()[1] for line in status.splitlines() if line.startswith("CapEff:")), "0")
+    return bool(int(effective, 16) >> _CAP_SYS_ADMIN & 1)
+
+
+def _backend_nice(pid: int) -> tuple[int, int | None]:
+    """A backend's niceness and its session group's (None: it leads no session, there is no
+    autogroup, or the groups are not ours to change)."""
+    group = session_group_nice(pid) if may_change_session_groups() and os.getsid(pid) == pid else None
+    return os.getpriority(os.PRIO_PROCESS, pid), group
+
+
+def _set_backend_nice(pid: int, nice: int, group: int | None) -> bool:
+    """Set a backend's niceness, and its session group's when `group` is not None; False if either
+    could not be set."""
+    if not _set_nice(pid, nice):
+        return False
+    return group is None or set_session_group_nice(pid, group)
+
+
 def lower_for_bulk() -> Callable[[], None]:
     """Run this thread and its database backend at `LANES_BULK_NICE`; returns the call that puts
     both back (call it on this thread, before its connection goes back to the pool)."""
@@ -101,16 +138,18 @@ def lower_for_bulk() -> Callable[[], None]:
     tid = threading.get_native_id()
     thread_before = os.getpriority(os.PRIO_PROCESS, tid)
     _set_nice(tid, max(nice, thread_before))
-    backend_before = None
+    lowered: tuple[int, int | None] | None = None  # what was changed: the niceness and group's before
     if backend is not None:
         with contextlib.suppress(OSError):
-            backend_before = os.getpriority(os.PRIO_PROCESS, backend)
-            if not _set_nice(backend, max(nice, backend_before)):
-                backend_before = None
+            process_nice, group_nice = _backend_nice(backend)
+            if _set_nice(backend, max(nice, process_nice)):
+                lowered = (process_nice, None)
+                if group_nice is not None and set_session_group_nice(backend, max(nice, group_nice)):
+                    lowered = (process_nice, group_nice)
 
     def restore() -> None:
         _set_nice(tid, thread_before)
-        if backend is not None and backend_before is not None and not _set_nice(backend, backend_before):
+        if backend is not None and lowered is not None and not _set_backend_nice(backend, *lowered):
             # A backend left at low priority must not serve interactive requests from the pool.
             logger.warning("could not restore a database backend's CPU priority; closing its connection")
             with contextlib.suppress(Exception):
@@ -131,5 +170,6 @@ def backend_follows_worker(**_: object) -> None:
         return
     nice = os.getpriority(os.PRIO_PROCESS, 0)
     with contextlib.suppress(OSError):
-        if os.getpriority(os.PRIO_PROCESS, backend) != nice:
-            _set_nice(backend, nice)
+        process_nice, group_nice = _backend_nice(backend)
+        if process_nice != nice or group_nice not in (None, nice):
+            _set_backend_nice(backend, nice, None if group_nice is None else nice)

@@ -87,11 +87,15 @@ def session_threads(session: int) -> list[int]:
     return threads
 
 
-def set_session_group_nice(pid: int | str, nice: int) -> None:
-    """The niceness of the scheduling group (autogroup) of the session `pid` ("self": ours) is in,
-    for all its processes; nothing where the kernel has no autogroup (or it is not Linux)."""
-    with contextlib.suppress(OSError):
+def set_session_group_nice(pid: int | str, nice: int) -> bool:
+    """Set the niceness of the scheduling group (autogroup) of the session `pid` ("self": ours) is
+    in, for all its processes. False where it could not be set: no autogroup in the kernel (or not
+    Linux), no permission, or (without CAP_SYS_ADMIN) another change less than 0.1 s before."""
+    try:
         Path(f"/proc/{pid}/autogroup").write_text(f"{nice}\n")
+    except OSError:
+        return False
+    return True
 
 
 def session_group_nice(pid: int | str) -> int | None:

@@ -1,6 +1,8 @@
 """Background work yields the cores: a bulk request's thread and database backend, and the worker's
 backend, run at a lower CPU priority than interactive work (memoryhub/cpu_priority.py;
-docs/architecture.md §5.7 "CPU priority"). The suite runs as root, which may put a priority back."""
+docs/architecture.md §5.7 "CPU priority"). The suite runs as root, which may put a priority back.
+A backend's session group (autogroup) follows its niceness; where the kernel has no autogroup, or
+the suite lacks CAP_SYS_ADMIN, groups are left alone (None)."""
 
 from __future__ import annotations
 
@@ -13,16 +15,26 @@ import pytest
 from django.db import connection
 
 from memories.models import Memory
+from memoryhub.cpu_priority import may_change_session_groups
+from memoryhub.embedded import session_group_nice
 from memoryhub.tasks import ping
 from stacks.services import personal_account_register
 from tests.factories import bearer_client, kernle_note_inserts
 
+GROUPS_FOLLOW = session_group_nice("self") is not None and may_change_session_groups()
 
-def priorities_now() -> tuple[int, int]:
-    """This thread's niceness and its database backend's."""
+
+def priorities_now() -> tuple[int, int, int | None]:
+    """This thread's niceness, its database backend's and the backend's session group's."""
     connection.ensure_connection()
-    return (os.getpriority(os.PRIO_PROCESS, threading.get_native_id()),
-            os.getpriority(os.PRIO_PROCESS, connection.connection.info.backend_pid))
+    backend = connection.connection.info.backend_pid
+    return (os.getpriority(os.PRIO_PROCESS, threading.get_native_id()), os.getpriority(os.PRIO_PROCESS, backend),
+            session_group_nice(backend) if GROUPS_FOLLOW else None)
+
+
+def lowered(nice: int) -> tuple[int, int, int | None]:
+    """A thread and backend at `nice`, the backend's session group too."""
+    return nice, nice, nice if GROUPS_FOLLOW else None
 
 
 @pytest.mark.django_db
@@ -31,37 +43,36 @@ def test_a_bulk_push_runs_at_low_cpu_priority_and_an_interactive_one_does_not(se
     settings.LANES_BULK_NICE = 10
     account = personal_account_register(stack_id="nice", email="nice@example.test")
     client = bearer_client(account.secret)
-    priorities: list[tuple[int, int]] = []
+    priorities: list[tuple[int, int, int | None]] = []
 
     def record(execute: Callable[..., Any], sql: str, params: Any, many: bool, context: Any) -> Any:
-        backend = connection.connection.info.backend_pid
-        priorities.append((os.getpriority(os.PRIO_PROCESS, threading.get_native_id()),
-                           os.getpriority(os.PRIO_PROCESS, backend)))
+        priorities.append(priorities_now())
         return execute(sql, params, many, context)
 
     thread_before = priorities_now()[0]
     with connection.execute_wrapper(record):
         bulk = client.post("/sync/push", {"stack_id": "nice", "operations": kernle_note_inserts(20)}, format="json")
     assert bulk.status_code == 200, bulk.content
-    assert (10, 10) in priorities  # the push's statements ran with thread and backend lowered
-    assert priorities_now() == (thread_before, 0)  # both back before the connection serves anything else
+    assert lowered(10) in priorities  # the push's statements ran with thread, backend and its group lowered
+    # all back before the connection serves anything else
+    assert priorities_now() == (thread_before, *lowered(0)[1:])
     priorities.clear()
     with connection.execute_wrapper(record):
         small = client.post("/sync/push", {"stack_id": "nice", "operations": kernle_note_inserts(1)}, format="json")
     assert small.status_code == 200
-    assert priorities and all(p == (thread_before, 0) for p in priorities)
+    assert priorities and all(p == (thread_before, *lowered(0)[1:]) for p in priorities)
     assert Memory.objects.filter(stack__slug="nice").count() == 21
 
 
 @pytest.mark.django_db
 def test_the_worker_s_backend_takes_the_worker_s_niceness_before_each_task() -> None:
-    seen: list[tuple[int, int]] = []
+    seen: list[tuple[int, int | None]] = []
 
     def task_at(nice: int) -> None:
         tid = threading.get_native_id()
         os.setpriority(os.PRIO_PROCESS, tid, nice)  # what the runner sets on the worker
         assert ping.apply().get() == "pong"  # run as the worker runs it: task_prerun first
-        seen.append(priorities_now())
+        seen.append(priorities_now()[1:])
         os.setpriority(os.PRIO_PROCESS, tid, 0)
 
     def tasks() -> None:
@@ -73,4 +84,4 @@ def test_the_worker_s_backend_takes_the_worker_s_niceness_before_each_task() -> 
     worker = threading.Thread(target=tasks)
     worker.start()
     worker.join()
-    assert seen == [(10, 10), (0, 0)]
+    assert seen == [lowered(10)[1:], lowered(0)[1:]]
