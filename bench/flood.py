@@ -99,6 +99,16 @@ def stored_counts(database_url: str, record_ids: list[str]) -> Counter[str]:
     return counts
 
 
+def autogroup_state() -> str:
+    """Whether the kernel weighs sessions as groups (docs/architecture.md §5.7 "CPU priority"): the
+    readers' figures differ with it, so every run says which it had."""
+    try:
+        enabled = Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip() == "1"
+    except OSError:
+        return "no autogroup"
+    return "autogroup on" if enabled else "autogroup off"
+
+
 def keys_of(school: dict[str, Any]) -> list[Key]:
     return [Key(a["stack"], a["secret"]) for a in school["agents"]]
 
@@ -152,7 +162,8 @@ def run_lanes(args: argparse.Namespace, lanes: str) -> dict[str, Any]:
     """The whole flood against one service with `MEMORYHUB_LANES=<lanes>`: its figures and goals."""
     workdir = Path(tempfile.mkdtemp(prefix=f"memoryhub-flood-{lanes}-"))
     extra = {"EMBEDDING_PROVIDER": args.embedder, "LOG_LEVEL": "WARNING", "MEMORYHUB_LANES": lanes}
-    log(f"lanes {lanes}: starting the service (runner) in {workdir}; embedder {args.embedder}")
+    log(f"lanes {lanes}: starting the service (runner) in {workdir}; embedder {args.embedder}; "
+        f"{autogroup_state()}")
     try:
         with runner_service(workdir / "var", workdir / "runner.log", extra_env=extra) as service:
             sets = 3  # fresh pusher stacks for: pushers alone, A, B
