@@ -12,10 +12,9 @@ from django.test.utils import CaptureQueriesContext
 from accounts.models import Membership
 from accounts.principal import Principal
 from accounts.selectors import principal_for_session
-from memoryhub.database import database_conninfo
 from stacks.models import GuardianLink, Stack, TeacherAssignment
 from stacks.selectors import stacks_visible_to, visible_stack
-from tests.factories import assign_teacher, make_key, make_org, make_stack, make_user
+from tests.factories import assign_teacher, make_key, make_org, make_stack, make_user, other_connection
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -125,9 +124,10 @@ def test_a_teachers_locked_lookup_holds_the_stack_row_and_leaves_their_assignmen
         assert pk_of(visible_stack(principal, "s1", lock=True)) == stack.pk
         # Another session, as a concurrent writer would be: the stack row is taken, the
         # assignment (read in the lookup's subquery) is not.
-        with psycopg.connect(database_conninfo(), autocommit=True) as other:
+        with other_connection(autocommit=True) as other:
             with pytest.raises(psycopg.errors.LockNotAvailable):
-                other.execute("SELECT 1 FROM stacks_stack WHERE id = %s FOR UPDATE NOWAIT", [stack.pk])
+                other.execute(f"SELECT 1 FROM {Stack._meta.db_table} WHERE id = %s FOR UPDATE NOWAIT",  # noqa: S608
+                              [stack.pk])
             assignment = TeacherAssignment._meta.db_table
             free = other.execute(f"SELECT stack_id FROM {assignment} WHERE stack_id = %s FOR UPDATE NOWAIT",  # noqa: S608
                                  [stack.pk])
