@@ -143,9 +143,8 @@ def lower_for_bulk() -> Callable[[], None]:
         with contextlib.suppress(OSError):
             process_nice, group_nice = _backend_nice(backend)
             if _set_nice(backend, max(nice, process_nice)):
-                lowered = (process_nice, None)
-                if group_nice is not None and set_session_group_nice(backend, max(nice, group_nice)):
-                    lowered = (process_nice, group_nice)
+                group_lowered = group_nice is not None and set_session_group_nice(backend, max(nice, group_nice))
+                lowered = (process_nice, group_nice if group_lowered else None)
 
     def restore() -> None:
         _set_nice(tid, thread_before)
