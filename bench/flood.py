@@ -54,7 +54,7 @@ from bench.flood_clients import Key, PushResult, Reads, interactive, run_pushers
 from bench.harness import log, percentiles, print_table  # noqa: E402
 from bench.service import RunnerService, runner_service  # noqa: E402
 from bench.soak_agents import ahead_of_the_service  # noqa: E402
-from bench.soak_report import backlog  # noqa: E402
+from bench.soak_report import backlog, drain  # noqa: E402
 
 KEYS_PER_PUSHER = 3
 READERS_KEYS = 4  # F's and Q's first stacks' keys: the readers' (stack 0 is the seeded one)
@@ -111,16 +111,6 @@ def autogroup_state() -> str:
 
 def keys_of(school: dict[str, Any]) -> list[Key]:
     return [Key(a["stack"], a["secret"]) for a in school["agents"]]
-
-
-def settle(service: RunnerService, limit: float) -> int:
-    """Wait (up to `limit` s) for the embedding backlog to drain; returns what is left."""
-    deadline = time.monotonic() + limit
-    left = backlog(service.database_url)
-    while left > 0 and time.monotonic() < deadline:
-        time.sleep(1)
-        left = backlog(service.database_url)
-    return left
 
 
 class Phases:
@@ -187,7 +177,7 @@ def run_lanes(args: argparse.Namespace, lanes: str) -> dict[str, Any]:
                 pool.submit(warm_up).result()
                 log(f"seeding {args.memories:,} memories into {flood[0].stack} and {quiet[0].stack}")
                 seeded = asyncio.run(seed(service.base_url, [flood[0], quiet[0]], args.memories))
-                settle(service, max(args.settle_seconds, 60.0))
+                drain(service.database_url, max(args.settle_seconds, 60.0))
                 phases = Phases(service, pool, args)
                 phases.pushed.merge(seeded)
                 wide = args.interactive_seconds
@@ -195,11 +185,11 @@ def run_lanes(args: argparse.Namespace, lanes: str) -> dict[str, Any]:
                 quiet_q, _ = phases.run("unloaded Q", wide, q_readers)
                 quiet_one, _ = phases.run("unloaded Q, one reader", wide, q_readers[:1])
                 _, alone = phases.run("pushers alone", args.flood_seconds, [], pushers(0))
-                settle(service, args.settle_seconds)
+                drain(service.database_url, args.settle_seconds)
                 flood_f, under = phases.run("A: F floods F", args.flood_seconds, f_readers, pushers(1))
-                settle(service, args.settle_seconds)
+                drain(service.database_url, args.settle_seconds)
                 flood_q, _ = phases.run("B: F floods, Q reads", args.flood_seconds, q_readers, pushers(2))
-                settle(service, args.settle_seconds)
+                drain(service.database_url, args.settle_seconds)
                 crowd_q, crowd_pushed = phases.run(
                     "C: 16 keys on one address", args.keys_seconds, q_readers[:1], [[k] for k in crowd],
                     batch=CROWD_BATCH, interval=60 / (budget * CROWD_PACE))

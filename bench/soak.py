@@ -113,6 +113,7 @@ from bench.soak_report import (  # noqa: E402
     capacity_line,
     cores_used,
     cpu_seconds,
+    drain,
     report_soak,
     rss_snapshot,
     scrape_metrics,
@@ -132,15 +133,6 @@ def running_service(workdir: Path, embedder: str, extra_env: dict[str, str],
     extra = {"EMBEDDING_PROVIDER": embedder, "TRUSTED_PROXIES": "127.0.0.1/32", "LOG_LEVEL": "WARNING", **extra_env}
     with runner_service(workdir / "var", workdir / "runner.log", extra_env=extra, code_dir=code_dir) as service:
         yield service
-
-
-def drain(database_url: str, settle_seconds: float) -> tuple[float, int]:
-    """Wait, up to `settle_seconds`, for the embedding backlog to drain once the load has ended: how
-    long it took, and what was left (0: drained)."""
-    started = time.monotonic()
-    while (left := backlog(database_url)) > 0 and time.monotonic() - started < settle_seconds:
-        time.sleep(2)
-    return time.monotonic() - started, left
 
 
 async def unloaded_again(base_url: str, agents: list[Agent], samples: int) -> Recorder:

@@ -9,6 +9,7 @@ import argparse
 import math
 import re
 import sys
+import time
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
@@ -127,6 +128,15 @@ def backlog(database_url: str) -> int:
     with psycopg.connect(database_url) as conn:
         row = conn.execute(f"SELECT count(*) {AWAITING_VECTORS}").fetchone()
     return int(row[0]) if row else 0
+
+
+def drain(database_url: str, limit: float) -> tuple[float, int]:
+    """Wait, up to `limit` seconds, for the embedding backlog to drain: how long it took, and what
+    was left (0: drained)."""
+    started = time.monotonic()
+    while (left := backlog(database_url)) > 0 and time.monotonic() - started < limit:
+        time.sleep(1)
+    return time.monotonic() - started, left
 
 
 def cores_used(before: dict[str, float], after: dict[str, float], own_before: Any, own_after: Any,
