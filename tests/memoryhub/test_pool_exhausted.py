@@ -30,13 +30,14 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 def pool_exhausted() -> Iterator[None]:
     """Every connection of this process's pool checked out by the test until the block ends."""
     pool = connection.pool  # type: ignore[attr-defined]  # the postgresql backend's pool
-    held = []
+    held: list[Any] = []
     try:
-        while True:
-            try:
-                held.append(pool.getconn(timeout=0.2))
-            except PoolTimeout:
-                break
+        # Up to max_size, not "until a short wait times out": the pool opens connections in the
+        # background, and one still opening on a busy machine would serve a request meanwhile.
+        while len(held) < pool.max_size:
+            held.append(pool.getconn(timeout=30))
+        with pytest.raises(PoolTimeout):
+            pool.getconn(timeout=0.2)
         yield
     finally:
         for held_connection in held:
