@@ -4,11 +4,12 @@
 * **Interactive** (search, load, get, checkpoint, single writes, dashboard pages): served at once.
 * **Bulk** (large pushes, full pulls, exports; see `bulk_request`): at most `limit` run at a time
   in this web process. The limit adapts, in the manner of a gradient limiter: each interactive
-  request's latency is compared with its route's unloaded latency; while interactive requests run
-  more than `LANES_TOLERANCE` times slower than unloaded, the limit shrinks in proportion, and
-  while they run near their baseline, or none arrive, it grows. Below one it paces: one bulk
-  request at a time, then a pause, so that bulk work runs `limit` of the time (never below
-  `LANES_MIN_BULK`, a share: a flood is slowed, never stopped).
+  request's latency is compared with its route's unloaded latency (which only requests that ran
+  beside no bulk work may raise, so a long flood is never taken for the norm); while interactive
+  requests run more than `LANES_TOLERANCE` times slower than unloaded, the limit shrinks in
+  proportion, and while they run near their baseline, or none arrive, it grows. Below one it
+  paces: one bulk request at a time, then a pause, so that bulk work runs `limit` of the time
+  (never below `LANES_MIN_BULK`, a share: a flood is slowed, never stopped).
 * A bulk request over the limit waits in a bounded queue, taken round-robin by school, so one
   school's flood cannot hold the lane against another's. Past `LANES_MAX_WAIT_SECONDS`, or with the
   queue full, it is answered 503; a school holding more than its fair share of the lane while
@@ -45,8 +46,10 @@ from memoryhub.worker_priority import PRESSURE_KEY
 # latencies (any route) one adjustment of the limit reads.
 ROUTE_WINDOW = 16
 ADJUST_SAMPLES = 12
-# A route's baseline creeps up by this factor each window, so a stack that really grew (slower
-# even unloaded) is not mistaken for a loaded service for ever.
+# A route's baseline creeps up by this factor each window of requests that ran beside no bulk work,
+# so a stack that really grew (slower even unloaded) is not mistaken for a loaded service for ever.
+# A window beside bulk work may lower the baseline, never raise it: under a long flood the loaded
+# latency would otherwise become the baseline, and the limit would let the flood back in.
 BASELINE_DRIFT = 1.02
 # With no interactive request for this long there is nobody to protect: the limit grows.
 IDLE_GROWTH_SECONDS = 1.0
@@ -90,6 +93,7 @@ class GradientLimit:
         self.limit: float = maximum
         self._baselines: dict[str, float] = {}
         self._windows: dict[str, list[float]] = {}
+        self._beside_bulk: set[str] = set()  # routes whose current window saw a request beside bulk work
         self._ratios: list[float] = []
         self._last_sample = time.monotonic()
 
@@ -97,16 +101,24 @@ class GradientLimit:
     def concurrency(self) -> int:
         return max(1, math.floor(self.limit))
 
-    def observe(self, route: str, seconds: float) -> bool:
-        """Record one interactive latency; True when the limit changed."""
+    def observe(self, route: str, seconds: float, *, beside_bulk: bool = False) -> bool:
+        """Record one interactive latency, and whether bulk work ran in this process meanwhile;
+        True when the limit changed."""
         self._last_sample = time.monotonic()
         window = self._windows.setdefault(route, [])
         window.append(seconds)
+        if beside_bulk:
+            self._beside_bulk.add(route)
         if len(window) >= ROUTE_WINDOW:
             median = statistics.median(window)
             window.clear()
             known = self._baselines.get(route)
-            self._baselines[route] = median if known is None else min(median, known * BASELINE_DRIFT)
+            if known is None:
+                self._baselines[route] = median
+            else:
+                drift = 1.0 if route in self._beside_bulk else BASELINE_DRIFT
+                self._baselines[route] = min(median, known * drift)
+            self._beside_bulk.discard(route)
         baseline = self._baselines.get(route)
         if baseline is None or baseline <= 0:
             return False
@@ -145,6 +157,7 @@ class BulkLane:
         self._seconds = 1.0  # a bulk request's usual length (moving average)
         self._next_start = 0.0  # under a limit below 1: no bulk request starts before (monotonic)
         self._pressure_marked = -PRESSURE_MARK_SECONDS
+        self._bulk_last_ran = -math.inf  # monotonic: when a bulk request last ended
 
     @property
     def running(self) -> int:
@@ -197,8 +210,10 @@ class BulkLane:
                                                   "Retry-After. Nothing of this request was applied.")
 
     def observe_interactive(self, route: str, seconds: float) -> None:
+        """Feed the limit one interactive request's latency, just as the request ends."""
         with self._lock:
-            if self.gradient.observe(route, seconds):
+            beside_bulk = self.running > 0 or self._bulk_last_ran > time.monotonic() - seconds
+            if self.gradient.observe(route, seconds, beside_bulk=beside_bulk):
                 self._dispatch()
             pressed = self.gradient.limit < self.gradient.maximum
             due = pressed and time.monotonic() - self._pressure_marked >= PRESSURE_MARK_SECONDS
@@ -224,7 +239,8 @@ class BulkLane:
                 self._running[school] -= 1
                 if not self._running[school]:
                     del self._running[school]
-                took = time.monotonic() - started
+                self._bulk_last_ran = time.monotonic()
+                took = self._bulk_last_ran - started
                 self._seconds = 0.8 * self._seconds + 0.2 * took
                 if self.gradient.limit < 1:
                     self._next_start = time.monotonic() + took * (1 / self.gradient.limit - 1)

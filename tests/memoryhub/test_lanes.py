@@ -122,6 +122,35 @@ def test_slow_interactive_requests_shrink_the_limit_and_fast_ones_grow_it_back()
     assert gradient.limit == 8
 
 
+def test_a_long_flood_never_becomes_the_baseline_but_a_slower_quiet_stack_does() -> None:
+    gradient = GradientLimit(minimum=1, maximum=8, tolerance=2.0)
+    for _ in range(32):
+        gradient.observe("search", 0.020)  # unloaded
+    # Five times slower for 200 windows, every request beside bulk work: the limit stays down.
+    for _ in range(200 * 16):
+        gradient.observe("search", 0.100, beside_bulk=True)
+    assert gradient.limit == 1
+    # The same latency with no bulk work running is the route's own: the baseline follows it.
+    for _ in range(200 * 16):
+        gradient.observe("search", 0.100)
+    assert gradient.limit == 8
+
+
+def test_the_lane_tells_requests_beside_its_bulk_work_from_those_after_it() -> None:
+    bulk = lane(limit=4)
+    for _ in range(32):
+        bulk.observe_interactive("search", 0.020)  # unloaded
+    release = bulk.acquire(SCHOOL_A)
+    for _ in range(200 * 16):  # three times slower while the bulk request runs
+        bulk.observe_interactive("search", 0.060)
+    assert bulk.gradient.limit == 1
+    release()
+    time.sleep(0.1)
+    for _ in range(200 * 16):  # as slow, but each began after the bulk request ended
+        bulk.observe_interactive("search", 0.060)
+    assert bulk.gradient.limit == 4
+
+
 # --- over HTTP --------------------------------------------------------------------------------------
 
 @pytest.fixture
