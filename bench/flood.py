@@ -54,7 +54,7 @@ from bench.flood_clients import Key, PushResult, Reads, interactive, run_pushers
 from bench.harness import log, percentiles, print_table  # noqa: E402
 from bench.service import RunnerService, runner_service  # noqa: E402
 from bench.soak_agents import ahead_of_the_service  # noqa: E402
-from bench.soak_report import backlog, drain  # noqa: E402
+from bench.soak_report import backlog, cpu_seconds, drain  # noqa: E402
 
 KEYS_PER_PUSHER = 3
 READERS_KEYS = 4  # F's and Q's first stacks' keys: the readers' (stack 0 is the seeded one)
@@ -122,21 +122,28 @@ class Phases:
         self.pushed = PushResult()  # every phase's pushes, for the status and exactly-once goals
         self.read = Reads()  # every phase's reads, likewise
         self.backlogs: dict[str, int] = {}
+        self.cores: dict[str, dict[str, float]] = {}  # by phase: the service's cores by part
 
     def run(self, name: str, seconds: float, readers: list[Key], pushers: list[list[Key]] | None = None,
             batch: int = 500, interval: float = 0.0) -> tuple[Reads, PushResult]:
         self.backlogs[name] = backlog(self.service.database_url)
         start_at = time.time() + 0.5
+        spent_before = cpu_seconds(self.service.runner.pid)
         future = (self.pool.submit(run_pushers, self.service.base_url, pushers, seconds, batch, interval, start_at,
                                    len(self.backlogs)) if pushers else None)
         recorder = (asyncio.run(interactive(self.service.base_url, readers, seconds, self.args.think, start_at))
                     if readers else Reads())
         pushed = future.result() if future is not None else PushResult()
+        spent = cpu_seconds(self.service.runner.pid)
+        elapsed = time.time() - start_at
+        self.cores[name] = {part: round((spent[part] - spent_before.get(part, 0.0)) / elapsed, 2)
+                            for part in ("web", "postgres", "worker") if part in spent}
         self.pushed.merge(pushed)
         self.read.extend(recorder)
         log(f"{name}: {len(recorder.samples)} reads, {sum(pushed.statuses.values())} pushes "
             f"({pushed.acked_ops:,} operations acknowledged); statuses "
-            f"{dict(Counter(s.status for s in recorder.samples) + pushed.statuses)}")
+            f"{dict(Counter(s.status for s in recorder.samples) + pushed.statuses)}; the service's cores: "
+            + ", ".join(f"{part} {used:.2f}" for part, used in self.cores[name].items()))
         return recorder, pushed
 
 
@@ -237,6 +244,7 @@ def figures(lanes: str, phases: Phases, budget: float, stored: Counter[str], rea
     fig["lost"] = sum(1 for rid in acked if stored[rid] == 0)
     fig["duplicated"] = sum(1 for rid in acked if stored[rid] > 1) + len(acked) - len(set(acked))
     fig["backlog at phase start"] = phases.backlogs
+    fig["cores by phase"] = phases.cores
     fig["reader loop lag p95 ms"] = percentiles(phases.read.loop_lag_ms)["p95"]
     bad, no_answer, missing, malformed = fig["bad 5xx / no answer / missing Retry-After / malformed"]
     goals = [(f"A {op}: p95 under the flood {fig[f'A {op} p95 loaded ms']:.0f} ms <= {RATIO_GOAL:g}x unloaded "
@@ -276,6 +284,9 @@ def report(runs: list[dict[str, Any]]) -> bool:
                                      or "none"))
         print("embedding backlog at each phase's start: "
               + ", ".join(f"{name} {n:,}" for name, n in fig["backlog at phase start"].items()))
+        print("the service's cores in each phase: " + "; ".join(
+            f"{name} " + ", ".join(f"{part} {used:.2f}" for part, used in parts.items())
+            for name, parts in fig["cores by phase"].items()))
         print(f"readers' own event-loop lag p95 {fig['reader loop lag p95 ms']:.1f} ms (in every reader figure)")
         print("Goals:")
         for goal in fig["goals"]:
