@@ -55,6 +55,7 @@ from bench.harness import log, percentiles, print_table  # noqa: E402
 from bench.service import RunnerService, runner_service  # noqa: E402
 from bench.soak_agents import ahead_of_the_service  # noqa: E402
 from bench.soak_report import backlog, cpu_seconds, drain  # noqa: E402
+from memoryhub.cpu_cgroup import autogroup_on, cpu_cgroup_path  # noqa: E402
 
 KEYS_PER_PUSHER = 3
 READERS_KEYS = 4  # F's and Q's first stacks' keys: the readers' (stack 0 is the seeded one)
@@ -99,14 +100,14 @@ def stored_counts(database_url: str, record_ids: list[str]) -> Counter[str]:
     return counts
 
 
-def autogroup_state() -> str:
-    """Whether the kernel weighs sessions as groups (docs/architecture.md §5.7 "CPU priority"): the
-    readers' figures differ with it, so every run says which it had."""
-    try:
-        enabled = Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip() == "1"
-    except OSError:
-        return "no autogroup"
-    return "autogroup on" if enabled else "autogroup off"
+def autogroup_state(runner_pid: int) -> str:
+    """Whether the kernel weighs the service's sessions as groups (docs/architecture.md §5.7 "CPU
+    priority"): the readers' figures differ with it, so every run says which it had. Out of the root
+    CPU cgroup (memoryhub.cpu_cgroup) autogroup does not apply."""
+    if not autogroup_on():
+        return "autogroup off"
+    cgroup = cpu_cgroup_path(runner_pid)
+    return "autogroup on" if cgroup == "/" else f"autogroup on, but the service in the CPU cgroup {cgroup}"
 
 
 def keys_of(school: dict[str, Any]) -> list[Key]:
@@ -159,10 +160,10 @@ def run_lanes(args: argparse.Namespace, lanes: str) -> dict[str, Any]:
     """The whole flood against one service with `MEMORYHUB_LANES=<lanes>`: its figures and goals."""
     workdir = Path(tempfile.mkdtemp(prefix=f"memoryhub-flood-{lanes}-"))
     extra = {"EMBEDDING_PROVIDER": args.embedder, "LOG_LEVEL": "WARNING", "MEMORYHUB_LANES": lanes}
-    log(f"lanes {lanes}: starting the service (runner) in {workdir}; embedder {args.embedder}; "
-        f"{autogroup_state()}")
+    log(f"lanes {lanes}: starting the service (runner) in {workdir}; embedder {args.embedder}")
     try:
         with runner_service(workdir / "var", workdir / "runner.log", extra_env=extra) as service:
+            log(autogroup_state(service.runner.pid))
             sets = 3  # fresh pusher stacks for: pushers alone, A, B
             flood = keys_of(service.make_school("flood", READERS_KEYS + sets * args.pushers * KEYS_PER_PUSHER,
                                                 stack_bound_keys=False))

@@ -27,6 +27,7 @@ from types import FrameType
 from typing import Any
 
 from memoryhub.chain_dev import chain_lines, run_dev_chain, write_chain_file
+from memoryhub.cpu_cgroup import enter_own_cpu_cgroup, leave_cpu_cgroup
 from memoryhub.embedded import EmbeddedPostgres, EmbeddedRedis, ManagedProcess, port_open
 from memoryhub.schedule import WORKER_QUEUES
 from memoryhub.worker_priority import WorkerPriority, pressure_reader
@@ -242,6 +243,7 @@ def main() -> int:
         worker_idle = env_bool("WORKER_CPU_IDLE", True)
         catch_up_seconds = env_int("EMBEDDING_CATCH_UP_SECONDS", DEFAULT_EMBEDDING_CATCH_UP_SECONDS, minimum=0)
         web_lock_timeout_ms = env_int("DB_LOCK_TIMEOUT_MS", DEFAULT_WEB_LOCK_TIMEOUT_MS, minimum=0)
+        own_cpu_cgroup = env_bool("RUNNER_CPU_CGROUP", True)
         import memoryhub.settings  # noqa: F401  (validates every setting before anything starts)
     except ImproperlyConfigured as exc:
         log(f"configuration error: {exc}")
@@ -280,6 +282,11 @@ def main() -> int:
 
     signal.signal(signal.SIGINT, request_stop)
     signal.signal(signal.SIGTERM, request_stop)
+    # First, so that everything started below is in it too (memoryhub.cpu_cgroup).
+    cpu_cgroup = enter_own_cpu_cgroup() if own_cpu_cgroup else None
+    if cpu_cgroup is not None:
+        log(f"the service's processes run in the CPU cgroup {cpu_cgroup.name}, each weighed by its "
+            "niceness rather than its session's autogroup (docs/production.md §3)")
 
     try:
         recorded: dict[str, Any] = {"pid": os.getpid(), "data_dir": str(data), "web_url": base_url,
@@ -407,6 +414,7 @@ def main() -> int:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         supervisor.stop_all()
+        leave_cpu_cgroup(cpu_cgroup)
         if wrote_runtime:
             with contextlib.suppress(FileNotFoundError):
                 runtime.unlink()

@@ -17,6 +17,7 @@ import psycopg
 import pytest
 from celery import Celery
 
+from memoryhub.cpu_cgroup import autogroup_on, cpu_cgroup_path, root_cpu_cgroup
 from memoryhub.embedded import free_port
 from tests.conftest import shared_static_root
 
@@ -84,6 +85,13 @@ def test_runner_serves_recovers_from_redis_death_and_stops_everything(tmp_path: 
         assert {child.environ().get("DB_LOCK_TIMEOUT_MS") for child in webs} == {"10000"}
         assert {child.environ().get("DB_LOCK_TIMEOUT_MS") for child in workers} == {None}
 
+        # Under autogroup, as root in the root CPU cgroup, everything runs in a cgroup of the
+        # runner's own, where niceness counts (memoryhub.cpu_cgroup); elsewhere nothing moves.
+        cgroups = root_cpu_cgroup()
+        moved = autogroup_on() and os.geteuid() == 0 and cgroups is not None
+        expected = f"/memoryhub-{runner.pid}" if moved else cpu_cgroup_path()
+        assert {cpu_cgroup_path(part.pid) for part in [psutil.Process(runner.pid), *parts]} == {expected}
+
         redis_url = f"redis://127.0.0.1:{redis_port}/0"
         # Not the current app: later tests in this process send through memoryhub's (current_app).
         celery = Celery(broker=redis_url, backend=redis_url, set_as_current=False)
@@ -114,6 +122,8 @@ def test_runner_serves_recovers_from_redis_death_and_stops_everything(tmp_path: 
     assert runner.returncode == 0, log_path.read_text()[-3000:]
     assert _processes_using(data_dir, [web_port, pg_port, redis_port]) == []
     assert "stopped; data kept" in log_path.read_text()
+    if moved:
+        assert cgroups is not None and not (cgroups / f"memoryhub-{runner.pid}").exists()
 
     # A second start reuses the data.
     runner = _start_runner(env, log_path)
