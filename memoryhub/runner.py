@@ -27,10 +27,10 @@ from types import FrameType
 from typing import Any
 
 from memoryhub.chain_dev import chain_lines, run_dev_chain, write_chain_file
-from memoryhub.cpu_cgroup import enter_own_cpu_cgroup, leave_cpu_cgroup
+from memoryhub.cpu_cgroup import autogroup_on, enter_own_cpu_cgroup, leave_cpu_cgroup
 from memoryhub.embedded import EmbeddedPostgres, EmbeddedRedis, ManagedProcess, port_open
 from memoryhub.schedule import WORKER_QUEUES
-from memoryhub.worker_priority import WorkerPriority, pressure_reader
+from memoryhub.worker_priority import WorkerPriority, equal_share_nice, pressure_reader
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 MAX_BACKOFF_SECONDS = 30.0
@@ -379,10 +379,13 @@ def main() -> int:
         )
         supervisor.add(worker)
         if worker_nice and catch_up_seconds:
+            # Weighed process by process, its pool's processes together catch up as one process would.
+            weighed_alone = cpu_cgroup is not None or not autogroup_on()
             # (its thread ends with this process: it only ever changes the worker's niceness and policy)
             WorkerPriority(env["DATABASE_URL"], lambda: worker.pid if worker.running() else None, nice=worker_nice,
                            catch_up_seconds=catch_up_seconds, log=log,
-                           requests_pressed=pressure_reader(env["REDIS_URL"]), idle=worker_idle).run_in_background()
+                           requests_pressed=pressure_reader(env["REDIS_URL"]), idle=worker_idle,
+                           equal_nice=equal_share_nice(concurrency) if weighed_alone else 0).run_in_background()
         supervisor.add(ManagedProcess(
             name="beat",
             argv=[python, "-m", "celery", "-A", "memoryhub", "beat", "--loglevel", "INFO",

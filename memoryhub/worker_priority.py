@@ -8,7 +8,10 @@ threads at the scheduling policy SCHED_IDLE, so a waking request takes a core fr
 the oldest change still awaiting a vector is older than `EMBEDDING_CATCH_UP_SECONDS` (default 60),
 time to searchable is what a school waits on: the worker's session goes back to niceness 0 and the
 normal policy, an equal of the web server's and PostgreSQL's, until that age is under half the
-threshold (the gap keeps it from flapping).
+threshold (the gap keeps it from flapping). Where the kernel weighs each process by its niceness
+(no autogroup, or the runner in a CPU cgroup of its own: memoryhub.cpu_cgroup), "equal" is the
+niceness `equal_share_nice` at which the worker's busy pool processes together weigh what one
+process at niceness 0 does, as its one session group did under autogroup.
 
 `WorkerPriority` runs in the runner (`make run`), on a thread of its own so a slow or absent database
 never holds up the supervision of the children. It reads one EXISTS per `CHECK_SECONDS` from the
@@ -21,6 +24,7 @@ A deployment whose worker runs under systemd or Kubernetes sets its CPU weight t
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -61,6 +65,8 @@ SELECT EXISTS (SELECT 1 FROM waiting w WHERE w.stack_id IS NOT NULL
 """  # noqa: S608 - only fixed text is interpolated; the age is a parameter
 
 CHECK_SECONDS = 5.0
+# Each step of niceness weighs ~1.25x less in the kernel's CFS weight table (sched_prio_to_weight).
+NICE_STEP_WEIGHT = 1.25
 # Set (with an expiry) by the web processes while they hold bulk work back (memoryhub.lanes).
 PRESSURE_KEY = "mh:lanes:pressure"
 # How long one look may take: a database that hangs must not hang the thread forever either.
@@ -74,11 +80,13 @@ class WorkerPriority:
 
     def __init__(self, database_url: str, worker_pid: Callable[[], int | None], *, nice: int,
                  catch_up_seconds: float, log: Callable[[str], None],
-                 requests_pressed: Callable[[], bool] = lambda: False, idle: bool = True) -> None:
+                 requests_pressed: Callable[[], bool] = lambda: False, idle: bool = True,
+                 equal_nice: int = 0) -> None:
         self.database_url = database_url
         self.requests_pressed = requests_pressed
         self.worker_pid = worker_pid
         self.nice = nice
+        self.equal_nice = equal_nice
         self.idle = idle
         self.catch_up_seconds = catch_up_seconds
         self.log = log
@@ -104,7 +112,7 @@ class WorkerPriority:
         # While the web processes are holding bulk work back to keep requests fast (memoryhub.lanes),
         # the worker yields even when behind: a flood's backlog waits, requests do not.
         equal = self.catching_up and not self.requests_pressed()
-        set_session_nice(pid, 0 if equal else self.nice)
+        set_session_nice(pid, self.equal_nice if equal else self.nice)
         if self.idle:  # every look too: a thread or pool process started since took its creator's policy
             set_session_idle(pid, not equal)
 
@@ -136,6 +144,11 @@ class WorkerPriority:
                 self.check()
 
         threading.Thread(target=loop, name="worker-priority", daemon=True).start()
+
+
+def equal_share_nice(processes: int) -> int:
+    """The niceness at which `processes` busy processes together weigh what one at niceness 0 does."""
+    return min(19, round(math.log(max(1, processes)) / math.log(NICE_STEP_WEIGHT)))
 
 
 def pressure_reader(redis_url: str) -> Callable[[], bool]:

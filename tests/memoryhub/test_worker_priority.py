@@ -20,7 +20,7 @@ from memories.search.embeddings import get_embedder
 from memories.services import memory_create
 from memoryhub.embedded import ManagedProcess, session_group_nice, session_threads
 from memoryhub.lanes import mark_pressure
-from memoryhub.worker_priority import PRESSURE_KEY, WorkerPriority, pressure_reader
+from memoryhub.worker_priority import PRESSURE_KEY, WorkerPriority, equal_share_nice, pressure_reader
 from tests.factories import database_conninfo, make_org, make_stack
 
 # The priority reads the backlog on a connection of its own, as the runner does: what it sees is committed.
@@ -59,7 +59,7 @@ def runs_at(pid: int, nice: int) -> bool:
     ours = os.getpriority(os.PRIO_PROCESS, 0)
     own = max(nice, ours) if os.geteuid() == 0 else max(NICE, ours)
     # Its threads yield at SCHED_IDLE; only a privileged runner can put them back at the normal policy.
-    policy = os.SCHED_OTHER if nice == 0 and os.geteuid() == 0 else os.SCHED_IDLE
+    policy = os.SCHED_OTHER if nice < NICE and os.geteuid() == 0 else os.SCHED_IDLE
     return (os.getpriority(os.PRIO_PROCESS, pid) == own and session_group_nice(pid) in (max(nice, ours), None)
             and policies(pid) == {policy})
 
@@ -112,6 +112,21 @@ def test_the_worker_takes_an_equal_share_while_embedding_is_behind_and_yields_on
     priority.check()
     assert not priority.catching_up and runs_at(worker.pid, NICE)
     assert said[-1] == "embedding caught up: the worker yields the cores to requests again (nice 10)"
+
+
+def test_weighed_process_by_process_the_pool_catches_up_as_one_process_would(worker: ManagedProcess) -> None:
+    """In its own CPU cgroup, or without autogroup, each of the worker's pool processes is weighed
+    alone: catching up, together they weigh what one process at niceness 0 does."""
+    assert [equal_share_nice(n) for n in (1, 2, 4, 8)] == [0, 3, 6, 9]
+    assert worker.pid is not None
+    priority = WorkerPriority(database_conninfo(), lambda: worker.pid, nice=NICE, catch_up_seconds=60,
+                              log=lambda line: None, equal_nice=equal_share_nice(2))
+    try:
+        behind_by(awaiting_memory(), 90)
+        priority.check()
+        assert priority.catching_up and runs_at(worker.pid, 3)
+    finally:
+        priority.close()
 
 
 def test_a_database_that_cannot_answer_leaves_the_worker_as_it_is(
