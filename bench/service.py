@@ -29,7 +29,7 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 if str(BASE_DIR) not in sys.path:
     sys.path.insert(0, str(BASE_DIR))
 
-from memoryhub.embedded import free_ports  # noqa: E402
+from memoryhub.embedded import free_port  # noqa: E402
 
 
 @dataclass
@@ -111,9 +111,8 @@ def runner_env(data_dir: Path, **extra: str) -> dict[str, str]:
     """This process's environment without DATABASE_URL / REDIS_URL (the runner starts its own),
     with `data_dir` and free ports for the web server, PostgreSQL, Redis and Anvil; `extra` last."""
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
-    web, postgres, redis, anvil = free_ports(4)
-    env.update(MEMORYHUB_DATA_DIR=str(data_dir), PORT=str(web), MEMORYHUB_PG_PORT=str(postgres),
-               MEMORYHUB_REDIS_PORT=str(redis), MEMORYHUB_ANVIL_PORT=str(anvil))
+    env.update(MEMORYHUB_DATA_DIR=str(data_dir), PORT=str(free_port()), MEMORYHUB_PG_PORT=str(free_port()),
+               MEMORYHUB_REDIS_PORT=str(free_port()), MEMORYHUB_ANVIL_PORT=str(free_port()))
     env.update(extra)
     return env
 

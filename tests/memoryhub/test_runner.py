@@ -18,7 +18,7 @@ import pytest
 from celery import Celery
 
 from memoryhub.cpu_cgroup import autogroup_on, cpu_cgroup_path, root_cpu_cgroup
-from memoryhub.embedded import free_ports
+from memoryhub.embedded import free_port
 from tests.conftest import shared_static_root
 
 BASE_DIR = Path(__file__).resolve().parents[2]
@@ -63,10 +63,10 @@ def _start_runner(env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes
 @pytest.mark.slow
 def test_runner_serves_recovers_from_redis_death_and_stops_everything(tmp_path: Path) -> None:
     data_dir = tmp_path / "var"
-    web_port, pg_port, redis_port, anvil_port = free_ports(4)
+    web_port, pg_port, redis_port = free_port(), free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
     env.update(MEMORYHUB_DATA_DIR=str(data_dir), PORT=str(web_port), MEMORYHUB_PG_PORT=str(pg_port),
-               MEMORYHUB_REDIS_PORT=str(redis_port), MEMORYHUB_ANVIL_PORT=str(anvil_port),
+               MEMORYHUB_REDIS_PORT=str(redis_port), MEMORYHUB_ANVIL_PORT=str(free_port()),
                EMBEDDING_PROVIDER="hash", CELERY_CONCURRENCY="1", MEMORYHUB_STATIC_ROOT=shared_static_root())
     base_url = f"http://127.0.0.1:{web_port}"
     log_path = tmp_path / "runner.log"
