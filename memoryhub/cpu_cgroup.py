@@ -26,12 +26,18 @@ from pathlib import Path
 PREFIX = "memoryhub-"
 
 
-def cpu_cgroup_path(pid: int | str = "self") -> str:
-    """The CPU cgroup process `pid` is in, as a path from its hierarchy's root ("/": the root)."""
+def _cpu_membership(pid: int | str) -> tuple[int, str]:
+    """The cgroup version whose hierarchy holds process `pid`'s CPU cgroup (1: the cpu controller's
+    own, 2: the unified one), and that cgroup's path from the hierarchy's root."""
     memberships = [line.split(":", 2) for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines()]
     v1 = [path for _hierarchy, controllers, path in memberships if "cpu" in controllers.split(",")]
     v2 = [path for hierarchy, _controllers, path in memberships if hierarchy == "0"]
-    return (v1 or v2 or ["/"])[0]
+    return (1, v1[0]) if v1 else (2, (v2 or ["/"])[0])
+
+
+def cpu_cgroup_path(pid: int | str = "self") -> str:
+    """The CPU cgroup process `pid` is in, as a path from its hierarchy's root ("/": the root)."""
+    return _cpu_membership(pid)[1]
 
 
 def autogroup_on() -> bool:
@@ -58,14 +64,13 @@ def _cpu_mount(version: int) -> Path | None:
 
 def root_cpu_cgroup() -> Path | None:
     """The root CPU cgroup's directory when this process is in it, else None."""
-    if cpu_cgroup_path() != "/":
+    version, path = _cpu_membership("self")
+    if path != "/":
         return None
-    if any("cpu" in line.split(":", 2)[1].split(",") for line in Path("/proc/self/cgroup").read_text().splitlines()):
-        return _cpu_mount(1)  # v1: the cpu controller's own hierarchy
-    mount = _cpu_mount(2)  # v2: the unified hierarchy, when it has the controller
-    if mount is not None and "cpu" in (mount / "cgroup.controllers").read_text().split():
-        return mount
-    return None
+    mount = _cpu_mount(version)
+    if version == 2 and mount is not None and "cpu" not in (mount / "cgroup.controllers").read_text().split():
+        return None  # the unified hierarchy without the controller
+    return mount
 
 
 def _remove_stale(root: Path) -> None:
