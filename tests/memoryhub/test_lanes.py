@@ -145,8 +145,11 @@ def test_the_lane_tells_requests_beside_its_bulk_work_from_those_after_it() -> N
         bulk.observe_interactive("search", 0.060)
     assert bulk.gradient.limit == 1
     release()
+    for _ in range(400 * 16):  # ending after it, but begun a second before: beside it too
+        bulk.observe_interactive("search", 1.0)
+    assert bulk.gradient.limit == 1
     time.sleep(0.1)
-    for _ in range(200 * 16):  # as slow, but each began after the bulk request ended
+    for _ in range(200 * 16):  # three times slower, but each began after the bulk request ended
         bulk.observe_interactive("search", 0.060)
     assert bulk.gradient.limit == 4
 
