@@ -27,7 +27,9 @@ flood >= 0.5x the pushers alone; no 5xx but a 503 with Retry-After, no answer mi
 429 with the error contract's body; every acknowledged operation stored exactly once (Postgres, as
 the soak checks); in C the slowest key pushes >= half its budget a minute and the reader's p95
 <= 3x unloaded. `--lanes both` runs the whole thing with lanes off, then on, and prints them side
-by side; `--json PATH` (or `-`) writes the figures.
+by side; `--json PATH` (or `-`) writes the figures. Each run also prints where the readers' time went,
+unloaded and loaded, phase by phase: the slowest 5 % of the reads and their fastest half, split by the
+service's Server-Timing (its CPU, its statements, waiting inside it, and the rest outside it).
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ from bench.flood_clients import Key, PushResult, Reads, interactive, run_pushers
 from bench.harness import log, percentiles, print_table  # noqa: E402
 from bench.service import RunnerService, runner_service  # noqa: E402
 from bench.soak_agents import ahead_of_the_service  # noqa: E402
-from bench.soak_report import backlog, cpu_seconds, drain  # noqa: E402
+from bench.soak_report import backlog, cpu_seconds, drain, split_columns, where_the_time_went  # noqa: E402
 from memoryhub.cpu_cgroup import autogroup_on, cpu_cgroup_path  # noqa: E402
 
 KEYS_PER_PUSHER = 3
@@ -267,6 +269,12 @@ def figures(lanes: str, phases: Phases, budget: float, stored: Counter[str], rea
     goals += [(f"C {op}: the reader's p95 {fig[f'C {op} p95 loaded ms']:.0f} ms <= {RATIO_GOAL:g}x unloaded "
                f"{fig[f'C {op} p95 unloaded ms']:.0f} ms ({fig[f'C {op} p95 ratio']:.2f}x)",
                fig[f"C {op} p95 ratio"] <= RATIO_GOAL) for op in ("search", "load")]
+    fig["where the readers' time went"] = {
+        f"{part} {op}": {"unloaded": where_the_time_went([s for s in reads[quiet].samples if s.op == op]),
+                         "loaded": where_the_time_went([s for s in reads[loaded].samples if s.op == op])}
+        for part, quiet, loaded in (("A", "quiet_f", "flood_f"), ("B", "quiet_q", "flood_q"),
+                                    ("C", "quiet_one", "crowd_q"))
+        for op in ("search", "load")}
     fig["goals"] = [{"goal": text, "pass": bool(passed)} for text, passed in goals]
     fig["sizes"] = {name: getattr(args, name) for name in (*FULL, "readers", "think", "embedder")}
     return fig
@@ -289,6 +297,12 @@ def report(runs: list[dict[str, Any]]) -> bool:
             f"{name} " + ", ".join(f"{part} {used:.2f}" for part, used in parts.items())
             for name, parts in fig["cores by phase"].items()))
         print(f"readers' own event-loop lag p95 {fig['reader loop lag p95 ms']:.1f} ms (in every reader figure)")
+        print_table("where the readers' time went: the slowest 5 % of each phase's reads (slow) and their "
+                    "fastest half, ms, means; cpu, db and waiting are inside the service (its Server-Timing), "
+                    "outside is the rest of what the reader waited",
+                    [{"reads": f"{reads} {when}", **split_columns(split)}
+                     for reads, splits in fig["where the readers' time went"].items()
+                     for when, split in splits.items() if split is not None])
         print("Goals:")
         for goal in fig["goals"]:
             print(f"  {'PASS' if goal['pass'] else 'FAIL'}  {goal['goal']}")

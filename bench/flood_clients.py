@@ -25,7 +25,7 @@ if str(BASE_DIR) not in sys.path:
 
 import httpx  # noqa: E402
 
-from bench.soak_agents import WORDS, Recorder, Sample, async_client, kernle_ops  # noqa: E402
+from bench.soak_agents import WORDS, Recorder, Sample, async_client, kernle_ops, server_timing  # noqa: E402
 
 # A refusal without Retry-After is waited out this long (and counted: the goal wants the header).
 FALLBACK_WAIT_SECONDS = 1.0
@@ -102,14 +102,16 @@ async def interactive(base_url: str, keys: list[Key], seconds: float, think: flo
                     else:
                         response = await http.get(f"{base}/load", headers=key.headers)
                     status, error = response.status_code, ""
+                    served = server_timing(response.headers.get("server-timing", ""))
                     if status >= 300:
                         error, well_formed = refusal(response)
                         recorder.malformed += not well_formed
                         if status in (429, 503) and retry_after(response) is None:
                             recorder.without_retry_after += 1
                 except httpx.HTTPError as exc:
-                    status, error = 0, type(exc).__name__
-                recorder.samples.append(Sample(op, started, (time.monotonic() - started) * 1000, status, error))
+                    status, error, served = 0, type(exc).__name__, None
+                recorder.samples.append(Sample(op, started, (time.monotonic() - started) * 1000, status, error,
+                                               served=served))
                 op = "load" if op == "search" else "search"
                 await asyncio.sleep(think)
 

@@ -180,23 +180,34 @@ def stored_counts(database_url: str, record_ids: list[str]) -> Counter[str]:
     return counts
 
 
+def where_the_time_went(samples: list[Any]) -> dict[str, dict[str, float]] | None:
+    """The slowest 5 % of one operation's `samples` against its fastest half, split by the service's
+    own Server-Timing (memoryhub.timing): its thread's CPU, its database statements, the rest of its
+    time waiting inside the service (for a core, the GIL, Redis), and what the client waited outside
+    it (the HTTP server, the network, the load generator). Means, in ms; None under 20 timed 2xx."""
+    timed = sorted((s for s in samples if 200 <= s.status < 300 and s.served), key=lambda s: s.ms)
+    if len(timed) < 20:
+        return None
+    split: dict[str, dict[str, float]] = {}
+    for label, part in (("slow", timed[int(len(timed) * 0.95):]), ("fast half", timed[:len(timed) // 2])):
+        client = sum(s.ms for s in part) / len(part)
+        app, cpu, db = (sum(s.served[i] for s in part) / len(part) for i in range(3))
+        split[label] = {"client": client, "cpu": cpu, "db": db, "waiting": app - cpu - db, "outside": client - app}
+    return split
+
+
+def split_columns(split: dict[str, dict[str, float]]) -> dict[str, float]:
+    """`where_the_time_went`'s split as one table row's columns ("slow: cpu", …)."""
+    return {f"{label}: {part}": ms for label, parts in split.items() for part, ms in parts.items()}
+
+
 def print_where_the_time_went(loaded: dict[str, list[Any]]) -> None:
-    """The slowest 5 % of each operation against its fastest half, split by the service's own
-    Server-Timing (memoryhub.timing): its thread's CPU, its database statements, the rest of its
-    time waiting inside the service (for a core, the GIL, Redis), and what the client waited
-    outside it (the HTTP server, the network, this load generator). Means, in ms."""
+    """`where_the_time_went` for each operation of the soak."""
     rows = []
     for op in [*MIX.weights, BULK_PUSH]:
-        timed = sorted((s for s in loaded.get(op, []) if 200 <= s.status < 300 and s.served), key=lambda s: s.ms)
-        if len(timed) < 20:
-            continue
-        row: dict[str, Any] = {"operation": op}
-        for label, part in (("slow", timed[int(len(timed) * 0.95):]), ("fast half", timed[:len(timed) // 2])):
-            client = sum(s.ms for s in part) / len(part)
-            app, cpu, db = (sum(s.served[i] for s in part) / len(part) for i in range(3))
-            row.update({f"{label}: client": client, f"{label}: cpu": cpu, f"{label}: db": db,
-                        f"{label}: waiting": app - cpu - db, f"{label}: outside": client - app})
-        rows.append(row)
+        split = where_the_time_went(loaded.get(op, []))
+        if split is not None:
+            rows.append({"operation": op, **split_columns(split)})
     if rows:
         print_table("where the time went: the slowest 5 % of each operation (slow) and its fastest half, "
                     "ms, means; cpu, db and waiting are inside the service (its Server-Timing), outside is "
