@@ -12,9 +12,11 @@ child CPU cgroup of its own (`memoryhub-<pid>`), where everything it then starts
 removes it when it stops. The cgroup keeps the kernel's default weight: against the machine's other
 work, the service as a whole weighs what one session did.
 
-Only where it changes something and is allowed: autogroup on, this process in the root CPU cgroup,
-and the cgroup file system writable (root). Cgroup v1's `cpu` hierarchy, or v2 with the `cpu`
-controller. `RUNNER_CPU_CGROUP=false` keeps the processes where they are.
+Only when asked (`RUNNER_CPU_CGROUP=true`), and only where it changes something and is allowed:
+autogroup on, this process in the root CPU cgroup, and the cgroup file system writable (root).
+Cgroup v1's `cpu` hierarchy, or v2 with the `cpu` controller. Off by default: it keeps a flooding
+school's bulk work from its readers' cores, but the everyday load of many agents ran slower with
+every thread weighed on its own than with autogroup's sessions (docs/architecture.md §5.7).
 """
 
 from __future__ import annotations

@@ -243,7 +243,7 @@ def main() -> int:
         worker_idle = env_bool("WORKER_CPU_IDLE", True)
         catch_up_seconds = env_int("EMBEDDING_CATCH_UP_SECONDS", DEFAULT_EMBEDDING_CATCH_UP_SECONDS, minimum=0)
         web_lock_timeout_ms = env_int("DB_LOCK_TIMEOUT_MS", DEFAULT_WEB_LOCK_TIMEOUT_MS, minimum=0)
-        own_cpu_cgroup = env_bool("RUNNER_CPU_CGROUP", True)
+        own_cpu_cgroup = env_bool("RUNNER_CPU_CGROUP", False)
         import memoryhub.settings  # noqa: F401  (validates every setting before anything starts)
     except ImproperlyConfigured as exc:
         log(f"configuration error: {exc}")

@@ -70,7 +70,7 @@ def test_runner_serves_recovers_from_redis_death_and_stops_everything(tmp_path: 
                EMBEDDING_PROVIDER="hash", CELERY_CONCURRENCY="1", MEMORYHUB_STATIC_ROOT=shared_static_root())
     base_url = f"http://127.0.0.1:{web_port}"
     log_path = tmp_path / "runner.log"
-    runner = _start_runner(env, log_path)
+    runner = _start_runner({**env, "RUNNER_CPU_CGROUP": "true"}, log_path)
     try:
         _wait_for(lambda: _readyz(base_url).status_code == 200, 180, "readyz 200")
         checks = _readyz(base_url).json()["checks"]
@@ -85,8 +85,8 @@ def test_runner_serves_recovers_from_redis_death_and_stops_everything(tmp_path: 
         assert {child.environ().get("DB_LOCK_TIMEOUT_MS") for child in webs} == {"10000"}
         assert {child.environ().get("DB_LOCK_TIMEOUT_MS") for child in workers} == {None}
 
-        # Under autogroup, as root in the root CPU cgroup, everything runs in a cgroup of the
-        # runner's own, where niceness counts (memoryhub.cpu_cgroup); elsewhere nothing moves.
+        # Asked to, under autogroup, as root in the root CPU cgroup, everything runs in a cgroup of
+        # the runner's own, where niceness counts (memoryhub.cpu_cgroup); elsewhere nothing moves.
         cgroups = root_cpu_cgroup()
         moved = autogroup_on() and os.geteuid() == 0 and cgroups is not None
         expected = f"/memoryhub-{runner.pid}" if moved else cpu_cgroup_path()
@@ -125,12 +125,14 @@ def test_runner_serves_recovers_from_redis_death_and_stops_everything(tmp_path: 
     if moved:
         assert cgroups is not None and not (cgroups / f"memoryhub-{runner.pid}").exists()
 
-    # A second start reuses the data.
-    runner = _start_runner(env, log_path)
+    # A second start reuses the data. Not asked to, the runner moves nothing into a cgroup.
+    runner = _start_runner({k: v for k, v in env.items() if k != "RUNNER_CPU_CGROUP"}, log_path)
     try:
         _wait_for(lambda: _readyz(base_url).status_code == 200, 180, "readyz 200 on second start")
         with psycopg.connect(f"postgresql://postgres@127.0.0.1:{pg_port}/memoryhub") as conn:
             assert conn.execute("SELECT name FROM runner_keepme").fetchone() == ("Kept",)
+        running = [psutil.Process(runner.pid), *psutil.Process(runner.pid).children(recursive=True)]
+        assert {cpu_cgroup_path(process.pid) for process in running} == {cpu_cgroup_path()}
     finally:
         os.killpg(runner.pid, signal.SIGTERM)
         runner.wait(90)
