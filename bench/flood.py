@@ -65,6 +65,8 @@ CROWD_KEYS = 16
 CROWD_BATCH = 10
 CROWD_PACE = 0.95  # of the per-key push budget: a fixed window never sees one push too many
 RATIO_GOAL = 3.0
+# Each goal's readers: the part of the run, its unloaded reads and its loaded reads (keys of `reads`).
+READ_PHASES = (("A", "quiet_f", "flood_f"), ("B", "quiet_q", "flood_q"), ("C", "quiet_one", "crowd_q"))
 GOODPUT_GOAL = 0.5
 FULL = {"memories": 2000, "interactive_seconds": 30.0, "flood_seconds": 60.0, "pushers": 8,
         "keys_seconds": 30.0, "settle_seconds": 180.0}
@@ -215,8 +217,7 @@ def figures(lanes: str, phases: Phases, budget: float, stored: Counter[str], rea
             alone: PushResult, under: PushResult, crowd: PushResult, args: argparse.Namespace) -> dict[str, Any]:
     """The run's figures (a flat dict, for the side-by-side table and --json) and its goals."""
     fig: dict[str, Any] = {"lanes": lanes}
-    for part, quiet, loaded in (("A", "quiet_f", "flood_f"), ("B", "quiet_q", "flood_q"),
-                                ("C", "quiet_one", "crowd_q")):
+    for part, quiet, loaded in READ_PHASES:
         for op in ("search", "load"):
             before, during = p95(reads[quiet], op), p95(reads[loaded], op)
             fig[f"{part} {op} p95 unloaded ms"], fig[f"{part} {op} p95 loaded ms"] = before, during
@@ -272,9 +273,7 @@ def figures(lanes: str, phases: Phases, budget: float, stored: Counter[str], rea
     fig["where the readers' time went"] = {
         f"{part} {op}": {"unloaded": where_the_time_went([s for s in reads[quiet].samples if s.op == op]),
                          "loaded": where_the_time_went([s for s in reads[loaded].samples if s.op == op])}
-        for part, quiet, loaded in (("A", "quiet_f", "flood_f"), ("B", "quiet_q", "flood_q"),
-                                    ("C", "quiet_one", "crowd_q"))
-        for op in ("search", "load")}
+        for part, quiet, loaded in READ_PHASES for op in ("search", "load")}
     fig["goals"] = [{"goal": text, "pass": bool(passed)} for text, passed in goals]
     fig["sizes"] = {name: getattr(args, name) for name in (*FULL, "readers", "think", "embedder")}
     return fig
