@@ -56,7 +56,14 @@ from bench.flood_clients import Key, PushResult, Reads, interactive, run_pushers
 from bench.harness import log, percentiles, print_table  # noqa: E402
 from bench.service import RunnerService, runner_service  # noqa: E402
 from bench.soak_agents import ahead_of_the_service  # noqa: E402
-from bench.soak_report import backlog, cpu_seconds, drain, split_columns, where_the_time_went  # noqa: E402
+from bench.soak_report import (  # noqa: E402
+    backlog,
+    cpu_seconds,
+    drain,
+    split_columns,
+    stored_counts,
+    where_the_time_went,
+)
 from memoryhub.cpu_cgroup import autogroup_on, cpu_cgroup_path  # noqa: E402
 
 KEYS_PER_PUSHER = 3
@@ -88,20 +95,6 @@ def push_budget(service: RunnerService) -> float:
     [line] = [x for x in done.stdout.splitlines() if x.startswith("RATES=")]
     count, period = json.loads(line.removeprefix("RATES="))["sync_push"].split("/")
     return int(count) * 60 / {"s": 1, "m": 60, "h": 3600, "d": 86400}[period.strip()[0]]
-
-
-def stored_counts(database_url: str, record_ids: list[str]) -> Counter[str]:
-    """How many rows hold each of `record_ids`, by one pass over the table's record ids. WHY not
-    soak_report's join: right after a flood the table's statistics are stale (hundreds of thousands
-    of rows nobody analysed yet), and the planner's nested loop over them ran for minutes."""
-    import psycopg
-
-    wanted, counts = set(record_ids), Counter[str]()
-    with psycopg.connect(database_url) as conn, conn.cursor(name="flood_record_ids") as cursor:
-        cursor.itersize = 50_000
-        cursor.execute("SELECT record_id FROM memories_memory")
-        counts.update(rid for (rid,) in cursor if rid in wanted)
-    return counts
 
 
 def autogroup_state(runner_pid: int) -> str:
