@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -53,6 +54,16 @@ def _processes_using(data_dir: Path, ports: list[int]) -> list[str]:
     return found
 
 
+def _cpu_cgroups(processes: list[psutil.Process]) -> set[str]:
+    """The CPU cgroups of those of `processes` still running: a backend whose connection just closed
+    may be gone between the listing and the read."""
+    paths = set()
+    for process in processes:
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+            paths.add(cpu_cgroup_path(process.pid))
+    return paths
+
+
 def _start_runner(env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes]:
     log = open(log_path, "ab")  # noqa: SIM115 - the child owns it until it exits
     return subprocess.Popen([sys.executable, "-m", "memoryhub.runner"], cwd=BASE_DIR, env=env,
@@ -78,7 +89,10 @@ def test_runner_serves_recovers_from_redis_death_and_stops_everything(tmp_path: 
             "database": True, "redis": True, "celery": True}
 
         # The lock timeout is the web processes' alone (docs/operations.md §6 "Lock waits").
-        parts = {child: " ".join(child.cmdline()) for child in psutil.Process(runner.pid).children(recursive=True)}
+        parts: dict[psutil.Process, str] = {}
+        for child in psutil.Process(runner.pid).children(recursive=True):
+            with contextlib.suppress(psutil.NoSuchProcess):  # a backend may end between the two calls
+                parts[child] = " ".join(child.cmdline())
         webs = [child for child, cmdline in parts.items() if "uvicorn" in cmdline]
         workers = [child for child, cmdline in parts.items() if "celery" in cmdline and " worker " in cmdline]
         assert webs and workers
@@ -90,7 +104,7 @@ def test_runner_serves_recovers_from_redis_death_and_stops_everything(tmp_path: 
         cgroups = root_cpu_cgroup()
         moved = autogroup_on() and os.geteuid() == 0 and cgroups is not None
         expected = f"/memoryhub-{runner.pid}" if moved else cpu_cgroup_path()
-        assert {cpu_cgroup_path(part.pid) for part in [psutil.Process(runner.pid), *parts]} == {expected}
+        assert _cpu_cgroups([psutil.Process(runner.pid), *parts]) == {expected}
 
         redis_url = f"redis://127.0.0.1:{redis_port}/0"
         # Not the current app: later tests in this process send through memoryhub's (current_app).
@@ -132,7 +146,7 @@ def test_runner_serves_recovers_from_redis_death_and_stops_everything(tmp_path: 
         with psycopg.connect(f"postgresql://postgres@127.0.0.1:{pg_port}/memoryhub") as conn:
             assert conn.execute("SELECT name FROM runner_keepme").fetchone() == ("Kept",)
         running = [psutil.Process(runner.pid), *psutil.Process(runner.pid).children(recursive=True)]
-        assert {cpu_cgroup_path(process.pid) for process in running} == {cpu_cgroup_path()}
+        assert _cpu_cgroups(running) == {cpu_cgroup_path()}
     finally:
         os.killpg(runner.pid, signal.SIGTERM)
         runner.wait(90)
