@@ -54,11 +54,11 @@ def _processes_using(data_dir: Path, ports: list[int]) -> list[str]:
     return found
 
 
-def _cpu_cgroups(processes: list[psutil.Process]) -> set[str]:
-    """The CPU cgroups of those of `processes` still running: a backend whose connection just closed
-    may be gone between the listing and the read."""
-    paths = set()
-    for process in processes:
+def _cpu_cgroups(runner_pid: int) -> set[str]:
+    """The CPU cgroups of the runner and of every process under it still running: a backend whose
+    connection just closed may be gone between the listing and the read."""
+    paths = {cpu_cgroup_path(runner_pid)}
+    for process in psutil.Process(runner_pid).children(recursive=True):
         with contextlib.suppress(FileNotFoundError, ProcessLookupError):
             paths.add(cpu_cgroup_path(process.pid))
     return paths
@@ -104,7 +104,7 @@ def test_runner_serves_recovers_from_redis_death_and_stops_everything(tmp_path: 
         cgroups = root_cpu_cgroup()
         moved = autogroup_on() and os.geteuid() == 0 and cgroups is not None
         expected = f"/memoryhub-{runner.pid}" if moved else cpu_cgroup_path()
-        assert _cpu_cgroups([psutil.Process(runner.pid), *parts]) == {expected}
+        assert _cpu_cgroups(runner.pid) == {expected}
 
         redis_url = f"redis://127.0.0.1:{redis_port}/0"
         # Not the current app: later tests in this process send through memoryhub's (current_app).
@@ -145,8 +145,7 @@ def test_runner_serves_recovers_from_redis_death_and_stops_everything(tmp_path: 
         _wait_for(lambda: _readyz(base_url).status_code == 200, 180, "readyz 200 on second start")
         with psycopg.connect(f"postgresql://postgres@127.0.0.1:{pg_port}/memoryhub") as conn:
             assert conn.execute("SELECT name FROM runner_keepme").fetchone() == ("Kept",)
-        running = [psutil.Process(runner.pid), *psutil.Process(runner.pid).children(recursive=True)]
-        assert _cpu_cgroups(running) == {cpu_cgroup_path()}
+        assert _cpu_cgroups(runner.pid) == {cpu_cgroup_path()}
     finally:
         os.killpg(runner.pid, signal.SIGTERM)
         runner.wait(90)
