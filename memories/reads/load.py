@@ -28,11 +28,12 @@ tiers — chosen because its test vectors are published and it needs no clock):
 Speed: candidates are scored, ordered and summed in SQL (one index walk per kind, a score
 expression per kind so constant-factor kinds never read `data`); only the rows the walk can take
 leave the database, then the head of the text and the few detail fields of the chosen rows (never
-the whole `data`). Four round trips: checkpoint, boot config, settings + candidates, and access
-UPDATE + rows; the last two each one query string that PostgreSQL runs as an implicit transaction
-(no BEGIN / COMMIT round trips), the UPDATE's committed without waiting for the WAL flush when the
-load is not inside a caller's transaction (bench/load.py). The candidates statement is prepared once
-per database session, with one generic plan (docs/algorithms.md §8.4).
+the whole `data`). Three round trips: the checkpoint with the boot config, settings + candidates,
+and the rows, with the access UPDATE in front of them only when a chosen memory has a use to count
+(the candidates say which); the last two each one query string that PostgreSQL runs as an implicit
+transaction (no BEGIN / COMMIT round trips), the UPDATE's committed without waiting for the WAL
+flush when the load is not inside a caller's transaction (bench/load.py). The candidates statement
+is prepared once per database session, with one generic plan (docs/algorithms.md §8.4).
 """
 
 from __future__ import annotations
@@ -166,6 +167,11 @@ def _score_sql(kind: str) -> str:
 _CHECKPOINT_EPISODE_SQL = (
     "AND NOT (tags @> ARRAY[" + ", ".join(f"'{tag}'" for tag in CHECKPOINT_EPISODE_TAGS) + "]::text[] "
     f"AND coalesce(data->>'objective', '') LIKE '{CHECKPOINT_OBJECTIVE_PREFIX}%%')")
+# Whether a load now would count as a use of the memory (ACCESS_RESOLUTION_SECONDS). The candidates
+# read it from the row they score anyway, so a load whose chosen memories were all counted lately
+# sends no access UPDATE at all; the UPDATE checks it again on the rows it locks.
+_UNCOUNTED_SQL = ("(last_accessed IS NULL OR last_accessed <= %(now)s::timestamptz "
+                  "- make_interval(secs => %(resolution)s))")
 _KIND_FILTER = {
     "episode": _CHECKPOINT_EPISODE_SQL,
     "goal": "AND NOT (data ? 'status' AND coalesce(data->>'status', 'active') <> 'active')",
@@ -180,7 +186,7 @@ def _kind_candidates_sql(rank: int, kind: str, grants: str) -> str:
     # `grants`: the privacy-grants predicate for a requester other than the stack's own credentials
     # (memories.privacy.grants), inside each branch and before its LIMIT; empty for the stack's own.
     return f"""(SELECT id, created_at, {rank} AS kind_rank, '{kind}'::text AS kind, {_score_sql(kind)} AS score,
-            ceil(floor(LEAST(length(text), %(cap)s) / 4) * 1.3)::int AS bound
+            ceil(floor(LEAST(length(text), %(cap)s) / 4) * 1.3)::int AS bound, {_UNCOUNTED_SQL} AS uncounted
      FROM memories_memory
      WHERE stack_id = %(stack)s AND kind = '{kind}'
        AND deleted_at IS NULL AND forgotten_at IS NULL
@@ -201,7 +207,7 @@ _CANDIDATES_SQL_TEMPLATE = f"""
 WITH scored AS (
     {{scored}}
 ), ranked AS (
-    SELECT id, kind, score, bound,
+    SELECT id, kind, score, bound, uncounted,
            row_number() OVER w AS pos,
            sum(bound) OVER w AS cum
     FROM scored
@@ -212,7 +218,7 @@ WITH scored AS (
            count(*) AS total
     FROM ranked
 )
-SELECT r.id::text, r.kind, r.score, r.bound, p.total
+SELECT r.id::text, r.kind, r.score, r.bound, r.uncounted, p.total
 FROM ranked r CROSS JOIN prefix p
 WHERE r.cum <= %(budget)s
    OR r.pos < p.first_out + {ECHO_LIMIT * 2}
@@ -285,10 +291,8 @@ def _details_sql() -> str:
 # its order, this UPDATE in another, and PostgreSQL cancelled one of them (a 503 for the agent, a
 # failed embedding task) several times per `bench/soak.py --minutes 2` run.
 # A row counted within ACCESS_RESOLUTION_SECONDS is neither locked nor rewritten.
-_TOUCH_SQL = ("UPDATE memories_memory m SET times_accessed = m.times_accessed + 1, last_accessed = %(now)s "
-              "FROM (SELECT id FROM memories_memory WHERE id = ANY(%(chosen)s::uuid[]) "
-              "AND (last_accessed IS NULL OR last_accessed <= %(now)s::timestamptz "
-              "- make_interval(secs => %(resolution)s)) "
+_TOUCH_SQL = ("UPDATE memories_memory m SET times_accessed = m.times_accessed + 1, last_accessed = %(now)s "  # noqa: S608
+              f"FROM (SELECT id FROM memories_memory WHERE id = ANY(%(chosen)s::uuid[]) AND {_UNCOUNTED_SQL} "
               "FOR NO KEY UPDATE SKIP LOCKED) free WHERE m.id = free.id; ")
 _ASYNC_COMMIT_SQL = "SET LOCAL synchronous_commit = off; "
 _ROWS_SQL = f"""
@@ -373,7 +377,8 @@ def stack_load(*, stack: Stack, budget: int | None = None, item_chars: int | Non
         settings_sql = f"SET LOCAL random_page_cost = {CANDIDATE_RANDOM_PAGE_COST}; "
         grants, grant_params = grants_sql(audience, "memories_memory") if audience is not None else ("", {})
         candidates_sql = _candidates_sql(f"AND {grants}" if grants else "")
-        params = {"cap": cap, "stack": stack.pk, "now": now, "budget": max(remaining, 0), **grant_params}
+        params = {"cap": cap, "stack": stack.pk, "now": now, "budget": max(remaining, 0),
+                  "resolution": ACCESS_RESOLUTION_SECONDS, **grant_params}
         # Planning this statement costs more than running it on a small stack: prepared once per
         # session, with one generic plan for every stack (docs/algorithms.md §8.4). Only as its own
         # transaction: inside a caller's, the planner settings it is sent with would last until the
@@ -390,27 +395,29 @@ def stack_load(*, stack: Stack, budget: int | None = None, item_chars: int | Non
         # Ids come as text: they only go back into SQL and out in JSON, never need a UUID object.
         # `bound` is the token estimate of the text cut to `cap` (truncation never lengthens).
         chosen: list[tuple[str, float]] = []
+        uncounted_ids: list[str] = []
         echoes: list[tuple[str, str, float]] = []
-        for memory_id, kind, score, bound, _total in candidates:
+        for memory_id, kind, score, bound, uncounted, _total in candidates:
             if remaining > 0 and bound <= remaining:
                 chosen.append((memory_id, score))
                 remaining -= bound
+                if uncounted:
+                    uncounted_ids.append(memory_id)
             elif len(echoes) < ECHO_LIMIT:
                 echoes.append((memory_id, kind, score))
-        excluded = (candidates[0][4] - len(chosen)) if candidates else 0
+        excluded = (candidates[0][5] - len(chosen)) if candidates else 0
 
         rows: dict[str, tuple[Any, ...]] = {}
-        chosen_ids = [memory_id for memory_id, _ in chosen]
-        wanted = chosen_ids + [memory_id for memory_id, _, _ in echoes]
+        wanted = [memory_id for memory_id, _ in chosen] + [memory_id for memory_id, _, _ in echoes]
         if wanted:
             # The access bookkeeping and the read of what is returned share one round trip. Only the
             # head of the text and the few detail fields leave the database, not `data`.
             # (A row deleted since the ranking is simply not returned; bumping its count is harmless.)
-            touch = track_access and bool(chosen_ids)
+            touch = track_access and bool(uncounted_ids)
             touch_sql = ((_ASYNC_COMMIT_SQL if own_transaction else "") + _TOUCH_SQL) if touch else ""
             cursor.execute(touch_sql + _ROWS_SQL,
-                           {"head": cap + 1, "ids": uuid_array(wanted), "chosen": uuid_array(chosen_ids), "now": now,
-                            "resolution": ACCESS_RESOLUTION_SECONDS})
+                           {"head": cap + 1, "ids": uuid_array(wanted), "chosen": uuid_array(uncounted_ids),
+                            "now": now, "resolution": ACCESS_RESOLUTION_SECONDS})
             while cursor.description is None and cursor.nextset():
                 pass  # past the UPDATE to the rows
             rows = {row[0]: row for row in cursor.fetchall()}

@@ -209,7 +209,10 @@ def test_access_counted_in_one_update(school: School) -> None:
     # Loads closer together than the resolution are one use: the second changes nothing.
     first_at = {m.pk: m.last_accessed for m in rows}
     soon = timezone.now() + timedelta(seconds=load.ACCESS_RESOLUTION_SECONDS - 60)
-    load.stack_load(stack=school.stack, budget=8000, now=soon)
+    with CaptureQueriesContext(connection) as queries:
+        load.stack_load(stack=school.stack, budget=8000, now=soon)
+    # Nothing to count, so no UPDATE is sent at all: the candidates said so.
+    assert not any("UPDATE MEMORIES_MEMORY" in q["sql"].upper() for q in queries.captured_queries)
     again = {m.pk: (m.times_accessed, m.last_accessed) for m in Memory.objects.filter(stack=school.stack)}
     assert all(again[pk] == (1, first_at[pk]) for pk in before if str(pk) in loaded)
     later = timezone.now() + timedelta(seconds=load.ACCESS_RESOLUTION_SECONDS + 60)
@@ -309,7 +312,7 @@ def test_the_generic_candidates_plan_walks_each_kinds_index(school: School) -> N
     load.stack_load(stack=school.stack)  # prepares it on this session
     name, names = prepared_statements._PREPARED[connection.connection][load._candidates_sql()]
     values: dict[str, Any] = {"cap": load.DEFAULT_ITEM_CHARS, "stack": school.stack.pk, "now": timezone.now(),
-                              "budget": load.DEFAULT_BUDGET}
+                              "budget": load.DEFAULT_BUDGET, "resolution": load.ACCESS_RESOLUTION_SECONDS}
     with connection.cursor() as cursor:
         # The settings each EXECUTE is sent with: a plan made again (after an ANALYZE) is made under them.
         cursor.execute(f"SET LOCAL random_page_cost = {load.CANDIDATE_RANDOM_PAGE_COST}; {load._ONE_PLAN_SQL}"
