@@ -27,13 +27,14 @@ tiers — chosen because its test vectors are published and it needs no clock):
 
 Speed: candidates are scored, ordered and summed in SQL (one index walk per kind, a score
 expression per kind so constant-factor kinds never read `data`); only the rows the walk can take
-leave the database, then the head of the text and the few detail fields of the chosen rows (never
-the whole `data`). Three round trips: the checkpoint with the boot config, settings + candidates,
-and the rows, with the access UPDATE in front of them only when a chosen memory has a use to count
-(the candidates say which); the last two each one query string that PostgreSQL runs as an implicit
-transaction (no BEGIN / COMMIT round trips), the UPDATE's committed without waiting for the WAL
-flush when the load is not inside a caller's transaction (bench/load.py). The candidates statement
-is prepared once per database session, with one generic plan (docs/algorithms.md §8.4).
+leave the database, those that fit whole and the echo window with the head of their text and the
+few detail fields (never the whole `data`). Two round trips, the checkpoint with the boot config and
+settings + candidates; a third only for the rest: the access UPDATE when a chosen memory has a use
+to count (the candidates say which), and the rows the walk took past the window. The last two are
+each one query string that PostgreSQL runs as an implicit transaction (no BEGIN / COMMIT round
+trips), the UPDATE's committed without waiting for the WAL flush when the load is not inside a
+caller's transaction (bench/load.py). The candidates statement is prepared once per database
+session, with one generic plan (docs/algorithms.md §8.4).
 """
 
 from __future__ import annotations
@@ -135,7 +136,9 @@ def priority_score(kind: str, *, factor: float, strength: float = 1.0) -> float:
 # One index walk per kind scores every candidate; window functions order them (score,
 # kind order, newest) and add up their token bounds, so only the rows the greedy walk can take
 # leave the database: the prefix that fits whole, the next 2 x ECHO_LIMIT rows (echo material) and
-# any later row small enough for what the prefix leaves.
+# any later row small enough for what the prefix leaves. The first two come with what a load
+# returns of them, read by the row's address (ctid) as the index walk found it: within one
+# statement that is the same row version, and no second lookup of each id by its key.
 def _json_number(key: str, default: float, low: float, high: float) -> str:
     return (f"LEAST(GREATEST(CASE WHEN jsonb_typeof(data->'{key}') = 'number' "
             f"THEN (data->>'{key}')::float8 ELSE {default} END, {low}), {high})")
@@ -180,13 +183,34 @@ _KIND_FILTER = {
 }
 
 
+# Small kind-specific fields returned beside the text (structure, not content: counted under the
+# 1.3 JSON overhead of the token estimate).
+_ITEM_FIELDS = {
+    "value": ("name", "priority"), "belief": ("belief_type",), "goal": ("status", "priority", "goal_type"),
+    "drive": ("drive_type", "intensity"), "episode": ("outcome_type",), "note": ("note_type",),
+    "relationship": ("entity_name", "entity_type", "sentiment"),
+}
+
+
+def _returned_columns_sql(table: str) -> str:
+    """What a load returns of a memory row of `table`: record id, created at, the head of the text
+    and the kind's detail fields as one jsonb (never the whole `data`)."""
+    whens = []
+    for kind, names in _ITEM_FIELDS.items():
+        pairs = ", ".join(f"'{name}', {table}.data->'{name}'" for name in names)
+        whens.append(f"WHEN '{kind}' THEN jsonb_build_object({pairs})")
+    return (f"{table}.record_id, {table}.created_at, left({table}.text, %(head)s), "
+            f"CASE {table}.kind {' '.join(whens)} END")
+
+
 def _kind_candidates_sql(rank: int, kind: str, grants: str) -> str:
     # A literal kind per branch lets each branch walk the (stack, kind, -created_at) index and stop
     # after CANDIDATES_PER_KIND rows: no sort of the stack's rows, no scan of the other kinds.
     # `grants`: the privacy-grants predicate for a requester other than the stack's own credentials
     # (memories.privacy.grants), inside each branch and before its LIMIT; empty for the stack's own.
-    return f"""(SELECT id, created_at, {rank} AS kind_rank, '{kind}'::text AS kind, {_score_sql(kind)} AS score,
-            ceil(floor(LEAST(length(text), %(cap)s) / 4) * 1.3)::int AS bound, {_UNCOUNTED_SQL} AS uncounted
+    return f"""(SELECT id, ctid AS tid, created_at, {rank} AS kind_rank, '{kind}'::text AS kind,
+            {_score_sql(kind)} AS score, ceil(floor(LEAST(length(text), %(cap)s) / 4) * 1.3)::int AS bound,
+            {_UNCOUNTED_SQL} AS uncounted
      FROM memories_memory
      WHERE stack_id = %(stack)s AND kind = '{kind}'
        AND deleted_at IS NULL AND forgotten_at IS NULL
@@ -207,7 +231,7 @@ _CANDIDATES_SQL_TEMPLATE = f"""
 WITH scored AS (
     {{scored}}
 ), ranked AS (
-    SELECT id, kind, score, bound, uncounted,
+    SELECT id, tid, kind, score, bound, uncounted,
            row_number() OVER w AS pos,
            sum(bound) OVER w AS cum
     FROM scored
@@ -218,8 +242,9 @@ WITH scored AS (
            count(*) AS total
     FROM ranked
 )
-SELECT r.id::text, r.kind, r.score, r.bound, r.uncounted, p.total
+SELECT r.id::text, r.kind, r.score, r.bound, r.uncounted, p.total, {_returned_columns_sql("m")}
 FROM ranked r CROSS JOIN prefix p
+     LEFT JOIN memories_memory m ON m.ctid = r.tid AND (r.cum <= %(budget)s OR r.pos < p.first_out + {ECHO_LIMIT * 2})
 WHERE r.cum <= %(budget)s
    OR r.pos < p.first_out + {ECHO_LIMIT * 2}
    OR r.bound <= %(budget)s - p.used
@@ -269,23 +294,6 @@ class LoadResult:
         }
 
 
-# Small kind-specific fields returned beside the text (structure, not content: counted under the
-# 1.3 JSON overhead of the token estimate).
-_ITEM_FIELDS = {
-    "value": ("name", "priority"), "belief": ("belief_type",), "goal": ("status", "priority", "goal_type"),
-    "drive": ("drive_type", "intensity"), "episode": ("outcome_type",), "note": ("note_type",),
-    "relationship": ("entity_name", "entity_type", "sentiment"),
-}
-
-
-def _details_sql() -> str:
-    whens = []
-    for kind, names in _ITEM_FIELDS.items():
-        pairs = ", ".join(f"'{name}', data->'{name}'" for name in names)
-        whens.append(f"WHEN '{kind}' THEN jsonb_build_object({pairs})")
-    return f"CASE kind {' '.join(whens)} END"
-
-
 # SKIP LOCKED: a row a writer holds right now (the embedder storing its vector, a push) is not
 # counted this time rather than waited for. Waiting deadlocked: the embedder locks a batch's rows in
 # its order, this UPDATE in another, and PostgreSQL cancelled one of them (a 503 for the agent, a
@@ -296,7 +304,7 @@ _TOUCH_SQL = ("UPDATE memories_memory m SET times_accessed = m.times_accessed + 
               "FOR NO KEY UPDATE SKIP LOCKED) free WHERE m.id = free.id; ")
 _ASYNC_COMMIT_SQL = "SET LOCAL synchronous_commit = off; "
 _ROWS_SQL = f"""
-SELECT id::text, kind, record_id, created_at, left(text, %(head)s), {_details_sql()}
+SELECT id::text, kind, {_returned_columns_sql("memories_memory")}
 FROM memories_memory
 WHERE id = ANY(%(ids)s::uuid[])
 """  # noqa: S608 (module constants only)
@@ -377,7 +385,7 @@ def stack_load(*, stack: Stack, budget: int | None = None, item_chars: int | Non
         settings_sql = f"SET LOCAL random_page_cost = {CANDIDATE_RANDOM_PAGE_COST}; "
         grants, grant_params = grants_sql(audience, "memories_memory") if audience is not None else ("", {})
         candidates_sql = _candidates_sql(f"AND {grants}" if grants else "")
-        params = {"cap": cap, "stack": stack.pk, "now": now, "budget": max(remaining, 0),
+        params = {"cap": cap, "head": cap + 1, "stack": stack.pk, "now": now, "budget": max(remaining, 0),
                   "resolution": ACCESS_RESOLUTION_SECONDS, **grant_params}
         # Planning this statement costs more than running it on a small stack: prepared once per
         # session, with one generic plan for every stack (docs/algorithms.md §8.4). Only as its own
@@ -394,10 +402,13 @@ def stack_load(*, stack: Stack, budget: int | None = None, item_chars: int | Non
         # The greedy walk, in priority order. Rows the query left out are ones that cannot fit.
         # Ids come as text: they only go back into SQL and out in JSON, never need a UUID object.
         # `bound` is the token estimate of the text cut to `cap` (truncation never lengthens).
+        # The prefix and the echo window come with what is returned of them (`rows`); a later row
+        # the walk takes, or an echo past the window, is read after the walk.
         chosen: list[tuple[str, float]] = []
         uncounted_ids: list[str] = []
         echoes: list[tuple[str, str, float]] = []
-        for memory_id, kind, score, bound, uncounted, _total in candidates:
+        rows: dict[str, tuple[Any, ...]] = {}
+        for memory_id, kind, score, bound, uncounted, _total, *returned in candidates:
             if remaining > 0 and bound <= remaining:
                 chosen.append((memory_id, score))
                 remaining -= bound
@@ -405,22 +416,26 @@ def stack_load(*, stack: Stack, budget: int | None = None, item_chars: int | Non
                     uncounted_ids.append(memory_id)
             elif len(echoes) < ECHO_LIMIT:
                 echoes.append((memory_id, kind, score))
+            else:
+                continue
+            if returned[2] is not None:  # the text's head: NULL outside the prefix and the echo window
+                rows[memory_id] = (memory_id, kind, *returned)
         excluded = (candidates[0][5] - len(chosen)) if candidates else 0
 
-        rows: dict[str, tuple[Any, ...]] = {}
-        wanted = [memory_id for memory_id, _ in chosen] + [memory_id for memory_id, _, _ in echoes]
-        if wanted:
-            # The access bookkeeping and the read of what is returned share one round trip. Only the
-            # head of the text and the few detail fields leave the database, not `data`.
+        unread = [memory_id for memory_id, _ in chosen if memory_id not in rows]
+        unread += [memory_id for memory_id, _, _ in echoes if memory_id not in rows]
+        touch = track_access and bool(uncounted_ids)
+        if touch or unread:
+            # The access bookkeeping and the read of the rest share one round trip.
             # (A row deleted since the ranking is simply not returned; bumping its count is harmless.)
-            touch = track_access and bool(uncounted_ids)
             touch_sql = ((_ASYNC_COMMIT_SQL if own_transaction else "") + _TOUCH_SQL) if touch else ""
-            cursor.execute(touch_sql + _ROWS_SQL,
-                           {"head": cap + 1, "ids": uuid_array(wanted), "chosen": uuid_array(uncounted_ids),
+            cursor.execute(touch_sql + (_ROWS_SQL if unread else ""),
+                           {"head": cap + 1, "ids": uuid_array(unread), "chosen": uuid_array(uncounted_ids),
                             "now": now, "resolution": ACCESS_RESOLUTION_SECONDS})
             while cursor.description is None and cursor.nextset():
                 pass  # past the UPDATE to the rows
-            rows = {row[0]: row for row in cursor.fetchall()}
+            if unread:
+                rows.update((row[0], row) for row in cursor.fetchall())
 
         items: list[LoadedItem] = []
         used = total - remaining

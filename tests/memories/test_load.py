@@ -124,6 +124,28 @@ def test_greedy_walk_skips_what_does_not_fit_but_takes_smaller_later_items(schoo
     assert result.echoes[0]["hint"].startswith("big the quick")
 
 
+def test_rows_past_the_echo_window_are_loaded_and_echoed_in_full(school: School) -> None:
+    """The candidates statement returns the text of the rows that fit whole and of the echo window;
+    small rows further down that the walk still takes, and echoes past the window, are read after the
+    walk, and come back the same."""
+    stack = school.stack
+    memory_create(stack=stack, kind="value", source="t",
+                  payload={"name": "big", "statement": _sentence(80), "priority": 100})
+    # Created first, so walked last (newest first within a score): 11 tokens each, 9 fit in what is left.
+    medium = [f"m{i:02d} " + "x" * 28 for i in range(30)]
+    for text in reversed(medium):
+        memory_create(stack=stack, kind="note", source="t", payload={"content": text})
+    # 0 tokens each: every one is taken, the last ones far past the window after the value.
+    tiny = [f"t{i}" for i in range(50)]
+    for text in reversed(tiny):
+        memory_create(stack=stack, kind="note", source="t", payload={"content": text})
+    result = load.stack_load(stack=stack, budget=100)
+    assert [m.text for m in result.memories] == tiny + medium[:9]
+    assert result.budget_used == 99 and result.excluded_count == 1 + 21
+    assert [e["hint"] for e in result.echoes] == [result.echoes[0]["hint"], *medium[9:28]]
+    assert result.echoes[0]["hint"].startswith("big the quick")
+
+
 def test_budget_outside_its_range_is_400_naming_budget(school: School, url: str) -> None:
     """docs/algorithms.md §8.1: 100-50,000 tokens, default 8000; anything else is refused, not clamped."""
     client = school.agent
@@ -305,14 +327,16 @@ def test_the_prepared_candidates_statement_loads_as_the_plain_one(school: School
 @pytest.mark.django_db(transaction=True)
 def test_the_generic_candidates_plan_walks_each_kinds_index(school: School) -> None:
     """The one plan every stack's load runs (§8.4): a walk of the (stack, kind, created_at) index
-    per kind, stopped by its limit; no other read of the memories table, so no stack is sorted whole."""
+    per kind, stopped by its limit, and a read by address of the rows it returns with their text; no
+    other read of the memories table, so no stack is sorted whole."""
     _mixed_stack(school.stack, per_kind=3)
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE memories_memory")
     load.stack_load(stack=school.stack)  # prepares it on this session
     name, names = prepared_statements._PREPARED[connection.connection][load._candidates_sql()]
     values: dict[str, Any] = {"cap": load.DEFAULT_ITEM_CHARS, "stack": school.stack.pk, "now": timezone.now(),
-                              "budget": load.DEFAULT_BUDGET, "resolution": load.ACCESS_RESOLUTION_SECONDS}
+                              "budget": load.DEFAULT_BUDGET, "resolution": load.ACCESS_RESOLUTION_SECONDS,
+                              "head": load.DEFAULT_ITEM_CHARS + 1}
     with connection.cursor() as cursor:
         # The settings each EXECUTE is sent with: a plan made again (after an ANALYZE) is made under them.
         cursor.execute(f"SET LOCAL random_page_cost = {load.CANDIDATE_RANDOM_PAGE_COST}; {load._ONE_PLAN_SQL}"
@@ -322,8 +346,10 @@ def test_the_generic_candidates_plan_walks_each_kinds_index(school: School) -> N
             pass
         plan = [row[0] for row in cursor.fetchall()]
     reads = [line.strip() for line in plan if " on memories_memory" in line]
-    assert len(reads) == len(load.LOAD_KINDS), plan
-    assert all(read.startswith("->  Index Scan using memories_stack_kind_created") for read in reads), reads
+    walks = [read for read in reads if read.startswith("->  Index Scan using memories_stack_kind_created")]
+    # The one other read: the rows returned with their text, fetched by the address the walks found.
+    assert len(walks) == len(load.LOAD_KINDS) and len(reads) == len(walks) + 1, plan
+    assert next(read for read in reads if read not in walks).startswith("->  Tid Scan on memories_memory"), reads
 
 
 def test_working_state_reads_what_the_querysets_read_in_one_round_trip(school: School) -> None:
