@@ -227,6 +227,8 @@ def _candidates_sql(grants: str = "") -> str:
         _kind_candidates_sql(rank, kind, grants) for rank, kind in enumerate(LOAD_KINDS)))
 
 
+# The rows that fit whole and the echo window: the ones returned with their text.
+_PREFIX_OR_WINDOW_SQL = f"(r.cum <= %(budget)s OR r.pos < p.first_out + {ECHO_LIMIT * 2})"
 _CANDIDATES_SQL_TEMPLATE = f"""
 WITH scored AS (
     {{scored}}
@@ -244,9 +246,8 @@ WITH scored AS (
 )
 SELECT r.id::text, r.kind, r.score, r.bound, r.uncounted, p.total, {_returned_columns_sql("m")}
 FROM ranked r CROSS JOIN prefix p
-     LEFT JOIN memories_memory m ON m.ctid = r.tid AND (r.cum <= %(budget)s OR r.pos < p.first_out + {ECHO_LIMIT * 2})
-WHERE r.cum <= %(budget)s
-   OR r.pos < p.first_out + {ECHO_LIMIT * 2}
+     LEFT JOIN memories_memory m ON m.ctid = r.tid AND {_PREFIX_OR_WINDOW_SQL}
+WHERE {_PREFIX_OR_WINDOW_SQL}
    OR r.bound <= %(budget)s - p.used
 ORDER BY r.pos
 """  # noqa: S608
