@@ -409,7 +409,8 @@ def stack_load(*, stack: Stack, budget: int | None = None, item_chars: int | Non
         uncounted_ids: list[str] = []
         echoes: list[tuple[str, str, float]] = []
         rows: dict[str, tuple[Any, ...]] = {}
-        for memory_id, kind, score, bound, uncounted, _total, *returned in candidates:
+        for (memory_id, kind, score, bound, uncounted, _total,
+             record_id, created_at, head, details_json) in candidates:
             if remaining > 0 and bound <= remaining:
                 chosen.append((memory_id, score))
                 remaining -= bound
@@ -419,9 +420,9 @@ def stack_load(*, stack: Stack, budget: int | None = None, item_chars: int | Non
                 echoes.append((memory_id, kind, score))
             else:
                 continue
-            if returned[2] is not None:  # the text's head: NULL outside the prefix and the echo window
-                rows[memory_id] = (memory_id, kind, *returned)
-        excluded = (candidates[0][5] - len(chosen)) if candidates else 0
+            if head is not None:  # NULL outside the prefix and the echo window
+                rows[memory_id] = (memory_id, kind, record_id, created_at, head, details_json)
+        excluded = (candidates[0][5] - len(chosen)) if candidates else 0  # [5]: every row's count of candidates
 
         unread = [memory_id for memory_id, _ in chosen if memory_id not in rows]
         unread += [memory_id for memory_id, _, _ in echoes if memory_id not in rows]
