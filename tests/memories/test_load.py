@@ -132,18 +132,20 @@ def test_rows_past_the_echo_window_are_loaded_and_echoed_in_full(school: School)
     memory_create(stack=stack, kind="value", source="t",
                   payload={"name": "big", "statement": _sentence(80), "priority": 100})
     # Created first, so walked last (newest first within a score): 11 tokens each, 9 fit in what is left.
-    medium = [f"m{i:02d} " + "x" * 28 for i in range(30)]
+    medium = [f"m{i:02d} " + "x" * 28 for i in range(load.ECHO_LIMIT + 10)]
     for text in reversed(medium):
         memory_create(stack=stack, kind="note", source="t", payload={"content": text})
-    # 0 tokens each: every one is taken, the last ones far past the window after the value.
+    # 0 tokens each (3 characters at most): every one is taken, the last ones past the window of
+    # 2 x ECHO_LIMIT rows after the value, and so every echo after the value's.
     tiny = [f"t{i}" for i in range(50)]
+    assert len(tiny) > 2 * load.ECHO_LIMIT
     for text in reversed(tiny):
         memory_create(stack=stack, kind="note", source="t", payload={"content": text})
     result = load.stack_load(stack=stack, budget=100)
     assert [m.text for m in result.memories] == tiny + medium[:9]
-    assert result.budget_used == 99 and result.excluded_count == 1 + 21
-    assert [e["hint"] for e in result.echoes] == [result.echoes[0]["hint"], *medium[9:28]]
+    assert result.budget_used == 99 and result.excluded_count == 1 + len(medium) - 9
     assert result.echoes[0]["hint"].startswith("big the quick")
+    assert [e["hint"] for e in result.echoes[1:]] == medium[9:9 + load.ECHO_LIMIT - 1]
 
 
 def test_budget_outside_its_range_is_400_naming_budget(school: School, url: str) -> None:
