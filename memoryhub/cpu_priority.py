@@ -9,6 +9,10 @@
   with the embedding lag (memoryhub.worker_priority); before each task, the backend of the worker's
   connection is given the same niceness, so its statements (a batch of vectors into the HNSW index)
   yield like the worker's own Python does.
+* **Locks held by background work** (`interactive_priority`). While the worker holds stack locks
+  that interactive writes wait for (storing a batch of vectors), its thread and backend run at the
+  interactive priority, so the requests behind the lock wait only for the statements, not for a
+  turn on a busy core; then both go back to what they were.
 
 With every core busy the kernel then runs the interactive requests' threads and backends first and
 gives background work what they leave, instead of an equal share; work that waits is only delayed.
@@ -32,7 +36,7 @@ import logging
 import os
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from django.conf import settings
@@ -172,3 +176,44 @@ def backend_follows_worker(**_: object) -> None:
         process_nice, group_nice = _backend_nice(backend)
         if process_nice != nice or group_nice not in (None, nice):
             _set_backend_nice(backend, nice, None if group_nice is None else nice)
+
+
+@contextlib.contextmanager
+def interactive_priority() -> Iterator[None]:
+    """Run this thread and its database backend at the interactive priority (the normal scheduling
+    policy, niceness 0) for the block, then put both back as they were (docs/architecture.md §5.7
+    "Locks at the interactive priority"). For background work while it holds locks that
+    interactive requests wait for: at its own low priority, every statement of its transaction
+    would first wait for a turn on a busy core, and the requests behind the lock with it. Without
+    CAP_SYS_NICE, or off Linux, nothing changes; a database that cannot answer leaves the backend
+    as it is (the block meets the outage itself)."""
+    if not can_restore_priority():
+        yield
+        return
+    tid = threading.get_native_id()
+    thread_policy, thread_nice = os.sched_getscheduler(tid), os.getpriority(os.PRIO_PROCESS, tid)
+    if thread_policy == os.SCHED_IDLE:
+        with contextlib.suppress(OSError):
+            os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
+    if thread_nice > 0:
+        _set_nice(tid, 0)
+    backend: int | None = None
+    backend_before: tuple[int, int | None] | None = None  # what the backend was, when it was raised
+    with contextlib.suppress(DatabaseError, OSError):
+        backend = _local_backend_pid()
+        if backend is not None:
+            process_nice, group_nice = _backend_nice(backend)
+            if process_nice > 0 or (group_nice or 0) > 0:
+                backend_before = (process_nice, group_nice)
+                _set_backend_nice(backend, 0, None if group_nice is None else 0)
+    try:
+        yield
+    finally:
+        if thread_nice > 0:
+            _set_nice(tid, thread_nice)
+        if thread_policy == os.SCHED_IDLE:
+            with contextlib.suppress(OSError):
+                os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+        if backend is not None and backend_before is not None:
+            # Best effort: a backend left at the interactive priority only competes as an equal.
+            _set_backend_nice(backend, *backend_before)

@@ -23,6 +23,7 @@ from psycopg.types import TypeInfo
 from memories.models import Memory
 from memories.writes.outbox import MEMORY, record_change
 from memories.writes.rows import lock_stack_changes
+from memoryhub.cpu_priority import interactive_priority
 from stacks.models import Stack
 
 EMBEDDING_SOURCE = "embedding"  # the change events' source for stored vectors
@@ -92,7 +93,9 @@ def store_vector_batch(rows: Sequence[tuple[str, int]], vectors: Sequence[Sequen
     """
     if not rows:
         return []
-    with transaction.atomic(), connection.cursor() as cursor:
+    # The stack locks taken below are ones interactive writes, pushes and pulls of those stacks wait
+    # for: held at the worker's low priority, each statement would first wait for a core.
+    with interactive_priority(), transaction.atomic(), connection.cursor() as cursor:
         # The batch's stack rows first, in pk order (every writer's lock order): the "embedded"
         # events then draw their seq under the stack lock and commit in seq order with the stack's
         # other writes, so a live page resuming from a seq never skips one (memories.writes.outbox).
