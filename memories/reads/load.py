@@ -432,8 +432,7 @@ def stack_load(*, stack: Stack, budget: int | None = None, item_chars: int | Non
             # (A row deleted since the ranking is simply not returned; bumping its count is harmless.)
             touch_sql = ((_ASYNC_COMMIT_SQL if own_transaction else "") + _TOUCH_SQL) if touch else ""
             cursor.execute(touch_sql + (_ROWS_SQL if unread else ""),
-                           {"head": cap + 1, "ids": uuid_array(unread), "chosen": uuid_array(uncounted_ids),
-                            "now": now, "resolution": ACCESS_RESOLUTION_SECONDS})
+                           {**params, "ids": uuid_array(unread), "chosen": uuid_array(uncounted_ids)})
             while cursor.description is None and cursor.nextset():
                 pass  # past the UPDATE to the rows
             if unread:
