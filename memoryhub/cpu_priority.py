@@ -132,6 +132,17 @@ def _set_backend_nice(pid: int, nice: int, group: int | None) -> bool:
     return group is None or set_session_group_nice(pid, group)
 
 
+def _move_backend(pid: int, nice: int) -> tuple[int, int | None] | None:
+    """Put a backend, and its session group where `_backend_nice` reads one, at niceness `nice`.
+    Returns what both were when anything had to move (for `_set_backend_nice` to put back), else
+    None."""
+    process_nice, group_nice = _backend_nice(pid)
+    if process_nice == nice and group_nice in (None, nice):
+        return None
+    _set_backend_nice(pid, nice, None if group_nice is None else nice)
+    return process_nice, group_nice
+
+
 def lower_for_bulk() -> Callable[[], None]:
     """Run this thread and its database backend at `LANES_BULK_NICE`; returns the call that puts
     both back (call it on this thread, before its connection goes back to the pool)."""
@@ -171,11 +182,8 @@ def backend_follows_worker(**_: object) -> None:
         return  # the task meets the outage itself, and says so
     if backend is None:
         return
-    nice = os.getpriority(os.PRIO_PROCESS, 0)
     with contextlib.suppress(OSError):
-        process_nice, group_nice = _backend_nice(backend)
-        if process_nice != nice or group_nice not in (None, nice):
-            _set_backend_nice(backend, nice, None if group_nice is None else nice)
+        _move_backend(backend, os.getpriority(os.PRIO_PROCESS, 0))
 
 
 @contextlib.contextmanager
@@ -202,10 +210,7 @@ def interactive_priority() -> Iterator[None]:
     with contextlib.suppress(DatabaseError, OSError):
         backend = _local_backend_pid()
         if backend is not None:
-            process_nice, group_nice = _backend_nice(backend)
-            if process_nice > 0 or (group_nice or 0) > 0:
-                backend_before = (process_nice, group_nice)
-                _set_backend_nice(backend, 0, None if group_nice is None else 0)
+            backend_before = _move_backend(backend, 0)
     try:
         yield
     finally:
