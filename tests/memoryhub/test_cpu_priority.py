@@ -149,8 +149,11 @@ def test_the_worker_holds_stack_locks_at_the_interactive_priority_only() -> None
             stored = store_vectors([(str(memory.pk), memory.version)], [[1.0] + [0.0] * 383], model)
         after = scheduling_now()
     assert stored == 1
-    # The stack lock was taken, and it and every other statement of the store's transaction ran at
-    # the interactive priority; once it had committed, the worker yielded again.
+    # Every statement sent through Django's cursor ran at the interactive priority, from the stack
+    # lock to the end of the store's transaction (here a savepoint's release: the test runs in a
+    # transaction of its own). So did the vectors' UPDATE between them, on a cursor this wrapper does
+    # not see. Once the store had ended, the worker yielded again.
     assert any("FOR NO KEY UPDATE" in sql for sql, _ in at_statements)
+    assert at_statements[-1][0].startswith("RELEASE SAVEPOINT")
     assert all(priorities == (os.SCHED_OTHER, *lowered(0)) for _, priorities in at_statements)
     assert after == (os.SCHED_IDLE, *lowered(10))
