@@ -26,10 +26,12 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from dashboard import live
+from memories.changes import watchers
 from memoryhub.errors import NotFound
 
 T = TypeVar("T")
@@ -67,6 +69,10 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
             await self.close()
             return
         self.live_groups = [live.session_group(session_key), live.user_group(user.pk), *watched]
+        # Counted before joining: the publisher sends a change only to groups someone watches
+        # (memories.changes.watchers). Off the event loop: a Redis round trip.
+        await sync_to_async(watchers.watch, thread_sensitive=False)(watched)
+        self.watching = watched
         for group in self.live_groups:
             await self.channel_layer.group_add(group, self.channel_name)
         await self.accept()
@@ -86,6 +92,9 @@ class LiveConsumer(AsyncJsonWebsocketConsumer):
             rechecker.cancel()
         for group in getattr(self, "live_groups", []):
             await self.channel_layer.group_discard(group, self.channel_name)
+        watching = getattr(self, "watching", [])
+        if watching:
+            await sync_to_async(watchers.unwatch, thread_sensitive=False)(watching)
 
     async def _recheck_every(self) -> None:
         while True:
@@ -134,7 +143,7 @@ class StackConsumer(LiveConsumer):
         self.sending = asyncio.Lock()  # one render at a time: each starts from the sent_seq the last reached
         _, stack = await db(live.stack_access)(self.user, self.slug)
         self.stack_id = stack.pk
-        return [live.stack_group(stack.pk)]
+        return [watchers.stack_group(stack.pk)]
 
     async def after_accept(self) -> None:
         message = await db(self._catch_up)()
@@ -220,7 +229,7 @@ class SchoolConsumer(LiveConsumer):
         principal = await db(live.staff_principal)(self.user)
         self.dirty: set[str] = set()
         self.flusher: asyncio.Future[None] | None = None
-        return [live.school_group(principal.organization.pk)]
+        return [watchers.school_group(principal.organization.pk)]
 
     async def disconnect(self, code: int) -> None:
         flusher = getattr(self, "flusher", None)

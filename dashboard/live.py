@@ -94,16 +94,6 @@ FAMILY_ROW = "dashboard/families/_memory_row.html"  # a guardian's child page's 
 
 # --- groups and who is asking ---------------------------------------------------------------------
 
-def stack_group(stack_id: int) -> str:
-    """Where memories.changes.publish publishes a stack's changes."""
-    return f"stack.{stack_id}"
-
-
-def school_group(organization_id: int) -> str:
-    """Where memories.changes.publish publishes every change of a school's stacks."""
-    return f"school.{organization_id}"
-
-
 def session_group(session_key: str) -> str:
     """The channel-layer group of every socket opened by one session (a hash: group names are
     visible to anyone reading Redis, session keys must not be)."""

@@ -42,6 +42,7 @@ from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections, transaction
 
 from memories.changes.feed import event_dict
 from memories.changes.publisher import Publisher
+from memories.changes.watchers import school_group, stack_group, watched
 from memories.models import ChangeEvent
 from memories.writes.columns import array_literal
 from memories.writes.effects import PUBLISH, Committed, RegisteredConsumer, event_consumers, register_effect
@@ -136,6 +137,11 @@ def _event_of(row: Sequence[Any]) -> ChangeEvent:
     return event
 
 
+def _groups_of(row: Sequence[Any]) -> tuple[str, str]:
+    """A claimed event's channel-layer groups: its stack's and its school's."""
+    return stack_group(row[_EVENT_FIELDS.index("stack_id")]), school_group(row[len(_EVENT_FIELDS) + 1])
+
+
 def _deliver(rows: list[Sequence[Any]], consumers: Sequence[RegisteredConsumer], *, timeout: float,
              isolate: bool) -> list[int]:
     """Send claimed events in id order; returns the ids that must stay unpublished. A channel-layer
@@ -147,15 +153,17 @@ def _deliver(rows: list[Sequence[Any]], consumers: Sequence[RegisteredConsumer],
     failed: list[int] = []
     held: set[int] = set()
     layer_down = False
+    # Only groups someone watches are sent to: a send to an empty group still costs Redis round trips.
+    watching = watched(sorted({group for row in rows for group in _groups_of(row)})) if layer is not None else set()
     for row in sorted(rows, key=lambda r: r[0]):
         event = _event_of(row)
-        slug, organization_id = row[len(_EVENT_FIELDS)], row[len(_EVENT_FIELDS) + 1]
+        slug = row[len(_EVENT_FIELDS)]
         if layer_down or event.stack_id in held:
             failed.append(event.pk)
             continue
-        if layer is not None:
+        groups = [group for group in _groups_of(row) if group in watching]
+        if groups:
             message = {"type": "stack.change", "event": event_dict(event, slug)}
-            groups = (f"stack.{event.stack_id}", f"school.{organization_id}")
             try:
                 _layer_loop.run(_group_send(layer, groups, message), timeout)
             except Exception as exc:  # Redis down or slow: the relay publishes it later

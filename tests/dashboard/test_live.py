@@ -25,6 +25,7 @@ from django.test import AsyncClient, Client
 from accounts.models import Membership, User
 from dashboard import live
 from memories.changes import publish as change_events
+from memories.changes import watchers
 from memories.models import ChangeEvent, Memory
 from memories.search.embedding_jobs import memories_embed
 from memories.services import CheckpointInput, checkpoint_save, memory_create, memory_forget
@@ -293,6 +294,25 @@ async def test_another_stacks_or_schools_change_never_arrives(school: School, ot
     assert await school_socket.receive_nothing(timeout=1.5)
     await stack_socket.disconnect()
     await school_socket.disconnect()
+
+
+async def test_an_open_page_counts_as_a_watcher_of_its_group_until_it_closes(school: School) -> None:
+    """The publisher sends a change only to groups someone watches (memories.changes.watchers): each
+    open page counts itself, and stops counting when it closes."""
+    groups = [watchers.stack_group(school.stack.pk), watchers.school_group(school.org.pk)]
+    _, headers = await signed_in(school.teacher)
+    stack_socket, _ = await open_socket(f"/ws/stacks/{school.stack.slug}/", headers)
+    assert await write(watchers.watched, groups) == {groups[0]}
+    school_socket, _ = await open_socket("/ws/school/", headers)
+    second_page, _ = await open_socket(f"/ws/stacks/{school.stack.slug}/", headers)
+    assert await write(watchers.watched, groups) == set(groups)
+    await stack_socket.disconnect()
+    await school_socket.disconnect()
+    assert await write(watchers.watched, groups) == {groups[0]}  # the second page still watches
+    memory = await write(note, school.stack, "seen by the page still open")
+    assert await next_change(second_page, str(memory.pk))
+    await second_page.disconnect()
+    assert await write(watchers.watched, groups) == set()
 
 
 async def test_overview_counts_arrive_for_visible_stacks(school: School) -> None:

@@ -23,7 +23,7 @@ from django.forms.models import model_to_dict
 from django.test import override_settings
 from django.utils import timezone
 
-from memories.changes import feed, publish
+from memories.changes import feed, publish, watchers
 from memories.lifecycle.decay_pass import decay_pass
 from memories.lifecycle.ttl import ttl_purge
 from memories.models import ChangeEvent, Memory
@@ -45,11 +45,14 @@ class Listener:
     """A test channel subscribed to a stack's group through the channel layer's own API, on one
     event loop of its own (a channels_redis channel is read from the loop that made it)."""
 
-    def __init__(self, group: str) -> None:
+    def __init__(self, group: str, *, counted: bool = True) -> None:
         self.loop = asyncio.new_event_loop()
         self.layer = get_channel_layer()
         assert self.layer is not None
         self.group = group
+        self.counted = counted  # counted as a watcher, as the live pages' sockets are
+        if counted:
+            watchers.watch([group])
         self.channel = self.loop.run_until_complete(self.layer.new_channel())
         self.loop.run_until_complete(self.layer.group_add(group, self.channel))
 
@@ -67,6 +70,8 @@ class Listener:
 
     def close(self) -> None:
         self.loop.run_until_complete(self.layer.group_discard(self.group, self.channel))
+        if self.counted:
+            watchers.unwatch([self.group])
         self.loop.close()  # channels_redis closes this loop's connections with it
 
 
@@ -90,8 +95,8 @@ def _no_embedding_tasks(monkeypatch: pytest.MonkeyPatch) -> None:
 def listen() -> Iterator[Any]:
     opened: list[Listener] = []
 
-    def subscribe(group: str) -> Listener:
-        listener = Listener(group)
+    def subscribe(group: str, *, counted: bool = True) -> Listener:
+        listener = Listener(group, counted=counted)
         opened.append(listener)
         return listener
 
@@ -154,6 +159,38 @@ def test_a_push_of_500_operations_is_one_event_and_one_message_naming_all_500(sc
     assert stack_listener.receive(timeout=0.5) is None  # one message, not 500
     assert school_listener.receive() == message
     assert school_listener.receive(timeout=0.5) is None
+
+
+def test_a_change_is_sent_only_to_the_groups_someone_watches(school: School, listen: Any) -> None:
+    """The stack's group has a channel in it but no watcher counted: the publisher skips it (a send
+    to a group no page watches costs the channel layer's round trips); the watched school group
+    still gets the event, and the event is published all the same."""
+    uncounted = listen(f"stack.{school.stack.pk}", counted=False)
+    school_listener = listen(f"school.{school.org.pk}")
+    memory = memory_create(stack=school.stack, kind="note", payload={"content": "watched by the school"},
+                           source="api")
+    assert publish.wait_published()
+    message = school_listener.receive()
+    assert message is not None and message["event"]["memory_ids"] == [str(memory.pk)]
+    assert uncounted.receive(timeout=0.5) is None
+    [event] = stack_events(school.stack)
+    assert event.published_at is not None
+
+
+def test_watchers_are_counted_per_group_until_the_last_one_leaves(school: School) -> None:
+    stack_group, school_group = watchers.stack_group(school.stack.pk), watchers.school_group(school.org.pk)
+    assert watchers.watched([stack_group, school_group]) == set()
+    watchers.watch([stack_group])
+    watchers.watch([stack_group, school_group])
+    assert watchers.watched([stack_group, school_group]) == {stack_group, school_group}
+    watchers.unwatch([stack_group, school_group])
+    assert watchers.watched([stack_group, school_group]) == {stack_group}
+    watchers.unwatch([stack_group])
+    assert watchers.watched([stack_group, school_group]) == set()
+    watchers.unwatch([stack_group])  # one leave too many (a count lost to a Redis restart) …
+    watchers.watch([stack_group])  # … does not hide the next watcher
+    assert watchers.watched([stack_group]) == {stack_group}
+    watchers.unwatch([stack_group])
 
 
 def test_native_api_writes_have_events_with_increasing_seq_matching_the_rows(school: School, listen: Any) -> None:
@@ -219,6 +256,7 @@ def test_with_redis_unreachable_a_push_succeeds_and_the_relay_publishes_later_ex
         school: School, listen: Any) -> None:
     dead = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer",
                         "CONFIG": {"hosts": [f"redis://127.0.0.1:{free_port()}/0"], "prefix": "mh:channels"}}}
+    listener = listen(f"stack.{school.stack.pk}")  # a page watches: its changes must reach it
     with override_settings(CHANNEL_LAYERS=dead):
         started = time.monotonic()
         response = kernle_push(school, [episode("while-down", school.stack.slug)])
@@ -231,7 +269,6 @@ def test_with_redis_unreachable_a_push_succeeds_and_the_relay_publishes_later_ex
     first, second = stack_events(school.stack)
     assert first.published_at is None and second.published_at is None  # left to the relay
 
-    listener = listen(f"stack.{school.stack.pk}")
     relayed = publish.events_relay()
     assert relayed["published"] >= 2 and relayed["left"] == 0  # (and the worker's events it held back)
     messages = [listener.receive(), listener.receive()]
