@@ -17,7 +17,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from channels.layers import get_channel_layer
+from channels.layers import DEFAULT_CHANNEL_LAYER, channel_layers
 from django.db import transaction
 from django.forms.models import model_to_dict
 from django.test import override_settings
@@ -43,12 +43,13 @@ T0 = datetime(2026, 11, 21, 9, 0, tzinfo=UTC)
 
 class Listener:
     """A test channel subscribed to a stack's group through the channel layer's own API, on one
-    event loop of its own (a channels_redis channel is read from the loop that made it)."""
+    event loop and one layer instance of its own: a channels_redis layer binds its receive locks to
+    the loop that first waits on them, so the process's shared instance, used by other tests' loops
+    (a live page's socket in tests/dashboard), could refuse this loop."""
 
     def __init__(self, group: str, *, counted: bool = True) -> None:
         self.loop = asyncio.new_event_loop()
-        self.layer = get_channel_layer()
-        assert self.layer is not None
+        self.layer = channel_layers.make_backend(DEFAULT_CHANNEL_LAYER)
         self.group = group
         self.counted = counted  # counted as a watcher, as the live pages' sockets are
         if counted:
