@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed-$(shell cat requirements.txt | cksum | cut -d' ' -f1
 # package-lock.json and served by WhiteNoise from node_modules/ (no CDN: the service works offline).
 NODE_STAMP := node_modules/.installed-$(shell cat package-lock.json | cksum | cut -d' ' -f1)
 
-.PHONY: install run test test-fast lint check bench clean-data browser
+.PHONY: install run test test-fast lint check bench clean-data browser valgrind
 
 # Python keeps compiled modules (and pytest its rewritten test modules) in __pycache__/, ignored
 # by git. A shell that sets PYTHONDONTWRITEBYTECODE makes every process — each test worker, each
@@ -113,6 +113,11 @@ browser:
 	@command -v chromium >/dev/null || { echo "[memoryhub] installing Debian's chromium for the browser tests"; \
 	  apt-get update -q && apt-get install -y -q chromium; }
 
+# bench/instructions.py counts a request's instructions under Debian's valgrind; install it when missing.
+valgrind:
+	@command -v valgrind >/dev/null || { echo "[memoryhub] installing Debian's valgrind for bench/instructions.py"; \
+	  apt-get update -q && apt-get install -y -q valgrind; }
+
 run: install
 	@$(PY) -m memoryhub.runner
 
@@ -138,7 +143,7 @@ lint: install
 	@$(VENV)/bin/lint-imports --no-cache --no-logo
 	@$(VENV)/bin/vulture
 
-bench: install
+bench: install valgrind
 	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
 clean-data:
