@@ -36,6 +36,7 @@ from accounts.selectors import (
 )
 from accounts.services import api_key_rehash
 from accounts.throttles import BEARER_IP_FAILURES, BEARER_PREFIX_FAILURES
+from accounts.token_claims import verified_claims
 from memoryhub.errors import NotAuthenticated
 
 LAST_USED_RESOLUTION_SECONDS = 60  # write last_used_at at most once a minute per key
@@ -164,10 +165,10 @@ class BearerAuthentication(authentication.BaseAuthentication):
 
     def _authenticate_jwt(self, raw: str, generation: bytes | None = None) -> tuple[User, Principal]:
         try:
-            token: Any = AccessToken(raw)  # type: ignore[arg-type]
+            token = verified_claims(raw)  # remembered once verified (accounts/token_claims.py)
         except TokenError:
             raise NotAuthenticated("Invalid or expired token.", code="invalid_token") from None
-        key_id = token.get("key_id")
+        key_id: Any = token.get("key_id")
         # The key a token names is remembered by its id, under the same rules as a key's secret
         # (accounts/key_cache.py); the token's own claims are checked against it on every use.
         entry = key_cache.token_entry(key_id) if plausible_key_id(key_id) else None
