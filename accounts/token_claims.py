@@ -24,7 +24,6 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
-from rest_framework_simplejwt.exceptions import TokenError
 from rest_framework_simplejwt.tokens import AccessToken
 
 MAX_ENTRIES = 10_000  # tokens in use per process at once; past it the table starts again
@@ -40,10 +39,9 @@ def verified_claims(raw: str) -> Mapping[str, Any]:
     claims = _claims.get(digest)
     if claims is not None and claims.get("exp", 0) > time.time():
         return claims
-    token: Any = AccessToken(raw)  # type: ignore[arg-type]  # raises TokenError (expired too)
+    # Raises TokenError, also for an expired token or one without an expiry (simplejwt requires it).
+    token: Any = AccessToken(raw)  # type: ignore[arg-type]
     claims = MappingProxyType(dict(token.payload))
-    if "exp" not in claims:  # simplejwt requires it; never remember a token that cannot expire
-        raise TokenError("Token has no expiry")
     with _lock:
         if len(_claims) >= MAX_ENTRIES:
             _claims.clear()
