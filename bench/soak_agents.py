@@ -111,6 +111,7 @@ class Sample:
     late_ms: float = 0.0  # how late this load generator started it (its own event loop's lag)
     # The service's own account of it, from its Server-Timing header: (app, cpu, db) milliseconds.
     served: tuple[float, float, float] | None = None
+    retry_after: bool = False  # the answer said when to come back (a 503 or 429 may, and must)
 
 
 class Recorder:
@@ -187,10 +188,11 @@ async def operate(http: httpx.AsyncClient, agent: Agent, op: str, rng: random.Ra
                 acked = [str(response.json()["id"])]
         status, error = response.status_code, ("" if response.status_code < 400 else response.text[:160])
         served = server_timing(response.headers.get("server-timing", ""))
+        retry_after = "retry-after" in response.headers
     except httpx.HTTPError as exc:
-        status, error, served = 0, type(exc).__name__, None
+        status, error, served, retry_after = 0, type(exc).__name__, None, False
     recorder.samples.append(Sample(op, scheduled, (time.monotonic() - scheduled) * 1000, status, error, late_ms,
-                                   served))
+                                   served, retry_after))
     recorder.acknowledged.extend(acked)
 
 
