@@ -111,7 +111,7 @@ class Sample:
     late_ms: float = 0.0  # how late this load generator started it (its own event loop's lag)
     # The service's own account of it, from its Server-Timing header: (app, cpu, db) milliseconds.
     served: tuple[float, float, float] | None = None
-    retry_after: bool = False  # the answer said when to come back (a 503 or 429 may, and must)
+    retry_after: bool = False  # the answer carried Retry-After: when to come back
 
 
 class Recorder:
