@@ -25,7 +25,15 @@ if str(BASE_DIR) not in sys.path:
 
 import httpx  # noqa: E402
 
-from bench.soak_agents import WORDS, Recorder, Sample, async_client, kernle_ops, server_timing  # noqa: E402
+from bench.soak_agents import (  # noqa: E402
+    WORDS,
+    Recorder,
+    Sample,
+    async_client,
+    kernle_ops,
+    retry_after,
+    server_timing,
+)
 
 # A refusal without Retry-After is waited out this long (and counted: the goal wants the header).
 FALLBACK_WAIT_SECONDS = 1.0
@@ -153,14 +161,6 @@ class PushResult:
         self.acked_ops += other.acked_ops
         self.pushes_ok.update(other.pushes_ok)
         self.latencies_ms.extend(other.latencies_ms)
-
-
-def retry_after(response: httpx.Response) -> float | None:
-    value = response.headers.get("Retry-After")
-    try:
-        return max(0.0, float(value)) if value is not None else None
-    except ValueError:
-        return None
 
 
 async def pusher(http: httpx.AsyncClient, keys: list[Key], batch: int, interval: float, deadline: float,

@@ -111,7 +111,7 @@ class Sample:
     late_ms: float = 0.0  # how late this load generator started it (its own event loop's lag)
     # The service's own account of it, from its Server-Timing header: (app, cpu, db) milliseconds.
     served: tuple[float, float, float] | None = None
-    retry_after: bool = False  # the answer carried Retry-After: when to come back
+    retry_after: bool = False  # the answer carried a readable Retry-After (`retry_after`)
 
 
 class Recorder:
@@ -155,6 +155,15 @@ def server_timing(header: str) -> tuple[float, float, float] | None:
     return None if match is None else (float(match[1]), float(match[2]), float(match[3]))
 
 
+def retry_after(response: httpx.Response) -> float | None:
+    """The seconds a 503 / 429 asks the client to wait, or None when it carries no readable Retry-After."""
+    value = response.headers.get("Retry-After")
+    try:
+        return max(0.0, float(value)) if value is not None else None
+    except ValueError:
+        return None
+
+
 async def operate(http: httpx.AsyncClient, agent: Agent, op: str, rng: random.Random, recorder: Recorder,
                   scheduled: float, *, push_ops: int | None = None, mix: Mix = MIX) -> None:
     """One operation of `agent`; its latency is counted from `scheduled`."""
@@ -188,11 +197,11 @@ async def operate(http: httpx.AsyncClient, agent: Agent, op: str, rng: random.Ra
                 acked = [str(response.json()["id"])]
         status, error = response.status_code, ("" if response.status_code < 400 else response.text[:160])
         served = server_timing(response.headers.get("server-timing", ""))
-        retry_after = "retry-after" in response.headers
+        says_when = retry_after(response) is not None
     except httpx.HTTPError as exc:
-        status, error, served, retry_after = 0, type(exc).__name__, None, False
+        status, error, served, says_when = 0, type(exc).__name__, None, False
     recorder.samples.append(Sample(op, scheduled, (time.monotonic() - scheduled) * 1000, status, error, late_ms,
-                                   served, retry_after))
+                                   served, says_when))
     recorder.acknowledged.extend(acked)
 
 
