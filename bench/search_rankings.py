@@ -28,6 +28,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
@@ -42,12 +43,7 @@ from memories.search.fusion import (
     rank_candidates,
     weighted,
 )
-from memories.search.hybrid import (
-    SCHOOL_STATEMENT_TIMEOUT_MS,
-    STATEMENT_TIMEOUT_MS,
-    above_min_similarity,
-    query_model_or_skip,
-)
+from memories.search.hybrid import above_min_similarity, query_model_or_skip
 from memories.search.query import (
     LEG_COLUMNS,
     LEG_RAN,
@@ -81,7 +77,8 @@ def search_ranked(ranking: str, *, stack_ids: Sequence[int], query: SearchQuery)
     now = timezone.now()
     stats: dict[str, Any] = {}
     fetch = over_fetch(query.limit)
-    timeout_ms = STATEMENT_TIMEOUT_MS if len(stack_ids) == 1 else SCHOOL_STATEMENT_TIMEOUT_MS
+    timeout_ms = (settings.SEARCH_STATEMENT_TIMEOUT_MS if len(stack_ids) == 1
+                  else settings.SCHOOL_SEARCH_STATEMENT_TIMEOUT_MS)
     inputs = None
     with transaction.atomic():
         with connection.cursor() as cursor:

@@ -128,6 +128,10 @@ DATABASES = {"default": _database(DATABASE_URL)}
 # plan (memories/search/context.py, docs/algorithms.md §7.5 "Cost"). Off for a transaction-pooling
 # PgBouncer in front of PostgreSQL, which does not carry one session's SQL-level PREPARE to the next.
 DB_PREPARED_STATEMENTS = env_bool("DB_PREPARED_STATEMENTS", True)
+# A search's deadline in the database (docs/algorithms.md §7.4): one stack's inside the kernle
+# client's 3 s, a school-wide search's (every row of several stacks ranked exactly) longer.
+SEARCH_STATEMENT_TIMEOUT_MS = env_int("SEARCH_STATEMENT_TIMEOUT_MS", 2_500, minimum=100)
+SCHOOL_SEARCH_STATEMENT_TIMEOUT_MS = env_int("SCHOOL_SEARCH_STATEMENT_TIMEOUT_MS", 10_000, minimum=100)
 # Timestamps are read with psycopg's compiled loader instead of Django's Python one (memoryhub.database,
 # docs/operations.md §12); false puts Django's back.
 DB_COMPILED_TIMESTAMPS = env_bool("DB_COMPILED_TIMESTAMPS", True)

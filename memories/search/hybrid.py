@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
+from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
@@ -52,11 +53,6 @@ from memoryhub.metrics import SEARCH_LATENCY
 
 logger = logging.getLogger(__name__)
 
-STATEMENT_TIMEOUT_MS = 2_500
-# A school-wide search ranks every row of its stacks exactly (docs/algorithms.md §7.3): a large
-# school needs more than a stack's budget.
-SCHOOL_STATEMENT_TIMEOUT_MS = 10_000
-
 
 def search_memories(*, stack_ids: Sequence[int], query: SearchQuery,
                     audience: Audience | None = None) -> SearchResult:
@@ -74,7 +70,8 @@ def search_memories(*, stack_ids: Sequence[int], query: SearchQuery,
     # Kernle's client gives up after 3 s and searches locally; a query that cannot finish well
     # inside that is cancelled (-> 503, which also makes the client fall back). Several stacks are
     # a school key's search (never the kernle client's), ranked exactly over all their rows (§7.3).
-    timeout_ms = STATEMENT_TIMEOUT_MS if len(stack_ids) == 1 else SCHOOL_STATEMENT_TIMEOUT_MS
+    timeout_ms = (settings.SEARCH_STATEMENT_TIMEOUT_MS if len(stack_ids) == 1
+                  else settings.SCHOOL_SEARCH_STATEMENT_TIMEOUT_MS)
     with transaction.atomic():
         with connection.cursor() as cursor:
             # The first statement sets the timeout (set_config(..., true) is SET LOCAL) and reads the
