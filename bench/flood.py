@@ -200,9 +200,11 @@ def run_lanes(args: argparse.Namespace, lanes: str) -> dict[str, Any]:
                     "C: 16 keys on one address", args.keys_seconds, q_readers[:1], [[k] for k in crowd],
                     batch=CROWD_BATCH, interval=60 / (budget * CROWD_PACE))
             stored = stored_counts(service.database_url, phases.pushed.acked)
-            return figures(lanes, phases, budget, stored, {
+            fig = figures(lanes, phases, budget, stored, {
                 "quiet_f": quiet_f, "quiet_q": quiet_q, "quiet_one": quiet_one, "flood_f": flood_f,
                 "flood_q": flood_q, "crowd_q": crowd_q}, alone, under, crowd_pushed, args)
+            fig["web processes replaced"] = service.web_processes_replaced()
+            return fig
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
@@ -290,6 +292,8 @@ def report(runs: list[dict[str, Any]]) -> bool:
             f"{name} " + ", ".join(f"{part} {used:.2f}" for part, used in parts.items())
             for name, parts in fig["cores by phase"].items()))
         print(f"readers' own event-loop lag p95 {fig['reader loop lag p95 ms']:.1f} ms (in every reader figure)")
+        print(f"web processes replaced by uvicorn's supervisor: {len(fig['web processes replaced'])}"
+              + "".join(f"\n  {line}" for line in fig["web processes replaced"][:6]))
         print_table("where the readers' time went: the slowest 5 % of each phase's reads (slow) and their "
                     "fastest half, ms, means; cpu, db and waiting are inside the service (its Server-Timing), "
                     "outside is the rest of what the reader waited",

@@ -51,6 +51,13 @@ class RunnerService:
         """The embedded PostgreSQL's URL, from the runner's runtime file."""
         return str(json.loads((self.data_dir / "runtime.json").read_text())["database_url"])
 
+    def web_processes_replaced(self) -> list[str]:
+        """uvicorn's supervisor's lines for each web process it replaced: one that exited, or one
+        that did not answer its health ping in time and was killed. Every connection such a process
+        held ends without an answer."""
+        return [line for line in self.log_path.read_text(errors="replace").splitlines()
+                if "Child process [" in line and "died" in line]
+
     def ready(self) -> bool:
         """/readyz answers 200 now. Raises at once when the runner itself has exited."""
         if self.runner.poll() is not None:

@@ -203,6 +203,9 @@ def run_soak(args: argparse.Namespace) -> int:
             switches = [line.split("] ", 1)[-1] for line in service.log_path.read_text(errors="replace").splitlines()
                         if "embedding is over" in line or "embedding caught up" in line]
             print(f"worker priority switches: {len(switches)}" + "".join(f"\n  {line}" for line in switches[:6]))
+            replaced = service.web_processes_replaced()
+            print(f"web processes replaced by uvicorn's supervisor: {len(replaced)}"
+                  + "".join(f"\n  {line}" for line in replaced[:6]))
             lost_seed = sum(1 for rid in seeding.acknowledged if stored[rid] != 1)
             print(f"seed writes: {len(seeding.acknowledged):,} acknowledged, {lost_seed} not stored exactly once")
             return 0 if recorder_ok and lost_seed == 0 else 1
