@@ -121,6 +121,12 @@ class Recorder:
         self.loop_lag_ms: list[float] = []  # the load generator's event-loop lag, sampled every 50 ms
         self.page_messages = 0  # messages the live pages of a closed loop received
         self.pages_closed_early: list[str] = []
+        # When the load generator closed its connections at the end (monotonic): a request still
+        # waiting then was cut off by it, not left unanswered by the service.
+        self.closed_at = float("inf")
+
+    def cut_off(self, sample: Sample) -> bool:
+        return sample.status == 0 and sample.started + sample.ms / 1000 >= self.closed_at
 
     def by_op(self, since: float = 0.0) -> dict[str, list[Sample]]:
         grouped: dict[str, list[Sample]] = defaultdict(list)
@@ -316,6 +322,11 @@ async def soak(service: RunnerService, agents: list[Agent], cookie: str, seconds
         await asyncio.gather(*(agent_loop(a) for a in agents), half_way(), watch_lag())
         if in_flight:
             await asyncio.wait(in_flight, timeout=REQUEST_TIMEOUT + 5)
+        recorder.closed_at = time.monotonic()
+        cut_off = set(in_flight)
+    if cut_off:
+        # Closing the clients ends these at once; each records its sample, counted as cut off.
+        await asyncio.wait(cut_off, timeout=10)
     elapsed = loop.time() - started
     await asyncio.sleep(1)  # the last writes' events reach the pages
     stop.set()

@@ -260,6 +260,10 @@ def report_soak(args: argparse.Namespace, recorder: Recorder, baseline: Recorder
     for status in sorted(statuses):
         example = next(s for s in recorder.samples if s.status == status)
         print(f"  e.g. {status} on {example.op}: {example.error}")
+    for label, cut in (("while the load ran", False), ("cut off at its end", True)):
+        errors = Counter(s.error for s in recorder.samples if s.status == 0 and recorder.cut_off(s) == cut)
+        if errors:
+            print(f"  no answer {label}: " + ", ".join(f"{error} {n:,}" for error, n in errors.most_common()))
     print_table("RSS per process (MB)", [{"process": name, "start": rss["start"].get(name, float("nan")),
                                           "middle": rss["middle"].get(name, float("nan")),
                                           "end": rss["end"].get(name, float("nan"))} for name in rss["end"]])
@@ -286,14 +290,16 @@ def report_soak(args: argparse.Namespace, recorder: Recorder, baseline: Recorder
     duplicated = sum(1 for rid in acknowledged if stored[rid] > 1) + (len(acknowledged) - len(set(acknowledged)))
     # As bench/flood.py counts them: every request answered, and no 5xx but a 503 that says when to
     # come back (bulk work deferred, which a real client retries after waiting).
-    no_answer = sum(1 for s in recorder.samples if s.status == 0)
+    no_answer = sum(1 for s in recorder.samples if s.status == 0 and not recorder.cut_off(s))
+    cut_off = sum(1 for s in recorder.samples if recorder.cut_off(s))
     bad_5xx = sum(1 for s in recorder.samples if s.status >= 500 and not (s.status == 503 and s.retry_after))
     deferred = sum(1 for s in recorder.samples if s.status == 503 and s.retry_after)
     grown = {name: rss["end"][name] / rss["middle"][name] - 1 for name in rss["end"]
              if name in rss["middle"] and not name.startswith("postgres backends") and rss["middle"][name] > 0}
     worst = max(grown.items(), key=lambda item: item[1]) if grown else ("-", 0.0)
     goals = [(f"every request answered, no 5xx but 503 with Retry-After: no answer {no_answer:,}, other 5xx "
-              f"{bad_5xx:,} (503 with Retry-After: {deferred:,})", no_answer == 0 and bad_5xx == 0),
+              f"{bad_5xx:,} (503 with Retry-After: {deferred:,}; still waiting when the load generator stopped, "
+              f"cut off: {cut_off:,})", no_answer == 0 and bad_5xx == 0),
              (f"acknowledged writes {len(acknowledged):,}: lost {lost}, duplicated {duplicated}",
               lost == 0 and duplicated == 0),
              *goals,
