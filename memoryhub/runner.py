@@ -40,6 +40,11 @@ HEALTHY_RUN_SECONDS = 60.0
 # Graceful shutdown (SIGTERM / Ctrl-C): how long the web server drains requests in flight and the
 # worker finishes its running tasks before they are killed.
 GRACEFUL_WEB_SECONDS = 20.0
+# How long a web process keeps an idle kept-alive connection open. Longer than clients keep theirs
+# (httpx 5 s): a server that closes first can close a connection just as a client sends its next
+# request into it, which then gets no answer (docs/operations.md §6, "Timeouts a slow or hostile
+# client meets").
+WEB_KEEP_ALIVE_SECONDS = 30
 GRACEFUL_WORKER_SECONDS = 60.0
 # From "web, worker and beat started" to /readyz 200. A first start imports torch and Django in
 # three processes at once, which is slow on a busy small machine: a wide margin.
@@ -365,7 +370,8 @@ def main() -> int:
                   # 4 bytes each in UTF-8) are refused by uvicorn before they are buffered.
                   "--ws-max-size", str(256 * 1024),
                   # SIGTERM: stop accepting, let requests in flight finish for up to this long.
-                  "--timeout-graceful-shutdown", str(int(GRACEFUL_WEB_SECONDS))],
+                  "--timeout-graceful-shutdown", str(int(GRACEFUL_WEB_SECONDS)),
+                  "--timeout-keep-alive", str(WEB_KEEP_ALIVE_SECONDS)],
             env=dict(env, DB_LOCK_TIMEOUT_MS=str(web_lock_timeout_ms)), cwd=BASE_DIR,
             stop_timeout=GRACEFUL_WEB_SECONDS + 5,
         ))
