@@ -260,10 +260,14 @@ def report_soak(args: argparse.Namespace, recorder: Recorder, baseline: Recorder
     for status in sorted(statuses):
         example = next(s for s in recorder.samples if s.status == status)
         print(f"  e.g. {status} on {example.op}: {example.error}")
+    # Requests without an answer by error: those that failed while their client still waited, and
+    # those the soak's own close cut off.
+    unanswered = {cut: Counter(s.error for s in recorder.samples if s.status == 0 and recorder.cut_off(s) == cut)
+                  for cut in (False, True)}
     for label, cut in (("while the load ran", False), ("cut off at its end", True)):
-        errors = Counter(s.error for s in recorder.samples if s.status == 0 and recorder.cut_off(s) == cut)
-        if errors:
-            print(f"  no answer {label}: " + ", ".join(f"{error} {n:,}" for error, n in errors.most_common()))
+        if unanswered[cut]:
+            print(f"  no answer {label}: "
+                  + ", ".join(f"{error} {n:,}" for error, n in unanswered[cut].most_common()))
     print_table("RSS per process (MB)", [{"process": name, "start": rss["start"].get(name, float("nan")),
                                           "middle": rss["middle"].get(name, float("nan")),
                                           "end": rss["end"].get(name, float("nan"))} for name in rss["end"]])
@@ -290,8 +294,7 @@ def report_soak(args: argparse.Namespace, recorder: Recorder, baseline: Recorder
     duplicated = sum(1 for rid in acknowledged if stored[rid] > 1) + (len(acknowledged) - len(set(acknowledged)))
     # As bench/flood.py counts them: every request answered, and no 5xx but a 503 that says when to
     # come back (bulk work deferred, which a real client retries after waiting).
-    no_answer = sum(1 for s in recorder.samples if s.status == 0 and not recorder.cut_off(s))
-    cut_off = sum(1 for s in recorder.samples if recorder.cut_off(s))
+    no_answer, cut_off = unanswered[False].total(), unanswered[True].total()
     bad_5xx = sum(1 for s in recorder.samples if s.status >= 500 and not (s.status == 503 and s.retry_after))
     deferred = sum(1 for s in recorder.samples if s.status == 503 and s.retry_after)
     grown = {name: rss["end"][name] / rss["middle"][name] - 1 for name in rss["end"]
