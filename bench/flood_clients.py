@@ -23,10 +23,11 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 if str(BASE_DIR) not in sys.path:
     sys.path.insert(0, str(BASE_DIR))
 
-import httpx  # noqa: E402
-
 from bench.soak_agents import (  # noqa: E402
+    NO_ANSWER,
     WORDS,
+    AgentClient,
+    Answer,
     Recorder,
     Sample,
     async_client,
@@ -53,7 +54,7 @@ class Key:
         return {"Authorization": f"Bearer {self.secret}"}
 
 
-def refusal(response: httpx.Response) -> tuple[str, bool]:
+def refusal(response: Answer) -> tuple[str, bool]:
     """The error code of a non-2xx answer, and whether its body has the error contract's shape
     (`{"error": {"code", "message"}, "detail"}`, memoryhub/errors.py)."""
     try:
@@ -116,7 +117,7 @@ async def interactive(base_url: str, keys: list[Key], seconds: float, think: flo
                         recorder.malformed += not well_formed
                         if status in (429, 503) and retry_after(response) is None:
                             recorder.without_retry_after += 1
-                except httpx.HTTPError as exc:
+                except NO_ANSWER as exc:
                     status, error, served = 0, type(exc).__name__, None
                 recorder.samples.append(Sample(op, started, (time.monotonic() - started) * 1000, status, error,
                                                served=served))
@@ -163,7 +164,7 @@ class PushResult:
         self.latencies_ms.extend(other.latencies_ms)
 
 
-async def pusher(http: httpx.AsyncClient, keys: list[Key], batch: int, interval: float, deadline: float,
+async def pusher(http: AgentClient, keys: list[Key], batch: int, interval: float, deadline: float,
                  seed: int, result: PushResult, *, once: bool = False) -> None:
     """Push `batch`-operation batches until `deadline` (monotonic), the next batch with the next of
     `keys`, one every `interval` seconds at most (0: without pause); `once`: one batch only. A 503 /
@@ -183,7 +184,7 @@ async def pusher(http: httpx.AsyncClient, keys: list[Key], batch: int, interval:
             started = time.monotonic()
             try:
                 response = await http.post("/sync/push", json=body, headers=key.headers)
-            except httpx.HTTPError:
+            except NO_ANSWER:
                 result.statuses[0] += 1
                 result.resent += 1
                 await asyncio.sleep(NO_ANSWER_WAIT_SECONDS)

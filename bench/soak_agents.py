@@ -15,7 +15,7 @@ import sys
 import time
 import uuid
 from collections import Counter, defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -26,7 +26,7 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 if str(BASE_DIR) not in sys.path:
     sys.path.insert(0, str(BASE_DIR))
 
-import httpx  # noqa: E402
+import aiohttp  # noqa: E402
 
 from bench.service import RunnerService  # noqa: E402
 from memoryhub.embedded import session_group_nice, set_session_group_nice  # noqa: E402
@@ -94,7 +94,7 @@ class Agent:
                         "X-Forwarded-For": f"10.{self.index // 250}.{self.index % 250}.1"}
         self.sync_headers = self.headers
 
-    async def log_in(self, http: httpx.AsyncClient) -> None:
+    async def log_in(self, http: AgentClient) -> None:
         """`POST /auth/login` with its key, as `kernle auth login` does; its syncs then send the token."""
         response = await http.post("/auth/login", headers=self.headers)
         response.raise_for_status()
@@ -161,7 +161,7 @@ def server_timing(header: str) -> tuple[float, float, float] | None:
     return None if match is None else (float(match[1]), float(match[2]), float(match[3]))
 
 
-def retry_after(response: httpx.Response) -> float | None:
+def retry_after(response: Answer) -> float | None:
     """The seconds a 503 / 429 asks the client to wait, or None when it carries no readable Retry-After."""
     value = response.headers.get("Retry-After")
     try:
@@ -170,7 +170,7 @@ def retry_after(response: httpx.Response) -> float | None:
         return None
 
 
-async def operate(http: httpx.AsyncClient, agent: Agent, op: str, rng: random.Random, recorder: Recorder,
+async def operate(http: AgentClient, agent: Agent, op: str, rng: random.Random, recorder: Recorder,
                   scheduled: float, *, push_ops: int | None = None, mix: Mix = MIX) -> None:
     """One operation of `agent`; its latency is counted from `scheduled`."""
     acked: list[str] = []
@@ -204,16 +204,74 @@ async def operate(http: httpx.AsyncClient, agent: Agent, op: str, rng: random.Ra
         status, error = response.status_code, ("" if response.status_code < 400 else response.text[:160])
         served = server_timing(response.headers.get("server-timing", ""))
         says_when = retry_after(response) is not None
-    except httpx.HTTPError as exc:
+    except NO_ANSWER as exc:
         status, error, served, says_when = 0, type(exc).__name__, None, False
+    except asyncio.CancelledError:
+        # The soak's end cut it off while it still waited (`soak`): a sample all the same.
+        recorder.samples.append(Sample(op, scheduled, (time.monotonic() - scheduled) * 1000, 0, "cut off", late_ms))
+        raise
     recorder.samples.append(Sample(op, scheduled, (time.monotonic() - scheduled) * 1000, status, error, late_ms,
                                    served, says_when))
     recorder.acknowledged.extend(acked)
 
 
-def async_client(base_url: str, connections: int) -> httpx.AsyncClient:
-    return httpx.AsyncClient(base_url=base_url, timeout=REQUEST_TIMEOUT,
-                             limits=httpx.Limits(max_connections=connections, max_keepalive_connections=connections))
+# What a request that got no answer raises: refused, reset or closed connections, timeouts.
+NO_ANSWER = (aiohttp.ClientError, asyncio.TimeoutError)
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A response, its body read whole."""
+
+    status_code: int
+    headers: Mapping[str, str]  # case-insensitive
+    content: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.content)
+
+    @property
+    def text(self) -> str:
+        return self.content.decode("utf-8", "replace")
+
+    def raise_for_status(self) -> None:
+        if self.status_code >= 400:
+            raise RuntimeError(f"HTTP {self.status_code}: {self.text[:200]}")
+
+
+class AgentClient:
+    """An agent's HTTP client: at most `connections` kept-alive connections, requests past them queued
+    in it (no bound on that wait: an agent's operations queue in its own client), 60 s to connect and
+    between reads. aiohttp, whose HTTP parser is C: with httpx the load generator's own pool
+    bookkeeping and pure-Python parsing took a third of a 2-core box once the service fell behind,
+    cores the service then lacked (docs/benchmarks.md "Soak")."""
+
+    def __init__(self, base_url: str, connections: int) -> None:
+        self._session = aiohttp.ClientSession(
+            base_url=base_url, connector=aiohttp.TCPConnector(limit=connections),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=REQUEST_TIMEOUT, sock_read=REQUEST_TIMEOUT))
+
+    async def __aenter__(self) -> AgentClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._session.close()
+
+    async def request(self, method: str, path: str, *, headers: Mapping[str, str] | None = None,
+                      content: bytes | None = None, json: Any = None) -> Answer:
+        async with self._session.request(method, path, headers=headers, data=content, json=json) as response:
+            return Answer(response.status, response.headers, await response.read())
+
+    async def get(self, path: str, *, headers: Mapping[str, str] | None = None) -> Answer:
+        return await self.request("GET", path, headers=headers)
+
+    async def post(self, path: str, *, headers: Mapping[str, str] | None = None, content: bytes | None = None,
+                   json: Any = None) -> Answer:
+        return await self.request("POST", path, headers=headers, content=content, json=json)
+
+
+def async_client(base_url: str, connections: int) -> AgentClient:
+    return AgentClient(base_url, connections)
 
 
 async def seed_and_baseline(base_url: str, agents: list[Agent], samples: int) -> tuple[Recorder, Recorder]:
@@ -234,7 +292,7 @@ async def seed_and_baseline(base_url: str, agents: list[Agent], samples: int) ->
     return seeding, baseline
 
 
-async def unloaded(http: httpx.AsyncClient, agents: list[Agent], samples: int, rng: random.Random,
+async def unloaded(http: AgentClient, agents: list[Agent], samples: int, rng: random.Random,
                    recorder: Recorder) -> None:
     """Each operation alone, one at a time, after a warm-up (the first calls import and connect)."""
     for op in MIX.weights:
@@ -283,13 +341,11 @@ async def soak(service: RunnerService, agents: list[Agent], cookie: str, seconds
     in_flight: set[asyncio.Task[None]] = set()
     loop = asyncio.get_running_loop()
 
-    # One HTTP client per agent, as real agents have: a single client pooling 4 connections per agent
-    # spent the load generator's whole core in httpx's pool bookkeeping (each queued request scans
-    # every pooled connection) once the server fell behind, and then measured itself.
+    # One HTTP client per agent, as real agents have: one client pooling 4 connections per agent
+    # spent the load generator's whole core on the pool's bookkeeping once the server fell behind.
     async with contextlib.AsyncExitStack() as clients:
-        # Made before the clock starts: a client builds its TLS context (CPU, even for http://),
-        # and a hundred of them made on the clock held every first arrival back for seconds, then
-        # sent them, and each agent's operations that fell due meanwhile, in one burst.
+        # Made before the clock starts: a hundred clients made on the clock held every first
+        # arrival back, then sent them, and each agent's operations due meanwhile, in one burst.
         https = [await clients.enter_async_context(async_client(service.base_url, 4)) for _ in agents]
         started = loop.time()
         deadline = started + seconds
@@ -324,9 +380,10 @@ async def soak(service: RunnerService, agents: list[Agent], cookie: str, seconds
             await asyncio.wait(in_flight, timeout=REQUEST_TIMEOUT + 5)
         recorder.closed_at = time.monotonic()
         cut_off = set(in_flight)
-    if cut_off:
-        # Closing the clients ends these at once; each records its sample, counted as cut off.
-        await asyncio.wait(cut_off, timeout=10)
+        for task in cut_off:
+            task.cancel()  # each records its sample, counted as cut off (`operate`)
+        if cut_off:
+            await asyncio.wait(cut_off, timeout=10)
     elapsed = loop.time() - started
     await asyncio.sleep(1)  # the last writes' events reach the pages
     stop.set()
