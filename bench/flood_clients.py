@@ -30,7 +30,6 @@ from bench.soak_agents import (  # noqa: E402
     Answer,
     Recorder,
     Sample,
-    async_client,
     kernle_ops,
     retry_after,
     server_timing,
@@ -92,7 +91,7 @@ async def interactive(base_url: str, keys: list[Key], seconds: float, think: flo
     stack with `think` seconds between (one key each: the per-key request budget is a reader's, not
     the crowd's). Also samples this event loop's own lag."""
     recorder, clients = Reads(), len(keys)
-    async with async_client(base_url, clients * 2) as http:
+    async with AgentClient(base_url, clients * 2) as http:
         await wait_until(start_at)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + seconds
@@ -220,7 +219,7 @@ async def pusher(http: AgentClient, keys: list[Key], batch: int, interval: float
 async def _pushers(base_url: str, pushers: list[list[Key]], seconds: float, batch: int, interval: float,
                    start_at: float, seed: int) -> PushResult:
     result = PushResult()
-    async with async_client(base_url, len(pushers) * 2) as http:
+    async with AgentClient(base_url, len(pushers) * 2) as http:
         await wait_until(start_at)
         started = time.monotonic()
         await asyncio.gather(*(pusher(http, keys, batch, interval, started + seconds, seed * 1000 + n, result)
@@ -240,7 +239,7 @@ async def seed(base_url: str, keys: list[Key], memories: int) -> PushResult:
     """`memories` notes into each key's stack, by kernle pushes of up to 500, one stack at a time."""
     result = PushResult()
     started = time.monotonic()
-    async with async_client(base_url, 2) as http:
+    async with AgentClient(base_url, 2) as http:
         for n, key in enumerate(keys):
             for first in range(0, memories, 500):
                 await pusher(http, [key], min(500, memories - first), 0.0, time.monotonic() + 300, n, result,

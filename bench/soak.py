@@ -99,10 +99,10 @@ from bench.soak_agents import (  # noqa: E402
     MIXES,
     SEED_MEMORIES,
     Agent,
+    AgentClient,
     Mix,
     Recorder,
     ahead_of_the_service,
-    async_client,
     bare_psycopg,
     closed_loop,
     seed_and_baseline,
@@ -142,7 +142,7 @@ async def unloaded_again(base_url: str, agents: list[Agent], samples: int) -> Re
     much of the loaded p95 is the data's growth rather than the load. Informational: the goal
     compares with the start."""
     recorder = Recorder()
-    async with async_client(base_url, 4) as http:
+    async with AgentClient(base_url, 4) as http:
         await unloaded(http, agents, samples, random.Random(11), recorder)
     return recorder
 

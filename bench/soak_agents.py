@@ -242,9 +242,9 @@ class Answer:
 class AgentClient:
     """An agent's HTTP client: at most `connections` kept-alive connections, requests past them queued
     in it (no bound on that wait: an agent's operations queue in its own client), 60 s to connect and
-    between reads. aiohttp, whose HTTP parser is C: with httpx the load generator's own pool
-    bookkeeping and pure-Python parsing took a third of a 2-core box once the service fell behind,
-    cores the service then lacked (docs/benchmarks.md "Soak")."""
+    between reads. aiohttp, whose HTTP parser is C: with httpx, once the service fell behind, the
+    load generator's own pool bookkeeping and pure-Python parsing took cores the service then
+    lacked on the machine they share (docs/benchmarks.md "Soak")."""
 
     def __init__(self, base_url: str, connections: int) -> None:
         self._session = aiohttp.ClientSession(
@@ -270,16 +270,12 @@ class AgentClient:
         return await self.request("POST", path, headers=headers, content=content, json=json)
 
 
-def async_client(base_url: str, connections: int) -> AgentClient:
-    return AgentClient(base_url, connections)
-
-
 async def seed_and_baseline(base_url: str, agents: list[Agent], samples: int) -> tuple[Recorder, Recorder]:
     """Log every agent in, seed every stack, warm up, then each operation alone, one at a time: the
     unloaded baseline."""
     rng = random.Random(7)
     seeding, baseline = Recorder(), Recorder()
-    async with async_client(base_url, 16) as http:
+    async with AgentClient(base_url, 16) as http:
         gate = asyncio.Semaphore(8)
 
         async def seed(agent: Agent) -> None:
@@ -346,7 +342,7 @@ async def soak(service: RunnerService, agents: list[Agent], cookie: str, seconds
     async with contextlib.AsyncExitStack() as clients:
         # Made before the clock starts: a hundred clients made on the clock held every first
         # arrival back, then sent them, and each agent's operations due meanwhile, in one burst.
-        https = [await clients.enter_async_context(async_client(service.base_url, 4)) for _ in agents]
+        https = [await clients.enter_async_context(AgentClient(service.base_url, 4)) for _ in agents]
         started = loop.time()
         deadline = started + seconds
 
@@ -440,7 +436,7 @@ async def closed_loop(base_url: str, agents: list[Agent], clients: int, seconds:
 async def _closed_loop(base_url: str, agents: list[Agent], clients: int, seconds: float,
                        mix: Mix) -> tuple[Recorder, float]:
     recorder = Recorder()
-    async with async_client(base_url, clients * 2) as http:
+    async with AgentClient(base_url, clients * 2) as http:
         loop = asyncio.get_running_loop()
         started = loop.time()
 
