@@ -176,6 +176,7 @@ async def operate(http: AgentClient, agent: Agent, op: str, rng: random.Random, 
     acked: list[str] = []
     late_ms = (time.monotonic() - scheduled) * 1000
     base = f"/api/v1/stacks/{agent.stack}"
+    cancelled: asyncio.CancelledError | None = None
     try:
         if op == "push":
             ops = kernle_ops(rng, agent.stack, push_ops or mix.push_size(rng))
@@ -206,13 +207,14 @@ async def operate(http: AgentClient, agent: Agent, op: str, rng: random.Random, 
         says_when = retry_after(response) is not None
     except NO_ANSWER as exc:
         status, error, served, says_when = 0, type(exc).__name__, None, False
-    except asyncio.CancelledError:
-        # The soak's end cut it off while it still waited (`soak`): a sample all the same.
-        recorder.samples.append(Sample(op, scheduled, (time.monotonic() - scheduled) * 1000, 0, "cut off", late_ms))
-        raise
+    except asyncio.CancelledError as exc:
+        # The soak's end cut it off while it still waited (`soak`): a sample all the same, then cancelled.
+        status, error, served, says_when, cancelled = 0, "cut off", None, False, exc
     recorder.samples.append(Sample(op, scheduled, (time.monotonic() - scheduled) * 1000, status, error, late_ms,
                                    served, says_when))
     recorder.acknowledged.extend(acked)
+    if cancelled is not None:
+        raise cancelled
 
 
 # What a request that got no answer raises: refused, reset or closed connections, timeouts.
