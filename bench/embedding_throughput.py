@@ -143,12 +143,14 @@ def measure_pipeline(env: Any, texts: list[str], batch: int, message_sizes: list
     from memories.writes import rows as write_rows
     from memoryhub.celery import app
     from memoryhub.embedded import ManagedProcess
+    from memoryhub.schedule import EMBEDDING_QUEUE, WORKER_QUEUES
     from stacks.models import Stack
 
     worker = ManagedProcess(
         name="worker",
         argv=[sys.executable, "-m", "celery", "-A", "memoryhub", "worker", "--pool", "solo", "--loglevel",
-              "WARNING", "--hostname", f"bench-{os.getpid()}@%h", "--without-mingle", "--without-gossip"],
+              "WARNING", "--hostname", f"bench-{os.getpid()}@%h", "--queues", WORKER_QUEUES,
+              "--without-mingle", "--without-gossip"],
         env=env.subprocess_env(EMBEDDING_PROVIDER="minilm"), cwd=BASE_DIR, log_path=env.workdir / "worker.log",
     )
     worker.start()
@@ -187,11 +189,11 @@ def measure_pipeline(env: Any, texts: list[str], batch: int, message_sizes: list
             for mode in ("drain", "live"):
                 stack = Stack.objects.create(organization=org, slug=f"{mode}-{size}")
                 if mode == "drain":
-                    app.control.cancel_consumer("celery", destination=[node], reply=True)
+                    app.control.cancel_consumer(EMBEDDING_QUEUE, destination=[node], reply=True)
                     push(stack)
                     cpu = (cpu_seconds(worker.pid), cpu_seconds(postgres_pid))
                     started = time.perf_counter()
-                    app.control.add_consumer("celery", destination=[node], reply=True)
+                    app.control.add_consumer(EMBEDDING_QUEUE, destination=[node], reply=True)
                 else:
                     cpu = (cpu_seconds(worker.pid), cpu_seconds(postgres_pid))
                     started = time.perf_counter()

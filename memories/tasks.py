@@ -26,6 +26,7 @@ from memories.search.embedding_backlog import embedding_sweep_run
 from memories.search.embedding_jobs import memories_embed
 from memories.search.vector_indexes import stack_vector_indexes_run
 from memories.writes.hooks import embedding_message_taken, queue_stack_embedding
+from memoryhub.embedding_hold import embedding_held
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +49,10 @@ def embed_memories(ids: list[str], stack_id: int | None = None) -> dict[str, int
 @shared_task(name="memories.embedding_sweep", acks_late=True, soft_time_limit=5 * 60, time_limit=6 * 60)
 def embedding_sweep_task(max_rows: int = 5000) -> dict[str, Any]:
     """Periodic: embed anything the after-commit tasks missed, recorded as a JobRun like every
-    scheduled job (an overlapping run is recorded `skipped` and embeds nothing)."""
+    scheduled job (an overlapping run is recorded `skipped` and embeds nothing). Not while embedding
+    waits out a peak of requests (memoryhub.embedding_hold): the backlog is embedded after it."""
+    if embedding_held():
+        return {"status": "held"}
     run = embedding_sweep_run(max_rows=max_rows)
     if run.counts.get("embedded"):
         logger.info("embedding sweep: %s embedded in %s ms", run.counts["embedded"], run.duration_ms)

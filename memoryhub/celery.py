@@ -49,6 +49,11 @@ app.autodiscover_tasks()
 # room's tasks in a sub-package, which autodiscovery (`<app>.tasks` only) does not visit.
 app.conf.imports = ("memoryhub.tasks", "memories.lifecycle.tasks")
 # The beat schedule (periodic jobs) lives in code, in memoryhub/schedule.py.
-from memoryhub.schedule import BEAT_SCHEDULE, on_periodic_queue  # noqa: E402
+from memoryhub.schedule import BEAT_SCHEDULE, TASK_ROUTES, on_periodic_queue  # noqa: E402
 
 app.conf.beat_schedule = on_periodic_queue(BEAT_SCHEDULE)
+app.conf.task_routes = TASK_ROUTES
+# The worker stops taking embedding tasks while the runner holds embedding back (docs/operations.md §8).
+from memoryhub.embedding_hold import EmbeddingHold  # noqa: E402
+
+app.steps["consumer"].add(EmbeddingHold)

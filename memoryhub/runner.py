@@ -29,6 +29,7 @@ from typing import Any
 from memoryhub.chain_dev import chain_lines, run_dev_chain, write_chain_file
 from memoryhub.cpu_cgroup import autogroup_on, enter_own_cpu_cgroup, leave_cpu_cgroup
 from memoryhub.embedded import EmbeddedPostgres, EmbeddedRedis, ManagedProcess, port_open
+from memoryhub.embedding_hold import hold_writer
 from memoryhub.schedule import WORKER_QUEUES
 from memoryhub.worker_priority import WorkerPriority, equal_share_nice, pressure_reader
 
@@ -54,6 +55,9 @@ READY_TIMEOUT_SECONDS = 180.0
 # memoryhub.worker_priority, docs/operations.md §8).
 DEFAULT_WORKER_CPU_NICE = 10
 DEFAULT_EMBEDDING_CATCH_UP_SECONDS = 60
+# How far behind embedding may wait while requests are slowed (`EMBEDDING_HOLD_SECONDS`, 0: never
+# waits; memoryhub.embedding_hold, docs/operations.md §8).
+DEFAULT_EMBEDDING_HOLD_SECONDS = 900
 # A web request's statements wait at most this long for a lock (docs/operations.md §6 "Lock waits").
 DEFAULT_WEB_LOCK_TIMEOUT_MS = 10_000
 
@@ -247,6 +251,7 @@ def main() -> int:
         worker_nice = env_int("WORKER_CPU_NICE", DEFAULT_WORKER_CPU_NICE, minimum=0, maximum=19)
         worker_idle = env_bool("WORKER_CPU_IDLE", True)
         catch_up_seconds = env_int("EMBEDDING_CATCH_UP_SECONDS", DEFAULT_EMBEDDING_CATCH_UP_SECONDS, minimum=0)
+        hold_seconds = env_int("EMBEDDING_HOLD_SECONDS", DEFAULT_EMBEDDING_HOLD_SECONDS, minimum=0)
         web_lock_timeout_ms = env_int("DB_LOCK_TIMEOUT_MS", DEFAULT_WEB_LOCK_TIMEOUT_MS, minimum=0)
         own_cpu_cgroup = env_bool("RUNNER_CPU_CGROUP", False)
         import memoryhub.settings  # noqa: F401  (validates every setting before anything starts)
@@ -387,11 +392,13 @@ def main() -> int:
         if worker_nice and catch_up_seconds:
             # Weighed process by process, its pool's processes together catch up as one process would.
             weighed_alone = cpu_cgroup is not None or not autogroup_on()
-            # (its thread ends with this process: it only ever changes the worker's niceness and policy)
+            # (its thread ends with this process: it only ever changes the worker's niceness and policy
+            # and the embedding hold, which lapses by itself)
             WorkerPriority(env["DATABASE_URL"], lambda: worker.pid if worker.running() else None, nice=worker_nice,
                            catch_up_seconds=catch_up_seconds, log=log,
                            requests_pressed=pressure_reader(env["REDIS_URL"]), idle=worker_idle,
-                           equal_nice=equal_share_nice(concurrency) if weighed_alone else 0).run_in_background()
+                           equal_nice=equal_share_nice(concurrency) if weighed_alone else 0,
+                           hold_seconds=hold_seconds, set_held=hold_writer(env["REDIS_URL"])).run_in_background()
         supervisor.add(ManagedProcess(
             name="beat",
             argv=[python, "-m", "celery", "-A", "memoryhub", "beat", "--loglevel", "INFO",

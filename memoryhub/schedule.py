@@ -9,11 +9,16 @@ from celery.schedules import crontab
 BEAT_SCHEDULE: dict[str, dict[str, Any]] = {}
 
 # Periodic runs go to their own queue, which every worker consumes beside the default one
-# (`--queues celery,periodic`, memoryhub/runner.py). The broker takes from a worker's queues in
+# (`--queues celery,periodic,embedding`, memoryhub/runner.py). The broker takes from a worker's queues in
 # turn, so a sweep waits for at most the task in hand, not behind thousands of queued embedding
-# tasks (on one queue, sweeps expired in line behind them). Tasks sent by code keep the default.
+# tasks (on one queue, sweeps expired in line behind them). Tasks sent by code keep the default,
+# but for the embedding tasks.
 PERIODIC_QUEUE = "periodic"
-WORKER_QUEUES = f"celery,{PERIODIC_QUEUE}"  # "celery": Celery's default queue, which we keep
+# The after-commit embedding tasks have a queue of their own, which a worker stops consuming while
+# embedding waits out a peak of requests (memoryhub.embedding_hold).
+EMBEDDING_QUEUE = "embedding"
+TASK_ROUTES = {"memories.embed_memories": {"queue": EMBEDDING_QUEUE}}
+WORKER_QUEUES = f"celery,{PERIODIC_QUEUE},{EMBEDDING_QUEUE}"  # "celery": Celery's default queue, which we keep
 
 
 def on_periodic_queue(schedule: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:

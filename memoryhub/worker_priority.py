@@ -16,8 +16,9 @@ process at niceness 0 does, as its one session group did under autogroup.
 `WorkerPriority` runs in the runner (`make run`), on a thread of its own so a slow or absent database
 never holds up the supervision of the children. It reads one EXISTS per `CHECK_SECONDS` from the
 backlog's partial index: each stack's oldest awaiting change, one index probe per stack with a
-backlog, however many rows await. While the web processes hold bulk work back to keep
-requests fast (memoryhub.lanes marks it in Redis), the worker keeps yielding even when behind.
+backlog, however many rows await. While the web processes see requests slowed (memoryhub.lanes marks
+it in Redis), embedding waits altogether (memoryhub.embedding_hold) for up to
+`EMBEDDING_HOLD_SECONDS` behind, and catches up as an equal past that bound.
 A deployment whose worker runs under systemd or Kubernetes sets its CPU weight there instead.
 """
 
@@ -65,6 +66,9 @@ SELECT EXISTS (SELECT 1 FROM waiting w WHERE w.stack_id IS NOT NULL
 """  # noqa: S608 - only fixed text is interpolated; the age is a parameter
 
 CHECK_SECONDS = 5.0
+# Embedding goes on waiting this long after the web processes last said requests were slowed, so
+# that it does not start and stop with every lull (each start slows the requests again at once).
+HOLD_LINGER_SECONDS = 30.0
 # Each step of niceness weighs ~1.25x less in the kernel's CFS weight table (sched_prio_to_weight).
 NICE_STEP_WEIGHT = 1.25
 # Set (with an expiry) by the web processes while they hold bulk work back (memoryhub.lanes).
@@ -81,9 +85,14 @@ class WorkerPriority:
     def __init__(self, database_url: str, worker_pid: Callable[[], int | None], *, nice: int,
                  catch_up_seconds: float, log: Callable[[str], None],
                  requests_pressed: Callable[[], bool] = lambda: False, idle: bool = True,
-                 equal_nice: int = 0) -> None:
+                 equal_nice: int = 0, hold_seconds: float = 0,
+                 set_held: Callable[[bool], None] = lambda held: None) -> None:
         self.database_url = database_url
         self.requests_pressed = requests_pressed
+        self.hold_seconds = hold_seconds
+        self.set_held = set_held
+        self.held = False
+        self._pressed_at = -math.inf  # monotonic: when the web processes' pressure was last seen
         self.worker_pid = worker_pid
         self.nice = nice
         self.equal_nice = equal_nice
@@ -107,11 +116,25 @@ class WorkerPriority:
                          "share of the cores until it catches up")
             else:
                 self.log(f"embedding caught up: the worker yields the cores to requests again (nice {self.nice})")
+        # While the web processes see requests slowed (memoryhub.lanes marks it), embedding waits
+        # (memoryhub.embedding_hold), for up to `hold_seconds` behind: a peak's backlog waits,
+        # requests do not. Past that bound it catches up as an equal, pressed or not.
+        pressed = self.requests_pressed()
+        now = time.monotonic()
+        if pressed:
+            self._pressed_at = now
+        slowed = self.hold_seconds > 0 and now - self._pressed_at < HOLD_LINGER_SECONDS
+        past_bound = slowed and self._behind(self.hold_seconds) is True
+        held = slowed and not past_bound
+        if held != self.held:
+            self.held = held
+            self.log("requests are slowed: embedding waits until they are not (for up to "
+                     f"{self.hold_seconds:g}s behind)" if held else "embedding resumes")
+        self.set_held(held)  # every look: the hold lapses by itself unless renewed
         # Set at every look, not only on a change: a restarted worker starts at `nice` again, and the
         # kernel refuses an unprivileged change of a group's niceness within 100 ms of another.
-        # While the web processes are holding bulk work back to keep requests fast (memoryhub.lanes),
-        # the worker yields even when behind: a flood's backlog waits, requests do not.
-        equal = self.catching_up and not self.requests_pressed()
+        # Without a hold (`hold_seconds` 0) the worker yields while requests are slowed, even when behind.
+        equal = self.catching_up and (past_bound or not (pressed or held))
         set_session_nice(pid, self.equal_nice if equal else self.nice)
         if self.idle:  # every look too: a thread or pool process started since took its creator's policy
             set_session_idle(pid, not equal)

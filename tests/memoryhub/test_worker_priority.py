@@ -18,7 +18,9 @@ from memories.models import Memory
 from memories.search.embedding_jobs import memories_embed
 from memories.search.embeddings import get_embedder
 from memories.services import memory_create
+from memoryhub import worker_priority
 from memoryhub.embedded import ManagedProcess, session_group_nice, session_threads
+from memoryhub.embedding_hold import embedding_held, hold_writer
 from memoryhub.lanes import mark_pressure
 from memoryhub.worker_priority import PRESSURE_KEY, WorkerPriority, equal_share_nice, pressure_reader
 from tests.factories import database_conninfo, make_org, make_stack
@@ -164,6 +166,48 @@ def test_while_requests_are_held_back_the_worker_yields_even_when_behind(
     finally:
         priority.close()
         client.delete(PRESSURE_KEY)
+
+
+def test_while_requests_are_slowed_embedding_waits_up_to_its_bound_then_catches_up(
+        worker: ManagedProcess, settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A peak: the web processes see requests slowed. Embedding waits altogether (the worker takes no
+    embedding task: test_embedding_hold.py), however far behind, up to the hold's bound; past it the
+    worker catches up as an equal, pressed or not. Once the pressure lapses, embedding resumes."""
+    assert worker.pid is not None
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    client.delete(PRESSURE_KEY)
+    said: list[str] = []
+    set_held = hold_writer(settings.REDIS_URL)
+    priority = WorkerPriority(database_conninfo(), lambda: worker.pid, nice=NICE, catch_up_seconds=60,
+                              log=said.append, requests_pressed=pressure_reader(settings.REDIS_URL),
+                              hold_seconds=600, set_held=set_held)
+    try:
+        memory = awaiting_memory()
+        priority.check()
+        assert not priority.held and not embedding_held()  # no pressure: nothing waits
+
+        mark_pressure()
+        behind_by(memory, 90)
+        priority.check()
+        assert priority.held and embedding_held() and runs_at(worker.pid, NICE)
+        assert said[-1] == "requests are slowed: embedding waits until they are not (for up to 600s behind)"
+
+        behind_by(memory, 700)  # past the bound: the backlog's wait is what a school notices now
+        priority.check()
+        assert not priority.held and not embedding_held() and runs_at(worker.pid, 0)
+        assert said[-1] == "embedding resumes"
+
+        behind_by(memory, 90)
+        client.delete(PRESSURE_KEY)
+        priority.check()  # the pressure was seen a moment ago: embedding still waits (no start-stop)
+        assert priority.held and embedding_held()
+        monkeypatch.setattr(worker_priority, "HOLD_LINGER_SECONDS", 0.0)
+        priority.check()
+        assert not priority.held and not embedding_held() and runs_at(worker.pid, 0)
+    finally:
+        priority.close()
+        client.delete(PRESSURE_KEY)
+        set_held(False)
 
 
 def test_the_look_finds_an_old_change_in_any_stack(
