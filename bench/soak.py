@@ -26,7 +26,8 @@ one stack-bound API key per agent, seeds every stack with 50 memories, then:
   kernle's client does; its native API calls send the key;
 * at the end: every acknowledged write is checked against the database (exactly once), the
   embedding backlog is read at the middle and the end, `/metrics` is scraped before and after, and
-  the soak waits up to DRAIN_SECONDS for the backlog to drain.
+  the soak waits for the backlog to drain, up to DRAIN_SECONDS or as long as the soak ran, if longer
+  (a backlog the worker left while requests were slowed drains after the load).
 
 Reported: throughput and p50/p95/p99 per operation next to its unloaded p95 (and, for reading the
 ratio, the unloaded p95 measured again after the soak on the stacks it grew), every non-2xx by
@@ -185,8 +186,9 @@ def run_soak(args: argparse.Namespace) -> int:
             backlogs["end"] = backlog(service.database_url)
             metrics["end"] = scrape_metrics(service.base_url)
             stored = stored_counts(service.database_url, recorder.acknowledged + seeding.acknowledged)
-            log(f"waiting up to {DRAIN_SECONDS:.0f} s for the embedding backlog to drain")
-            drained = drain(service.database_url, DRAIN_SECONDS)
+            drain_limit = max(DRAIN_SECONDS, args.minutes * 60)
+            log(f"waiting up to {drain_limit:.0f} s for the embedding backlog to drain")
+            drained = drain(service.database_url, drain_limit)
             # After the drain: the vectors the load left behind are its writes' slowest.
             searchable["end"] = searchable_buckets(service.base_url)
             log("the unloaded baseline again, on the grown stacks")
@@ -201,7 +203,8 @@ def run_soak(args: argparse.Namespace) -> int:
             # The worker yields to requests while embedding keeps up (memoryhub/worker_priority.py):
             # the switches it made, from the runner's own log.
             switches = [line.split("] ", 1)[-1] for line in service.log_path.read_text(errors="replace").splitlines()
-                        if "embedding is over" in line or "embedding caught up" in line]
+                        if any(said in line for said in ("embedding is over", "embedding caught up",
+                                                         "embedding waits", "embedding resumes"))]
             print(f"worker priority switches: {len(switches)}" + "".join(f"\n  {line}" for line in switches[:6]))
             replaced = service.web_processes_replaced()
             print(f"web processes replaced by uvicorn's supervisor: {len(replaced)}"
