@@ -17,8 +17,8 @@ process at niceness 0 does, as its one session group did under autogroup.
 never holds up the supervision of the children. It reads one EXISTS per `CHECK_SECONDS` from the
 backlog's partial index: each stack's oldest awaiting change, one index probe per stack with a
 backlog, however many rows await. While the web processes see requests slowed (memoryhub.lanes marks
-it in Redis), embedding waits altogether (memoryhub.embedding_hold) for up to
-`EMBEDDING_HOLD_SECONDS` behind, and catches up as an equal past that bound.
+it in Redis), the worker yields even when behind; with `EMBEDDING_HOLD_SECONDS` set, embedding waits
+altogether (memoryhub.embedding_hold) for up to that long behind, and catches up as an equal past it.
 A deployment whose worker runs under systemd or Kubernetes sets its CPU weight there instead.
 """
 
