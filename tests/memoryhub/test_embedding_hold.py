@@ -14,7 +14,7 @@ from django.db import transaction
 
 from memories.models import Memory
 from memories.services import memory_create
-from memoryhub.embedding_hold import HOLD_KEY, embedding_held, hold_writer
+from memoryhub.embedding_hold import HOLD_KEY, LOOK_SECONDS, embedding_held, hold_writer
 from memoryhub.tasks import ping
 from tests.factories import make_org, make_stack
 
@@ -23,10 +23,12 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 @pytest.fixture
 def hold(settings: Any) -> Iterator[Any]:
-    """The runner's writer of the hold, against the test Redis; the hold is lifted after the test."""
+    """The runner's writer of the hold, against the test Redis; the hold is lifted after the test,
+    and the worker given the time to take its queue back before `celery_worker` stops it."""
     set_held = hold_writer(settings.REDIS_URL)
     yield set_held
     set_held(False)
+    time.sleep(1.5 * LOOK_SECONDS)
 
 
 def vector_stored(memory: Memory, *, within: float) -> bool:
