@@ -59,7 +59,7 @@ def test_a_held_worker_embeds_nothing_and_everything_once_the_hold_ends(celery_w
     assert all(vector_stored(memory, within=30) for memory in memories)
 
 
-def test_the_hold_lapses_by_itself_when_the_runner_stops_renewing_it(settings: Any, hold: Any) -> None:
+def test_the_hold_carries_an_expiry_so_it_lapses_unless_the_runner_renews_it(settings: Any, hold: Any) -> None:
     hold(True)
     ttl = int(redis.Redis.from_url(settings.REDIS_URL).ttl(HOLD_KEY))  # type: ignore[arg-type]
     assert 0 < ttl <= 15
