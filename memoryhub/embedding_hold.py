@@ -11,13 +11,12 @@ finishes; other queues (change events, webhooks, erasure, periodic jobs) are con
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 from typing import Any
 
-import redis
 from celery import bootsteps
 
+from memoryhub import redis_marks
 from memoryhub.schedule import EMBEDDING_QUEUE
 
 # Set by the runner while embedding waits; its expiry outlasts a few of the runner's looks.
@@ -27,20 +26,15 @@ HOLD_KEY_SECONDS = 15
 LOOK_SECONDS = 1.0
 
 
-def _client(redis_url: str) -> redis.Redis:
-    return redis.Redis.from_url(redis_url, socket_connect_timeout=1, socket_timeout=1)
-
-
 def hold_writer(redis_url: str) -> Callable[[bool], None]:
     """Sets (True) or clears (False) the hold; best effort: Redis unreachable, the key lapses."""
-    client = _client(redis_url)
+    marks = redis_marks.client(redis_url)
 
     def set_held(held: bool) -> None:
-        with contextlib.suppress(redis.RedisError):
-            if held:
-                client.set(HOLD_KEY, "1", ex=HOLD_KEY_SECONDS)
-            else:
-                client.delete(HOLD_KEY)
+        if held:
+            redis_marks.set_mark(marks, HOLD_KEY, HOLD_KEY_SECONDS)
+        else:
+            redis_marks.clear_mark(marks, HOLD_KEY)
 
     return set_held
 
@@ -51,10 +45,7 @@ def embedding_held(redis_url: str | None = None) -> bool:
         from django.conf import settings
 
         redis_url = settings.REDIS_URL
-    try:
-        return bool(_client(redis_url).exists(HOLD_KEY))
-    except redis.RedisError:
-        return False
+    return redis_marks.is_marked(redis_marks.client(redis_url), HOLD_KEY)
 
 
 class EmbeddingHold(bootsteps.StartStopStep):
@@ -71,13 +62,10 @@ class EmbeddingHold(bootsteps.StartStopStep):
     def start(self, c: Any) -> None:
         from django.conf import settings
 
-        client = _client(settings.REDIS_URL)
+        marks = redis_marks.client(settings.REDIS_URL)
 
         def look() -> None:
-            try:
-                held = bool(client.exists(HOLD_KEY))
-            except redis.RedisError:
-                held = False
+            held = redis_marks.is_marked(marks, HOLD_KEY)
             if held and not self.cancelled and c.task_consumer.consuming_from(EMBEDDING_QUEUE):
                 c.cancel_task_queue(EMBEDDING_QUEUE)
                 self.cancelled = True

@@ -22,7 +22,6 @@ Per web process: each process protects its own threads and, through them, the da
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 import random
@@ -37,6 +36,7 @@ import redis
 from django.conf import settings
 from django.http import HttpRequest, HttpResponseBase, JsonResponse
 
+from memoryhub import redis_marks
 from memoryhub.cpu_priority import lower_for_bulk
 from memoryhub.errors import DomainError, error_body
 from memoryhub.metrics import BULK_LANE_LIMIT, BULK_LANE_REFUSALS, BULK_LANE_RUNNING, BULK_LANE_WAITING
@@ -280,15 +280,14 @@ class BulkLane:
 
 
 @functools.cache
-def _redis() -> redis.Redis:
-    return redis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=1, socket_timeout=1)
+def _marks() -> redis.Redis:
+    return redis_marks.client(settings.REDIS_URL)
 
 
 def mark_pressure() -> None:
     """Say that interactive requests are being slowed by load (see PRESSURE_KEY); best effort:
     an unreachable Redis costs the mark, never the request."""
-    with contextlib.suppress(redis.RedisError):
-        _redis().set(PRESSURE_KEY, "1", ex=PRESSURE_SECONDS)
+    redis_marks.set_mark(_marks(), PRESSURE_KEY, PRESSURE_SECONDS)
 
 
 _lane: BulkLane | None = None

@@ -30,8 +30,9 @@ from memoryhub.chain_dev import chain_lines, run_dev_chain, write_chain_file
 from memoryhub.cpu_cgroup import autogroup_on, enter_own_cpu_cgroup, leave_cpu_cgroup
 from memoryhub.embedded import EmbeddedPostgres, EmbeddedRedis, ManagedProcess, port_open
 from memoryhub.embedding_hold import hold_writer
+from memoryhub.redis_marks import mark_reader
 from memoryhub.schedule import WORKER_QUEUES
-from memoryhub.worker_priority import WorkerPriority, equal_share_nice, pressure_reader
+from memoryhub.worker_priority import PRESSURE_KEY, WorkerPriority, equal_share_nice
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 MAX_BACKOFF_SECONDS = 30.0
@@ -397,7 +398,7 @@ def main() -> int:
             # and the embedding hold, which lapses by itself)
             WorkerPriority(env["DATABASE_URL"], lambda: worker.pid if worker.running() else None, nice=worker_nice,
                            catch_up_seconds=catch_up_seconds, log=log,
-                           requests_pressed=pressure_reader(env["REDIS_URL"]), idle=worker_idle,
+                           requests_pressed=mark_reader(env["REDIS_URL"], PRESSURE_KEY), idle=worker_idle,
                            equal_nice=equal_share_nice(concurrency) if weighed_alone else 0,
                            hold_seconds=hold_seconds, set_held=hold_writer(env["REDIS_URL"])).run_in_background()
         supervisor.add(ManagedProcess(

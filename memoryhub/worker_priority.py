@@ -172,18 +172,3 @@ class WorkerPriority:
 def equal_share_nice(processes: int) -> int:
     """The niceness at which `processes` busy processes together weigh what one at niceness 0 does."""
     return min(19, round(math.log(max(1, processes)) / math.log(NICE_STEP_WEIGHT)))
-
-
-def pressure_reader(redis_url: str) -> Callable[[], bool]:
-    """Is some web process marking pressure now (PRESSURE_KEY)? False when Redis cannot say."""
-    import redis
-
-    client = redis.Redis.from_url(redis_url, socket_connect_timeout=1, socket_timeout=1)
-
-    def pressed() -> bool:
-        try:
-            return bool(client.exists(PRESSURE_KEY))
-        except redis.RedisError:
-            return False
-
-    return pressed

@@ -17,7 +17,8 @@ from memories.models import Memory
 from memoryhub import lanes
 from memoryhub.asgi import SingleHopASGIHandler
 from memoryhub.lanes import BulkFairShare, BulkLane, BulkLaneFull, GradientLimit
-from memoryhub.worker_priority import PRESSURE_KEY, pressure_reader
+from memoryhub.redis_marks import mark_reader
+from memoryhub.worker_priority import PRESSURE_KEY
 from stacks.services import personal_account_register
 from tests.factories import bearer_client, kernle_note_inserts, make_org, make_stack, make_user, session_client
 
@@ -230,7 +231,7 @@ def test_under_a_limit_below_one_bulk_requests_run_one_at_a_time_with_pauses() -
 def test_a_lane_holding_bulk_back_marks_the_pressure_the_runner_reads(settings: Any) -> None:
     """While its limit is below the maximum the lane says so in Redis (memoryhub.worker_priority
     keeps the embedding worker yielding then); at its maximum it marks nothing."""
-    pressed = pressure_reader(settings.REDIS_URL)
+    pressed = mark_reader(settings.REDIS_URL, PRESSURE_KEY)
     redis.Redis.from_url(settings.REDIS_URL).delete(PRESSURE_KEY)
     bulk = lane(limit=4)
     for _ in range(40):

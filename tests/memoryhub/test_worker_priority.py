@@ -22,7 +22,8 @@ from memoryhub import worker_priority
 from memoryhub.embedded import ManagedProcess, session_group_nice, session_threads
 from memoryhub.embedding_hold import embedding_held, hold_writer
 from memoryhub.lanes import mark_pressure
-from memoryhub.worker_priority import PRESSURE_KEY, WorkerPriority, equal_share_nice, pressure_reader
+from memoryhub.redis_marks import mark_reader
+from memoryhub.worker_priority import PRESSURE_KEY, WorkerPriority, equal_share_nice
 from tests.factories import database_conninfo, make_org, make_stack
 
 # The priority reads the backlog on a connection of its own, as the runner does: what it sees is committed.
@@ -154,7 +155,7 @@ def test_while_requests_are_held_back_the_worker_yields_even_when_behind(
     client = redis.Redis.from_url(settings.REDIS_URL)
     client.delete(PRESSURE_KEY)
     priority = WorkerPriority(database_conninfo(), lambda: worker.pid, nice=NICE, catch_up_seconds=60,
-                              log=lambda line: None, requests_pressed=pressure_reader(settings.REDIS_URL))
+                              log=lambda line: None, requests_pressed=mark_reader(settings.REDIS_URL, PRESSURE_KEY))
     try:
         behind_by(awaiting_memory(), 90)
         mark_pressure()
@@ -179,7 +180,7 @@ def test_while_requests_are_slowed_embedding_waits_up_to_its_bound_then_catches_
     said: list[str] = []
     set_held = hold_writer(settings.REDIS_URL)
     priority = WorkerPriority(database_conninfo(), lambda: worker.pid, nice=NICE, catch_up_seconds=60,
-                              log=said.append, requests_pressed=pressure_reader(settings.REDIS_URL),
+                              log=said.append, requests_pressed=mark_reader(settings.REDIS_URL, PRESSURE_KEY),
                               hold_seconds=600, set_held=set_held)
     try:
         memory = awaiting_memory()
