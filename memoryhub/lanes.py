@@ -40,7 +40,7 @@ from memoryhub import redis_marks
 from memoryhub.cpu_priority import lower_for_bulk
 from memoryhub.errors import DomainError, error_body
 from memoryhub.metrics import BULK_LANE_LIMIT, BULK_LANE_REFUSALS, BULK_LANE_RUNNING, BULK_LANE_WAITING
-from memoryhub.worker_priority import PRESSURE_KEY
+from memoryhub.worker_priority import BULK_QUEUED_KEY, PRESSURE_KEY
 
 # How many of a route's latencies make one of its baseline windows, and how many interactive
 # latencies (any route) one adjustment of the limit reads.
@@ -60,6 +60,10 @@ PACED_POLL_SECONDS = 0.02
 # yielding the cores even when it is behind (memoryhub.worker_priority).
 PRESSURE_MARK_SECONDS = 1.0
 PRESSURE_SECONDS = 10
+# With this many bulk requests waiting for a place at once, bulk work is queuing, not meeting by
+# chance (one waiter is two pushes that arrived together): a flood. The process marks it the same
+# way, and while both marks stand the runner lets embedding wait (memoryhub.embedding_hold).
+FLOOD_WAITING = 2
 
 
 class BulkLaneFull(DomainError):
@@ -157,6 +161,7 @@ class BulkLane:
         self._seconds = 1.0  # a bulk request's usual length (moving average)
         self._next_start = 0.0  # under a limit below 1: no bulk request starts before (monotonic)
         self._pressure_marked = -PRESSURE_MARK_SECONDS
+        self._flood_marked = -PRESSURE_MARK_SECONDS
         self._bulk_last_ran = -math.inf  # monotonic: when a bulk request last ended
 
     @property
@@ -190,6 +195,12 @@ class BulkLane:
             waiter = _Waiter()
             self._waiting.setdefault(school, deque()).append(waiter)
             self._dispatch()
+            flooded = waiting + 1 >= FLOOD_WAITING and not waiter.granted
+            flood_due = flooded and time.monotonic() - self._flood_marked >= PRESSURE_MARK_SECONDS
+            if flood_due:
+                self._flood_marked = time.monotonic()
+        if flood_due:
+            redis_marks.set_mark(_marks(), BULK_QUEUED_KEY, PRESSURE_SECONDS)
         deadline = time.monotonic() + self.max_wait
         while True:
             remaining = deadline - time.monotonic()

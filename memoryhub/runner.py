@@ -32,7 +32,7 @@ from memoryhub.embedded import EmbeddedPostgres, EmbeddedRedis, ManagedProcess, 
 from memoryhub.embedding_hold import hold_writer
 from memoryhub.redis_marks import mark_reader
 from memoryhub.schedule import WORKER_QUEUES
-from memoryhub.worker_priority import PRESSURE_KEY, WorkerPriority, equal_share_nice
+from memoryhub.worker_priority import BULK_QUEUED_KEY, PRESSURE_KEY, WorkerPriority, equal_share_nice
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 MAX_BACKOFF_SECONDS = 30.0
@@ -399,6 +399,7 @@ def main() -> int:
             WorkerPriority(env["DATABASE_URL"], lambda: worker.pid if worker.running() else None, nice=worker_nice,
                            catch_up_seconds=catch_up_seconds, log=log,
                            requests_pressed=mark_reader(env["REDIS_URL"], PRESSURE_KEY), idle=worker_idle,
+                           bulk_queued=mark_reader(env["REDIS_URL"], BULK_QUEUED_KEY),
                            equal_nice=equal_share_nice(concurrency) if weighed_alone else 0,
                            hold_seconds=hold_seconds, set_held=hold_writer(env["REDIS_URL"])).run_in_background()
         supervisor.add(ManagedProcess(

@@ -17,8 +17,9 @@ process at niceness 0 does, as its one session group did under autogroup.
 never holds up the supervision of the children. It reads one EXISTS per `CHECK_SECONDS` from the
 backlog's partial index: each stack's oldest awaiting change, one index probe per stack with a
 backlog, however many rows await. While the web processes see requests slowed (memoryhub.lanes marks
-it in Redis), the worker yields even when behind; with `EMBEDDING_HOLD_SECONDS` set, embedding waits
-altogether (memoryhub.embedding_hold) for up to that long behind, and catches up as an equal past it.
+it in Redis), the worker yields even when behind; while bulk requests also queue for the lanes (a
+flood), embedding waits altogether (memoryhub.embedding_hold) for up to `EMBEDDING_HOLD_SECONDS`
+behind, and catches up as an equal past it.
 A deployment whose worker runs under systemd or Kubernetes sets its CPU weight there instead.
 """
 
@@ -66,13 +67,15 @@ SELECT EXISTS (SELECT 1 FROM waiting w WHERE w.stack_id IS NOT NULL
 """  # noqa: S608 - only fixed text is interpolated; the age is a parameter
 
 CHECK_SECONDS = 5.0
-# Embedding goes on waiting this long after the web processes last said requests were slowed, so
-# that it does not start and stop with every lull (each start slows the requests again at once).
+# Embedding goes on waiting this long after a flood was last seen, so that it does not start and
+# stop with every lull (each start slows the requests again at once).
 HOLD_LINGER_SECONDS = 30.0
 # Each step of niceness weighs ~1.25x less in the kernel's CFS weight table (sched_prio_to_weight).
 NICE_STEP_WEIGHT = 1.25
 # Set (with an expiry) by the web processes while they hold bulk work back (memoryhub.lanes).
 PRESSURE_KEY = "mh:lanes:pressure"
+# Set (with an expiry) by a web process while bulk requests queue for its lane: a flood of bulk work.
+BULK_QUEUED_KEY = "mh:lanes:bulk-queued"
 # How long one look may take: a database that hangs must not hang the thread forever either.
 CONNECT_TIMEOUT_SECONDS = 3
 STATEMENT_TIMEOUT_MS = 3000
@@ -86,13 +89,15 @@ class WorkerPriority:
                  catch_up_seconds: float, log: Callable[[str], None],
                  requests_pressed: Callable[[], bool] = lambda: False, idle: bool = True,
                  equal_nice: int = 0, hold_seconds: float = 0,
+                 bulk_queued: Callable[[], bool] = lambda: False,
                  set_held: Callable[[bool], None] = lambda held: None) -> None:
         self.database_url = database_url
         self.requests_pressed = requests_pressed
+        self.bulk_queued = bulk_queued
         self.hold_seconds = hold_seconds
         self.set_held = set_held
         self.held = False
-        self._pressed_at = -math.inf  # monotonic: when the web processes' pressure was last seen
+        self._flooded_at = -math.inf  # monotonic: when a flood of bulk work was last seen
         self.worker_pid = worker_pid
         self.nice = nice
         self.equal_nice = equal_nice
@@ -116,19 +121,21 @@ class WorkerPriority:
                          "share of the cores until it catches up")
             else:
                 self.log(f"embedding caught up: the worker yields the cores to requests again (nice {self.nice})")
-        # While the web processes see requests slowed (memoryhub.lanes marks it), embedding waits
-        # (memoryhub.embedding_hold), for up to `hold_seconds` behind: a peak's backlog waits,
-        # requests do not. Past that bound it catches up as an equal, pressed or not.
+        # In a flood - requests slowed while bulk requests queue for the lanes (memoryhub.lanes marks
+        # both) - embedding waits (memoryhub.embedding_hold), for up to `hold_seconds` behind: the
+        # flood's backlog waits, requests do not. Requests slowed by a load the worker keeps up with
+        # queue no bulk work, and are not a reason to let vectors go stale. Past the bound embedding
+        # catches up as an equal, flood or not.
         pressed = self.requests_pressed()
         now = time.monotonic()
-        if pressed:
-            self._pressed_at = now
-        slowed = self.hold_seconds > 0 and now - self._pressed_at < HOLD_LINGER_SECONDS
-        past_bound = slowed and self._behind(self.hold_seconds) is True
-        held = slowed and not past_bound
+        if self.hold_seconds > 0 and pressed and self.bulk_queued():
+            self._flooded_at = now
+        flooded = now - self._flooded_at < HOLD_LINGER_SECONDS
+        past_bound = flooded and self._behind(self.hold_seconds) is True
+        held = flooded and not past_bound
         if held != self.held:
             self.held = held
-            self.log("requests are slowed: embedding waits until they are not (for up to "
+            self.log("a flood of bulk work slows requests: embedding waits until it ends (for up to "
                      f"{self.hold_seconds:g}s behind)" if held else "embedding resumes")
         self.set_held(held)  # every look: the hold lapses by itself unless renewed
         # Set at every look, not only on a change: a restarted worker starts at `nice` again, and the

@@ -18,7 +18,7 @@ from memoryhub import lanes
 from memoryhub.asgi import SingleHopASGIHandler
 from memoryhub.lanes import BulkFairShare, BulkLane, BulkLaneFull, GradientLimit
 from memoryhub.redis_marks import mark_reader
-from memoryhub.worker_priority import PRESSURE_KEY
+from memoryhub.worker_priority import BULK_QUEUED_KEY, PRESSURE_KEY
 from stacks.services import personal_account_register
 from tests.factories import bearer_client, kernle_note_inserts, make_org, make_stack, make_user, session_client
 
@@ -241,6 +241,29 @@ def test_a_lane_holding_bulk_back_marks_the_pressure_the_runner_reads(settings: 
         bulk.observe_interactive("search", 0.200)
     assert bulk.gradient.limit < 4 and pressed()
     redis.Redis.from_url(settings.REDIS_URL).delete(PRESSURE_KEY)
+
+
+def test_bulk_requests_queuing_for_the_lane_mark_a_flood_and_one_waiting_does_not(settings: Any) -> None:
+    """One bulk request waiting behind another is two pushes meeting by chance; two waiting at once
+    is bulk work queuing, which the lane marks for the runner (its embedding hold)."""
+    flooded = mark_reader(settings.REDIS_URL, BULK_QUEUED_KEY)
+    redis.Redis.from_url(settings.REDIS_URL).delete(BULK_QUEUED_KEY)
+    bulk = lane(limit=1, queue=4)
+    release = bulk.acquire(SCHOOL_A)
+    admitted: list[int] = []
+    go = threading.Event()
+    threads = [in_thread(bulk, SCHOOL_A, admitted, go)]
+    wait_for(lambda: waiting(bulk) == 1)
+    assert not flooded()
+    threads.append(in_thread(bulk, SCHOOL_B, admitted, go))
+    wait_for(lambda: waiting(bulk) == 2)
+    wait_for(flooded)
+    release()
+    go.set()
+    for thread in threads:
+        thread.join()
+    assert sorted(admitted) == [SCHOOL_A, SCHOOL_B]
+    redis.Redis.from_url(settings.REDIS_URL).delete(BULK_QUEUED_KEY)
 
 
 @pytest.mark.django_db

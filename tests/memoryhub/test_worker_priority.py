@@ -23,7 +23,7 @@ from memoryhub.embedded import ManagedProcess, session_group_nice, session_threa
 from memoryhub.embedding_hold import embedding_held, hold_writer
 from memoryhub.lanes import mark_pressure
 from memoryhub.redis_marks import mark_reader
-from memoryhub.worker_priority import PRESSURE_KEY, WorkerPriority, equal_share_nice
+from memoryhub.worker_priority import BULK_QUEUED_KEY, PRESSURE_KEY, WorkerPriority, equal_share_nice
 from tests.factories import database_conninfo, make_org, make_stack
 
 # The priority reads the backlog on a connection of its own, as the runner does: what it sees is committed.
@@ -169,18 +169,20 @@ def test_while_requests_are_held_back_the_worker_yields_even_when_behind(
         client.delete(PRESSURE_KEY)
 
 
-def test_while_requests_are_slowed_embedding_waits_up_to_its_bound_then_catches_up(
+def test_in_a_flood_embedding_waits_up_to_its_bound_then_catches_up(
         worker: ManagedProcess, settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A peak: the web processes see requests slowed. Embedding waits altogether (the worker takes no
-    embedding task: test_embedding_hold.py), however far behind, up to the hold's bound; past it the
-    worker catches up as an equal, pressed or not. Once the pressure lapses, embedding resumes."""
+    """A flood: requests slowed while bulk requests queue for the lanes. Embedding waits altogether
+    (the worker takes no embedding task: test_embedding_hold.py), however far behind, up to the
+    hold's bound; past it the worker catches up as an equal, flood or not. Requests slowed with no
+    bulk work queuing hold nothing. Once the flood's marks lapse, embedding resumes."""
     assert worker.pid is not None
     client = redis.Redis.from_url(settings.REDIS_URL)
-    client.delete(PRESSURE_KEY)
+    client.delete(PRESSURE_KEY, BULK_QUEUED_KEY)
     said: list[str] = []
     set_held = hold_writer(settings.REDIS_URL)
     priority = WorkerPriority(database_conninfo(), lambda: worker.pid, nice=NICE, catch_up_seconds=60,
                               log=said.append, requests_pressed=mark_reader(settings.REDIS_URL, PRESSURE_KEY),
+                              bulk_queued=mark_reader(settings.REDIS_URL, BULK_QUEUED_KEY),
                               hold_seconds=600, set_held=set_held)
     try:
         memory = awaiting_memory()
@@ -189,9 +191,14 @@ def test_while_requests_are_slowed_embedding_waits_up_to_its_bound_then_catches_
 
         mark_pressure()
         behind_by(memory, 90)
+        priority.check()  # slowed, but no bulk work queues: the worker keeps up as usual
+        assert not priority.held and not embedding_held() and runs_at(worker.pid, NICE)
+
+        client.set(BULK_QUEUED_KEY, "1", ex=10)
         priority.check()
         assert priority.held and embedding_held() and runs_at(worker.pid, NICE)
-        assert said[-1] == "requests are slowed: embedding waits until they are not (for up to 600s behind)"
+        assert said[-1] == ("a flood of bulk work slows requests: embedding waits until it ends "
+                            "(for up to 600s behind)")
 
         behind_by(memory, 700)  # past the bound: the backlog's wait is what a school notices now
         priority.check()
@@ -199,15 +206,15 @@ def test_while_requests_are_slowed_embedding_waits_up_to_its_bound_then_catches_
         assert said[-1] == "embedding resumes"
 
         behind_by(memory, 90)
-        client.delete(PRESSURE_KEY)
-        priority.check()  # the pressure was seen a moment ago: embedding still waits (no start-stop)
+        client.delete(PRESSURE_KEY, BULK_QUEUED_KEY)
+        priority.check()  # the flood was seen a moment ago: embedding still waits (no start-stop)
         assert priority.held and embedding_held()
         monkeypatch.setattr(worker_priority, "HOLD_LINGER_SECONDS", 0.0)
         priority.check()
         assert not priority.held and not embedding_held() and runs_at(worker.pid, 0)
     finally:
         priority.close()
-        client.delete(PRESSURE_KEY)
+        client.delete(PRESSURE_KEY, BULK_QUEUED_KEY)
         set_held(False)
 
 
