@@ -18,8 +18,8 @@ never holds up the supervision of the children. It reads one EXISTS per `CHECK_S
 backlog's partial index: each stack's oldest awaiting change, one index probe per stack with a
 backlog, however many rows await. While the web processes see requests slowed (memoryhub.lanes marks
 it in Redis), the worker yields even when behind; while bulk requests also queue for the lanes (a
-flood), embedding waits altogether (memoryhub.embedding_hold) for up to `EMBEDDING_HOLD_SECONDS`
-behind, and catches up as an equal past it.
+flood), embedding waits altogether (memoryhub.embedding_hold) until requests are no longer slowed,
+for up to `EMBEDDING_HOLD_SECONDS` behind, and catches up as an equal past it.
 A deployment whose worker runs under systemd or Kubernetes sets its CPU weight there instead.
 """
 
@@ -67,8 +67,8 @@ SELECT EXISTS (SELECT 1 FROM waiting w WHERE w.stack_id IS NOT NULL
 """  # noqa: S608 - only fixed text is interpolated; the age is a parameter
 
 CHECK_SECONDS = 5.0
-# Embedding goes on waiting this long after a flood was last seen, so that it does not start and
-# stop with every lull (each start slows the requests again at once).
+# Embedding goes on waiting this long after a flood, or requests slowed in its wake, were last seen,
+# so that it does not start and stop with every lull (each start slows the requests again at once).
 HOLD_LINGER_SECONDS = 30.0
 # Each step of niceness weighs ~1.25x less in the kernel's CFS weight table (sched_prio_to_weight).
 NICE_STEP_WEIGHT = 1.25
@@ -121,16 +121,17 @@ class WorkerPriority:
                          "share of the cores until it catches up")
             else:
                 self.log(f"embedding caught up: the worker yields the cores to requests again (nice {self.nice})")
-        # In a flood - requests slowed while bulk requests queue for the lanes (memoryhub.lanes marks
-        # both) - embedding waits (memoryhub.embedding_hold), for up to `hold_seconds` behind: the
-        # flood's backlog waits, requests do not. Requests slowed by a load the worker keeps up with
-        # queue no bulk work, and are not a reason to let vectors go stale. Past the bound embedding
-        # catches up as an equal, flood or not.
+        # A flood - requests slowed while bulk requests queue for the lanes (memoryhub.lanes marks
+        # both) - makes embedding wait (memoryhub.embedding_hold), and requests still slowed keep it
+        # waiting, for up to `hold_seconds` behind: the flood's backlog waits until its tail has
+        # passed, requests do not. Requests slowed by a load the worker keeps up with queue no bulk
+        # work, and are no reason to let vectors go stale. Past the bound embedding catches up as an
+        # equal, flood or not.
         pressed = self.requests_pressed()
         now = time.monotonic()
-        if self.hold_seconds > 0 and pressed and self.bulk_queued():
+        if self.hold_seconds > 0 and pressed and (self.held or self.bulk_queued()):
             self._flooded_at = now
-        flooded = now - self._flooded_at < HOLD_LINGER_SECONDS
+        flooded = now - self._flooded_at <= HOLD_LINGER_SECONDS
         past_bound = flooded and self._behind(self.hold_seconds) is True
         held = flooded and not past_bound
         if held != self.held:

@@ -173,8 +173,9 @@ def test_in_a_flood_embedding_waits_up_to_its_bound_then_catches_up(
         worker: ManagedProcess, settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """A flood: requests slowed while bulk requests queue for the lanes. Embedding waits altogether
     (the worker takes no embedding task: test_embedding_hold.py), however far behind, up to the
-    hold's bound; past it the worker catches up as an equal, flood or not. Requests slowed with no
-    bulk work queuing hold nothing. Once the flood's marks lapse, embedding resumes."""
+    hold's bound, and for as long as requests stay slowed after the flood's pushes; past the bound
+    the worker catches up as an equal, flood or not. Requests slowed with no bulk work queuing hold
+    nothing. Once both marks lapse, embedding resumes."""
     assert worker.pid is not None
     client = redis.Redis.from_url(settings.REDIS_URL)
     client.delete(PRESSURE_KEY, BULK_QUEUED_KEY)
@@ -200,13 +201,24 @@ def test_in_a_flood_embedding_waits_up_to_its_bound_then_catches_up(
         assert said[-1] == ("a flood of bulk work slows requests: embedding waits until it ends "
                             "(for up to 600s behind)")
 
+        client.delete(BULK_QUEUED_KEY)
+        monkeypatch.setattr(worker_priority, "HOLD_LINGER_SECONDS", 0.0)
+        priority.check()  # the flood's pushes are through, but requests are still slowed: it waits
+        assert priority.held and embedding_held()
+
         behind_by(memory, 700)  # past the bound: the backlog's wait is what a school notices now
         priority.check()
         assert not priority.held and not embedding_held() and runs_at(worker.pid, 0)
         assert said[-1] == "embedding resumes"
-
         behind_by(memory, 90)
+        priority.check()  # and slowed requests alone do not start it again
+        assert not priority.held
+
+        client.set(BULK_QUEUED_KEY, "1", ex=10)
+        priority.check()
+        assert priority.held
         client.delete(PRESSURE_KEY, BULK_QUEUED_KEY)
+        monkeypatch.setattr(worker_priority, "HOLD_LINGER_SECONDS", 30.0)
         priority.check()  # the flood was seen a moment ago: embedding still waits (no start-stop)
         assert priority.held and embedding_held()
         monkeypatch.setattr(worker_priority, "HOLD_LINGER_SECONDS", 0.0)
