@@ -122,6 +122,10 @@ class Phases:
         self.read = Reads()  # every phase's reads, likewise
         self.backlogs: dict[str, int] = {}
         self.cores: dict[str, dict[str, float]] = {}  # by phase: the service's cores by part
+        # by phase: the runner's switches of the worker's priority and of the embedding hold since the
+        # phase before ended (the settling between them included)
+        self.switches: dict[str, list[str]] = {}
+        self._switches_seen = 0
 
     def run(self, name: str, seconds: float, readers: list[Key], pushers: list[list[Key]] | None = None,
             batch: int = 500, interval: float = 0.0) -> tuple[Reads, PushResult]:
@@ -139,6 +143,9 @@ class Phases:
                             for part in ("web", "postgres", "worker") if part in spent}
         self.pushed.merge(pushed)
         self.read.extend(recorder)
+        switches = self.service.worker_priority_switches()
+        self.switches[name] = [line.removeprefix("[memoryhub] ") for line in switches[self._switches_seen:]]
+        self._switches_seen = len(switches)
         log(f"{name}: {len(recorder.samples)} reads, {sum(pushed.statuses.values())} pushes "
             f"({pushed.acked_ops:,} operations acknowledged); statuses "
             f"{dict(Counter(s.status for s in recorder.samples) + pushed.statuses)}; the service's cores: "
@@ -245,6 +252,7 @@ def figures(lanes: str, phases: Phases, budget: float, stored: Counter[str], rea
     fig["duplicated"] = sum(1 for rid in acked if stored[rid] > 1) + len(acked) - len(set(acked))
     fig["backlog at phase start"] = phases.backlogs
     fig["cores by phase"] = phases.cores
+    fig["switches by phase"] = phases.switches
     fig["reader loop lag p95 ms"] = percentiles(phases.read.loop_lag_ms)["p95"]
     bad, no_answer, missing, malformed = fig["bad 5xx / no answer / missing Retry-After / malformed"]
     goals = [(f"A {op}: p95 under the flood {fig[f'A {op} p95 loaded ms']:.0f} ms <= {RATIO_GOAL:g}x unloaded "
@@ -292,6 +300,10 @@ def report(runs: list[dict[str, Any]]) -> bool:
             f"{name} " + ", ".join(f"{part} {used:.2f}" for part, used in parts.items())
             for name, parts in fig["cores by phase"].items()))
         print(f"readers' own event-loop lag p95 {fig['reader loop lag p95 ms']:.1f} ms (in every reader figure)")
+        print("the worker's priority and embedding hold, switched by the end of each phase since the one before "
+              "(the runner's log): "
+              + "; ".join(f"{name}: " + (", ".join(lines) or "none")
+                          for name, lines in fig["switches by phase"].items()))
         print(f"web processes replaced by uvicorn's supervisor: {len(fig['web processes replaced'])}"
               + "".join(f"\n  {line}" for line in fig["web processes replaced"][:6]))
         print_table("where the readers' time went: the slowest 5 % of each phase's reads (slow) and their "

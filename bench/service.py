@@ -58,6 +58,13 @@ class RunnerService:
         return [line for line in self.log_path.read_text(errors="replace").splitlines()
                 if "Child process [" in line and "died" in line]
 
+    def worker_priority_switches(self) -> list[str]:
+        """The runner's lines for each change of the worker's priority and of the embedding hold
+        (memoryhub/worker_priority.py), in order, each with its time."""
+        said = ("embedding is over", "embedding caught up", "embedding waits", "embedding resumes")
+        return [line for line in self.log_path.read_text(errors="replace").splitlines()
+                if any(words in line for words in said)]
+
     def ready(self) -> bool:
         """/readyz answers 200 now. Raises at once when the runner itself has exited."""
         if self.runner.poll() is not None:

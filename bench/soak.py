@@ -200,11 +200,7 @@ def run_soak(args: argparse.Namespace) -> int:
             print(capacity_line(cores, len(recorder.acknowledged) / elapsed,
                                 (metrics["end"].get("memoryhub_embeddings_stored", 0.0)
                                  - metrics["start"].get("memoryhub_embeddings_stored", 0.0)) / elapsed))
-            # The worker yields to requests while embedding keeps up (memoryhub/worker_priority.py):
-            # the switches it made, from the runner's own log.
-            switches = [line.split("] ", 1)[-1] for line in service.log_path.read_text(errors="replace").splitlines()
-                        if any(said in line for said in ("embedding is over", "embedding caught up",
-                                                         "embedding waits", "embedding resumes"))]
+            switches = [line.split("] ", 1)[-1] for line in service.worker_priority_switches()]
             print(f"worker priority switches: {len(switches)}" + "".join(f"\n  {line}" for line in switches[:6]))
             replaced = service.web_processes_replaced()
             print(f"web processes replaced by uvicorn's supervisor: {len(replaced)}"
