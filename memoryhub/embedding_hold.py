@@ -1,5 +1,5 @@
-"""Embedding waits while interactive requests are being slowed, when the operator sets
-`EMBEDDING_HOLD_SECONDS` (docs/operations.md §8, "Embedding can wait out a peak").
+"""Embedding waits out a flood of bulk work, for up to `EMBEDDING_HOLD_SECONDS` behind
+(docs/operations.md §8, "Embedding waits out a flood").
 
 The runner decides (memoryhub.worker_priority) and says so in Redis: `HOLD_KEY`, set with an expiry
 at every look while the hold lasts, so a runner that stops looking releases it by itself. The worker

@@ -56,10 +56,9 @@ READY_TIMEOUT_SECONDS = 180.0
 # memoryhub.worker_priority, docs/operations.md §8).
 DEFAULT_WORKER_CPU_NICE = 10
 DEFAULT_EMBEDDING_CATCH_UP_SECONDS = 60
-# How far behind embedding may wait while requests are slowed (`EMBEDDING_HOLD_SECONDS`; 0, the
-# default: never waits, since at a load the worker keeps up with it would wait all the same;
-# memoryhub.embedding_hold, docs/operations.md §8).
-DEFAULT_EMBEDDING_HOLD_SECONDS = 0
+# How far behind embedding may wait out a flood of bulk work (`EMBEDDING_HOLD_SECONDS`; 0: never
+# waits, the worker only yields; memoryhub.embedding_hold, docs/operations.md §8).
+DEFAULT_EMBEDDING_HOLD_SECONDS = 900
 # A web request's statements wait at most this long for a lock (docs/operations.md §6 "Lock waits").
 DEFAULT_WEB_LOCK_TIMEOUT_MS = 10_000
 
