@@ -2,9 +2,9 @@
 
 A mark is a key with an expiry, set again and again while its condition lasts, so a process that
 stops saying so lets it lapse by itself. The web processes mark that requests are slowed and that
-bulk work queues, the runner that embedding waits. Reads and writes are best effort on a client with short timeouts: a Redis that
-cannot answer reads as "not marked", and costs a writer only its mark, never the request or the
-runner's look it was made in.
+bulk work queues, the runner that embedding waits. Reads and writes are best effort on a client with
+short timeouts: a Redis that cannot answer reads as "not marked", and costs a writer only its mark,
+never the request or the runner's look it was made in.
 """
 
 from __future__ import annotations

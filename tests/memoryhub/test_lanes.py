@@ -52,6 +52,17 @@ def waiting(lane: BulkLane) -> int:
     return sum(len(queue) for queue in lane._waiting.values())
 
 
+def queue_up(lane: BulkLane, schools: list[int], admitted: list[int],
+             released: threading.Event) -> list[threading.Thread]:
+    """Bulk requests of `schools`, in this order: each is waiting in the queue before the next starts."""
+    threads = []
+    for school in schools:
+        expected = waiting(lane) + 1
+        threads.append(in_thread(lane, school, admitted, released))
+        wait_for(lambda: waiting(lane) == expected)  # noqa: B023 - waited for before the loop goes on
+    return threads
+
+
 def test_a_request_over_the_limit_waits_for_a_place_then_gets_it() -> None:
     bulk = lane(limit=1)
     release_first = bulk.acquire(SCHOOL_A)
@@ -93,12 +104,7 @@ def test_schools_take_turns_and_a_school_past_its_share_gets_429() -> None:
     release = bulk.acquire(SCHOOL_A)
     admitted: list[int] = []
     go = threading.Event()
-    threads = [in_thread(bulk, SCHOOL_A, admitted, go)]
-    wait_for(lambda: waiting(bulk) == 1)
-    threads.append(in_thread(bulk, SCHOOL_A, admitted, go))
-    wait_for(lambda: waiting(bulk) == 2)
-    threads.append(in_thread(bulk, SCHOOL_B, admitted, go))  # arrives last, served second
-    wait_for(lambda: waiting(bulk) == 3)
+    threads = queue_up(bulk, [SCHOOL_A, SCHOOL_A, SCHOOL_B], admitted, go)  # B arrives last, served second
     # A holds one place and waits for two: with B waiting, that is A's share (ceil((1 + 4) / 2)).
     with pytest.raises(BulkFairShare) as refused:
         bulk.acquire(SCHOOL_A)
@@ -252,11 +258,9 @@ def test_bulk_requests_queuing_for_the_lane_mark_a_flood_and_one_waiting_does_no
     release = bulk.acquire(SCHOOL_A)
     admitted: list[int] = []
     go = threading.Event()
-    threads = [in_thread(bulk, SCHOOL_A, admitted, go)]
-    wait_for(lambda: waiting(bulk) == 1)
+    threads = queue_up(bulk, [SCHOOL_A], admitted, go)
     assert not flooded()
-    threads.append(in_thread(bulk, SCHOOL_B, admitted, go))
-    wait_for(lambda: waiting(bulk) == 2)
+    threads += queue_up(bulk, [SCHOOL_B], admitted, go)
     wait_for(flooded)
     release()
     go.set()
