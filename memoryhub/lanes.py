@@ -22,7 +22,6 @@ Per web process: each process protects its own threads and, through them, the da
 
 from __future__ import annotations
 
-import functools
 import math
 import random
 import statistics
@@ -32,7 +31,6 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
-import redis
 from django.conf import settings
 from django.http import HttpRequest, HttpResponseBase, JsonResponse
 
@@ -160,8 +158,8 @@ class BulkLane:
         self._waiting: OrderedDict[int, deque[_Waiter]] = OrderedDict()  # by school, in turn order
         self._seconds = 1.0  # a bulk request's usual length (moving average)
         self._next_start = 0.0  # under a limit below 1: no bulk request starts before (monotonic)
-        self._pressure_marked = -PRESSURE_MARK_SECONDS
-        self._flood_marked = -PRESSURE_MARK_SECONDS
+        self._pressure_mark = _Mark(PRESSURE_KEY)
+        self._flood_mark = _Mark(BULK_QUEUED_KEY)
         self._bulk_last_ran = -math.inf  # monotonic: when a bulk request last ended
 
     @property
@@ -195,12 +193,9 @@ class BulkLane:
             waiter = _Waiter()
             self._waiting.setdefault(school, deque()).append(waiter)
             self._dispatch()
-            flooded = waiting + 1 >= FLOOD_WAITING and not waiter.granted
-            flood_due = flooded and time.monotonic() - self._flood_marked >= PRESSURE_MARK_SECONDS
-            if flood_due:
-                self._flood_marked = time.monotonic()
+            flood_due = waiting + 1 >= FLOOD_WAITING and not waiter.granted and self._flood_mark.due()
         if flood_due:
-            redis_marks.set_mark(_marks(), BULK_QUEUED_KEY, PRESSURE_SECONDS)
+            self._flood_mark.write()
         deadline = time.monotonic() + self.max_wait
         while True:
             remaining = deadline - time.monotonic()
@@ -226,12 +221,9 @@ class BulkLane:
             beside_bulk = self.running > 0 or self._bulk_last_ran > time.monotonic() - seconds
             if self.gradient.observe(route, seconds, beside_bulk=beside_bulk):
                 self._dispatch()
-            pressed = self.gradient.limit < self.gradient.maximum
-            due = pressed and time.monotonic() - self._pressure_marked >= PRESSURE_MARK_SECONDS
-            if due:
-                self._pressure_marked = time.monotonic()
+            due = self.gradient.limit < self.gradient.maximum and self._pressure_mark.due()
         if due:
-            mark_pressure()
+            self._pressure_mark.write()
 
     def _enter(self, school: int) -> Callable[[], None]:
         self._running[school] = self._running.get(school, 0) + 1
@@ -290,15 +282,29 @@ class BulkLane:
         return refusal
 
 
-@functools.cache
-def _marks() -> redis.Redis:
-    return redis_marks.client(settings.REDIS_URL)
+class _Mark:
+    """One of this process's marks in Redis (memoryhub.redis_marks), written at most once each
+    PRESSURE_MARK_SECONDS and lapsing PRESSURE_SECONDS after: `due()` under the lane's lock, then
+    `write()` outside it, best effort (an unreachable Redis costs the mark, never the request)."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        self._written = -PRESSURE_MARK_SECONDS  # monotonic
+
+    def due(self) -> bool:
+        now = time.monotonic()
+        if now - self._written < PRESSURE_MARK_SECONDS:
+            return False
+        self._written = now
+        return True
+
+    def write(self) -> None:
+        redis_marks.set_mark(redis_marks.client(settings.REDIS_URL), self.key, PRESSURE_SECONDS)
 
 
 def mark_pressure() -> None:
-    """Say that interactive requests are being slowed by load (see PRESSURE_KEY); best effort:
-    an unreachable Redis costs the mark, never the request."""
-    redis_marks.set_mark(_marks(), PRESSURE_KEY, PRESSURE_SECONDS)
+    """Say that interactive requests are being slowed by load (see PRESSURE_KEY), at once."""
+    _Mark(PRESSURE_KEY).write()
 
 
 _lane: BulkLane | None = None

@@ -10,6 +10,7 @@ never the request or the runner's look it was made in.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable
 
 import redis
@@ -17,8 +18,10 @@ import redis
 TIMEOUT_SECONDS = 1
 
 
+@functools.cache
 def client(redis_url: str) -> redis.Redis:
-    """A client for marks: connecting and each command give up after `TIMEOUT_SECONDS`."""
+    """The client for marks in `redis_url`, one a process (its pool is thread-safe and renews itself
+    after a fork): connecting and each command give up after `TIMEOUT_SECONDS`."""
     return redis.Redis.from_url(redis_url, socket_connect_timeout=TIMEOUT_SECONDS, socket_timeout=TIMEOUT_SECONDS)
 
 
@@ -43,6 +46,5 @@ def is_marked(marks: redis.Redis, key: str) -> bool:
 
 
 def mark_reader(redis_url: str, key: str) -> Callable[[], bool]:
-    """`is_marked` for one key, on a client of its own (the runner's looks)."""
-    marks = client(redis_url)
-    return lambda: is_marked(marks, key)
+    """`is_marked` for one key (the runner's looks)."""
+    return lambda: is_marked(client(redis_url), key)
