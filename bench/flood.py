@@ -144,7 +144,7 @@ class Phases:
         self.pushed.merge(pushed)
         self.read.extend(recorder)
         switches = self.service.worker_priority_switches()
-        self.switches[name] = [line.removeprefix("[memoryhub] ") for line in switches[self._switches_seen:]]
+        self.switches[name] = switches[self._switches_seen:]
         self._switches_seen = len(switches)
         log(f"{name}: {len(recorder.samples)} reads, {sum(pushed.statuses.values())} pushes "
             f"({pushed.acked_ops:,} operations acknowledged); statuses "

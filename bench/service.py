@@ -59,10 +59,10 @@ class RunnerService:
                 if "Child process [" in line and "died" in line]
 
     def worker_priority_switches(self) -> list[str]:
-        """The runner's lines for each change of the worker's priority and of the embedding hold
-        (memoryhub/worker_priority.py), in order, each with its time."""
+        """What the runner said at each change of the worker's priority and of the embedding hold
+        (memoryhub/worker_priority.py), in order, without its `[memoryhub] ` prefix."""
         said = ("embedding is over", "embedding caught up", "embedding waits", "embedding resumes")
-        return [line for line in self.log_path.read_text(errors="replace").splitlines()
+        return [line.split("] ", 1)[-1] for line in self.log_path.read_text(errors="replace").splitlines()
                 if any(words in line for words in said)]
 
     def ready(self) -> bool:

@@ -200,7 +200,7 @@ def run_soak(args: argparse.Namespace) -> int:
             print(capacity_line(cores, len(recorder.acknowledged) / elapsed,
                                 (metrics["end"].get("memoryhub_embeddings_stored", 0.0)
                                  - metrics["start"].get("memoryhub_embeddings_stored", 0.0)) / elapsed))
-            switches = [line.split("] ", 1)[-1] for line in service.worker_priority_switches()]
+            switches = service.worker_priority_switches()
             print(f"worker priority switches: {len(switches)}" + "".join(f"\n  {line}" for line in switches[:6]))
             replaced = service.web_processes_replaced()
             print(f"web processes replaced by uvicorn's supervisor: {len(replaced)}"

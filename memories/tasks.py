@@ -50,7 +50,7 @@ def embed_memories(ids: list[str], stack_id: int | None = None) -> dict[str, int
 def embedding_sweep_task(max_rows: int = 5000) -> dict[str, Any]:
     """Periodic: embed anything the after-commit tasks missed, recorded as a JobRun like every
     scheduled job (an overlapping run is recorded `skipped` and embeds nothing). Not while embedding
-    waits out a peak of requests (memoryhub.embedding_hold): the backlog is embedded after it."""
+    waits out a flood (memoryhub.embedding_hold): the backlog is embedded after it."""
     if embedding_held():
         return {"status": "held"}
     run = embedding_sweep_run(max_rows=max_rows)
