@@ -20,7 +20,8 @@ backlog drained (up to `--settle-seconds`) between them:
 3. A, one school: F's readers on the seeded stack while F's pushers flood the same school;
 4. B, two schools: Q's readers while F's pushers flood;
 5. C, 16 keys behind one address: 16 stack-bound keys of school K push batches of 10 at 95 % of the
-   per-key push budget (read from the service's settings) for `--keys-seconds`, next to one Q reader.
+   per-key push budget (read from the service's settings) for `--keys-seconds`, their first pushes
+   spread evenly over one interval (agents of their own, not in step), next to one Q reader.
 
 Goals (PASS/FAIL): A's and B's reader p95 of search and of load <= 3x unloaded; goodput under the
 flood >= 0.5x the pushers alone; no 5xx but a 503 with Retry-After, no answer missing, every 503 /

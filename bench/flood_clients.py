@@ -164,14 +164,14 @@ class PushResult:
 
 
 async def pusher(http: AgentClient, keys: list[Key], batch: int, interval: float, deadline: float,
-                 seed: int, result: PushResult, *, once: bool = False) -> None:
-    """Push `batch`-operation batches until `deadline` (monotonic), the next batch with the next of
-    `keys`, one every `interval` seconds at most (0: without pause); `once`: one batch only. A 503 /
-    429 is waited out (Retry-After) and the same batch sent again; no answer: the same batch again
-    after a second."""
+                 seed: int, result: PushResult, *, once: bool = False, first_after: float = 0.0) -> None:
+    """Push `batch`-operation batches until `deadline` (monotonic), the first `first_after` seconds
+    from now, the next batch with the next of `keys`, one every `interval` seconds at most (0:
+    without pause); `once`: one batch only. A 503 / 429 is waited out (Retry-After) and the same
+    batch sent again; no answer: the same batch again after a second."""
     rng = random.Random(seed)
     turn = 0
-    next_at = time.monotonic()
+    next_at = time.monotonic() + first_after
     while time.monotonic() < deadline:
         await asyncio.sleep(max(0.0, next_at - time.monotonic()))
         next_at = max(next_at + interval, time.monotonic()) if interval else 0.0
@@ -222,7 +222,10 @@ async def _pushers(base_url: str, pushers: list[list[Key]], seconds: float, batc
     async with AgentClient(base_url, len(pushers) * 2) as http:
         await wait_until(start_at)
         started = time.monotonic()
-        await asyncio.gather(*(pusher(http, keys, batch, interval, started + seconds, seed * 1000 + n, result)
+        # Paced pushers are agents of their own, not a clock's ticks: their first pushes are spread
+        # evenly over one interval, so they do not all arrive in the same instant every interval.
+        await asyncio.gather(*(pusher(http, keys, batch, interval, started + seconds, seed * 1000 + n, result,
+                                      first_after=n * interval / len(pushers))
                                for n, keys in enumerate(pushers)))
         result.seconds = time.monotonic() - started
     return result
