@@ -302,11 +302,6 @@ class _Mark:
         redis_marks.set_mark(redis_marks.client(settings.REDIS_URL), self.key, PRESSURE_SECONDS)
 
 
-def mark_pressure() -> None:
-    """Say that interactive requests are being slowed by load (see PRESSURE_KEY), at once."""
-    _Mark(PRESSURE_KEY).write()
-
-
 _lane: BulkLane | None = None
 _lane_lock = threading.Lock()
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import redis
+from django.conf import settings as django_settings
 from django.utils import timezone
 
 from memories.models import Memory
@@ -21,8 +22,8 @@ from memories.services import memory_create
 from memoryhub import worker_priority
 from memoryhub.embedded import ManagedProcess, session_group_nice, session_threads
 from memoryhub.embedding_hold import embedding_held, hold_writer
-from memoryhub.lanes import mark_pressure
-from memoryhub.redis_marks import mark_reader
+from memoryhub.lanes import PRESSURE_SECONDS
+from memoryhub.redis_marks import client, mark_reader, set_mark
 from memoryhub.worker_priority import BULK_QUEUED_KEY, PRESSURE_KEY, WorkerPriority, equal_share_nice
 from tests.factories import database_conninfo, make_org, make_stack
 
@@ -30,6 +31,11 @@ from tests.factories import database_conninfo, make_org, make_stack
 pytestmark = pytest.mark.django_db(transaction=True)
 
 NICE = 10
+
+
+def mark_pressure() -> None:
+    """What a web process writes while its requests are slowed (memoryhub.lanes)."""
+    set_mark(client(django_settings.REDIS_URL), PRESSURE_KEY, PRESSURE_SECONDS)
 
 
 # A process standing for the worker: it starts a pool process and a thread of its own, as Celery's does.
