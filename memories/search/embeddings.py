@@ -351,5 +351,12 @@ def embed_query(text: str) -> Vector:
 
 
 def vector_literal(vector: Sequence[float]) -> str:
-    """pgvector's text form, for set-based SQL (`'[0.1,0.2,…]'::vector`)."""
-    return "[" + ",".join(f"{x:.7g}" for x in vector) + "]"
+    """pgvector's text form, for set-based SQL (`'[0.1,0.2,…]'::vector`): each value to 7
+    significant digits, what a float4 holds."""
+    # One %-format of the whole vector: the same text for far less CPU than value by value.
+    return _literal_template(len(vector)) % tuple(vector)
+
+
+@cache
+def _literal_template(dimensions: int) -> str:
+    return "[" + ",".join(["%.7g"] * dimensions) + "]"

@@ -24,7 +24,14 @@ from memories.search.embedding_backlog import (
 from memories.search.embedding_claims import claim, release
 from memories.search.embedding_jobs import memories_embed
 from memories.search.embedding_store import store_vectors
-from memories.search.embeddings import HashEmbedder, OpenAIEmbedder, embed_query, get_embedder, query_cache
+from memories.search.embeddings import (
+    HashEmbedder,
+    OpenAIEmbedder,
+    embed_query,
+    get_embedder,
+    query_cache,
+    vector_literal,
+)
 from memories.services import memory_create, memory_update
 from memoryhub.errors import ServiceUnavailable
 from tests.factories import make_org, make_stack
@@ -44,6 +51,17 @@ def test_hash_embedder_is_deterministic_unit_length_and_lexical() -> None:
     assert cosine < 0.5
     assert embedder.model_id == "hash-v1/384"
     assert embedder.embed([""])[0] == [0.0] * 384
+
+
+@pytest.mark.django_db
+def test_a_vector_literal_is_read_by_pgvector_as_the_values_it_was_made_from() -> None:
+    vector = [0.1234567891, -0.5, 0.0, 1e-9, -3.0e-5, 12345.678, 1.0, -1.0]
+    assert vector_literal(vector) == "[0.1234568,-0.5,0,1e-09,-3e-05,12345.68,1,-1]"
+    assert vector_literal([]) == "[]"
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT %s::vector::real[]", [vector_literal(vector)])
+        (stored,) = cursor.fetchone()
+    assert stored == pytest.approx(vector, rel=1e-6, abs=1e-12)  # 7 significant digits
 
 
 def test_query_embeddings_are_cached() -> None:
