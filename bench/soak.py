@@ -111,11 +111,13 @@ from bench.soak_agents import (  # noqa: E402
     unloaded,
 )
 from bench.soak_report import (  # noqa: E402
+    average_stack_size,
     backlog,
     capacity_line,
     cores_used,
     cpu_seconds,
     drain,
+    print_growth_split,
     report_soak,
     rss_snapshot,
     scrape_metrics,
@@ -195,6 +197,7 @@ def run_soak(args: argparse.Namespace) -> int:
             after = asyncio.run(unloaded_again(service.base_url, agents, args.baseline_samples))
             recorder_ok = report_soak(args, recorder, baseline, pages, elapsed, rss, backlogs, metrics, stored,
                                       after, searchable, drained)
+            print_growth_split(baseline.by_op(), after.by_op(), SEED_MEMORIES, average_stack_size(service.database_url))
             print(f"\nCPU during the soak (cores, of {psutil.cpu_count()}): "
                   + ", ".join(f"{role} {used:.2f}" for role, used in cores.items()))
             print(capacity_line(cores, len(recorder.acknowledged) / elapsed,
@@ -372,8 +375,6 @@ def run_costs(args: argparse.Namespace) -> int:
     import shutil
     import statistics
 
-    import psycopg
-
     workdir = Path(tempfile.mkdtemp(prefix="memoryhub-costs-"))
     mix = MIXES[args.mix]
     try:
@@ -395,11 +396,10 @@ def run_costs(args: argparse.Namespace) -> int:
                         for column in columns[-2:]}
             rows: list[dict[str, Any]] = [{"operation": op, **row} for op, row in medians.items()]
             rows.append({"operation": f"the {args.mix} mix (weighted)", **weighted})
-            with psycopg.connect(service.database_url) as conn:
-                grown = conn.execute("SELECT avg(memory_count) FROM stacks_stack").fetchone()
+            grown = average_stack_size(service.database_url)
             print_table(f"costs: each operation alone, {args.rounds} rounds of {args.step_seconds:g} s, "
                         f"{args.compare_clients} closed-loop clients, {args.agents} stacks of {SEED_MEMORIES} "
-                        f"memories at the start and {float(grown[0] if grown else 0):.0f} on average at the end "
+                        f"memories at the start and {grown:.0f} on average at the end "
                         "(medians; CPU ms per 2xx request)", rows)
         return 0
     finally:

@@ -130,6 +130,15 @@ def backlog(database_url: str) -> int:
     return int(row[0]) if row else 0
 
 
+def average_stack_size(database_url: str) -> float:
+    """Memories a stack holds on average now (the stacks' own counters)."""
+    import psycopg
+
+    with psycopg.connect(database_url) as conn:
+        row = conn.execute("SELECT avg(memory_count) FROM stacks_stack").fetchone()
+    return float(row[0]) if row and row[0] is not None else 0.0
+
+
 def drain(database_url: str, limit: float) -> tuple[float, int]:
     """Wait, up to `limit` seconds, for the embedding backlog to drain: how long it took, and what
     was left (0: drained)."""
@@ -210,6 +219,33 @@ def print_where_the_time_went(loaded: dict[str, list[Any]]) -> None:
         print_table("where the time went: the slowest 5 % of each operation (slow) and its fastest half, "
                     "ms, means; cpu, db and waiting are inside the service (its Server-Timing), outside is "
                     "the rest of what the client waited", rows)
+
+
+def unloaded_split(samples: list[Any]) -> dict[str, float] | None:
+    """Medians of one operation's unloaded 2xx `samples`: what the client waited, and from the
+    service's Server-Timing its whole time (app), its thread's CPU and its database statements
+    (which overlap: a statement's client-side work is CPU too). None when no sample carried the header."""
+    timed = [s for s in samples if 200 <= s.status < 300 and s.served]
+    if not timed:
+        return None
+    return {"client": percentiles([s.ms for s in timed])["p50"],
+            **{part: percentiles([s.served[n] for s in timed])["p50"] for n, part in enumerate(("app", "cpu", "db"))}}
+
+
+def print_growth_split(quiet: dict[str, list[Any]], quiet_after: dict[str, list[Any]], seeded: int,
+                       grown: float) -> None:
+    """Each operation's unloaded cost on the seeded stacks against the stacks the soak grew: which
+    part of a request the growth moved (the database's scans, or the service's own CPU)."""
+    rows = []
+    for op in MIX.weights:
+        before, after = unloaded_split(quiet.get(op, [])), unloaded_split(quiet_after.get(op, []))
+        if before is not None and after is not None:
+            rows.append({"operation": op, **{f"seeded: {k}": v for k, v in before.items()},
+                         **{f"grown: {k}": v for k, v in after.items()}})
+    if rows:
+        print_table(f"unloaded, one request at a time: stacks of {seeded} memories (seeded) against "
+                    f"~{grown:,.0f} (grown by the soak), ms, medians; cpu and db are the service's "
+                    "Server-Timing", rows)
 
 
 def report_soak(args: argparse.Namespace, recorder: Recorder, baseline: Recorder, pages: list[LivePage],
