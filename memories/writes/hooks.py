@@ -69,6 +69,11 @@ _QUEUED_PREFIX = "mh:embed:queued:"  # a stack's waiting message; the task delet
 # If a message is lost after its marker was set (the process died between the two), the stack's
 # small writes send nothing until this expires; the sweep embeds their rows meanwhile.
 QUEUED_MARKER_SECONDS = 120
+# A large write's messages do not coalesce (one per 500 ids of a push, per 64 of a native batch),
+# and while embedding waits out a flood they are what the queue holds: compressed (Celery's
+# per-message `compression`, which the worker undoes by the message's header), they take less of
+# the broker's memory (docs/algorithms.md §10.2.1).
+LARGE_MESSAGE_COMPRESSION = "zlib"
 
 Transform = Callable[[NormalizedMemory], NormalizedMemory]
 
@@ -223,6 +228,7 @@ def _send_embedding(ids: list[str], message_ids: int, *, stack_id: int | None = 
                 _queued_key(stands_for), 1, nx=True, ex=QUEUED_MARKER_SECONDS):
             return  # the stack's waiting message takes these rows from its backlog
         kwargs = {"stack_id": stands_for} if stands_for is not None else {}
+        compression = None if stands_for is not None else LARGE_MESSAGE_COMPRESSION
         for start in range(0, len(ids), message_ids):
             chunk = ids[start:start + message_ids]
             if app.conf.task_always_eager:  # send_task ignores eager mode; run it here as .delay() would
@@ -232,7 +238,8 @@ def _send_embedding(ids: list[str], message_ids: int, *, stack_id: int | None = 
             else:
                 # ignore_result: the result is never read; without it the producer also subscribes
                 # to the task's result channel.
-                app.send_task(EMBED_TASK, args=(chunk,), kwargs=kwargs, ignore_result=True)
+                app.send_task(EMBED_TASK, args=(chunk,), kwargs=kwargs, ignore_result=True,
+                              compression=compression)
     except Exception as exc:  # broker down: the sweep is the safety net
         logger.warning("could not queue embedding (%s); the sweep will pick it up", type(exc).__name__)
         if stands_for is not None:  # no message waits for the stack: let the next write try

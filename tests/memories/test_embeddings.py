@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 import threading
@@ -9,9 +10,12 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, HTTPServer
-from typing import Any
+from typing import Any, cast
 
+import kombu.compression
 import pytest
+import redis
+from django.conf import settings
 from django.core.management import call_command
 from django.db import connection, transaction
 
@@ -32,8 +36,10 @@ from memories.search.embeddings import (
     query_cache,
     vector_literal,
 )
-from memories.services import memory_create, memory_update
+from memories.services import memory_batch_create, memory_create, memory_update
+from memories.writes.hooks import SMALL_EMBED_MESSAGE_IDS
 from memoryhub.errors import ServiceUnavailable
+from memoryhub.schedule import EMBEDDING_QUEUE
 from tests.factories import make_org, make_stack
 
 
@@ -252,6 +258,44 @@ def test_new_memories_are_embedded_by_the_worker_after_commit(celery_worker: Any
         time.sleep(0.2)
     assert memory.embedded_version == memory.version
     assert memory.embedding_model == "hash-v1/384"
+
+
+def large_write(stack: Any) -> list[str]:
+    """A write of more memories than coalesce with a stack's waiting message (memories.writes.hooks)."""
+    items = [{"kind": "note", "content": f"imported note {n}"} for n in range(SMALL_EMBED_MESSAGE_IDS + 1)]
+    return [str(m.pk) for m in memory_batch_create(stack=stack, items=items, source="api")]
+
+
+@pytest.mark.django_db
+def test_a_large_writes_embedding_messages_wait_in_the_broker_compressed(
+        django_capture_on_commit_callbacks: Any) -> None:
+    """While no worker takes them (the embedding waiting out a flood), these messages are what the
+    broker holds: compressed, the same ids in less of its memory."""
+    broker = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+    with django_capture_on_commit_callbacks(execute=True):
+        ids = large_write(make_stack(make_org()))
+
+    sent = []  # (compression, ids, bytes as stored, bytes decompressed)
+    for raw in cast(list[bytes], broker.lrange(EMBEDDING_QUEUE, 0, -1)):  # the sync client's answer
+        message = json.loads(raw)
+        stored = base64.b64decode(message["body"])
+        body = kombu.compression.decompress(stored, message["headers"].get("compression"))
+        message_ids = json.loads(body)[0][0]
+        if set(message_ids) <= set(ids):
+            sent.append((message["headers"].get("compression"), message_ids, len(stored), len(body)))
+            broker.lrem(EMBEDDING_QUEUE, 1, raw.decode())
+    assert sorted(i for _, message_ids, _, _ in sent for i in message_ids) == sorted(ids)
+    assert {compression for compression, _, _, _ in sent} == {"application/x-gzip"}
+    assert sum(stored for _, _, stored, _ in sent) < 0.7 * sum(body for _, _, _, body in sent)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_large_writes_compressed_messages_are_embedded_by_the_worker(celery_worker: Any) -> None:
+    ids = large_write(make_stack(make_org()))
+    deadline = time.monotonic() + 60
+    while Memory.objects.filter(pk__in=ids, embedded_version__isnull=True).exists():
+        assert time.monotonic() < deadline, "the worker did not embed the large write's memories"
+        time.sleep(0.2)
 
 
 @pytest.mark.django_db
