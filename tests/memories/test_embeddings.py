@@ -290,7 +290,9 @@ def test_a_large_writes_embedding_messages_wait_in_the_broker_compressed(
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_large_writes_compressed_messages_are_embedded_by_the_worker(celery_worker: Any) -> None:
+def test_the_worker_embeds_every_memory_of_a_large_write(celery_worker: Any) -> None:
+    """End to end through a real worker: the write's messages are the compressed ones of the test
+    above, so a worker that could not read them would leave these memories without a vector."""
     ids = large_write(make_stack(make_org()))
     deadline = time.monotonic() + 60
     while Memory.objects.filter(pk__in=ids, embedded_version__isnull=True).exists():
