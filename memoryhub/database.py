@@ -6,13 +6,15 @@ every connection reads with (`use_compiled_timestamps`); id lists sent as one li
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
+import re
+from collections.abc import Callable, Sequence
 from typing import Any
 
+import orjson
 from django.conf import settings
 from django.db import connection, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models import DEFERRED, Model
+from django.db.models import DEFERRED, JSONField, Model
 from psycopg.abc import AdaptContext, Buffer
 from psycopg.adapt import Loader
 from psycopg.conninfo import make_conninfo
@@ -50,7 +52,7 @@ class ModelRows:
         self.table = connection.ops.quote_name(model._meta.db_table) + (
             f" {connection.ops.quote_name(table_alias)}" if table_alias else "")
         self.columns = ", ".join(prefix + connection.ops.quote_name(field.column) for field in self.fields)
-        self._converters = [(index, field.from_db_value) for index, field in enumerate(self.fields)
+        self._converters = [(index, _converter(field)) for index, field in enumerate(self.fields)
                             if hasattr(field, "from_db_value")]
         # For each of the model's concrete fields, where its value is in a row (None: deferred).
         selected = {field.attname: index for index, field in enumerate(self.fields)}
@@ -69,6 +71,32 @@ class ModelRows:
         instance._state.adding = False
         instance._state.db = connection.alias
         return instance
+
+
+# orjson reads an integer past 64 bits as a float (the standard library keeps it exact), and
+# PostgreSQL writes a jsonb number out in full, never with an exponent: a run of 19 digits or more
+# is the only place the two parsers can differ.
+_LONG_DIGIT_RUN = re.compile(r"\d{19}")
+
+
+def _converter(field: Any) -> Callable[[Any, Any, Any], Any]:
+    """How `instance` converts the field's column value: as the ORM does, but a JSONField without
+    a decoder of its own is parsed by orjson, which gives the same values as the standard library's
+    parser for the text PostgreSQL returns, in a fraction of the time (docs/architecture.md §7.2).
+    A text holding a long number goes to the ORM's own conversion (`_LONG_DIGIT_RUN`)."""
+    if not isinstance(field, JSONField) or field.decoder is not None:
+        return field.from_db_value
+    fallback = field.from_db_value
+
+    def from_db_value(value: Any, expression: Any, connection: Any) -> Any:
+        if not isinstance(value, str) or _LONG_DIGIT_RUN.search(value):
+            return fallback(value, expression, connection)
+        try:
+            return orjson.loads(value)
+        except orjson.JSONDecodeError:
+            return fallback(value, expression, connection)
+
+    return from_db_value
 
 
 def database_conninfo(alias: str = "default") -> str:
