@@ -445,7 +445,8 @@ def stack_load(*, stack: Stack, budget: int | None = None, item_chars: int | Non
             if row is None:  # deleted between the two reads: its tokens stay reserved (never over budget)
                 continue
             _, kind, record_id, created_at, head, details_json = row
-            # Django's connection hands jsonb back as text (its JSONField decodes it).
+            # Django's connection hands jsonb back as text (its JSONField decodes it). The statement
+            # built it of exactly the kind's detail fields (`_returned_columns_sql`), a missing one null.
             details = orjson.loads(details_json) if isinstance(details_json, str) else details_json or {}
             text = truncate_at_word(head, cap)
             tokens = estimate_tokens(text)
@@ -453,7 +454,7 @@ def stack_load(*, stack: Stack, budget: int | None = None, item_chars: int | Non
             items.append(LoadedItem(
                 id=memory_id, kind=kind, record_id=record_id, text=text, score=round(score, 4),
                 tokens=tokens, truncated=len(head) > cap, created_at=created_at,
-                details={name: details.get(name) for name in _ITEM_FIELDS.get(kind, ())},
+                details=details,
             ))
 
     echo_out = []
