@@ -54,7 +54,7 @@ if str(BASE_DIR) not in sys.path:
     sys.path.insert(0, str(BASE_DIR))
 
 from bench.flood_clients import Key, PushResult, Reads, interactive, run_pushers, seed, warm_up  # noqa: E402
-from bench.harness import log, percentiles, print_table  # noqa: E402
+from bench.harness import Machine, log, percentiles, print_table  # noqa: E402
 from bench.service import RunnerService, runner_service  # noqa: E402
 from bench.soak_agents import ahead_of_the_service  # noqa: E402
 from bench.soak_report import (  # noqa: E402
@@ -194,6 +194,8 @@ def run_lanes(args: argparse.Namespace, lanes: str) -> dict[str, Any]:
                 drain(service.database_url, max(args.settle_seconds, 60.0))
                 phases = Phases(service, pool, args)
                 phases.pushed.merge(seeded)
+                machine = Machine()
+                machine.start()
                 wide = args.interactive_seconds
                 quiet_f, _ = phases.run("unloaded F", wide, f_readers)
                 quiet_q, _ = phases.run("unloaded Q", wide, q_readers)
@@ -207,11 +209,13 @@ def run_lanes(args: argparse.Namespace, lanes: str) -> dict[str, Any]:
                 crowd_q, crowd_pushed = phases.run(
                     "C: 16 keys on one address", args.keys_seconds, q_readers[:1], [[k] for k in crowd],
                     batch=CROWD_BATCH, interval=60 / (budget * CROWD_PACE))
+                machine.stop()
             stored = stored_counts(service.database_url, phases.pushed.acked)
             fig = figures(lanes, phases, budget, stored, {
                 "quiet_f": quiet_f, "quiet_q": quiet_q, "quiet_one": quiet_one, "flood_f": flood_f,
                 "flood_q": flood_q, "crowd_q": crowd_q}, alone, under, crowd_pushed, args)
             fig["web processes replaced"] = service.web_processes_replaced()
+            fig["machine"] = machine.line()
             return fig
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -291,6 +295,7 @@ def report(runs: list[dict[str, Any]]) -> bool:
         print(f"\n== lanes {fig['lanes']}: {sizes['readers']} readers (think {sizes['think']:g} s) on a "
               f"{sizes['memories']:,}-memory stack, {sizes['pushers']} pushers of 500, floods of "
               f"{sizes['flood_seconds']:g} s, embedder {sizes['embedder']}")
+        print(fig["machine"])
         print("answers by status (0 = no answer): "
               + ", ".join(f"{status}: {n:,}" for status, n in fig["answers by status"].items()))
         print("non-2xx by code: " + (", ".join(f"{code}: {n:,}" for code, n in fig["non-2xx by code"].items())

@@ -6,7 +6,10 @@ is noisy; ratios hold). This module gives them:
 * `bench_environment(name)` — real embedded PostgreSQL+pgvector and Redis in a throw-away
   directory (or DATABASE_URL / REDIS_URL when set), migrated, with Django set up in-process;
 * `web_server(env)` — the real ASGI app under uvicorn in a subprocess, for over-HTTP figures;
-* `percentiles`, `print_table` — the figures.
+* `percentiles`, `print_table` — the figures;
+* `Machine` — the state of the machine a run measured on: how much of its CPU time the hypervisor
+  took (steal) and how fast one core ran a fixed loop before and after, so a slow hour can be told
+  apart from slow code (docs/benchmarks.md "Machines and hours").
 
 The synthetic stacks and memories they load are bench/synthetic.py's.
 
@@ -204,3 +207,62 @@ def print_table(title: str, rows: Sequence[dict[str, Any]]) -> None:
     for c in cells:
         print("  ".join(v.ljust(w) for v, w in zip(c, widths, strict=True)))
     sys.stdout.flush()
+
+
+# A fixed piece of pure-Python work: what one core of this machine takes for it now.
+_PROBE_RANGE = 300_000
+
+
+def speed_probe_ms(runs: int = 7) -> float:
+    """Median milliseconds of a fixed pure-Python loop on this process's thread (lower is faster)."""
+    import statistics
+
+    timings = []
+    for _ in range(runs):
+        started = time.thread_time()
+        total = 0
+        for n in range(_PROBE_RANGE):
+            total += n * n % 7
+        timings.append((time.thread_time() - started) * 1000)
+    return statistics.median(timings)
+
+
+@dataclass
+class Machine:
+    """Readings of the whole machine around a measured span: `start()` before it, `stop()` after,
+    then `line()` for the report. The probe runs with the load off (before and after the span), so
+    it reads the machine, not the service's own load on it."""
+
+    probe_before_ms: float = 0.0
+    probe_after_ms: float = 0.0
+    cpu_before: Any = None
+    cpu_after: Any = None
+
+    def start(self) -> None:
+        import psutil
+
+        self.probe_before_ms = speed_probe_ms()
+        self.cpu_before = psutil.cpu_times()
+
+    def stop(self) -> None:
+        import psutil
+
+        self.cpu_after = psutil.cpu_times()
+        self.probe_after_ms = speed_probe_ms()
+
+    def shares(self) -> dict[str, float]:
+        """Of all the machine's CPU time during the span: what the hypervisor took (steal), what
+        ran (busy: this run and anything else on the machine) and what was idle."""
+        delta = {name: getattr(self.cpu_after, name) - getattr(self.cpu_before, name)
+                 for name in self.cpu_before._fields if name not in ("guest", "guest_nice")}
+        total = sum(delta.values()) or 1.0
+        steal = delta.get("steal", 0.0)
+        idle = delta.get("idle", 0.0) + delta.get("iowait", 0.0)
+        return {"steal": steal / total, "busy": (total - steal - idle) / total, "idle": idle / total}
+
+    def line(self) -> str:
+        shares = self.shares()
+        return (f"machine: the hypervisor took {shares['steal']:.1%} of the CPU time (steal), "
+                f"{shares['busy']:.1%} ran, {shares['idle']:.1%} idle; one core's speed probe "
+                f"{self.probe_before_ms:.1f} ms before and {self.probe_after_ms:.1f} ms after "
+                "(a fixed pure-Python loop, lower is faster)")

@@ -93,7 +93,7 @@ if str(BASE_DIR) not in sys.path:
 
 import psutil  # noqa: E402
 
-from bench.harness import log, percentiles, print_table  # noqa: E402
+from bench.harness import Machine, log, percentiles, print_table  # noqa: E402
 from bench.service import RunnerService, runner_service  # noqa: E402
 from bench.soak_agents import (  # noqa: E402
     MIX,
@@ -177,11 +177,14 @@ def run_soak(args: argparse.Namespace) -> int:
             # but whatever the service's PYTHON_GC_TUNING: an A/B of it changes the service only).
             gc.collect()
             gc.freeze()
+            machine = Machine()
+            machine.start()
             cpu_before, own_before = cpu_seconds(service.runner.pid), psutil.Process().cpu_times()
             with ahead_of_the_service() as priority:
                 log(f"load generator {priority}")
                 recorder, pages, elapsed = asyncio.run(soak(service, agents, school["cookie"], args.minutes * 60,
                                                             half))
+            machine.stop()
             cores = cores_used(cpu_before, cpu_seconds(service.runner.pid), own_before, psutil.Process().cpu_times(),
                                elapsed)
             rss["end"] = rss_snapshot(service.runner.pid)
@@ -198,7 +201,8 @@ def run_soak(args: argparse.Namespace) -> int:
             recorder_ok = report_soak(args, recorder, baseline, pages, elapsed, rss, backlogs, metrics, stored,
                                       after, searchable, drained)
             print_growth_split(baseline.by_op(), after.by_op(), SEED_MEMORIES, average_stack_size(service.database_url))
-            print(f"\nCPU during the soak (cores, of {psutil.cpu_count()}): "
+            print("\n" + machine.line())
+            print(f"CPU during the soak (cores, of {psutil.cpu_count()}): "
                   + ", ".join(f"{role} {used:.2f}" for role, used in cores.items()))
             print(capacity_line(cores, len(recorder.acknowledged) / elapsed,
                                 (metrics["end"].get("memoryhub_embeddings_stored", 0.0)
