@@ -8,7 +8,7 @@ import io
 import json
 import tracemalloc
 import zipfile
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -94,11 +94,17 @@ def _as_json(value: Any) -> Any:
     return json.loads(json.dumps(value, cls=DjangoJSONEncoder))
 
 
+def _to_milliseconds(value: Any) -> Any:
+    return value.replace(microsecond=value.microsecond // 1000 * 1000) if isinstance(value, datetime) else value
+
+
 def _content(stack: Stack) -> dict[tuple[str, str], dict[str, Any]]:
+    """The stack's memories at the archive's precision: its JSON keeps a time to the millisecond, so
+    a time 412 µs past a second comes back as the second itself."""
     rows = Memory.objects.filter(stack=stack).values(*CONTENT, "forgotten_at", "deleted_at")
     result = {}
     for row in rows:
-        row = _as_json(row)
+        row = _as_json({name: _to_milliseconds(value) for name, value in row.items()})
         row["forgotten"] = row.pop("forgotten_at") is not None
         row["deleted"] = row.pop("deleted_at") is not None
         result[(row["kind"], row["record_id"])] = row
