@@ -266,6 +266,41 @@ def test_item_details_are_the_kind_fields(school: School) -> None:
                                                         "sentiment": 0.5})
 
 
+def test_rows_stored_compressed_come_back_whole_in_the_same_round_trips(school: School) -> None:
+    """A row whose text or `data` PostgreSQL stores compressed comes back from the candidates
+    statement's read by address as whole as a short row does (docs/algorithms.md §8.4, "Rows with
+    their text"): the same record id, head of the text and detail fields, and a stack that fits is
+    still two round trips."""
+    stack = school.stack
+    short = memory_create(stack=stack, kind="note", source="t",
+                          payload={"content": "a short note", "note_type": "idea"})
+    long_text = _sentence(1200, seed=3)
+    long = memory_create(stack=stack, kind="note", source="t", payload={"content": long_text, "note_type": "insight"})
+    lessons = [_sentence(60, seed=k) for k in range(40)]
+    episode = memory_create(stack=stack, kind="episode", source="t",
+                            payload={"objective": "fix the build", "outcome": "it builds", "outcome_type": "success",
+                                     "lessons": lessons})
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT id::text, pg_column_compression(text) IS NOT NULL, "
+                       "pg_column_compression(data) IS NOT NULL FROM memories_memory WHERE stack_id = %s", [stack.pk])
+        stored = {row[0]: row[1:] for row in cursor.fetchall()}
+    assert stored[str(short.pk)] == (False, False)
+    assert stored[str(long.pk)][0] and stored[str(episode.pk)][1], stored  # one text, one data compressed
+
+    with CaptureQueriesContext(connection) as queries:
+        result = load.stack_load(stack=stack, budget=50000, item_chars=300, track_access=False)
+    sent = [q["sql"] for q in queries if not q["sql"].startswith(("SAVEPOINT", "RELEASE SAVEPOINT"))]
+    assert len(sent) == 2, [sql[:80] for sql in sent]  # the working state, then the candidates
+    items = {item.id: item for item in result.memories}
+    assert set(items) == {str(short.pk), str(long.pk), str(episode.pk)}
+    assert (items[str(short.pk)].text, items[str(short.pk)].details) == ("a short note", {"note_type": "idea"})
+    assert items[str(long.pk)].truncated and long_text.startswith(items[str(long.pk)].text[:-3])
+    assert items[str(long.pk)].details == {"note_type": "insight"}
+    assert items[str(long.pk)].record_id == long.record_id
+    assert items[str(episode.pk)].details == {"outcome_type": "success"}
+    assert items[str(episode.pk)].created_at == episode.created_at
+
+
 @pytest.mark.django_db(transaction=True)
 def test_load_in_its_own_transaction_commits_counts_and_scopes_its_settings() -> None:
     stack = make_stack(make_org(), "own-tx")
