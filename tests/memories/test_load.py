@@ -20,7 +20,7 @@ from memories.reads import load
 from memories.services import CheckpointInput, boot_config_set, checkpoint_save, memory_create, memory_forget
 from memoryhub import prepared as prepared_statements
 from tests.actors import School
-from tests.factories import make_org, make_stack, sql_value
+from tests.factories import make_org, make_stack, sql_rows, sql_value
 
 pytestmark = pytest.mark.django_db
 
@@ -280,10 +280,10 @@ def test_rows_stored_compressed_come_back_whole_in_the_same_round_trips(school: 
     episode = memory_create(stack=stack, kind="episode", source="t",
                             payload={"objective": "fix the build", "outcome": "it builds", "outcome_type": "success",
                                      "lessons": lessons})
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT id::text, pg_column_compression(text) IS NOT NULL, "
-                       "pg_column_compression(data) IS NOT NULL FROM memories_memory WHERE stack_id = %s", [stack.pk])
-        stored = {row[0]: row[1:] for row in cursor.fetchall()}
+    stored = {row.id: (row.text_compressed, row.data_compressed) for row in sql_rows(
+        "SELECT id::text AS id, pg_column_compression(text) IS NOT NULL AS text_compressed, "
+        "pg_column_compression(data) IS NOT NULL AS data_compressed FROM memories_memory WHERE stack_id = %s",
+        [stack.pk])}
     assert stored[str(short.pk)] == (False, False)
     assert stored[str(long.pk)][0] and stored[str(episode.pk)][1], stored  # one text, one data compressed
 
