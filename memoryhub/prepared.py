@@ -38,7 +38,7 @@ def fetch_prepared(cursor: Any, sql: str, params: dict[str, Any], *, name: str,
     """The rows of `sql` (the driver's named parameters, as the plain statement would be sent) run
     as a statement prepared once per database session (see the module doc), or None: run it plain.
     `name` starts the prepared statement's name (`<name>_<n>`); `settings_sql` ("SET LOCAL …;")
-    is sent before the EXECUTE, so the plan is made, and remade after an invalidation, under it."""
+    starts the string, so the plan is made, and remade after an invalidation, under it."""
     if not settings.DB_PREPARED_STATEMENTS:
         return None
     statements = _PREPARED.setdefault(connection.connection, {})
@@ -54,7 +54,7 @@ def fetch_prepared(cursor: Any, sql: str, params: dict[str, Any], *, name: str,
         # doubled already.
         prepare = f"PREPARE {known[0]} AS {positional};"
     statement, names = known
-    cursor.execute(f"{prepare}{settings_sql}SET LOCAL plan_cache_mode = force_generic_plan;"
+    cursor.execute(f"{settings_sql}{prepare}SET LOCAL plan_cache_mode = force_generic_plan;"
                    f"EXECUTE {statement}({', '.join(['%s'] * len(names))})", [params[n] for n in names])
     while cursor.nextset():  # to the EXECUTE's rows, the last result
         pass

@@ -26,6 +26,7 @@ from typing import Any
 from django.db import connection
 
 from memories.models import Memory
+from memories.search.query import deadline_sql, execute_under_deadline
 from memories.selectors import MEMORY_ROWS
 from memoryhub.database import uuid_array
 from memoryhub.prepared import fetch_prepared
@@ -80,9 +81,9 @@ def neighbour_rows(*, seeds: Sequence[Any], where: str, params: dict[str, Any], 
         # Its parsing and planning cost more than running it, and its plan is the same for every
         # search (seeds and page rows by primary key, a few (stack, kind, created_at) entries each
         # side): prepared once per session, with a generic plan (§7.5 "Cost").
-        if (rows := fetch_prepared(cursor, sql, params, name=PREPARED_NAME)) is not None:
+        if (rows := fetch_prepared(cursor, sql, params, name=PREPARED_NAME, settings_sql=deadline_sql())) is not None:
             return rows
-        cursor.execute(sql, params)
+        execute_under_deadline(cursor, sql, params)
         return cursor.fetchall()
 
 

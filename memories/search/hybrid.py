@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
+from contextlib import nullcontext
 from datetime import datetime
 from typing import Any
 
@@ -43,8 +44,10 @@ from memories.search.query import (
     SKIPPED_NOTHING_TO_SEARCH,
     SearchQuery,
     SearchResult,
+    execute_under_deadline,
     is_plain,
     over_fetch,
+    search_deadline,
     skipped_model_mismatch,
 )
 from memories.search.vector_leg import embed_in_background, vector_leg, why_no_vectors
@@ -72,15 +75,15 @@ def search_memories(*, stack_ids: Sequence[int], query: SearchQuery,
     # a school key's search (never the kernle client's), ranked exactly over all their rows (§7.3).
     timeout_ms = (settings.SEARCH_STATEMENT_TIMEOUT_MS if len(stack_ids) == 1
                   else settings.SCHOOL_SEARCH_STATEMENT_TIMEOUT_MS)
-    with transaction.atomic():
+    # No transaction of its own: each statement carries the deadline (memories.search.query). Inside
+    # a caller's transaction, a savepoint: a search cancelled at its deadline must not break it.
+    with search_deadline(timeout_ms), (transaction.atomic() if connection.in_atomic_block else nullcontext()):
         with connection.cursor() as cursor:
-            # The first statement sets the timeout (set_config(..., true) is SET LOCAL) and reads the
-            # deployment's embedding model; what the BM25 leg needs besides its scan - the query's
-            # lexemes and N - rides on it too: no round trip of their own.
-            cursor.execute(f"SELECT set_config('statement_timeout', %s, true), ({DEPLOYMENT_MODEL_SQL}), "
-                           f"{LEXEMES_SQL}, ({SCOPE_MEMORIES_SQL})",
-                           [f"{int(timeout_ms)}ms", query.text, list(stack_ids)])
-            _, stored_model, lexemes, scope_rows = cursor.fetchone()
+            # The first statement reads the deployment's embedding model; what the BM25 leg needs
+            # besides its scan - the query's lexemes and N - rides on it: no round trip of their own.
+            execute_under_deadline(cursor, f"SELECT ({DEPLOYMENT_MODEL_SQL}), {LEXEMES_SQL}, ({SCOPE_MEMORIES_SQL})",
+                                   [query.text, list(stack_ids)])
+            stored_model, lexemes, scope_rows = cursor.fetchone()
         inputs = KeywordInputs(lexemes=list(lexemes), scope_rows=int(scope_rows))
         result = _search(stack_ids=stack_ids, query=query, now=now, fetch=fetch, stats=stats, started=started,
                          audience=audience, stored_model=stored_model, inputs=inputs)

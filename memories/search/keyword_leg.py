@@ -18,7 +18,15 @@ from typing import Any
 from django.db import connection
 
 from memories.privacy.grants import Audience
-from memories.search.query import LEG_COLUMNS, SCORE, SearchQuery, fetch_rows, is_plain, scope_filters
+from memories.search.query import (
+    LEG_COLUMNS,
+    SCORE,
+    SearchQuery,
+    execute_under_deadline,
+    fetch_rows,
+    is_plain,
+    scope_filters,
+)
 from stacks.models import Stack
 
 # The last column of the leg's rows: the query's weight - the BM25 of a memory of average length
@@ -271,7 +279,7 @@ def _term_stats() -> tuple[dict[str, float], float]:
     cached = _TERM_STATS.get(connection.alias)
     if cached is None or time.monotonic() - cached[0] > _TERM_STATS_SECONDS:
         with connection.cursor() as cursor:
-            cursor.execute(_TERM_STATS_SQL)
+            execute_under_deadline(cursor, _TERM_STATS_SQL, None)
             lexemes, freqs, rows = cursor.fetchone()
         # most_common_elem_freqs ends with three summary numbers: zip stops at the last lexeme.
         cached = (time.monotonic(), dict(zip(lexemes or [], freqs or [], strict=False)), float(rows or 0))

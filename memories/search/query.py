@@ -7,6 +7,8 @@
   deletion, forgetting, expiry, privacy grants and the query's filters, all inside SQL.
 * `LEG_COLUMNS` / `SCORE`: the columns both legs return, in the order the fusion
   (memories.search.fusion) reads them by position.
+* `search_deadline` / `execute_under_deadline`: every statement of a search carries the search's
+  statement timeout in its own query string (§7.4), so a search needs no transaction of its own.
 
 memories.search.hybrid runs a search; memories.search.keyword_leg and memories.search.vector_leg
 are its legs.
@@ -15,6 +17,9 @@ are its legs.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -136,7 +141,41 @@ LEG_FIELD_INDEXES = tuple([f.column for f in MEMORY_ROWS.fields].index(column.re
                           for column in LEG_COLUMNS.split(", "))
 
 
+# The statement timeout of the search running on this thread, in milliseconds (None: no search).
+_DEADLINE_MS: ContextVar[int | None] = ContextVar("search_deadline_ms", default=None)
+
+
+@contextmanager
+def search_deadline(timeout_ms: int) -> Iterator[None]:
+    """Inside the block, every statement sent through `execute_under_deadline` (and `fetch_rows`)
+    runs under `statement_timeout` = `timeout_ms` (docs/algorithms.md §7.4)."""
+    token = _DEADLINE_MS.set(int(timeout_ms))
+    try:
+        yield
+    finally:
+        _DEADLINE_MS.reset(token)
+
+
+def deadline_sql() -> str:
+    """`SET LOCAL statement_timeout = …; ` inside `search_deadline`, else ""."""
+    timeout_ms = _DEADLINE_MS.get()
+    return "" if timeout_ms is None else f"SET LOCAL statement_timeout = {timeout_ms}; "
+
+
+def execute_under_deadline(cursor: Any, sql: str, params: Any, *, settings_sql: str = "") -> None:
+    """Execute `sql` with the search's deadline and `settings_sql` ("SET LOCAL …; ") before it, in
+    one query string, and leave `cursor` at the first result that has rows.
+
+    The connection binds parameters client-side, so the string goes as one simple query, which
+    PostgreSQL runs as one implicit transaction: `SET LOCAL` lasts exactly until its statements end.
+    A search outside any transaction thus saves the BEGIN and COMMIT round trips a transaction of
+    its own would cost, and still keeps its deadline on every statement."""
+    cursor.execute(deadline_sql() + settings_sql + sql, params)
+    while cursor.description is None and cursor.nextset():
+        pass  # past the SET statements
+
+
 def fetch_rows(sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
     with connection.cursor() as cursor:
-        cursor.execute(sql, params)
+        execute_under_deadline(cursor, sql, params)
         return cursor.fetchall()

@@ -22,7 +22,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from functools import cache
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import connection
 
 from memories.privacy.grants import Audience
 from memories.search.embeddings import Vector, embed_query, get_embedder, vector_literal
@@ -31,6 +31,7 @@ from memories.search.query import (
     SCORE,
     SKIPPED_NOT_EMBEDDED_YET,
     SearchQuery,
+    execute_under_deadline,
     fetch_rows,
     scope_filters,
     skipped_model_mismatch,
@@ -124,13 +125,14 @@ _ALSO_SIMILARITIES_SQL = """
 
 
 def _leg_rows(cursor: Any, sql: str, params: dict[str, Any], also: Sequence[Any],
-              similarities: dict[Any, float] | None) -> list[tuple[Any, ...]]:
+              similarities: dict[Any, float] | None, *, settings_sql: str = "") -> list[tuple[Any, ...]]:
     """Run the vector leg's statement and, in the same round trip, read the cosine of `also` into
     `similarities` (two statements in one execute: the connection binds parameters client-side)."""
     if not also or similarities is None:
-        cursor.execute(sql, params)
+        execute_under_deadline(cursor, sql, params, settings_sql=settings_sql)
         return list(cursor.fetchall())
-    cursor.execute(f"{sql};{_ALSO_SIMILARITIES_SQL}", {**params, "also": uuid_array(also)})
+    execute_under_deadline(cursor, f"{sql};{_ALSO_SIMILARITIES_SQL}", {**params, "also": uuid_array(also)},
+                           settings_sql=settings_sql)
     rows = list(cursor.fetchall())
     cursor.nextset()
     similarities.update((row[0], float(row[1])) for row in cursor.fetchall())
@@ -156,11 +158,10 @@ def vector_leg(query: SearchQuery, stack_ids: Sequence[int], vector: Vector, fet
         ef = stack_index_ef_search(wanted)
         sql, params = vector_sql(query, stack_ids, vector, fetch, exact=False, single_stack=True,
                                   audience=audience)
-        # SET LOCAL needs a transaction; inside search's own one no savepoint is needed (an error
-        # fails the whole search anyway, and a leftover ef_search affects no later query of it).
-        with transaction.atomic(savepoint=False), connection.cursor() as cursor:
-            cursor.execute(f"SET LOCAL hnsw.ef_search = {int(ef)}")
-            rows = _leg_rows(cursor, sql, params, also, similarities)
+        # In the statement's own query string: SET LOCAL lasts until its statements end.
+        with connection.cursor() as cursor:
+            rows = _leg_rows(cursor, sql, params, also, similarities,
+                             settings_sql=f"SET LOCAL hnsw.ef_search = {int(ef)}; ")
         stats["ef_search"] = ef
         if len(rows) >= wanted:
             return rows, "hnsw-stack"
@@ -206,10 +207,10 @@ def why_no_vectors(query: SearchQuery, stack_ids: Sequence[int], query_model: st
     params: dict[str, Any] = {"stack_ids": list(stack_ids), "model": query_model}
     where = scope_filters(query, params, audience)
     with connection.cursor() as cursor:
-        cursor.execute(f"SELECT m.embedding_model FROM memories_memory m WHERE {where} "  # noqa: S608 - fixed clauses
-                       f"AND m.embedding IS NOT NULL AND m.embedding_model <> %(model)s LIMIT 1", params)
+        execute_under_deadline(cursor, f"SELECT m.embedding_model FROM memories_memory m WHERE {where} "  # noqa: S608
+                               f"AND m.embedding IS NOT NULL AND m.embedding_model <> %(model)s LIMIT 1", params)
         other = cursor.fetchone()
         if other is not None:
             return skipped_model_mismatch(query_model=query_model, stored_model=other[0])
-        cursor.execute(f"SELECT 1 FROM memories_memory m WHERE {where} LIMIT 1", params)  # noqa: S608
+        execute_under_deadline(cursor, f"SELECT 1 FROM memories_memory m WHERE {where} LIMIT 1", params)  # noqa: S608
         return SKIPPED_NOT_EMBEDDED_YET if cursor.fetchone() is not None else None

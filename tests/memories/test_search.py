@@ -464,7 +464,7 @@ def test_terms_common_in_other_stacks_scan_the_stacks_own_rows_with_the_same_hit
         with CaptureQueriesContext(connection) as queries:
             result = search_memories(stack_ids=[stack.pk], query=SearchQuery(text=text, min_similarity=0.0))
         [sql] = [q["sql"] for q in queries.captured_queries if "WITH matched AS MATERIALIZED" in q["sql"]]
-        return ids(result.hits), sql
+        return ids(result.hits), sql[sql.index("WITH matched"):]  # the statement, past its deadline
 
     hits, sql = keyword_statement("fractions homework")
     assert "ts_match_vq(m.search_vector" in sql
@@ -565,10 +565,13 @@ def test_large_stacks_get_their_own_partial_vector_index_and_search_uses_it() ->
         stacks_with_vector_index(refresh=True)
 
 
-def test_a_school_wide_search_gets_the_longer_statement_timeout(settings: Any) -> None:
+@pytest.mark.django_db(transaction=True)
+def test_every_statement_of_a_search_carries_its_deadline_without_a_transaction(settings: Any) -> None:
     """One stack: 2.5 s (the kernle client gives up at 3 s and searches locally). Several stacks (a
-    school key's search, ranked exactly over all their rows, docs/algorithms.md §7.3): 10 s.
-    (The suite runs with a longer deadline, tests/plugin_embedded.py; this test sets production's.)"""
+    school key's search, ranked exactly over all their rows, docs/algorithms.md §7.3): 10 s. Each
+    statement sends its deadline in its own query string, so no BEGIN and COMMIT cost two round
+    trips (§7.4). (The suite runs with a longer deadline, tests/plugin_embedded.py; this test sets
+    production's.)"""
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
@@ -578,11 +581,29 @@ def test_a_school_wide_search_gets_the_longer_statement_timeout(settings: Any) -
     add(first, "the timeout of a search")
     add(second, "the timeout of a school search")
 
-    def timeout_set(stack_ids: list[int], text: str) -> str:
+    def statements(stack_ids: list[int], text: str) -> list[str]:
         with CaptureQueriesContext(connection) as queries:
-            search_memories(stack_ids=stack_ids, query=SearchQuery(text=text))
-        (statement,) = [q["sql"] for q in queries.captured_queries if "statement_timeout" in q["sql"]]
-        return statement
+            result = search_memories(stack_ids=stack_ids, query=SearchQuery(text=text))
+        assert len(result.hits) == len(stack_ids)  # both legs and the context ran, and found them
+        return [q["sql"] for q in queries.captured_queries]
 
-    assert "'2500ms'" in timeout_set([first.pk], "search timeout")
-    assert "'10000ms'" in timeout_set([first.pk, second.pk], "school search timeout")
+    for stack_ids, timeout_ms in (([first.pk], 2_500), ([first.pk, second.pk], 10_000)):
+        statements(stack_ids, "search timeout")  # the process's catalog reads, cached for seconds, done
+        sent = statements(stack_ids, "search timeout")
+        assert len(sent) >= 4  # the first statement, the keyword leg, the vector leg, the context and page
+        assert all(sql.startswith(f"SET LOCAL statement_timeout = {timeout_ms}; ") for sql in sent), sent
+
+
+def test_a_search_inside_a_callers_transaction_runs_in_a_savepoint(school: dict[str, Any]) -> None:
+    """A search cancelled at its deadline inside a caller's transaction must not break the caller's
+    transaction: there it runs in a savepoint, its statements still under the deadline."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    add(school["stack"], "a search inside a transaction")
+    with CaptureQueriesContext(connection) as queries:
+        search_memories(stack_ids=[school["stack"].pk], query=SearchQuery(text="search transaction"))
+    sent = [q["sql"] for q in queries.captured_queries]
+    assert sent[0].startswith("SAVEPOINT") and sent[-1].startswith("RELEASE SAVEPOINT"), sent
+    reads = [sql for sql in sent if "FROM memories_memory" in sql]
+    assert reads and all(sql.startswith("SET LOCAL statement_timeout = ") for sql in reads), reads
