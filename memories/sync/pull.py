@@ -83,6 +83,7 @@ _APPLIABLE_SQL = " AND ".join(
 )
 # Built from module constants only; every value is a bound parameter. `{grants}` is filled by
 # `_kernle_pull_sql`: nothing for the stack's own credentials, the grants predicate otherwise.
+# `{since}`: the incremental pull's bound (`_SINCE_SQL`), or nothing.
 _KERNLE_PULL_SQL = f"""
 SELECT {_TABLE_SQL}, to_json(m.record_id)::text,
        CASE WHEN m.kind = 'episode' THEN COALESCE(m.data -> 'lessons', '[]'::jsonb)::text END,
@@ -96,34 +97,44 @@ SELECT {_TABLE_SQL}, to_json(m.record_id)::text,
 FROM memories_memory m
 WHERE m.stack_id = %(stack)s AND m.deleted_at IS NULL AND m.forgotten_at IS NULL
   AND m.kind IN ({", ".join(f"'{k}'" for k in PULL_TABLE_FOR_KIND)})
-  AND (%(since)s::timestamptz IS NULL OR m.server_updated_at > %(since)s::timestamptz)
-  AND {_APPLIABLE_SQL} {{grants}}
+  {{since}} AND {_APPLIABLE_SQL} {{grants}}
 ORDER BY m.change_seq
 """  # noqa: S608
 
 
 _WATERMARK_TABLE = SyncWatermark._meta.db_table
-# The stack's share lock, the database clock read after it, and this credential's watermark: one
-# round trip. The lock is taken in the subquery, so the clock is read once the row is locked (a
-# subquery with FOR SHARE is never flattened into the outer query). A watermark a concurrent pull
-# of the same credential is just moving is read as it was: earlier, so it never skips a change.
-_PULL_START_SQL = (
-    f"SELECT clock_timestamp(), (SELECT w.pulled_at FROM {_WATERMARK_TABLE} w "  # noqa: S608 - constants
-    "WHERE w.credential_id = %(credential)s AND w.stack_id = %(stack)s) "
-    f"FROM (SELECT id FROM {Stack._meta.db_table} WHERE id = %(stack)s FOR SHARE) locked"
-)
-# The watermark upsert rides along with the change set's query (a data-modifying CTE runs whether
-# or not the query reads it).
+# A pull is one query string, so one implicit transaction: the stack's share lock first (it waits for
+# an in-flight push to commit and keeps the next from committing until the string is done); then the
+# change set, which, under READ COMMITTED, takes its snapshot once the lock is granted, with the
+# upsert of this credential's watermark to the database clock riding on it (a data-modifying CTE runs
+# whether or not the query reads it); then that watermark read back: the pull's server time. Any
+# change the snapshot missed commits after the lock is released, so after that clock reading
+# (a writer reads the clock once it holds the stack's lock): no change is ever skipped
+# (docs/kernle-protocol.md §4.4).
+_PULL_LOCK_SQL = f"SELECT 1 FROM {Stack._meta.db_table} WHERE id = %(stack)s FOR SHARE;"  # noqa: S608
 _WATERMARK_CTE = (
     f"WITH watermark AS (INSERT INTO {_WATERMARK_TABLE} (stack_id, credential_id, pulled_at) "  # noqa: S608
-    "VALUES (%(stack)s, %(credential)s, %(now)s) "
+    "VALUES (%(stack)s, %(credential)s, clock_timestamp()) "
     "ON CONFLICT (credential_id, stack_id) DO UPDATE SET pulled_at = EXCLUDED.pulled_at) "
+)
+_PULL_CLOCK_SQL = (f";SELECT pulled_at FROM {_WATERMARK_TABLE} "  # noqa: S608
+                   "WHERE credential_id = %(credential)s AND stack_id = %(stack)s")
+# An incremental pull reads from the earlier of the client's clock and our record of its last read
+# (its clock may be ahead of ours, and a commit may have raced its last pull), so no change is ever
+# skipped; a watermark a concurrent pull of the same credential is just moving is read as it was:
+# earlier. An uncorrelated subquery: the bound is computed once and walks the (stack, updated) index.
+_SINCE_SQL = (
+    "AND m.server_updated_at > least(%(since)s::timestamptz, "  # noqa: S608 (module constants only)
+    f"(SELECT w.pulled_at FROM {_WATERMARK_TABLE} w "
+    "WHERE w.credential_id = %(credential)s AND w.stack_id = %(stack)s))"
 )
 
 
 @cache
-def _kernle_pull_sql(grants: str) -> str:
-    return _WATERMARK_CTE + _KERNLE_PULL_SQL.replace("{grants}", grants)
+def _kernle_pull_sql(grants: str, *, incremental: bool) -> str:
+    """The lock, the change set (everything unless `incremental`), the clock: one string."""
+    changes = _KERNLE_PULL_SQL.replace("{since}", _SINCE_SQL if incremental else "").replace("{grants}", grants)
+    return _PULL_LOCK_SQL + _WATERMARK_CTE + changes + _PULL_CLOCK_SQL
 
 
 def _record_json(*objects: str | None) -> str:
@@ -154,30 +165,24 @@ class KernlePullResult:
         return parsed
 
 
-@transaction.atomic
 def kernle_pull(*, principal: Principal, stack_id: Any, since: Any) -> KernlePullResult:
     """The complete change set since the client's clock (§4.2, §4.4). `since` absent or null: all;
     anything else must be an ISO-8601 timestamp, or the pull is a 400 `invalid_since` (§4.1).
 
-    Four round trips inside the transaction: the stack (the access decision), its share lock with
-    the clock and the watermark, the change set with the watermark's upsert, the commit."""
+    Two round trips: the stack (the access decision), then its share lock, the change set with the
+    watermark's upsert and the clock as one query string (`_kernle_pull_sql`), no BEGIN / COMMIT."""
     since_time = _since(since)
     stack = sync_stack_for_read(principal, stack_id)
     if stack is None:
         return KernlePullResult(operations_json="[]", count=0, server_time=timezone.now())
-    keys: dict[str, Any] = {"stack": stack.pk, "credential": principal.credential_id}
-    with connection.cursor() as cursor:
-        cursor.execute(_PULL_START_SQL, keys)
-        now, watermark = cursor.fetchone()
-    effective = since_time
-    if since_time is not None and watermark is not None:
-        # The client's clock may be ahead of ours, and a commit may have raced its last pull; the
-        # earlier of its clock and our record of its last read never skips a change (§4.4).
-        effective = min(since_time, watermark)
     grants, grant_params = _grants_clause(principal, stack, alias="m")
     with connection.cursor() as cursor:
-        cursor.execute(_kernle_pull_sql(grants), {**keys, "since": effective, "now": now, **grant_params})
+        cursor.execute(_kernle_pull_sql(grants, incremental=since_time is not None),
+                       {"stack": stack.pk, "credential": principal.credential_id, "since": since_time, **grant_params})
+        cursor.nextset()  # past the lock
         fetched = cursor.fetchall()
+        cursor.nextset()
+        now = cursor.fetchone()[0]
     rows = [_kernle_operation_json(row) for row in fetched]
     return KernlePullResult(operations_json="[" + ",".join(rows) + "]", count=len(rows), server_time=now,
                             stack_id=stack.pk, memory_ids=[row[-1] for row in fetched])

@@ -309,6 +309,47 @@ def test_incremental_pull_across_a_clock_skew_of_minutes(account: dict[str, Any]
     assert SyncWatermark.objects.filter(stack=account["stack"]).count() == 1
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_pull_waits_for_a_push_in_flight_and_carries_what_it_committed() -> None:
+    """A pull that arrives while a push holds the stack gets what that push commits (it reads the
+    change set once the push is done, not a snapshot from before), with a server time after it: the
+    next incremental pull skips nothing (docs/kernle-protocol.md §4.4)."""
+    import threading
+    import time
+
+    from django.db import connection, transaction
+
+    throttle_state_clear()
+    reg = personal_account_register(stack_id="acceptance", email=f"{uuid.uuid4().hex[:8]}@example.test")
+    client = bearer_client(reg.secret)
+    push(client, [episode("e1")])
+    since = pull(client, omit_since=True).json()["server_time"]
+    locked, release = threading.Event(), threading.Event()
+
+    def push_in_flight() -> None:  # what a push does: the stack's lock, its rows, then the commit
+        try:
+            with transaction.atomic(), connection.cursor() as cursor:
+                cursor.execute("SELECT 1 FROM stacks_stack WHERE id = %s FOR NO KEY UPDATE", [reg.stack.pk])
+                cursor.execute("UPDATE memories_memory SET data = data || '{\"objective\": \"Deployed v3\"}', "
+                               "server_updated_at = clock_timestamp() WHERE stack_id = %s AND record_id = 'e1'",
+                               [reg.stack.pk])
+                locked.set()
+                release.wait(10)
+        finally:
+            connection.close()
+
+    writer = threading.Thread(target=push_in_flight)
+    writer.start()
+    assert locked.wait(10)
+    threading.Timer(0.5, release.set).start()
+    started = time.monotonic()
+    during = pull(client, since=since).json()
+    writer.join(10)
+    assert time.monotonic() - started >= 0.4  # it waited for the push
+    assert [(op["record_id"], op["data"]["objective"]) for op in during["operations"]] == [("e1", "Deployed v3")]
+    assert pull(client, since=during["server_time"]).json()["operations"] == []
+
+
 def test_pull_of_a_stack_never_pushed_is_empty(account: dict[str, Any]) -> None:
     org_key = make_key(account["org"], user=account["reg"].user)[1]
     response = pull(bearer_client(org_key), stack_id="never-pushed", omit_since=True)
