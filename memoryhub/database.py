@@ -28,6 +28,12 @@ except ImportError:  # psycopg's pure-Python build: Django's loader stays
 _LIBPQ_KEYS = ("dbname", "user", "password", "host", "port", "sslmode", "sslrootcert", "sslcert", "sslkey")
 
 
+# Sent at the head of a query string that is its own (implicit) transaction, for bookkeeping a crash
+# may lose without harm (a load's access counts, a pull's watermark): its commit does not wait for
+# the WAL flush. Never inside a caller's transaction: it would last until the caller's commit.
+ASYNC_COMMIT_SQL = "SET LOCAL synchronous_commit = off; "
+
+
 def uuid_array(ids: Sequence[Any]) -> str:
     """Ids as a uuid[] literal for `%s::uuid[]`: the driver adapts a Python list of UUIDs by
     inspecting it element by element (costly on a search's and a load's path, docs/algorithms.md

@@ -53,7 +53,7 @@ from django.utils import timezone
 from memories.privacy.grants import Audience, grants_sql
 from memories.records.vocabulary import CHECKPOINT_EPISODE_TAGS, CHECKPOINT_OBJECTIVE_PREFIX
 from memories.selectors import checkpoint_context_text, checkpoint_warnings, working_state
-from memoryhub.database import uuid_array
+from memoryhub.database import ASYNC_COMMIT_SQL, uuid_array
 from memoryhub.prepared import fetch_prepared
 from stacks.models import Stack
 
@@ -303,7 +303,6 @@ class LoadResult:
 _TOUCH_SQL = ("UPDATE memories_memory m SET times_accessed = m.times_accessed + 1, last_accessed = %(now)s "  # noqa: S608
               f"FROM (SELECT id FROM memories_memory WHERE id = ANY(%(chosen)s::uuid[]) AND {_UNCOUNTED_SQL} "
               "FOR NO KEY UPDATE SKIP LOCKED) free WHERE m.id = free.id; ")
-_ASYNC_COMMIT_SQL = "SET LOCAL synchronous_commit = off; "
 _ROWS_SQL = f"""
 SELECT id::text, kind, {_returned_columns_sql("memories_memory")}
 FROM memories_memory
@@ -430,7 +429,7 @@ def stack_load(*, stack: Stack, budget: int | None = None, item_chars: int | Non
         if touch or unread:
             # The access bookkeeping and the read of the rest share one round trip.
             # (A row deleted since the ranking is simply not returned; bumping its count is harmless.)
-            touch_sql = ((_ASYNC_COMMIT_SQL if own_transaction else "") + _TOUCH_SQL) if touch else ""
+            touch_sql = ((ASYNC_COMMIT_SQL if own_transaction else "") + _TOUCH_SQL) if touch else ""
             cursor.execute(touch_sql + (_ROWS_SQL if unread else ""),
                            {**params, "ids": uuid_array(unread), "chosen": uuid_array(uncounted_ids)})
             while cursor.description is None and cursor.nextset():

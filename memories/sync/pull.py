@@ -38,6 +38,7 @@ from memories.sync.protocol import (
 )
 from memories.writes.columns import PAYLOAD_COLUMNS
 from memories.writes.outbox import ERASE, PURGE
+from memoryhub.database import ASYNC_COMMIT_SQL
 from memoryhub.errors import InvalidInput
 from stacks.models import Stack
 from stacks.selectors import stack_for_principal, visible_stack
@@ -176,9 +177,14 @@ def kernle_pull(*, principal: Principal, stack_id: Any, since: Any) -> KernlePul
     if stack is None:
         return KernlePullResult(operations_json="[]", count=0, server_time=timezone.now())
     grants, grant_params = _grants_clause(principal, stack, alias="m")
+    # A watermark lost with the last moments before a crash only makes the next pull start from an
+    # older one (records again, never a gap): the commit need not wait for the WAL flush.
+    async_commit = "" if connection.in_atomic_block else ASYNC_COMMIT_SQL
     with connection.cursor() as cursor:
-        cursor.execute(_kernle_pull_sql(grants, incremental=since_time is not None),
+        cursor.execute(async_commit + _kernle_pull_sql(grants, incremental=since_time is not None),
                        {"stack": stack.pk, "credential": principal.credential_id, "since": since_time, **grant_params})
+        while cursor.description is None and cursor.nextset():
+            pass  # past the SET to the lock
         cursor.nextset()  # past the lock
         fetched = cursor.fetchall()
         cursor.nextset()
