@@ -1,7 +1,8 @@
 """The default database's libpq connection string, for the PostgreSQL tools (pg_dump) and plain
 psycopg clients that run beside Django (memoryhub/backup.py); the compiled `timestamptz` loader
 every connection reads with (`use_compiled_timestamps`); id lists sent as one literal
-(`uuid_array`); and a model's rows read through a written-out statement (`ModelRows`)."""
+(`uuid_array`); multi-statement query strings (`async_commit_sql`, `skip_to_rows`); and a model's
+rows read through a written-out statement (`ModelRows`)."""
 
 from __future__ import annotations
 
@@ -28,10 +29,19 @@ except ImportError:  # psycopg's pure-Python build: Django's loader stays
 _LIBPQ_KEYS = ("dbname", "user", "password", "host", "port", "sslmode", "sslrootcert", "sslcert", "sslkey")
 
 
-# Sent at the head of a query string that is its own (implicit) transaction, for bookkeeping a crash
-# may lose without harm (a load's access counts, a pull's watermark): its commit does not wait for
-# the WAL flush. Never inside a caller's transaction: it would last until the caller's commit.
-ASYNC_COMMIT_SQL = "SET LOCAL synchronous_commit = off; "
+def async_commit_sql() -> str:
+    """`SET LOCAL synchronous_commit = off; ` for the head of a query string that is its own
+    (implicit) transaction and writes only bookkeeping a crash may lose without harm (a load's
+    access counts, a pull's watermark): its commit does not wait for the WAL flush. "" inside a
+    caller's transaction, where it would last until the caller's commit and cover its writes too."""
+    return "" if connection.in_atomic_block else "SET LOCAL synchronous_commit = off; "
+
+
+def skip_to_rows(cursor: Any) -> None:
+    """Move `cursor` past the results without rows at the head of a multi-statement query string
+    (its SET LOCAL settings, a data-modifying statement) to the first result that has rows."""
+    while cursor.description is None and cursor.nextset():
+        pass
 
 
 def uuid_array(ids: Sequence[Any]) -> str:

@@ -53,7 +53,7 @@ from django.utils import timezone
 from memories.privacy.grants import Audience, grants_sql
 from memories.records.vocabulary import CHECKPOINT_EPISODE_TAGS, CHECKPOINT_OBJECTIVE_PREFIX
 from memories.selectors import checkpoint_context_text, checkpoint_warnings, working_state
-from memoryhub.database import ASYNC_COMMIT_SQL, uuid_array
+from memoryhub.database import async_commit_sql, skip_to_rows, uuid_array
 from memoryhub.prepared import fetch_prepared
 from stacks.models import Stack
 
@@ -395,8 +395,7 @@ def stack_load(*, stack: Stack, budget: int | None = None, item_chars: int | Non
                                     settings_sql=settings_sql + _ONE_PLAN_SQL) if own_transaction else None
         if candidates is None:
             cursor.execute(settings_sql + candidates_sql, params)
-            while cursor.description is None and cursor.nextset():
-                pass  # past the SET statements to the candidates
+            skip_to_rows(cursor)  # past the SET statements to the candidates
             candidates = cursor.fetchall()
 
         # The greedy walk, in priority order. Rows the query left out are ones that cannot fit.
@@ -429,11 +428,10 @@ def stack_load(*, stack: Stack, budget: int | None = None, item_chars: int | Non
         if touch or unread:
             # The access bookkeeping and the read of the rest share one round trip.
             # (A row deleted since the ranking is simply not returned; bumping its count is harmless.)
-            touch_sql = ((ASYNC_COMMIT_SQL if own_transaction else "") + _TOUCH_SQL) if touch else ""
+            touch_sql = (async_commit_sql() + _TOUCH_SQL) if touch else ""
             cursor.execute(touch_sql + (_ROWS_SQL if unread else ""),
                            {**params, "ids": uuid_array(unread), "chosen": uuid_array(uncounted_ids)})
-            while cursor.description is None and cursor.nextset():
-                pass  # past the UPDATE to the rows
+            skip_to_rows(cursor)  # past the UPDATE to the rows
             if unread:
                 rows.update((row[0], row) for row in cursor.fetchall())
 

@@ -30,6 +30,7 @@ from django.utils import timezone
 from memories.models import Memory
 from memories.privacy.grants import Audience, grants_sql
 from memories.selectors import LIVE_SQL, MEMORY_ROWS
+from memoryhub.database import skip_to_rows
 
 MAX_LIMIT = 100
 MAX_QUERY_CHARS = 2000
@@ -171,8 +172,7 @@ def execute_under_deadline(cursor: Any, sql: str, params: Any, *, settings_sql: 
     A search outside any transaction thus saves the BEGIN and COMMIT round trips a transaction of
     its own would cost, and still keeps its deadline on every statement."""
     cursor.execute(deadline_sql() + settings_sql + sql, params)
-    while cursor.description is None and cursor.nextset():
-        pass  # past the SET statements
+    skip_to_rows(cursor)  # past the SET statements
 
 
 def fetch_rows(sql: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:

@@ -38,7 +38,7 @@ from memories.sync.protocol import (
 )
 from memories.writes.columns import PAYLOAD_COLUMNS
 from memories.writes.outbox import ERASE, PURGE
-from memoryhub.database import ASYNC_COMMIT_SQL
+from memoryhub.database import async_commit_sql, skip_to_rows
 from memoryhub.errors import InvalidInput
 from stacks.models import Stack
 from stacks.selectors import stack_for_principal, visible_stack
@@ -58,10 +58,13 @@ def sync_stack_for_read(principal: Principal, raw_slug: Any) -> Stack | None:
     return stack
 
 
+# FOR SHARE on the stack row: waits for an in-flight push to commit, lets pulls run together.
+_SHARE_LOCK_SQL = f"SELECT 1 FROM {Stack._meta.db_table} WHERE id = %(stack)s FOR SHARE;"  # noqa: S608
+
+
 def _lock_stack_shared(stack: Stack) -> None:
-    """FOR SHARE on the stack row: waits for an in-flight push to commit, lets pulls run together."""
     with connection.cursor() as cursor:
-        cursor.execute("SELECT 1 FROM stacks_stack WHERE id = %s FOR SHARE", [stack.pk])
+        cursor.execute(_SHARE_LOCK_SQL, {"stack": stack.pk})
 
 
 # --- kernle pull ---------------------------------------------------------------------------------------
@@ -112,7 +115,6 @@ _WATERMARK_TABLE = SyncWatermark._meta.db_table
 # change the snapshot missed commits after the lock is released, so after that clock reading
 # (a writer reads the clock once it holds the stack's lock): no change is ever skipped
 # (docs/kernle-protocol.md §4.4).
-_PULL_LOCK_SQL = f"SELECT 1 FROM {Stack._meta.db_table} WHERE id = %(stack)s FOR SHARE;"  # noqa: S608
 _WATERMARK_CTE = (
     f"WITH watermark AS (INSERT INTO {_WATERMARK_TABLE} (stack_id, credential_id, pulled_at) "  # noqa: S608
     "VALUES (%(stack)s, %(credential)s, clock_timestamp()) "
@@ -135,7 +137,7 @@ _SINCE_SQL = (
 def _kernle_pull_sql(grants: str, *, incremental: bool) -> str:
     """The lock, the change set (everything unless `incremental`), the clock: one string."""
     changes = _KERNLE_PULL_SQL.replace("{since}", _SINCE_SQL if incremental else "").replace("{grants}", grants)
-    return _PULL_LOCK_SQL + _WATERMARK_CTE + changes + _PULL_CLOCK_SQL
+    return _SHARE_LOCK_SQL + _WATERMARK_CTE + changes + _PULL_CLOCK_SQL
 
 
 def _record_json(*objects: str | None) -> str:
@@ -177,14 +179,12 @@ def kernle_pull(*, principal: Principal, stack_id: Any, since: Any) -> KernlePul
     if stack is None:
         return KernlePullResult(operations_json="[]", count=0, server_time=timezone.now())
     grants, grant_params = _grants_clause(principal, stack, alias="m")
-    # A watermark lost with the last moments before a crash only makes the next pull start from an
-    # older one (records again, never a gap): the commit need not wait for the WAL flush.
-    async_commit = "" if connection.in_atomic_block else ASYNC_COMMIT_SQL
     with connection.cursor() as cursor:
-        cursor.execute(async_commit + _kernle_pull_sql(grants, incremental=since_time is not None),
+        # A watermark lost with the last moments before a crash only makes the next pull start from
+        # an older one (records again, never a gap): the commit need not wait for the WAL flush.
+        cursor.execute(async_commit_sql() + _kernle_pull_sql(grants, incremental=since_time is not None),
                        {"stack": stack.pk, "credential": principal.credential_id, "since": since_time, **grant_params})
-        while cursor.description is None and cursor.nextset():
-            pass  # past the SET to the lock
+        skip_to_rows(cursor)  # past the SET to the lock
         cursor.nextset()  # past the lock
         fetched = cursor.fetchall()
         cursor.nextset()
