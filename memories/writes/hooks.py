@@ -160,15 +160,16 @@ def prepare_author(author: Author, *, redaction: RedactionPolicy) -> Author:
 
 def after_commit(*, stack_id: int, source: str, changes: Iterable[tuple[str, Sequence[Any]]] = (),
                  embed_ids: Sequence[Any] = (), embed_message_ids: int = EMBED_MESSAGE_IDS,
-                 along: Statement | None = None) -> None:
+                 along: Sequence[Statement] = ()) -> None:
     """Note one write, inside its transaction: record its change event (`outbox.record_change`:
-    one outbox row per transaction and stack, published after commit), run its counter UPDATE
-    (`along`, `rows.counters_statement`: in the same round trip as the event's INSERT), and queue
-    its after-commit unit (`effects.queue`): embedding of `embed_ids`, then one `MemoryChange` per
-    (action, memory ids) for the listeners. Nothing happens after commit if the transaction (or the
-    savepoint the write ran in) rolls back; outside a transaction it happens at once."""
+    one outbox row per transaction and stack, published after commit), run the write's own
+    statements (`along`: its INSERT of new rows, `rows.counters_statement`; in the same round trip as
+    the event's INSERT), and queue its after-commit unit (`effects.queue`): embedding of
+    `embed_ids`, then one `MemoryChange` per (action, memory ids) for the listeners. Nothing happens
+    after commit if the transaction (or the savepoint the write ran in) rolls back; outside a
+    transaction it happens at once."""
     changed = [(action, ids) for action, ids in changes if ids]
-    if changed or along is not None:
+    if changed or along:
         record_change(stack_id=stack_id, topic=MEMORY, source=source, changes=changed, along=along)
     if not embed_ids and not changed:
         return

@@ -28,7 +28,7 @@ of that stack below N.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -78,21 +78,26 @@ _EXTEND_SQL = (f"UPDATE {_EVENT_TABLE} SET memory_ids = memory_ids || %(ids)s::t
 @dataclass(frozen=True)
 class Statement:
     """A statement of the writing transaction that can travel with the event's in one round trip
-    (`record_change(along=…)`): the write kernel's counter UPDATE. Named parameters only, none of
-    them named like the event statement's (stack, topic, action, source, ids, id)."""
+    (`record_change(along=…)`): the write kernel's INSERT of new rows and its counter UPDATE. Named
+    parameters only, none of them named like another's of the same round trip (the event's are
+    stack, topic, action, source, ids, id). `read`: called with the statement's rows (RETURNING)."""
 
     sql: str
     params: dict[str, Any]
+    read: Callable[[list[tuple[Any, ...]]], None] | None = None
 
 
-def _run(cursor: Any, sql: str, params: dict[str, Any], along: Statement | None) -> None:
-    """Execute `sql`, preceded by `along` in the same round trip (client-side binding sends both as
-    one query string), and leave the cursor on the result of `sql`."""
-    if along is None:
-        cursor.execute(sql, params)
-        return
-    cursor.execute(f"{along.sql}; {sql}", {**along.params, **params})
-    cursor.nextset()
+def _run(cursor: Any, along: Sequence[Statement], last: Statement | None = None) -> None:
+    """Execute the `along` statements, then `last`, in one round trip (client-side binding sends
+    them as one query string), hand each `along` statement's rows to its `read`, and leave the
+    cursor on the result of `last`."""
+    statements = [*along, *([last] if last is not None else [])]
+    cursor.execute("; ".join(statement.sql for statement in statements),
+                   {name: value for statement in statements for name, value in statement.params.items()})
+    for statement in along:
+        if statement.read is not None:
+            statement.read(cursor.fetchall())
+        cursor.nextset()
 
 
 @dataclass
@@ -139,24 +144,24 @@ def _event_action(actions: set[str]) -> str:
 
 
 def record_change(*, stack_id: int, topic: str, source: str, changes: Iterable[tuple[str, Sequence[Any]]],
-                  stamped: bool | None = None, along: Statement | None = None) -> None:
+                  stamped: bool | None = None, along: Sequence[Statement] = ()) -> None:
     """Record what this write did to one stack, in the caller's (writing) transaction: INSERT its
     event, or extend this transaction's event of the stack and topic (a removal: of the stack, topic
     and action). Publishing follows the
     commit (nothing if it rolls back). `changes`: (action, memory ids) pairs; `stamped`: the write
     stamped change_seq on the stack's rows (default: inferred from the actions). Checkpoint and
     boot-config writers pass no ids. The caller holds the stack lock when it stamped rows.
-    `along`: a statement of the same write (the kernel's counter UPDATE) executed first, in the same
-    round trip — and on its own when there is no event to record."""
+    `along`: statements of the same write (the kernel's INSERT of new rows, its counter UPDATE)
+    executed first, in the same round trip — and on their own when there is no event to record."""
     actions: set[str] = set()
     ids: list[str] = []
     for action, memory_ids in changes:
         actions.add(EVENT_ACTIONS.get(action, action))
         ids.extend(str(i) for i in memory_ids)
     if not ENABLED or not actions:
-        if along is not None:
+        if along:
             with connections[DEFAULT_DB_ALIAS].cursor() as cursor:
-                cursor.execute(along.sql, along.params)
+                _run(cursor, along)
         return
     if stamped is None:
         stamped = bool(actions & STAMPING_ACTIONS)
@@ -171,19 +176,20 @@ def record_change(*, stack_id: int, topic: str, source: str, changes: Iterable[t
         if pending is not None:
             fresh = [i for i in dict.fromkeys(ids) if i not in pending.ids]
             merged = pending.actions | actions
-            _run(cursor, _EXTEND_SQL.format(seq=", seq = GREATEST(seq, " + _STAMPED_SEQ + ")" if stamped else ""),
-                 {"ids": array_literal(fresh), "action": _event_action(merged), "id": pending.event_id,
-                  "stack": stack_id}, along)
-            along = None  # it ran, whatever the UPDATE found
+            _run(cursor, along, Statement(
+                _EXTEND_SQL.format(seq=", seq = GREATEST(seq, " + _STAMPED_SEQ + ")" if stamped else ""),
+                {"ids": array_literal(fresh), "action": _event_action(merged), "id": pending.event_id,
+                 "stack": stack_id}))
+            along = ()  # it ran, whatever the UPDATE found
             if cursor.rowcount:
                 pending.actions = merged
                 pending.ids.update(fresh)
                 return
             # Its row went with a rolled-back savepoint: record anew.
         unique = list(dict.fromkeys(ids))
-        _run(cursor, _INSERT_SQL.format(seq=_STAMPED_SEQ if stamped else _FRESH_SEQ),
-             {"stack": stack_id, "topic": topic, "action": _event_action(actions), "source": source,
-              "ids": array_literal(unique)}, along)
+        _run(cursor, along, Statement(_INSERT_SQL.format(seq=_STAMPED_SEQ if stamped else _FRESH_SEQ),
+                                      {"stack": stack_id, "topic": topic, "action": _event_action(actions),
+                                       "source": source, "ids": array_literal(unique)}))
         event_id = int(cursor.fetchone()[0])
     state.events[key] = _Pending(event_id=event_id, actions=actions, ids=set(unique))
     if state.unit is None:

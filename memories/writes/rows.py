@@ -10,9 +10,10 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from functools import lru_cache
 from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS, connection, transaction
+from django.db import DEFAULT_DB_ALIAS, transaction
 from django.db.models import F
 from django.utils import timezone
 
@@ -140,21 +141,32 @@ def new_memory(*, stack: Stack, normalized: NormalizedMemory, record_id: str | N
 # New memories' INSERT, written out: compiling the ORM's (Model.save, bulk_create) cost more of a
 # single write's CPU than anything else it does (docs/benchmarks.md "Figures behind code choices").
 # The columns are COPY's (every column the database does not fill), rendered as COPY renders them.
+# Named parameters (`m<row>_<column>`): the INSERT travels with the counters and the change event in
+# one round trip (outbox.Statement).
 _INSERT_SQL = f"INSERT INTO {Memory._meta.db_table} ({', '.join(COPY_COLUMNS)}) VALUES "  # noqa: S608 - the model's names
-_INSERT_ROW = "(" + ", ".join(["%s"] * len(COPY_COLUMNS)) + ")"
 
 
-def _insert_rows(memories: Sequence[Memory]) -> None:
-    """INSERT unsaved memories in one statement and leave them as the ORM leaves saved ones: their
-    `change_seq` (the column default) read back, and known to be stored in the default database."""
-    params = [value for memory in memories for value in new_row_values(memory.__dict__)]
-    with connection.cursor() as cursor:
-        cursor.execute(f"{_INSERT_SQL}{', '.join([_INSERT_ROW] * len(memories))} RETURNING change_seq", params)
-        change_seqs = cursor.fetchall()  # in the VALUES' order, as Django's bulk_create relies on too
-    for memory, (change_seq,) in zip(memories, change_seqs, strict=True):
-        memory.change_seq = change_seq
-        memory._state.adding = False
-        memory._state.db = DEFAULT_DB_ALIAS
+@lru_cache(maxsize=16)
+def _insert_sql(rows: int) -> str:
+    values = ", ".join("(" + ", ".join(f"%(m{row}_{column})s" for column in range(len(COPY_COLUMNS))) + ")"
+                       for row in range(rows))
+    return f"{_INSERT_SQL}{values} RETURNING change_seq"
+
+
+def _insert_statement(memories: Sequence[Memory]) -> Statement:
+    """The INSERT of unsaved memories, whose rows leave them as the ORM leaves saved ones: their
+    `change_seq` read back, and known to be stored in the default database."""
+
+    def read(change_seqs: list[tuple[Any, ...]]) -> None:
+        # In the VALUES' order, as Django's bulk_create relies on too.
+        for memory, (change_seq,) in zip(memories, change_seqs, strict=True):
+            memory.change_seq = change_seq
+            memory._state.adding = False
+            memory._state.db = DEFAULT_DB_ALIAS
+
+    params = {f"m{row}_{column}": value for row, memory in enumerate(memories)
+              for column, value in enumerate(new_row_values(memory.__dict__))}
+    return Statement(_insert_sql(len(memories)), params, read)
 
 
 def insert_memories(*, stack: Stack, memories: Sequence[Memory], source: str, stack_locked: bool = False) -> None:
@@ -179,15 +191,16 @@ def insert_memories(*, stack: Stack, memories: Sequence[Memory], source: str, st
     now = timezone.now()
     for memory in memories:
         memory.server_updated_at = now
-    _insert_rows(memories)
-    originals = {m.pk: getattr(m, _ORIGINAL_TEXT) for m in memories if hasattr(m, _ORIGINAL_TEXT)}
-    if originals:
-        keep_originals(stack_id=stack.pk, originals=originals)
     counters = counters_statement(stack_id=stack.pk, count_delta=len(memories),
                                   bytes_delta=sum(m.size_bytes for m in memories), written=len(memories))
     ids = [m.pk for m in memories]
+    # The INSERT, the counters and the change event: one round trip.
+    along = [_insert_statement(memories), *([counters] if counters else [])]
     after_commit(stack_id=stack.pk, source=source, changes=[("create", ids)], embed_ids=ids,
-                 embed_message_ids=SMALL_EMBED_MESSAGE_IDS, along=counters)
+                 embed_message_ids=SMALL_EMBED_MESSAGE_IDS, along=along)
+    originals = {m.pk: getattr(m, _ORIGINAL_TEXT) for m in memories if hasattr(m, _ORIGINAL_TEXT)}
+    if originals:
+        keep_originals(stack_id=stack.pk, originals=originals)
 
 
 def save_change(memory: Memory, *, before: dict[str, Any], source: str, author: Author, action: str,
@@ -224,7 +237,7 @@ def save_change(memory: Memory, *, before: dict[str, Any], source: str, author: 
     counters = counters_statement(stack_id=memory.stack_id, count_delta=count_delta, bytes_delta=bytes_delta,
                                   written=int(action == "update"))
     after_commit(stack_id=memory.stack_id, source=source, changes=[(action, [memory.pk])],
-                 embed_ids=[memory.pk] if text_changed else (), along=counters)
+                 embed_ids=[memory.pk] if text_changed else (), along=(counters,) if counters else ())
     return memory
 
 
