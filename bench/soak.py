@@ -6,10 +6,12 @@
 
 One run starts the real runner (`python -m memoryhub.runner`: embedded Postgres and Redis, the web
 server, one worker, beat) in a throw-away data dir on free ports, makes a school with one stack and
-one stack-bound API key per agent, seeds every stack with 50 memories, then:
+one stack-bound API key per agent, seeds every stack with 50 memories, waits for their vectors,
+then:
 
 * **unloaded baseline**: each operation on its own, one at a time (after a warm-up), p50/p95 of
-  100 samples each (`--baseline-samples`);
+  100 samples each (`--baseline-samples`), with no embedding backlog: the worker embedding the
+  seed beside it would make the baseline slower, and every ratio to it kinder;
 * **soak**: every agent at an agent's pace, *open loop*: an operation every 1-2 s (uniform),
   started on schedule whether or not its previous answer came, so a slow server meets the same
   arrivals (latency is measured from the scheduled start). The mix, per operation:
@@ -160,8 +162,15 @@ def run_soak(args: argparse.Namespace) -> int:
         with running_service(workdir, args.embedder, extra) as service:
             school = service.make_school("soak", args.agents)
             agents = [Agent(n, a["stack"], a["secret"]) for n, a in enumerate(school["agents"])]
-            log(f"seeding {args.agents} stacks with {SEED_MEMORIES} memories each, then the unloaded baseline")
-            seeding, baseline = asyncio.run(seed_and_baseline(service.base_url, agents, args.baseline_samples))
+            log(f"seeding {args.agents} stacks with {SEED_MEMORIES} memories each, then, once their vectors are "
+                "stored, the unloaded baseline")
+
+            def settle() -> None:
+                took, left = drain(service.database_url, DRAIN_SECONDS)
+                log(f"the seed's embedding backlog: {left:,} left after {took:.0f} s")
+
+            seeding, baseline = asyncio.run(seed_and_baseline(service.base_url, agents, args.baseline_samples,
+                                                              settle=settle))
             rss = {"start": rss_snapshot(service.runner.pid)}
             backlogs = {"start": backlog(service.database_url)}
             metrics = {"start": scrape_metrics(service.base_url)}

@@ -15,7 +15,7 @@ import sys
 import time
 import uuid
 from collections import Counter, defaultdict
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -272,9 +272,10 @@ class AgentClient:
         return await self.request("POST", path, headers=headers, content=content, json=json)
 
 
-async def seed_and_baseline(base_url: str, agents: list[Agent], samples: int) -> tuple[Recorder, Recorder]:
-    """Log every agent in, seed every stack, warm up, then each operation alone, one at a time: the
-    unloaded baseline."""
+async def seed_and_baseline(base_url: str, agents: list[Agent], samples: int,
+                            settle: Callable[[], None] | None = None) -> tuple[Recorder, Recorder]:
+    """Log every agent in, seed every stack, call `settle` (it may block: nothing else runs then),
+    warm up, then each operation alone, one at a time: the unloaded baseline."""
     rng = random.Random(7)
     seeding, baseline = Recorder(), Recorder()
     async with AgentClient(base_url, 16) as http:
@@ -286,6 +287,8 @@ async def seed_and_baseline(base_url: str, agents: list[Agent], samples: int) ->
                 await operate(http, agent, "push", rng, seeding, time.monotonic(), push_ops=SEED_MEMORIES)
 
         await asyncio.gather(*(seed(a) for a in agents))
+        if settle is not None:
+            settle()
         await unloaded(http, agents, samples, rng, baseline)
     return seeding, baseline
 
