@@ -14,7 +14,8 @@ leaves the same traces, and they are made here, not re-implemented per writer:
   the rows (a rollback undoes both) and without a second commit; a write that creates memories or
   changes their content also stamps `Stack.last_write_at` and adds to the stack's day in
   `StackDailyActivity` in that same statement (the dashboard's "written per day"); the statement
-  (`rows.counters_statement`) travels with the change event's INSERT in one round trip;
+  (`rows.counters_statement`) travels with the change event's INSERT in one round trip — in the
+  single-row form with the new rows' INSERT too;
 * **a change event** (`hooks.after_commit` → `outbox.record_change`): one outbox row per writing
   transaction and stack, INSERTed in that transaction, published to live pages and webhooks after
   commit (memories.changes; docs/architecture.md §11);
