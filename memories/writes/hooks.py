@@ -160,17 +160,18 @@ def prepare_author(author: Author, *, redaction: RedactionPolicy) -> Author:
 
 def after_commit(*, stack_id: int, source: str, changes: Iterable[tuple[str, Sequence[Any]]] = (),
                  embed_ids: Sequence[Any] = (), embed_message_ids: int = EMBED_MESSAGE_IDS,
-                 along: Sequence[Statement] = ()) -> None:
+                 along: Sequence[Statement | None] = ()) -> None:
     """Note one write, inside its transaction: record its change event (`outbox.record_change`:
     one outbox row per transaction and stack, published after commit), run the write's own
-    statements (`along`: its INSERT of new rows, `rows.counters_statement`; in the same round trip as
-    the event's INSERT), and queue its after-commit unit (`effects.queue`): embedding of
-    `embed_ids`, then one `MemoryChange` per (action, memory ids) for the listeners. Nothing happens
-    after commit if the transaction (or the savepoint the write ran in) rolls back; outside a
-    transaction it happens at once."""
+    statements (`along`: its INSERT of new rows, `rows.counters_statement`, None for one it does not
+    need; in the same round trip as the event's INSERT), and queue its after-commit unit
+    (`effects.queue`): embedding of `embed_ids`, then one `MemoryChange` per (action, memory ids) for
+    the listeners. Nothing happens after commit if the transaction (or the savepoint the write ran
+    in) rolls back; outside a transaction it happens at once."""
     changed = [(action, ids) for action, ids in changes if ids]
-    if changed or along:
-        record_change(stack_id=stack_id, topic=MEMORY, source=source, changes=changed, along=along)
+    statements = [statement for statement in along if statement is not None]
+    if changed or statements:
+        record_change(stack_id=stack_id, topic=MEMORY, source=source, changes=changed, along=statements)
     if not embed_ids and not changed:
         return
     queue(Committed(writes=(Write(

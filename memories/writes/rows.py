@@ -195,9 +195,8 @@ def insert_memories(*, stack: Stack, memories: Sequence[Memory], source: str, st
                                   bytes_delta=sum(m.size_bytes for m in memories), written=len(memories))
     ids = [m.pk for m in memories]
     # The INSERT, the counters and the change event: one round trip.
-    along = [_insert_statement(memories), *([counters] if counters else [])]
     after_commit(stack_id=stack.pk, source=source, changes=[("create", ids)], embed_ids=ids,
-                 embed_message_ids=SMALL_EMBED_MESSAGE_IDS, along=along)
+                 embed_message_ids=SMALL_EMBED_MESSAGE_IDS, along=(_insert_statement(memories), counters))
     originals = {m.pk: getattr(m, _ORIGINAL_TEXT) for m in memories if hasattr(m, _ORIGINAL_TEXT)}
     if originals:
         keep_originals(stack_id=stack.pk, originals=originals)
@@ -237,7 +236,7 @@ def save_change(memory: Memory, *, before: dict[str, Any], source: str, author: 
     counters = counters_statement(stack_id=memory.stack_id, count_delta=count_delta, bytes_delta=bytes_delta,
                                   written=int(action == "update"))
     after_commit(stack_id=memory.stack_id, source=source, changes=[(action, [memory.pk])],
-                 embed_ids=[memory.pk] if text_changed else (), along=(counters,) if counters else ())
+                 embed_ids=[memory.pk] if text_changed else (), along=(counters,))
     return memory
 
 

@@ -153,8 +153,7 @@ def finish_set(*, stack_id: int, records: Sequence[RecordWrite], source: str, sy
         keep_originals(stack_id=stack_id, originals=originals, stale=stale)  # one upsert, one delete at most
     counters = counters_statement(stack_id=stack_id, count_delta=count_delta, bytes_delta=bytes_delta,
                                   sync_at=sync_at, written=written)
-    after_commit(stack_id=stack_id, source=source, changes=by_action.items(), embed_ids=embed,
-                 along=(counters,) if counters else ())
+    after_commit(stack_id=stack_id, source=source, changes=by_action.items(), embed_ids=embed, along=(counters,))
 
 
 def _original_of(record: RecordWrite, live: bool, originals: dict[Any, str], stale: list[Any]) -> None:

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import logging
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from django.db import DatabaseError
+from django.db import DatabaseError, connection, transaction
 
 from accounts.models import Organization
 from accounts.throttles import throttle_state_clear
@@ -314,11 +316,6 @@ def test_a_pull_waits_for_a_push_in_flight_and_carries_what_it_committed() -> No
     """A pull that arrives while a push holds the stack gets what that push commits (it reads the
     change set once the push is done, not a snapshot from before), with a server time after it: the
     next incremental pull skips nothing (docs/kernle-protocol.md §4.4)."""
-    import threading
-    import time
-
-    from django.db import connection, transaction
-
     throttle_state_clear()
     reg = personal_account_register(stack_id="acceptance", email=f"{uuid.uuid4().hex[:8]}@example.test")
     client = bearer_client(reg.secret)
