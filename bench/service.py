@@ -121,6 +121,23 @@ print("SCHOOL=" + json.dumps({"agents": agents, "cookie": cookie}))
 """
 
 
+# Where `make install` puts the ONNX export of the embedding model (Makefile, ONNX_DIR).
+ONNX_EXPORT = Path("build") / "models" / "all-MiniLM-L6-v2"
+
+
+def checkout_env(code_dir: Path) -> dict[str, str]:
+    """What another checkout of the code (a `git worktree` for an A/B) needs to embed as this one does.
+
+    Such a checkout has no `build/` of its own, and without the ONNX export its service embeds with
+    torch instead (memories/search/embeddings.py): several times slower, under another model id. A
+    comparison would then measure the two runtimes, not the two versions of the code. So it is
+    pointed at this checkout's export (the same pinned weights), unless it has one or the caller
+    chose one with MINILM_ONNX_DIR."""
+    if code_dir.resolve() == BASE_DIR or (code_dir / ONNX_EXPORT).is_dir() or "MINILM_ONNX_DIR" in os.environ:
+        return {}
+    return {"MINILM_ONNX_DIR": str(BASE_DIR / ONNX_EXPORT)}
+
+
 def runner_env(data_dir: Path, **extra: str) -> dict[str, str]:
     """This process's environment without DATABASE_URL / REDIS_URL (the runner starts its own),
     with `data_dir` and free ports for the web server, PostgreSQL, Redis and Anvil; `extra` last."""
@@ -137,7 +154,7 @@ def runner_service(data_dir: Path, log_path: Path, *, extra_env: dict[str, str] 
                    code_dir: Path = BASE_DIR) -> Iterator[RunnerService]:
     """The real runner with its data in `data_dir` (made if missing), ready; stopped on exit.
     `code_dir`: the checkout it runs from (another one: an A/B of two versions of the code)."""
-    env = runner_env(data_dir, **(extra_env or {}))
+    env = runner_env(data_dir, **checkout_env(code_dir), **(extra_env or {}))
     base_url = f"http://127.0.0.1:{env['PORT']}"
     started = time.monotonic()
     with open(log_path, "ab") as out:

@@ -318,6 +318,9 @@ def measure_round(service: RunnerService, agents: list[Agent], clients: int, sec
                                                 cookie=cookie, pages=pages))
     after = cpu_seconds(service.runner.pid)
     ok = [s for s in recorder.samples if 200 <= s.status < 300]
+    failed = Counter((s.op, s.status) for s in recorder.samples if not 200 <= s.status < 300)
+    if failed:
+        log("non-2xx: " + ", ".join(f"{n}x {status} on {op}" for (op, status), n in sorted(failed.items())))
     row: dict[str, float] = {"2xx per s": len(ok) / elapsed, "non-2xx": len(recorder.samples) - len(ok),
                              "p50 ms": percentiles([s.ms for s in ok])["p50"]}
     if pages:
