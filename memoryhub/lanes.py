@@ -37,7 +37,13 @@ from django.http import HttpRequest, HttpResponseBase, JsonResponse
 from memoryhub import redis_marks
 from memoryhub.cpu_priority import lower_for_bulk
 from memoryhub.errors import DomainError, error_body
-from memoryhub.metrics import BULK_LANE_LIMIT, BULK_LANE_REFUSALS, BULK_LANE_RUNNING, BULK_LANE_WAITING
+from memoryhub.metrics import (
+    BULK_LANE_LIMIT,
+    BULK_LANE_REFUSALS,
+    BULK_LANE_RUNNING,
+    BULK_LANE_WAITING,
+    INTERACTIVE_SLOWDOWN,
+)
 from memoryhub.worker_priority import BULK_QUEUED_KEY, PRESSURE_KEY
 
 # How many of a route's latencies make one of its baseline windows, and how many interactive
@@ -93,6 +99,8 @@ class GradientLimit:
     def __init__(self, *, minimum: float, maximum: int, tolerance: float) -> None:
         self.minimum, self.maximum, self.tolerance = minimum, maximum, tolerance
         self.limit: float = maximum
+        # The median of the latest interactive latencies against their routes' unloaded ones.
+        self.slowdown = 1.0
         self._baselines: dict[str, float] = {}
         self._windows: dict[str, list[float]] = {}
         self._beside_bulk: set[str] = set()  # routes whose current window saw a request beside bulk work
@@ -127,14 +135,15 @@ class GradientLimit:
         self._ratios.append(seconds / baseline)
         if len(self._ratios) < ADJUST_SAMPLES:
             return False
-        ratio = statistics.median(self._ratios)
+        self.slowdown = statistics.median(self._ratios)
         self._ratios.clear()
-        return self._adjust(ratio)
+        return self._adjust(self.slowdown)
 
     def grow_if_idle(self) -> bool:
         if time.monotonic() - self._last_sample < IDLE_GROWTH_SECONDS:
             return False
         self._last_sample = time.monotonic()
+        self.slowdown = 1.0
         return self._adjust(1.0)
 
     def _adjust(self, ratio: float) -> bool:
@@ -221,6 +230,7 @@ class BulkLane:
             beside_bulk = self.running > 0 or self._bulk_last_ran > time.monotonic() - seconds
             if self.gradient.observe(route, seconds, beside_bulk=beside_bulk):
                 self._dispatch()
+            INTERACTIVE_SLOWDOWN.set(self.gradient.slowdown)
             due = self.gradient.limit < self.gradient.maximum and self._pressure_mark.due()
         if due:
             self._pressure_mark.write()

@@ -65,6 +65,10 @@ BULK_LANE_LIMIT = Gauge("memoryhub_bulk_lane_limit", "Bulk requests the web proc
 BULK_LANE_RUNNING = Gauge("memoryhub_bulk_lane_running", "Bulk requests running now.", multiprocess_mode="livesum")
 BULK_LANE_WAITING = Gauge("memoryhub_bulk_lane_waiting", "Bulk requests waiting for a place now.",
                           multiprocess_mode="livesum")
+INTERACTIVE_SLOWDOWN = Gauge(
+    "memoryhub_interactive_slowdown", "How many times slower than unloaded interactive requests run now: the "
+    "median of a web process's latest ones against their routes' unloaded latency, the slowest process's "
+    "(memoryhub.lanes).", multiprocess_mode="livemax")
 BULK_LANE_REFUSALS = Counter("memoryhub_bulk_lane_refusals", "Bulk requests refused with Retry-After, by error code.",
                              ["code"])
 JOB_RUNS = Counter("memoryhub_job_runs", "Background job runs, by job and final status.", ["job", "status"])

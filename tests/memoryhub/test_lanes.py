@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import redis
+from prometheus_client import REGISTRY
 
 from accounts.models import AuditEvent
 from memories.models import Memory
@@ -246,6 +247,18 @@ def test_a_lane_holding_bulk_back_marks_the_pressure_the_runner_reads(settings: 
     for _ in range(24):
         bulk.observe_interactive("search", 0.200)
     assert bulk.gradient.limit < 4 and pressed()
+    redis.Redis.from_url(settings.REDIS_URL).delete(PRESSURE_KEY)
+
+
+def test_the_interactive_slowdown_is_exported_for_operators(settings: Any) -> None:
+    """/metrics says how many times slower than unloaded interactive requests run now."""
+    bulk = lane(limit=4)
+    for _ in range(32):
+        bulk.observe_interactive("search", 0.020)
+    assert REGISTRY.get_sample_value("memoryhub_interactive_slowdown") == pytest.approx(1.0)
+    for _ in range(12):
+        bulk.observe_interactive("search", 0.100)
+    assert REGISTRY.get_sample_value("memoryhub_interactive_slowdown") == pytest.approx(5.0)
     redis.Redis.from_url(settings.REDIS_URL).delete(PRESSURE_KEY)
 
 
