@@ -125,6 +125,7 @@ from bench.soak_report import (  # noqa: E402
     scrape_metrics,
     searchable_buckets,
     stored_counts,
+    vector_models,
 )
 
 # How long the soak waits, once the load has ended, for the embedding backlog to drain: the worker
@@ -167,7 +168,8 @@ def run_soak(args: argparse.Namespace) -> int:
 
             def settle() -> None:
                 took, left = drain(service.database_url, DRAIN_SECONDS)
-                log(f"the seed's embedding backlog: {left:,} left after {took:.0f} s")
+                log(f"the seed's embedding backlog: {left:,} left after {took:.0f} s; its vectors' model: "
+                    f"{vector_models(service.database_url)}")
 
             seeding, baseline = asyncio.run(seed_and_baseline(service.base_url, agents, args.baseline_samples,
                                                               settle=settle))
@@ -363,6 +365,8 @@ def run_compare(args: argparse.Namespace) -> int:
                                                       args.step_seconds, MIXES[args.mix], cookie=cookies[name],
                                                       pages=args.compare_pages))
                     log(f"round {n + 1} {name}: {rounds[name][-1]['2xx per s']:.1f} req/s")
+            for name, service in services.items():
+                log(f"service {name}: its vectors' model: {vector_models(service.database_url)}")
             rows = []
             for name, extra in configs.items():
                 origin = "" if code_dirs[name] == BASE_DIR else f" (code: {code_dirs[name]})"

@@ -139,6 +139,17 @@ def average_stack_size(database_url: str) -> float:
     return float(row[0]) if row and row[0] is not None else 0.0
 
 
+def vector_models(database_url: str) -> str:
+    """The models the stored vectors were made with, and how many each: a service that fell back
+    from the ONNX export to torch (a checkout without `build/`) shows here as another model id."""
+    import psycopg
+
+    with psycopg.connect(database_url) as conn:
+        rows = conn.execute("SELECT embedding_model, count(*) FROM memories_memory WHERE embedding IS NOT NULL "
+                            "GROUP BY 1 ORDER BY 2 DESC").fetchall()
+    return ", ".join(f"{model or '?'} ({n:,})" for model, n in rows) or "none yet"
+
+
 def drain(database_url: str, limit: float) -> tuple[float, int]:
     """Wait, up to `limit` seconds, for the embedding backlog to drain: how long it took, and what
     was left (0: drained)."""
