@@ -10,7 +10,7 @@ from django.conf import settings
 from django.db import connection
 
 from memoryhub.celery import app as celery_app
-from memoryhub.worker_priority import AWAITING_VECTORS
+from memoryhub.worker_priority import AWAITING_VECTORS, BACKLOG_STACKS_CTE, OLDEST_AWAITING_IN_W
 
 CHECK_TIMEOUT_SECONDS = 2.0
 
@@ -69,15 +69,25 @@ def readiness() -> dict[str, CheckResult]:
 
 
 # What memories.search.embedding_backlog.embedding_backlog_count counts, read here as plain SQL
-# (memoryhub.worker_priority: why, and the index it reads).
-EMBEDDING_BACKLOG_SQL = f"SELECT count(*) {AWAITING_VECTORS}"
+# (memoryhub.worker_priority: why, and the index it reads), counted up to BACKLOG_COUNT_CAP only.
+# /readyz and /metrics read it at every probe and scrape, and counting reads every awaiting row: a
+# large import's backlog would make the probe slower with each row, up to its timeout
+# (docs/operations.md §11). Past the cap, the lag below says how far behind embedding is.
+BACKLOG_COUNT_CAP = 100_000
+EMBEDDING_BACKLOG_SQL = f"SELECT count(*) FROM (SELECT 1 {AWAITING_VECTORS} LIMIT %(cap)s) awaiting"  # noqa: S608 - fixed text
 
 
-# The same rows, and how long ago the oldest of them last changed: how long the memory that has waited
-# longest has gone without a current vector, the time to searchable an operator watches (/metrics).
-# As cheap as the count alone: both read the same awaiting rows.
-_OLDEST_AWAITING_AGE = "GREATEST(0, EXTRACT(EPOCH FROM statement_timestamp() - min(server_updated_at)))"
-EMBEDDING_LAG_SQL = f"SELECT count(*), {_OLDEST_AWAITING_AGE} {AWAITING_VECTORS}"
+# The same count, and how long ago the oldest awaiting row last changed: how long the memory that
+# has waited longest has gone without a current vector, the time to searchable an operator watches
+# (/metrics). The oldest is each backlog stack's oldest, one index probe a stack (as the runner's
+# look finds it), not a minimum over every awaiting row.
+EMBEDDING_LAG_SQL = f"""
+WITH RECURSIVE {BACKLOG_STACKS_CTE}
+SELECT ({EMBEDDING_BACKLOG_SQL}),
+       GREATEST(0, EXTRACT(EPOCH FROM statement_timestamp() - (
+           SELECT min(o.oldest) FROM (SELECT {OLDEST_AWAITING_IN_W} AS oldest
+                                        FROM waiting w WHERE w.stack_id IS NOT NULL) o)))
+"""  # noqa: S608 - only fixed text is interpolated; the cap is a parameter
 
 
 def _informational_row(sql: str) -> tuple[Any, ...] | None:
@@ -85,7 +95,7 @@ def _informational_row(sql: str) -> tuple[Any, ...] | None:
     already reports that; these figures never fail readiness)."""
     try:
         with connection.cursor() as cursor:
-            cursor.execute(sql)
+            cursor.execute(sql, {"cap": BACKLOG_COUNT_CAP})
             row = cursor.fetchone()
         return tuple(row)
     except Exception:  # informational only; readiness must not fail because of it
@@ -94,13 +104,14 @@ def _informational_row(sql: str) -> tuple[Any, ...] | None:
 
 
 def embedding_backlog() -> int | None:
-    """How many memories await a current embedding (None: the database cannot answer)."""
+    """How many memories await a current embedding, up to BACKLOG_COUNT_CAP (None: the database
+    cannot answer)."""
     row = _informational_row(EMBEDDING_BACKLOG_SQL)
     return None if row is None else int(row[0])
 
 
 def embedding_backlog_and_lag() -> tuple[int, float] | None:
-    """How many memories await a current embedding, and the seconds since the oldest of them last
-    changed (0 when none awaits); None when the database cannot answer."""
+    """How many memories await a current embedding (up to BACKLOG_COUNT_CAP), and the seconds since
+    the oldest of them last changed (0 when none awaits); None when the database cannot answer."""
     row = _informational_row(EMBEDDING_LAG_SQL)
     return None if row is None else (int(row[0]), float(row[1] or 0))

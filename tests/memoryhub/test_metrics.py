@@ -15,6 +15,7 @@ from django.utils import timezone
 from memories.models import Memory
 from memories.search.embedding_jobs import memories_embed
 from memories.search.embeddings import get_embedder
+from memoryhub import health
 from tests.actors import School
 
 pytestmark = pytest.mark.django_db
@@ -105,3 +106,19 @@ def test_the_embedding_lag_is_how_long_the_oldest_memory_has_waited_for_its_vect
     assert value(scraped, "memoryhub_embedding_backlog") == 0
     assert value(scraped, "memoryhub_embedding_lag_seconds") == 0  # nothing awaits: no lag
     assert 'memoryhub_embedding_lag_seconds 0.0' in scraped  # present, not merely absent
+
+
+def test_the_backlog_is_counted_up_to_its_cap_and_the_lag_still_finds_the_oldest(
+        school: School, monkeypatch: pytest.MonkeyPatch) -> None:
+    """/metrics and /readyz count the backlog no further than BACKLOG_COUNT_CAP, so a large import
+    never makes the probe slower; the lag still reads the oldest awaiting change (docs/operations.md §11)."""
+    monkeypatch.setattr(health, "BACKLOG_COUNT_CAP", 2)
+    created = [school.agent.post(school.stack_url("memories"), {"kind": "note", "content": f"Capped note {n}"},
+                                 format="json") for n in range(3)]
+    assert [response.status_code for response in created] == [201, 201, 201]
+    oldest = Memory.objects.get(pk=created[-1].json()["id"])  # the last written, made the oldest
+    Memory.objects.filter(pk=oldest.pk).update(server_updated_at=timezone.now() - timedelta(minutes=10))
+    scraped = scrape(Client())
+    assert value(scraped, "memoryhub_embedding_backlog") == 2
+    assert 600 <= value(scraped, "memoryhub_embedding_lag_seconds") < 660
+    assert Client().get("/readyz").json()["embedding_backlog"] == 2
