@@ -72,9 +72,10 @@ def readiness() -> dict[str, CheckResult]:
 # (memoryhub.worker_priority: why, and the index it reads), counted up to BACKLOG_COUNT_CAP only.
 # /readyz and /metrics read it at every probe and scrape, and counting reads every awaiting row: a
 # large import's backlog would make the probe slower with each row, up to its timeout
-# (docs/operations.md §11). Past the cap, the lag below says how far behind embedding is.
+# (docs/operations.md §11). Past the cap, the lag below says how far behind embedding is. Counted
+# to one past it, so that "more than the cap" shows (as the overview's count does, dashboard.overview).
 BACKLOG_COUNT_CAP = 100_000
-EMBEDDING_BACKLOG_SQL = f"SELECT count(*) FROM (SELECT 1 {AWAITING_VECTORS} LIMIT %(cap)s) awaiting"  # noqa: S608 - fixed text
+EMBEDDING_BACKLOG_SQL = f"SELECT count(*) FROM (SELECT 1 {AWAITING_VECTORS} LIMIT %(limit)s) awaiting"  # noqa: S608 - fixed text
 
 
 # The same count, and how long ago the oldest awaiting row last changed: how long the memory that
@@ -87,7 +88,7 @@ SELECT ({EMBEDDING_BACKLOG_SQL}),
        GREATEST(0, EXTRACT(EPOCH FROM statement_timestamp() - (
            SELECT min(o.oldest) FROM (SELECT {OLDEST_AWAITING_IN_W} AS oldest
                                         FROM waiting w WHERE w.stack_id IS NOT NULL) o)))
-"""  # noqa: S608 - only fixed text is interpolated; the cap is a parameter
+"""  # noqa: S608 - only fixed text is interpolated; the limit is a parameter
 
 
 def _informational_row(sql: str) -> tuple[Any, ...] | None:
@@ -95,7 +96,7 @@ def _informational_row(sql: str) -> tuple[Any, ...] | None:
     already reports that; these figures never fail readiness)."""
     try:
         with connection.cursor() as cursor:
-            cursor.execute(sql, {"cap": BACKLOG_COUNT_CAP})
+            cursor.execute(sql, {"limit": BACKLOG_COUNT_CAP + 1})
             row = cursor.fetchone()
         return tuple(row)
     except Exception:  # informational only; readiness must not fail because of it
@@ -103,15 +104,15 @@ def _informational_row(sql: str) -> tuple[Any, ...] | None:
         return None
 
 
-def embedding_backlog() -> int | None:
-    """How many memories await a current embedding, up to BACKLOG_COUNT_CAP (None: the database
-    cannot answer)."""
+def embedding_backlog() -> tuple[int, bool] | None:
+    """How many memories await a current embedding, at most BACKLOG_COUNT_CAP, and whether more do
+    (None: the database cannot answer)."""
     row = _informational_row(EMBEDDING_BACKLOG_SQL)
-    return None if row is None else int(row[0])
+    return None if row is None else (min(int(row[0]), BACKLOG_COUNT_CAP), int(row[0]) > BACKLOG_COUNT_CAP)
 
 
 def embedding_backlog_and_lag() -> tuple[int, float] | None:
     """How many memories await a current embedding (up to BACKLOG_COUNT_CAP), and the seconds since
     the oldest of them last changed (0 when none awaits); None when the database cannot answer."""
     row = _informational_row(EMBEDDING_LAG_SQL)
-    return None if row is None else (int(row[0]), float(row[1] or 0))
+    return None if row is None else (min(int(row[0]), BACKLOG_COUNT_CAP), float(row[1] or 0))

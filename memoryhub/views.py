@@ -38,12 +38,15 @@ def readyz(request: HttpRequest) -> JsonResponse:
     global _was_ready
     checks = readiness()
     failing = [name for name, result in checks.items() if not result.ok]
+    backlog = embedding_backlog() if checks["database"].ok else None
     body = {
         "status": "ok" if not failing else "unavailable",
         "checks": {name: {"ok": r.ok, "detail": r.detail} for name, r in checks.items()},
         "failing": failing,
-        # Informational (never part of `failing`): memories awaiting a current embedding.
-        "embedding_backlog": embedding_backlog() if checks["database"].ok else None,
+        # Informational (never part of `failing`): memories awaiting a current embedding, counted
+        # up to a cap (memoryhub.health.BACKLOG_COUNT_CAP), and whether more await.
+        "embedding_backlog": backlog[0] if backlog is not None else None,
+        "embedding_backlog_capped": backlog[1] if backlog is not None else None,
     }
     response = JsonResponse(body, status=200 if not failing else 503)
     if failing:

@@ -306,5 +306,5 @@ def test_readyz_reports_the_embedding_backlog_without_failing_on_it(client: Any)
     note(stack, "awaiting a vector")
     note(stack, "also awaiting")
     body = client.get("/readyz").json()
-    assert body["embedding_backlog"] == 2
+    assert body["embedding_backlog"] == 2 and body["embedding_backlog_capped"] is False
     assert "embedding_backlog" not in body["failing"]

@@ -121,4 +121,5 @@ def test_the_backlog_is_counted_up_to_its_cap_and_the_lag_still_finds_the_oldest
     scraped = scrape(Client())
     assert value(scraped, "memoryhub_embedding_backlog") == 2
     assert 600 <= value(scraped, "memoryhub_embedding_lag_seconds") < 660
-    assert Client().get("/readyz").json()["embedding_backlog"] == 2
+    readiness = Client().get("/readyz").json()
+    assert readiness["embedding_backlog"] == 2 and readiness["embedding_backlog_capped"] is True
