@@ -170,6 +170,7 @@ class BulkLane:
         self._pressure_mark = _Mark(PRESSURE_KEY)
         self._flood_mark = _Mark(BULK_QUEUED_KEY)
         self._bulk_last_ran = -math.inf  # monotonic: when a bulk request last ended
+        INTERACTIVE_SLOWDOWN.set(self.gradient.slowdown)  # then set again as the reading changes
 
     @property
     def running(self) -> int:
@@ -228,9 +229,11 @@ class BulkLane:
         """Feed the limit one interactive request's latency, just as the request ends."""
         with self._lock:
             beside_bulk = self.running > 0 or self._bulk_last_ran > time.monotonic() - seconds
+            slowdown = self.gradient.slowdown
             if self.gradient.observe(route, seconds, beside_bulk=beside_bulk):
                 self._dispatch()
-            INTERACTIVE_SLOWDOWN.set(self.gradient.slowdown)
+            elif self.gradient.slowdown != slowdown:  # a new reading every ADJUST_SAMPLES requests
+                INTERACTIVE_SLOWDOWN.set(self.gradient.slowdown)
             due = self.gradient.limit < self.gradient.maximum and self._pressure_mark.due()
         if due:
             self._pressure_mark.write()
@@ -267,6 +270,7 @@ class BulkLane:
             self._admit_waiters()
         finally:
             BULK_LANE_LIMIT.set(self.gradient.limit)
+            INTERACTIVE_SLOWDOWN.set(self.gradient.slowdown)
             BULK_LANE_RUNNING.set(self.running)
             BULK_LANE_WAITING.set(sum(len(q) for q in self._waiting.values()))
 

@@ -259,6 +259,10 @@ def test_the_interactive_slowdown_is_exported_for_operators(settings: Any) -> No
     for _ in range(12):
         bulk.observe_interactive("search", 0.100)
     assert REGISTRY.get_sample_value("memoryhub_interactive_slowdown") == pytest.approx(5.0)
+    # No interactive request for a while: the next bulk request finds the process idle, reading 1.
+    bulk.gradient._last_sample -= lanes.IDLE_GROWTH_SECONDS
+    bulk.acquire(SCHOOL_A)()
+    assert REGISTRY.get_sample_value("memoryhub_interactive_slowdown") == pytest.approx(1.0)
     redis.Redis.from_url(settings.REDIS_URL).delete(PRESSURE_KEY)
 
 
