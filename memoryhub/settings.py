@@ -440,9 +440,9 @@ THROTTLE_SCHOOL_RATE = env_str("THROTTLE_SCHOOL_RATE", f"{20 * int(_request_coun
 # LANES_TOLERANCE_PERCENT of their unloaded latency; LANES_QUEUE wait
 # up to LANES_MAX_WAIT_SECONDS, the rest are answered 503 / 429 with Retry-After.
 LANES_ENABLED = env_bool("MEMORYHUB_LANES", True)
-LANES_MIN_BULK = env_int("LANES_MIN_BULK_PERCENT", 100, minimum=1, maximum=100) / 100  # under 1: a share of the time
+LANES_MIN_BULK = env_int("LANES_MIN_BULK_PERCENT", 75, minimum=1, maximum=100) / 100  # under 1: a share of the time
 LANES_MAX_BULK = env_int("LANES_MAX_BULK", 2, minimum=1)
-LANES_TOLERANCE = env_int("LANES_TOLERANCE_PERCENT", 200, minimum=110) / 100
+LANES_TOLERANCE = env_int("LANES_TOLERANCE_PERCENT", 150, minimum=110) / 100
 LANES_QUEUE = env_int("LANES_QUEUE", 8, minimum=0)
 LANES_MAX_WAIT_SECONDS = env_int("LANES_MAX_WAIT_SECONDS", 2, minimum=0)
 LANES_BULK_BYTES = env_int("LANES_BULK_BYTES", 32 * 1024, minimum=1)

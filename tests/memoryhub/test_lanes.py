@@ -130,6 +130,20 @@ def test_slow_interactive_requests_shrink_the_limit_and_fast_ones_grow_it_back()
     assert gradient.limit == 8
 
 
+def test_with_the_shipped_settings_a_flood_is_paced_to_its_floor_and_no_lower(settings: Any) -> None:
+    """Interactive requests at 1.6x their unloaded latency beside a flood: the lane paces bulk work
+    below one request at a time, down to LANES_MIN_BULK_PERCENT of the time and never under it
+    (docs/architecture.md §5.7)."""
+    gradient = GradientLimit(minimum=settings.LANES_MIN_BULK, maximum=settings.LANES_MAX_BULK,
+                             tolerance=settings.LANES_TOLERANCE)
+    for _ in range(32):
+        gradient.observe("search", 0.020)  # unloaded
+    for _ in range(200 * 16):
+        gradient.observe("search", 0.032, beside_bulk=True)
+    assert gradient.limit < 1
+    assert gradient.limit == settings.LANES_MIN_BULK >= 0.5
+
+
 def test_a_long_flood_never_becomes_the_baseline_but_a_slower_quiet_stack_does() -> None:
     gradient = GradientLimit(minimum=1, maximum=8, tolerance=2.0)
     for _ in range(32):
