@@ -3,7 +3,9 @@
 A PostgreSQL error's message can carry stored values: a CHECK or NOT NULL violation's DETAIL is
 "Failing row contains (…)" — the whole row, memory text included — and a unique violation's names
 the key's values. `SafeFormatter` (settings.LOGGING) keeps a logged traceback's frames but writes a
-database error, and every error it was raised from or during, as its type and SQLSTATE only.
+database error, and every error it was raised from or during, as its type and SQLSTATE only; the
+one exception is psycopg's own message about a statement's shape (`_SHAPE_MESSAGES`), which holds no
+value and is what makes such a bug findable.
 `WithholdDatabaseErrors` does the same for a message that quotes the error itself: Celery's
 task-failure line ("Task … raised unexpected: %(exc)s"). The Celery worker logs through
 settings.LOGGING too (memoryhub/celery.py), so both apply there.
@@ -32,9 +34,33 @@ def _sqlstate(exc: BaseException | None) -> str | None:
     return getattr(getattr(exc, "diag", None), "sqlstate", None) or getattr(exc, "sqlstate", None)
 
 
+# The messages psycopg itself raises, not PostgreSQL (no SQLSTATE), about a statement's shape, its
+# parameters' types or its results' form: they quote our query templates, parameter names, type
+# names and result statuses, never a value. Everything else stays withheld, psycopg's own messages
+# included (a connection string's parse error can quote its password).
+_SHAPE_MESSAGES = (
+    "query parameter missing", "the query has ", "incomplete placeholder", "only '%s', '%b', '%t'",
+    "positional and named placeholders", "placeholder '", "cannot adapt type", "cannot find a dumper",
+    "cannot load sequence", "the last operation didn't produce", "no result available", "COPY cannot",
+    "copy() should be used", "you cannot mix COPY",
+)
+
+
+def _shape_message(exc: BaseException | None) -> str | None:
+    """psycopg's own message when `exc` is one of `_SHAPE_MESSAGES`' errors, else None."""
+    if exc is None or _sqlstate(exc) is not None or type(exc).__module__.split(".")[0] != "psycopg":
+        return None
+    message = str(exc)
+    return message if message.startswith(_SHAPE_MESSAGES) else None
+
+
 def _safe_text(exc: BaseException) -> str:
     # Django wraps psycopg's error: the code is on the cause.
-    sqlstate = _sqlstate(exc) or _sqlstate(exc.__cause__ or exc.__context__)
+    cause = exc.__cause__ or exc.__context__
+    sqlstate = _sqlstate(exc) or _sqlstate(cause)
+    shape = _shape_message(exc) or _shape_message(cause)
+    if shape is not None:
+        return f"(raised by psycopg itself, not by PostgreSQL: {shape})"
     return f"(message withheld: it may hold stored values; SQLSTATE {sqlstate or 'unknown'})"
 
 
