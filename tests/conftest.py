@@ -61,14 +61,24 @@ def _celery_worker_process(
 
 
 def _worker_consumes(node: str, *, consume: bool) -> None:
-    """Start or stop the worker's consumers on our queues, and wait for its answer."""
+    """Start or stop the worker's consumers on our queues, and wait until the worker says it does.
+    A control message is a broadcast the worker can miss, so what it consumes is read back and the
+    message sent again until it holds."""
     from memoryhub.celery import app
 
-    for queue in WORKER_QUEUES.split(","):
-        if consume:
-            app.control.add_consumer(queue, destination=[node], reply=True, timeout=30)
-        else:
-            app.control.cancel_consumer(queue, destination=[node], reply=True, timeout=30)
+    wanted = set(WORKER_QUEUES.split(",")) if consume else set()
+    deadline = time.monotonic() + 60
+    while True:
+        replies = app.control.inspect(destination=[node], timeout=5).active_queues() or {}
+        consuming = {queue["name"] for queue in replies.get(node, ())} & set(WORKER_QUEUES.split(","))
+        if node in replies and consuming == wanted:
+            return
+        assert time.monotonic() < deadline, f"the worker still consumes {sorted(consuming)}"
+        for queue in (wanted - consuming) if consume else consuming:
+            if consume:
+                app.control.add_consumer(queue, destination=[node], reply=True, timeout=10)
+            else:
+                app.control.cancel_consumer(queue, destination=[node], reply=True, timeout=10)
 
 
 @pytest.fixture
