@@ -66,19 +66,19 @@ def _worker_consumes(node: str, *, consume: bool) -> None:
     message sent again until it holds."""
     from memoryhub.celery import app
 
-    wanted = set(WORKER_QUEUES.split(",")) if consume else set()
+    ours = set(WORKER_QUEUES.split(","))
+    wanted = ours if consume else set()
     deadline = time.monotonic() + 60
     while True:
         replies = app.control.inspect(destination=[node], timeout=5).active_queues() or {}
-        consuming = {queue["name"] for queue in replies.get(node, ())} & set(WORKER_QUEUES.split(","))
+        consuming = {queue["name"] for queue in replies.get(node, ())} & ours
         if node in replies and consuming == wanted:
             return
         assert time.monotonic() < deadline, f"the worker still consumes {sorted(consuming)}"
-        for queue in (wanted - consuming) if consume else consuming:
-            if consume:
-                app.control.add_consumer(queue, destination=[node], reply=True, timeout=10)
-            else:
-                app.control.cancel_consumer(queue, destination=[node], reply=True, timeout=10)
+        for queue in wanted - consuming:
+            app.control.add_consumer(queue, destination=[node], reply=True, timeout=10)
+        for queue in consuming - wanted:
+            app.control.cancel_consumer(queue, destination=[node], reply=True, timeout=10)
 
 
 @pytest.fixture
