@@ -215,6 +215,7 @@ def run_lanes(args: argparse.Namespace, lanes: str) -> dict[str, Any]:
                 "quiet_f": quiet_f, "quiet_q": quiet_q, "quiet_one": quiet_one, "flood_f": flood_f,
                 "flood_q": flood_q, "crowd_q": crowd_q}, alone, under, crowd_pushed, args)
             fig["web processes replaced"] = service.web_processes_replaced()
+            fig["errors logged"] = service.errors_logged()
             fig["machine"] = machine.line()
             return fig
     finally:
@@ -312,6 +313,8 @@ def report(runs: list[dict[str, Any]]) -> bool:
                           for name, lines in fig["switches by phase"].items()))
         print(f"web processes replaced by uvicorn's supervisor: {len(fig['web processes replaced'])}"
               + "".join(f"\n  {line}" for line in fig["web processes replaced"][:6]))
+        print(f"errors the service logged: {len(fig['errors logged'])}"
+              + "".join(f"\n  {line}" for line in fig["errors logged"][:10]))
         print_table("where the readers' time went: the slowest 5 % of each phase's reads (slow) and their "
                     "fastest half, ms, means; cpu, db and waiting are inside the service (its Server-Timing), "
                     "outside is the rest of what the reader waited",

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -30,6 +31,12 @@ if str(BASE_DIR) not in sys.path:
     sys.path.insert(0, str(BASE_DIR))
 
 from memoryhub.embedded import free_port  # noqa: E402
+
+# The first line of a record in the service's plain log format (settings.LOGGING).
+_LOG_RECORD = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:,\d+)? (?P<level>[A-Z]+) ")
+# A traceback's line naming an exception ("psycopg.errors.X: …"); other processes' lines (uvicorn's
+# access log) interleave with it in the runner's output.
+_EXCEPTION_LINE = re.compile(r"^(?:[a-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Timeout)\b")
 
 
 @dataclass
@@ -57,6 +64,26 @@ class RunnerService:
         held ends without an answer."""
         return [line for line in self.log_path.read_text(errors="replace").splitlines()
                 if "Child process [" in line and "died" in line]
+
+    def errors_logged(self) -> list[str]:
+        """Each ERROR or CRITICAL record in the runner's log: its first line, and after "<-" the
+        last line of its traceback (the exception and its message, as the service's safe log wrote
+        it). What a bench's 5xx or failed task was, kept after the throw-away data dir is gone."""
+        records: list[str] = []
+        header, cause = "", ""
+        for line in self.log_path.read_text(errors="replace").splitlines():
+            start = _LOG_RECORD.match(line)
+            if start is None:
+                if header and _EXCEPTION_LINE.match(line):
+                    cause = line.strip()  # the last one is the exception the request died of
+                continue
+            if header:
+                records.append(f"{header}  <- {cause}" if cause else header)
+            header = line if start.group("level") in ("ERROR", "CRITICAL") else ""
+            cause = ""
+        if header:
+            records.append(f"{header}  <- {cause}" if cause else header)
+        return records
 
     def worker_priority_switches(self) -> list[str]:
         """What the runner said at each change of the worker's priority and of the embedding hold

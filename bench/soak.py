@@ -223,6 +223,8 @@ def run_soak(args: argparse.Namespace) -> int:
             replaced = service.web_processes_replaced()
             print(f"web processes replaced by uvicorn's supervisor: {len(replaced)}"
                   + "".join(f"\n  {line}" for line in replaced[:6]))
+            errors = service.errors_logged()
+            print(f"errors the service logged: {len(errors)}" + "".join(f"\n  {line}" for line in errors[:10]))
             lost_seed = sum(1 for rid in seeding.acknowledged if stored[rid] != 1)
             print(f"seed writes: {len(seeding.acknowledged):,} acknowledged, {lost_seed} not stored exactly once")
             return 0 if recorder_ok and lost_seed == 0 else 1
