@@ -66,7 +66,10 @@ SELECT EXISTS (SELECT 1 FROM waiting w WHERE w.stack_id IS NOT NULL
                   AND {OLDEST_AWAITING_IN_W} < statement_timestamp() - make_interval(secs => %(seconds)s))
 """  # noqa: S608 - only fixed text is interpolated; the age is a parameter
 
-CHECK_SECONDS = 5.0
+# How often the runner looks. A flood that begins while the worker catches up as an equal meets it
+# at that share until the next look; a look costs a few milliseconds of the runner's CPU
+# (docs/operations.md §8).
+CHECK_SECONDS = 1.0
 # Embedding goes on waiting this long after a flood, or requests slowed in its wake, were last seen,
 # so that it does not start and stop with every lull (each start slows the requests again at once).
 HOLD_LINGER_SECONDS = 30.0
