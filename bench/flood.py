@@ -43,6 +43,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
@@ -124,9 +125,23 @@ class Phases:
         self.backlogs: dict[str, int] = {}
         self.cores: dict[str, dict[str, float]] = {}  # by phase: the service's cores by part
         # by phase: the runner's switches of the worker's priority and of the embedding hold since the
-        # phase before ended (the settling between them included)
+        # phase before ended (the settling between them included), each with when it was logged,
+        # in seconds from the phase's start (negative: while the backlog settled before it)
         self.switches: dict[str, list[str]] = {}
-        self._switches_seen = 0
+        self._switch_times: list[tuple[float, str]] = []  # (wall clock when first seen, what was said)
+        self._switches_until = time.time()
+        threading.Thread(target=self._watch_switches, name="switch-watch", daemon=True).start()
+
+    def _watch_switches(self) -> None:
+        """Read the runner's switches four times a second, for as long as its log is there."""
+        while True:
+            try:
+                said = self.service.worker_priority_switches()
+            except OSError:
+                return  # the run is over and its data dir gone
+            now = time.time()
+            self._switch_times.extend((now, line) for line in said[len(self._switch_times):])
+            time.sleep(0.25)
 
     def run(self, name: str, seconds: float, readers: list[Key], pushers: list[list[Key]] | None = None,
             batch: int = 500, interval: float = 0.0) -> tuple[Reads, PushResult]:
@@ -144,9 +159,10 @@ class Phases:
                             for part in ("web", "postgres", "worker") if part in spent}
         self.pushed.merge(pushed)
         self.read.extend(recorder)
-        switches = self.service.worker_priority_switches()
-        self.switches[name] = switches[self._switches_seen:]
-        self._switches_seen = len(switches)
+        time.sleep(0.3)  # the watcher's next read, for a switch logged in the phase's last instant
+        ended, self._switches_until = self._switches_until, time.time()
+        self.switches[name] = [f"{line} ({seen - start_at:+.1f} s)" for seen, line in list(self._switch_times)
+                               if ended < seen <= self._switches_until]
         log(f"{name}: {len(recorder.samples)} reads, {sum(pushed.statuses.values())} pushes "
             f"({pushed.acked_ops:,} operations acknowledged); statuses "
             f"{dict(Counter(s.status for s in recorder.samples) + pushed.statuses)}; the service's cores: "
@@ -308,7 +324,7 @@ def report(runs: list[dict[str, Any]]) -> bool:
             for name, parts in fig["cores by phase"].items()))
         print(f"readers' own event-loop lag p95 {fig['reader loop lag p95 ms']:.1f} ms (in every reader figure)")
         print("the worker's priority and embedding hold, switched by the end of each phase since the one before "
-              "(the runner's log): "
+              "(the runner's log; seconds from the phase's start): "
               + "; ".join(f"{name}: " + (", ".join(lines) or "none")
                           for name, lines in fig["switches by phase"].items()))
         print(f"web processes replaced by uvicorn's supervisor: {len(fig['web processes replaced'])}"
