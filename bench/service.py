@@ -153,16 +153,31 @@ ONNX_EXPORT = Path("build") / "models" / "all-MiniLM-L6-v2"
 
 
 def checkout_env(code_dir: Path) -> dict[str, str]:
-    """What another checkout of the code (a `git worktree` for an A/B) needs to embed as this one does.
+    """What a checkout of the code needs to embed as `make run` does in it.
 
-    Such a checkout has no `build/` of its own, and without the ONNX export its service embeds with
-    torch instead (memories/search/embeddings.py): several times slower, under another model id. A
-    comparison would then measure the two runtimes, not the two versions of the code. So it is
-    pointed at this checkout's export (the same pinned weights), unless it has one or the caller
-    chose one with MINILM_ONNX_DIR."""
-    if code_dir.resolve() == BASE_DIR or (code_dir / ONNX_EXPORT).is_dir() or "MINILM_ONNX_DIR" in os.environ:
+    A `git worktree` made for an A/B has no `build/` of its own, and without the ONNX export its
+    service embeds with torch instead (memories/search/embeddings.py): several times slower, under
+    another model id. A comparison would then measure the two runtimes, not the two versions of the
+    code. So such a checkout is pointed at this checkout's export (the same pinned weights) or, when
+    the bench itself runs from a worktree, at the export of the checkout it was added from; left
+    alone when it has one or the caller chose one with MINILM_ONNX_DIR, and said so when none is
+    found."""
+    if (code_dir / ONNX_EXPORT).is_dir() or "MINILM_ONNX_DIR" in os.environ:
         return {}
-    return {"MINILM_ONNX_DIR": str(BASE_DIR / ONNX_EXPORT)}
+    for checkout in (BASE_DIR, main_checkout(BASE_DIR)):
+        if checkout is not None and (checkout / ONNX_EXPORT).is_dir():
+            return {"MINILM_ONNX_DIR": str(checkout / ONNX_EXPORT)}
+    print(f"[bench] no ONNX export ({ONNX_EXPORT}) in {code_dir} nor in a checkout it could borrow one from: "
+          "its service embeds with torch (`make install` makes the export; MINILM_ONNX_DIR names one)", flush=True)
+    return {}
+
+
+def main_checkout(checkout: Path) -> Path | None:
+    """The checkout a `git worktree` was added from (the checkout itself when it is not one);
+    None outside git."""
+    done = subprocess.run(["git", "rev-parse", "--path-format=absolute", "--git-common-dir"], cwd=checkout,
+                          capture_output=True, text=True, check=False)
+    return Path(done.stdout.strip()).parent if done.returncode == 0 else None
 
 
 def runner_env(data_dir: Path, **extra: str) -> dict[str, str]:
