@@ -58,39 +58,34 @@ class RunnerService:
         """The embedded PostgreSQL's URL, from the runner's runtime file."""
         return str(json.loads((self.data_dir / "runtime.json").read_text())["database_url"])
 
+    def log_lines(self) -> list[str]:
+        """The runner's output so far (its children's too), line by line."""
+        return self.log_path.read_text(errors="replace").splitlines()
+
     def web_processes_replaced(self) -> list[str]:
         """uvicorn's supervisor's lines for each web process it replaced: one that exited, or one
         that did not answer its health ping in time and was killed. Every connection such a process
         held ends without an answer."""
-        return [line for line in self.log_path.read_text(errors="replace").splitlines()
-                if "Child process [" in line and "died" in line]
+        return [line for line in self.log_lines() if "Child process [" in line and "died" in line]
 
     def errors_logged(self) -> list[str]:
         """Each ERROR or CRITICAL record in the runner's log: its first line, and after "<-" the
         last line of its traceback (the exception and its message, as the service's safe log wrote
         it). What a bench's 5xx or failed task was, kept after the throw-away data dir is gone."""
-        records: list[str] = []
-        header, cause = "", ""
-        for line in self.log_path.read_text(errors="replace").splitlines():
-            start = _LOG_RECORD.match(line)
-            if start is None:
-                if header and _EXCEPTION_LINE.match(line):
-                    cause = line.strip()  # the last one is the exception the request died of
-                continue
-            if header:
-                records.append(f"{header}  <- {cause}" if cause else header)
-            header = line if start.group("level") in ("ERROR", "CRITICAL") else ""
-            cause = ""
-        if header:
-            records.append(f"{header}  <- {cause}" if cause else header)
-        return records
+        records: list[tuple[str, str, str]] = []  # (first line, level, exception)
+        for line in self.log_lines():
+            if (start := _LOG_RECORD.match(line)) is not None:
+                records.append((line, start.group("level"), ""))
+            elif records and _EXCEPTION_LINE.match(line):
+                records[-1] = (*records[-1][:2], line.strip())  # the last one is what the record died of
+        return [f"{first}  <- {cause}" if cause else first for first, level, cause in records
+                if level in ("ERROR", "CRITICAL")]
 
     def worker_priority_switches(self) -> list[str]:
         """What the runner said at each change of the worker's priority and of the embedding hold
         (memoryhub/worker_priority.py), in order, without its `[memoryhub] ` prefix."""
         said = ("embedding is over", "embedding caught up", "embedding waits", "embedding resumes")
-        return [line.split("] ", 1)[-1] for line in self.log_path.read_text(errors="replace").splitlines()
-                if any(words in line for words in said)]
+        return [line.split("] ", 1)[-1] for line in self.log_lines() if any(words in line for words in said)]
 
     def ready(self) -> bool:
         """/readyz answers 200 now. Raises at once when the runner itself has exited."""
