@@ -55,7 +55,7 @@ if str(BASE_DIR) not in sys.path:
     sys.path.insert(0, str(BASE_DIR))
 
 from bench.flood_clients import Key, PushResult, Reads, interactive, run_pushers, seed, warm_up  # noqa: E402
-from bench.harness import Machine, log, percentiles, print_table  # noqa: E402
+from bench.harness import Machine, log, percentiles, print_listed, print_table  # noqa: E402
 from bench.service import RunnerService, runner_service  # noqa: E402
 from bench.soak_agents import ahead_of_the_service  # noqa: E402
 from bench.soak_report import (  # noqa: E402
@@ -327,10 +327,8 @@ def report(runs: list[dict[str, Any]]) -> bool:
               "(the runner's log; seconds from the phase's start): "
               + "; ".join(f"{name}: " + (", ".join(lines) or "none")
                           for name, lines in fig["switches by phase"].items()))
-        print(f"web processes replaced by uvicorn's supervisor: {len(fig['web processes replaced'])}"
-              + "".join(f"\n  {line}" for line in fig["web processes replaced"][:6]))
-        print(f"errors the service logged: {len(fig['errors logged'])}"
-              + "".join(f"\n  {line}" for line in fig["errors logged"][:10]))
+        print_listed("web processes replaced by uvicorn's supervisor", fig["web processes replaced"], 6)
+        print_listed("errors the service logged", fig["errors logged"], 10)
         print_table("where the readers' time went: the slowest 5 % of each phase's reads (slow) and their "
                     "fastest half, ms, means; cpu, db and waiting are inside the service (its Server-Timing), "
                     "outside is the rest of what the reader waited",

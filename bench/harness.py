@@ -186,6 +186,11 @@ def percentiles(samples_ms: Sequence[float]) -> dict[str, float]:
     }
 
 
+def print_listed(title: str, lines: Sequence[str], most: int) -> None:
+    """"title: N", then the first `most` of the lines, indented."""
+    print(f"{title}: {len(lines)}" + "".join(f"\n  {line}" for line in lines[:most]))
+
+
 def print_table(title: str, rows: Sequence[dict[str, Any]]) -> None:
     """A plain fixed-width table; floats with 2 decimals."""
     print(f"\n== {title}")

@@ -95,7 +95,7 @@ if str(BASE_DIR) not in sys.path:
 
 import psutil  # noqa: E402
 
-from bench.harness import Machine, log, percentiles, print_table  # noqa: E402
+from bench.harness import Machine, log, percentiles, print_listed, print_table  # noqa: E402
 from bench.service import RunnerService, runner_service  # noqa: E402
 from bench.soak_agents import (  # noqa: E402
     MIX,
@@ -218,13 +218,9 @@ def run_soak(args: argparse.Namespace) -> int:
             print(capacity_line(cores, len(recorder.acknowledged) / elapsed,
                                 (metrics["end"].get("memoryhub_embeddings_stored", 0.0)
                                  - metrics["start"].get("memoryhub_embeddings_stored", 0.0)) / elapsed))
-            switches = service.worker_priority_switches()
-            print(f"worker priority switches: {len(switches)}" + "".join(f"\n  {line}" for line in switches[:6]))
-            replaced = service.web_processes_replaced()
-            print(f"web processes replaced by uvicorn's supervisor: {len(replaced)}"
-                  + "".join(f"\n  {line}" for line in replaced[:6]))
-            errors = service.errors_logged()
-            print(f"errors the service logged: {len(errors)}" + "".join(f"\n  {line}" for line in errors[:10]))
+            print_listed("worker priority switches", service.worker_priority_switches(), 6)
+            print_listed("web processes replaced by uvicorn's supervisor", service.web_processes_replaced(), 6)
+            print_listed("errors the service logged", service.errors_logged(), 10)
             lost_seed = sum(1 for rid in seeding.acknowledged if stored[rid] != 1)
             print(f"seed writes: {len(seeding.acknowledged):,} acknowledged, {lost_seed} not stored exactly once")
             return 0 if recorder_ok and lost_seed == 0 else 1
