@@ -43,21 +43,28 @@ class NewRow:
         return self.__dict__["id"]
 
 
-_DEFAULTS: dict[str, Any] | None = None
-_MUTABLE_DEFAULTS: list[str] = []
+# Memory's defaults, and the names of the mutable ones: made on first use and published as one
+# tuple, so a request thread that comes between never copies the defaults without knowing which
+# of them it must not share.
+_DEFAULTS: tuple[dict[str, Any], tuple[str, ...]] | None = None
+
+
+def _memory_defaults() -> tuple[dict[str, Any], tuple[str, ...]]:
+    fresh = Memory()
+    # __dict__, not getattr: the generated search_vector is deferred and would hit the database.
+    defaults = {f.attname: fresh.__dict__.get(f.attname) for f in Memory._meta.concrete_fields
+                if f.attname != "search_vector"}
+    return defaults, tuple(name for name, v in defaults.items() if isinstance(v, (list, dict)))
 
 
 def blank_row(*, stack_id: int, kind: str, record_id: str, now: datetime) -> NewRow:
     """A new memory with every model default (mutable ones fresh), a new id and its keys."""
     global _DEFAULTS
     if _DEFAULTS is None:
-        fresh = Memory()
-        # __dict__, not getattr: the generated search_vector is deferred and would hit the database.
-        _DEFAULTS = {f.attname: fresh.__dict__.get(f.attname) for f in Memory._meta.concrete_fields
-                     if f.attname != "search_vector"}
-        _MUTABLE_DEFAULTS.extend(name for name, v in _DEFAULTS.items() if isinstance(v, (list, dict)))
-    values = _DEFAULTS.copy()
-    for name in _MUTABLE_DEFAULTS:
+        _DEFAULTS = _memory_defaults()
+    defaults, mutable = _DEFAULTS
+    values = defaults.copy()
+    for name in mutable:
         values[name] = type(values[name])()  # every mutable default of Memory is empty
     # The id as text: what COPY sends and the embedding job takes.
     values.update(id=str(uuid.uuid4()), stack_id=stack_id, kind=kind, record_id=record_id, server_updated_at=now)

@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from django.conf import settings
 from django.db import transaction
 
 from accounts.throttles import throttle_state_clear
@@ -310,3 +314,51 @@ def test_a_push_over_the_limit_is_still_refused() -> None:
     Stack.objects.filter(pk=stack.pk).update(bytes_used=10 * MB - _sent_bytes(ops) // 2)
     assert _push(client, stack, ops).status_code == 402
     assert not Memory.objects.exists()
+
+
+
+# In a process of its own: the module is imported afresh each round (importlib.reload), as each web
+# process first imports it, and its first new rows are made on 8 threads at once while 2 more
+# keep the GIL changing hands as often as it can. Prints how many rounds gave two rows one object.
+_ROWS_OF_A_FRESH_PROCESS = """
+import importlib, json, sys, threading
+import django
+django.setup()
+from django.utils import timezone
+from memories.writes import sets
+sys.setswitchinterval(1e-6)
+stop = threading.Event()
+def spin():
+    while not stop.is_set():
+        pass
+for _ in range(2):
+    threading.Thread(target=spin, daemon=True).start()
+rounds_sharing = 0
+for _ in range(300):
+    importlib.reload(sets)
+    rows, start = [], threading.Barrier(8)
+    def make_row():
+        start.wait()
+        rows.append(sets.blank_row(stack_id=1, kind="note", record_id="r", now=timezone.now()))
+    threads = [threading.Thread(target=make_row) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    objects = [value for row in rows for value in vars(row).values() if isinstance(value, (list, dict))]
+    assert len(rows) == 8 and objects
+    rounds_sharing += len({id(value) for value in objects}) < len(objects)
+stop.set()
+print(json.dumps(rounds_sharing))
+"""
+
+
+def test_rows_made_on_threads_at_once_never_share_a_list_or_an_object() -> None:
+    """A web process's first pushes make their new rows on several threads at once, from the
+    model's defaults made on first use: no two rows may hold the same tags, data or grants object,
+    or a write that changed one in place would change another student's memory too."""
+    result = subprocess.run([sys.executable, "-c", _ROWS_OF_A_FRESH_PROCESS], cwd=settings.BASE_DIR,
+                            env=dict(os.environ, DJANGO_SETTINGS_MODULE="memoryhub.settings"),
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == 0
