@@ -316,7 +316,6 @@ def test_a_push_over_the_limit_is_still_refused() -> None:
     assert not Memory.objects.exists()
 
 
-
 # In a process of its own: the module is imported afresh each round (importlib.reload), as each web
 # process first imports it, and its first new rows are made on 8 threads at once while 2 more
 # keep the GIL changing hands as often as it can. Prints how many rounds gave two rows one object.
@@ -353,6 +352,7 @@ print(json.dumps(rounds_sharing))
 """
 
 
+@pytest.mark.slow  # starts an interpreter
 def test_rows_made_on_threads_at_once_never_share_a_list_or_an_object() -> None:
     """A web process's first pushes make their new rows on several threads at once, from the
     model's defaults made on first use: no two rows may hold the same tags, data or grants object,
