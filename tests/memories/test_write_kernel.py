@@ -317,40 +317,25 @@ def test_a_push_over_the_limit_is_still_refused() -> None:
 
 
 # In a process of its own: the module is imported afresh each round (importlib.reload), as each web
-# process first imports it, and its first new rows are made on 8 threads at once while 2 more
-# keep the GIL changing hands as often as it can. Prints how many rounds gave two rows one object.
+# process first imports it, and its first new rows are made on 8 threads at once on a busy
+# interpreter (tests/threads.py). Prints how many rounds gave two rows one object.
 _ROWS_OF_A_FRESH_PROCESS = """
-import importlib, json, sys, threading
+import importlib, json
 import django
 django.setup()
 from django.utils import timezone
 from memories.writes import sets
-sys.setswitchinterval(1e-6)
-stop = threading.Event()
-def spin():
-    while not stop.is_set():
-        pass
-for _ in range(2):
-    threading.Thread(target=spin, daemon=True).start()
+from tests.threads import at_once, busy_interpreter
 rounds_sharing = 0
-for _ in range(300):
-    importlib.reload(sets)
-    rows, start = [], threading.Barrier(8)
-    def make_row():
-        start.wait()
-        rows.append(sets.blank_row(stack_id=1, kind="note", record_id="r", now=timezone.now()))
-    threads = [threading.Thread(target=make_row) for _ in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    objects = [value for row in rows for value in vars(row).values() if isinstance(value, (list, dict))]
-    assert len(rows) == 8 and objects
-    rounds_sharing += len({id(value) for value in objects}) < len(objects)
-stop.set()
+with busy_interpreter():
+    for _ in range(300):
+        importlib.reload(sets)
+        rows = at_once(8, lambda: sets.blank_row(stack_id=1, kind="note", record_id="r", now=timezone.now()))
+        objects = [value for row in rows for value in vars(row).values() if isinstance(value, (list, dict))]
+        assert len(rows) == 8 and objects
+        rounds_sharing += len({id(value) for value in objects}) < len(objects)
 print(json.dumps(rounds_sharing))
 """
-
 
 @pytest.mark.slow  # starts an interpreter
 def test_rows_made_on_threads_at_once_never_share_a_list_or_an_object() -> None:
