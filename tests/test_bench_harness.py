@@ -58,10 +58,10 @@ def test_the_errors_a_run_logged_are_named_with_the_exception_they_ended_in(tmp_
         'INFO:     127.0.0.1:40112 - "POST /sync/push HTTP/1.1" 500\n'  # uvicorn's, interleaved
         "2026-12-04 13:25:51,000 CRITICAL celery.worker [-]: worker lost\n"
         "[memoryhub] embedding resumes\n")
-    service = RunnerService("", tmp_path, {"MEMORYHUB_REDIS_PORT": "0"}, cast(Any, None), log)
-    assert service.errors_logged() == [
+    runner = RunnerService("", tmp_path, {"MEMORYHUB_REDIS_PORT": "0"}, cast(Any, None), log)
+    assert runner.errors_logged() == [
         "2026-12-04 13:25:50,368 ERROR django.request [ab12]: Internal Server Error: /sync/push  <- "
         "psycopg.ProgrammingError: (raised by psycopg itself, not by PostgreSQL: no result available)",
         "2026-12-04 13:25:51,000 CRITICAL celery.worker [-]: worker lost",
     ]
-    assert service.worker_priority_switches() == ["embedding resumes"]
+    assert runner.worker_priority_switches() == ["embedding resumes"]
